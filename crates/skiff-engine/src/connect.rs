@@ -1,0 +1,253 @@
+//! Opening an authenticated SSH connection: resolve, TCP connect with a
+//! timeout and TCP_NODELAY, key exchange with skiff's algorithm policy,
+//! host-key verification, keepalives, then public-key authentication.
+
+use std::borrow::Cow;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use russh::client::{self, Handle};
+use russh::keys::{Algorithm, EcdsaCurve, HashAlg, PublicKeyOrCertificate};
+use russh::{cipher, kex, mac, Preferred, SshId};
+use tokio::net::TcpStream;
+
+use crate::error::{ErrorKind, SkiffError};
+use crate::hostkeys::KnownHosts;
+use crate::identity;
+use crate::settings::ConnectSettings;
+
+/// Receive window advertised on channels (russh's default; tuned in the bulk-data work).
+const WINDOW_SIZE: u32 = 2 * 1024 * 1024;
+
+/// An authenticated connection.
+pub struct Connection {
+    pub(crate) handle: Handle<ClientHandler>,
+    pub settings: ConnectSettings,
+}
+
+/// russh client callbacks: host-key verification.
+pub struct ClientHandler {
+    settings: ConnectSettings,
+    known_hosts: Arc<KnownHosts>,
+    /// Why the host key was refused, for the error message.
+    refusal: Arc<Mutex<Option<SkiffError>>>,
+}
+
+impl client::Handler for ClientHandler {
+    type Error = russh::Error;
+
+    async fn check_server_key(
+        &mut self,
+        key: &PublicKeyOrCertificate,
+    ) -> Result<bool, Self::Error> {
+        let public = match key {
+            PublicKeyOrCertificate::PublicKey { key, .. } => key.clone(),
+            PublicKeyOrCertificate::Certificate(cert) => {
+                // Host certificates are not trusted yet: verify the plain key inside.
+                russh::keys::PublicKey::from(cert.public_key().clone())
+            }
+        };
+        let (kh, settings) = (self.known_hosts.clone(), self.settings.clone());
+        // Verification may prompt on the terminal or append to a file.
+        let verdict = tokio::task::spawn_blocking(move || kh.verify(&settings, &public))
+            .await
+            .unwrap_or_else(|e| {
+                Err(SkiffError::new(
+                    ErrorKind::HostKey,
+                    format!("host key check failed: {e}"),
+                ))
+            });
+        match verdict {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                *self.refusal.lock().expect("not poisoned") = Some(e);
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// Host key algorithms in preference order, putting types already recorded
+/// in known_hosts first so that a known key is offered when the server has several.
+fn host_key_order(known_types: &[String]) -> Vec<Algorithm> {
+    let mut all = vec![
+        Algorithm::Ed25519,
+        Algorithm::Ecdsa {
+            curve: EcdsaCurve::NistP256,
+        },
+        Algorithm::Ecdsa {
+            curve: EcdsaCurve::NistP384,
+        },
+        Algorithm::Ecdsa {
+            curve: EcdsaCurve::NistP521,
+        },
+        Algorithm::Rsa {
+            hash: Some(HashAlg::Sha512),
+        },
+        Algorithm::Rsa {
+            hash: Some(HashAlg::Sha256),
+        },
+    ];
+    let family = |a: &Algorithm| match a {
+        Algorithm::Rsa { .. } => "ssh-rsa".to_string(),
+        other => other.as_str().to_string(),
+    };
+    all.sort_by_key(|a| {
+        let f = family(a);
+        known_types
+            .iter()
+            .position(|t| *t == f)
+            .unwrap_or(usize::MAX)
+    });
+    all
+}
+
+/// The russh client configuration for these settings.
+pub fn russh_config(settings: &ConnectSettings, known_types: &[String]) -> client::Config {
+    let preferred = Preferred {
+        kex: Cow::Borrowed(&[
+            kex::MLKEM768X25519_SHA256,
+            kex::CURVE25519,
+            kex::CURVE25519_PRE_RFC_8731,
+            kex::ECDH_SHA2_NISTP256,
+            kex::ECDH_SHA2_NISTP384,
+            kex::ECDH_SHA2_NISTP521,
+            kex::DH_GEX_SHA256,
+            kex::DH_G16_SHA512,
+            kex::DH_G14_SHA256,
+            kex::EXTENSION_SUPPORT_AS_CLIENT,
+            kex::EXTENSION_OPENSSH_STRICT_KEX_AS_CLIENT,
+        ]),
+        key: Cow::Owned(host_key_order(known_types)),
+        cipher: Cow::Borrowed(&[
+            cipher::AES_128_GCM,
+            cipher::AES_256_GCM,
+            cipher::CHACHA20_POLY1305,
+            cipher::AES_256_CTR,
+            cipher::AES_128_CTR,
+        ]),
+        mac: Cow::Borrowed(&[
+            mac::HMAC_SHA256_ETM,
+            mac::HMAC_SHA512_ETM,
+            mac::HMAC_SHA256,
+            mac::HMAC_SHA512,
+        ]),
+        ..Preferred::default()
+    };
+    client::Config {
+        client_id: SshId::Standard(Cow::Owned(format!(
+            "SSH-2.0-skiff_{}",
+            env!("CARGO_PKG_VERSION")
+        ))),
+        preferred,
+        window_size: WINDOW_SIZE,
+        keepalive_interval: settings.server_alive_interval,
+        keepalive_max: settings.server_alive_count_max,
+        inactivity_timeout: None,
+        nodelay: true,
+        ..Default::default()
+    }
+}
+
+async fn tcp_connect(settings: &ConnectSettings) -> Result<TcpStream, SkiffError> {
+    let target = format!("{} port {}", settings.hostname, settings.port);
+    let fail = |what: String| SkiffError::new(ErrorKind::Connect, what);
+    let deadline = tokio::time::Instant::now() + settings.connect_timeout;
+    let addrs: Vec<_> = tokio::time::timeout_at(
+        deadline,
+        tokio::net::lookup_host((settings.hostname.as_str(), settings.port)),
+    )
+    .await
+    .map_err(|_| fail(format!("cannot resolve {}: timed out", settings.hostname)))?
+    .map_err(|e| fail(format!("cannot resolve {}: {e}", settings.hostname)))?
+    .collect();
+    let mut last = None;
+    for addr in addrs {
+        match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => {
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Ok(Err(e)) => last = Some(format!("connect to {target}: {e}")),
+            Err(_) => {
+                last = Some(format!(
+                    "connect to {target}: timed out after {}s (ConnectTimeout)",
+                    settings.connect_timeout.as_secs()
+                ));
+                break;
+            }
+        }
+    }
+    Err(fail(last.unwrap_or_else(|| {
+        format!("cannot resolve {}: no addresses", settings.hostname)
+    })))
+}
+
+/// Connects, verifies the host key and authenticates.
+pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffError> {
+    for (keyword, place) in &settings.ignored {
+        tracing::debug!("{place}: {keyword} is not supported by skiff; ignored");
+    }
+    let known_hosts = Arc::new(KnownHosts::load(settings));
+    let known_types = known_hosts.known_key_types(&settings.hostname, settings.port);
+    let config = Arc::new(russh_config(settings, &known_types));
+    let stream = tcp_connect(settings).await?;
+    let refusal = Arc::new(Mutex::new(None));
+    let handler = ClientHandler {
+        settings: settings.clone(),
+        known_hosts,
+        refusal: refusal.clone(),
+    };
+    // Key exchange must also finish in bounded time: a server that accepts TCP
+    // and then says nothing must not hang us.
+    let kex_budget = settings.connect_timeout.max(Duration::from_secs(10));
+    let result =
+        tokio::time::timeout(kex_budget, client::connect_stream(config, stream, handler)).await;
+    let mut handle = match result {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => {
+            if let Some(refused) = refusal.lock().expect("not poisoned").take() {
+                return Err(refused);
+            }
+            return Err(SkiffError::new(
+                ErrorKind::Connect,
+                format!(
+                    "{} port {}: SSH handshake failed: {e}",
+                    settings.hostname, settings.port
+                ),
+            ));
+        }
+        Err(_) => {
+            return Err(SkiffError::new(
+                ErrorKind::Connect,
+                format!(
+                    "{} port {}: no SSH handshake within {}s; is an SSH server listening there?",
+                    settings.hostname,
+                    settings.port,
+                    kex_budget.as_secs()
+                ),
+            ))
+        }
+    };
+    if settings.batch_mode {
+        tokio::time::timeout(kex_budget, identity::authenticate(&mut handle, settings))
+            .await
+            .map_err(|_| {
+                SkiffError::new(
+                    ErrorKind::Auth,
+                    format!(
+                        "{}: authentication did not finish within {}s",
+                        settings.hostname,
+                        kex_budget.as_secs()
+                    ),
+                )
+            })??;
+    } else {
+        // A person may be typing a passphrase: no deadline; keepalives catch a dead peer.
+        identity::authenticate(&mut handle, settings).await?;
+    }
+    Ok(Connection {
+        handle,
+        settings: settings.clone(),
+    })
+}

@@ -1,0 +1,43 @@
+//! Client errors: a kind (what failed) and one line telling the user what
+//! happened and what to do. Every kind maps to exit status 255, as in ssh.
+
+use std::fmt;
+
+/// What went wrong, for exit codes, summaries and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Bad configuration or command line (names file:line where it can).
+    Config,
+    /// Name resolution, TCP connect, timeout, or the connection dropped.
+    Connect,
+    /// The server's host key was refused (unknown, changed or revoked).
+    HostKey,
+    /// No identity was accepted.
+    Auth,
+    /// The server misbehaved or refused a request.
+    Protocol,
+}
+
+/// A user-facing error.
+#[derive(Debug, Clone)]
+pub struct SkiffError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl SkiffError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        SkiffError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for SkiffError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for SkiffError {}

@@ -1,0 +1,201 @@
+//! Running one command on a connection: open a session channel, pass the
+//! environment, request a pty if asked, then stream stdin to the command and
+//! its stdout and stderr back, until the exit status or signal arrives.
+
+use russh::ChannelMsg;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+use crate::connect::Connection;
+use crate::error::{ErrorKind, SkiffError};
+
+/// A terminal for the remote command (`-t`).
+#[derive(Debug, Clone)]
+pub struct PtyRequest {
+    pub term: String,
+    pub cols: u32,
+    pub rows: u32,
+}
+
+/// What to run.
+#[derive(Debug, Clone, Default)]
+pub struct ExecRequest {
+    pub command: String,
+    pub env: Vec<(String, String)>,
+    pub pty: Option<PtyRequest>,
+}
+
+/// How the remote command ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExitOutcome {
+    Status(u32),
+    Signal {
+        name: String,
+        core_dumped: bool,
+        message: String,
+    },
+    /// The channel closed without an exit status (e.g. the server dropped it).
+    Unknown,
+}
+
+impl ExitOutcome {
+    /// The exit code a local shell would show: the status, 128+N for signal N
+    /// (as a local shell reports it), 255 when unknown or unnamed (as ssh does).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ExitOutcome::Status(s) => (*s & 0xff) as i32,
+            ExitOutcome::Signal { name, .. } => {
+                skiff_proto::signals::number(name).map_or(255, |n| 128 + n)
+            }
+            ExitOutcome::Unknown => 255,
+        }
+    }
+}
+
+/// A window size change for a pty session.
+#[derive(Debug, Clone, Copy)]
+pub struct WindowSize {
+    pub cols: u32,
+    pub rows: u32,
+}
+
+/// Runs `req`, copying `stdin` (if any) to the command and its output to
+/// `stdout`/`stderr`. `resize` delivers window-size changes for pty sessions.
+pub async fn exec<I, O, E>(
+    conn: &Connection,
+    req: &ExecRequest,
+    stdin: Option<I>,
+    mut stdout: O,
+    mut stderr: E,
+    mut resize: Option<tokio::sync::mpsc::Receiver<WindowSize>>,
+) -> Result<ExitOutcome, SkiffError>
+where
+    I: AsyncRead + Unpin + Send + 'static,
+    O: AsyncWrite + Unpin,
+    E: AsyncWrite + Unpin,
+{
+    let host = conn.settings.hostname.clone();
+    let lost = |e: &dyn std::fmt::Display| {
+        SkiffError::new(ErrorKind::Connect, format!("{host}: connection lost: {e}"))
+    };
+    let channel = conn.handle.channel_open_session().await.map_err(|e| {
+        SkiffError::new(
+            ErrorKind::Protocol,
+            format!("{host}: the server refused a session channel: {e}"),
+        )
+    })?;
+    for (k, v) in &req.env {
+        channel
+            .set_env(false, k.as_str(), v.as_str())
+            .await
+            .map_err(|e| lost(&e))?;
+    }
+    if let Some(pty) = &req.pty {
+        channel
+            .request_pty(false, &pty.term, pty.cols, pty.rows, 0, 0, &[])
+            .await
+            .map_err(|e| lost(&e))?;
+    }
+    channel
+        .exec(true, req.command.as_bytes())
+        .await
+        .map_err(|e| lost(&e))?;
+    let (mut reader, writer) = channel.split();
+
+    // stdin -> channel, respecting the remote window; EOF when stdin ends.
+    let writer = std::sync::Arc::new(writer);
+    let input_writer = writer.clone();
+    let input = tokio::spawn(async move {
+        if let Some(mut stdin) = stdin {
+            let mut tx = input_writer.make_writer();
+            let _ = tokio::io::copy(&mut stdin, &mut tx).await;
+            let _ = tx.flush().await;
+        }
+        let _ = input_writer.eof().await;
+    });
+
+    let mut outcome = ExitOutcome::Unknown;
+    let mut exec_refused = false;
+    loop {
+        let msg = tokio::select! {
+            msg = reader.wait() => msg,
+            Some(ws) = async { match resize.as_mut() { Some(r) => r.recv().await, None => std::future::pending().await } } => {
+                let _ = writer.window_change(ws.cols, ws.rows, 0, 0).await;
+                continue;
+            }
+        };
+        let Some(msg) = msg else { break };
+        match msg {
+            ChannelMsg::Data { data } => {
+                stdout
+                    .write_all(&data)
+                    .await
+                    .map_err(|e| local_io("stdout", e))?;
+                stdout.flush().await.map_err(|e| local_io("stdout", e))?;
+            }
+            ChannelMsg::ExtendedData { data, ext: 1 } => {
+                stderr
+                    .write_all(&data)
+                    .await
+                    .map_err(|e| local_io("stderr", e))?;
+                stderr.flush().await.map_err(|e| local_io("stderr", e))?;
+            }
+            ChannelMsg::ExitStatus { exit_status } => outcome = ExitOutcome::Status(exit_status),
+            ChannelMsg::ExitSignal {
+                signal_name,
+                core_dumped,
+                error_message,
+                ..
+            } => {
+                outcome = ExitOutcome::Signal {
+                    name: sig_name(&signal_name),
+                    core_dumped,
+                    message: error_message,
+                }
+            }
+            ChannelMsg::Failure => exec_refused = true,
+            ChannelMsg::Close => break,
+            _ => {}
+        }
+    }
+    input.abort();
+    if exec_refused && outcome == ExitOutcome::Unknown {
+        return Err(SkiffError::new(
+            ErrorKind::Protocol,
+            format!("{host}: the server refused to run the command"),
+        ));
+    }
+    Ok(outcome)
+}
+
+fn local_io(what: &str, e: std::io::Error) -> SkiffError {
+    SkiffError::new(
+        ErrorKind::Protocol,
+        format!("cannot write to local {what}: {e}"),
+    )
+}
+
+fn sig_name(sig: &russh::Sig) -> String {
+    match sig {
+        russh::Sig::Custom(name) => name.clone(),
+        other => format!("{other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_shell_convention() {
+        assert_eq!(ExitOutcome::Status(7).exit_code(), 7);
+        let killed = ExitOutcome::Signal {
+            name: "KILL".into(),
+            core_dumped: false,
+            message: String::new(),
+        };
+        assert_eq!(killed.exit_code(), 137);
+        assert_eq!(ExitOutcome::Unknown.exit_code(), 255);
+        assert_eq!(sig_name(&russh::Sig::TERM), "TERM");
+        assert_eq!(sig_name(&russh::Sig::Custom("USR2".into())), "USR2");
+    }
+}

@@ -1,0 +1,282 @@
+//! Public-key user authentication: identities from ssh-agent and key files,
+//! tried in OpenSSH's order, with passphrases read from the terminal or
+//! SSH_ASKPASS (never under BatchMode).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use russh::client::{AuthResult, Handle, Handler};
+use russh::keys::agent::client::AgentClient;
+use russh::keys::agent::AgentIdentity;
+use russh::keys::{Algorithm, HashAlg, PrivateKey, PrivateKeyWithHashAlg, PublicKey};
+
+use crate::error::{ErrorKind, SkiffError};
+use crate::settings::ConnectSettings;
+
+/// One thing to try, in order.
+enum Candidate {
+    Agent(PublicKey),
+    File { path: PathBuf },
+}
+
+/// A key file's public half, read from `KEY.pub` or from an unencrypted key.
+fn file_public_key(path: &Path) -> Option<PublicKey> {
+    let mut pub_path = path.as_os_str().to_owned();
+    pub_path.push(".pub");
+    if let Ok(text) = std::fs::read_to_string(&pub_path) {
+        if let Ok(k) = PublicKey::from_openssh(text.trim()) {
+            return Some(k);
+        }
+    }
+    let text = std::fs::read_to_string(path).ok()?;
+    russh::keys::decode_secret_key(&text, None)
+        .ok()
+        .map(|k| k.public_key().clone())
+}
+
+/// Authenticates `handle` as `settings.user`, or explains what was tried.
+pub async fn authenticate<H: Handler>(
+    handle: &mut Handle<H>,
+    settings: &ConnectSettings,
+) -> Result<(), SkiffError> {
+    let mut agent = match &settings.identity_agent {
+        Some(sock) => match AgentClient::connect_uds(sock).await {
+            Ok(a) => Some(a),
+            Err(e) => {
+                tracing::debug!("cannot use ssh-agent at {}: {e}", sock.display());
+                None
+            }
+        },
+        None => None,
+    };
+    let agent_keys: Vec<PublicKey> = match agent.as_mut() {
+        Some(a) => a
+            .request_identities()
+            .await
+            .map(|ids| {
+                ids.into_iter()
+                    .filter_map(|id| match id {
+                        AgentIdentity::PublicKey { key, .. } => Some(key),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        None => Vec::new(),
+    };
+
+    // OpenSSH order: configured identities the agent holds (in config order),
+    // then the agent's other keys (unless IdentitiesOnly), then key files.
+    let mut candidates = Vec::new();
+    let mut files_left = Vec::new();
+    for path in &settings.identity_files {
+        match file_public_key(path) {
+            Some(pk) if agent_keys.iter().any(|a| a.key_data() == pk.key_data()) => {
+                candidates.push(Candidate::Agent(pk))
+            }
+            _ => files_left.push(path.clone()),
+        }
+    }
+    if !settings.identities_only {
+        for k in &agent_keys {
+            let already = candidates
+                .iter()
+                .any(|c| matches!(c, Candidate::Agent(p) if p.key_data() == k.key_data()));
+            if !already {
+                candidates.push(Candidate::Agent(k.clone()));
+            }
+        }
+    }
+    candidates.extend(files_left.into_iter().map(|path| Candidate::File { path }));
+
+    let rsa_hash = match handle.best_supported_rsa_hash().await {
+        Ok(Some(h)) => h,
+        _ => Some(HashAlg::Sha512),
+    };
+    let mut tried = Vec::new();
+    let mut notes = Vec::new();
+    for cand in candidates {
+        match cand {
+            Candidate::Agent(key) => {
+                let Some(agent) = agent.as_mut() else {
+                    continue;
+                };
+                let hash = if matches!(key.algorithm(), Algorithm::Rsa { .. }) {
+                    rsa_hash
+                } else {
+                    None
+                };
+                tried.push(format!("agent key {}", key.fingerprint(HashAlg::Sha256)));
+                match handle
+                    .authenticate_publickey_with(&settings.user, key.clone(), hash, agent)
+                    .await
+                {
+                    Ok(AuthResult::Success) => return Ok(()),
+                    Ok(AuthResult::Failure { .. }) => {}
+                    Err(e) => notes.push(format!("ssh-agent could not sign: {e}")),
+                }
+            }
+            Candidate::File { path } => {
+                let key = match load_private_key(&path, settings) {
+                    Ok(Some(k)) => k,
+                    Ok(None) => continue,
+                    Err(note) => {
+                        notes.push(note);
+                        continue;
+                    }
+                };
+                let hash = if matches!(key.algorithm(), Algorithm::Rsa { .. }) {
+                    rsa_hash
+                } else {
+                    None
+                };
+                tried.push(path.display().to_string());
+                let with_hash = PrivateKeyWithHashAlg::new(Arc::new(key), hash);
+                match handle
+                    .authenticate_publickey(&settings.user, with_hash)
+                    .await
+                {
+                    Ok(AuthResult::Success) => return Ok(()),
+                    Ok(AuthResult::Failure { .. }) => {}
+                    Err(e) => {
+                        return Err(SkiffError::new(
+                            ErrorKind::Connect,
+                            format!(
+                                "{}: connection lost during authentication: {e}",
+                                settings.hostname
+                            ),
+                        ))
+                    }
+                }
+            }
+        }
+    }
+    let mut msg = format!(
+        "{}@{}: authentication failed (publickey): ",
+        settings.user, settings.hostname
+    );
+    if tried.is_empty() {
+        msg.push_str("no usable key (no ssh-agent keys, no readable identity files)");
+    } else {
+        msg.push_str(&format!(
+            "the server accepted none of: {}",
+            tried.join(", ")
+        ));
+    }
+    for n in &notes {
+        msg.push_str("; ");
+        msg.push_str(n);
+    }
+    msg.push_str("; check the key is in the account's authorized_keys, or pass -i KEY");
+    Err(SkiffError::new(ErrorKind::Auth, msg))
+}
+
+/// Loads a private key file. `Ok(None)`: the file does not exist (a default
+/// identity). `Err(note)`: it cannot be used, with the reason for the summary.
+fn load_private_key(path: &Path, settings: &ConnectSettings) -> Result<Option<PrivateKey>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if !is_default_identity(path) {
+                eprintln!(
+                    "skiff: warning: identity file {} not accessible: no such file",
+                    path.display()
+                );
+            }
+            return Ok(None);
+        }
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    match russh::keys::decode_secret_key(&text, None) {
+        Ok(k) => return Ok(Some(k)),
+        Err(russh::keys::Error::KeyIsEncrypted) => {}
+        Err(e) => {
+            return Err(format!(
+                "{} is not a usable private key: {e}",
+                path.display()
+            ))
+        }
+    }
+    if settings.batch_mode {
+        return Err(format!(
+            "{} needs a passphrase and BatchMode is on (add it to ssh-agent with ssh-add)",
+            path.display()
+        ));
+    }
+    for attempt in 0..3 {
+        let prompt = format!("Enter passphrase for key '{}': ", path.display());
+        let pass = match read_passphrase(&prompt) {
+            Ok(p) => p,
+            Err(e) => {
+                return Err(format!(
+                    "{} needs a passphrase and none could be read: {e}",
+                    path.display()
+                ))
+            }
+        };
+        if pass.is_empty() && attempt == 0 {
+            // An empty answer skips the key, as ssh does.
+            return Ok(None);
+        }
+        match russh::keys::decode_secret_key(&text, Some(&pass)) {
+            Ok(k) => return Ok(Some(k)),
+            Err(_) => eprintln!("Bad passphrase, try again for {}", path.display()),
+        }
+    }
+    Err(format!("wrong passphrase for {}", path.display()))
+}
+
+fn is_default_identity(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let in_ssh_dir = path
+        .parent()
+        .and_then(|p| p.file_name())
+        .is_some_and(|n| n == ".ssh");
+    in_ssh_dir
+        && [
+            "id_rsa",
+            "id_ecdsa",
+            "id_ecdsa_sk",
+            "id_ed25519",
+            "id_ed25519_sk",
+        ]
+        .contains(&name)
+}
+
+/// Reads a passphrase: SSH_ASKPASS when SSH_ASKPASS_REQUIRE says so (or when
+/// there is no terminal but a display and askpass exist), else the terminal.
+fn read_passphrase(prompt: &str) -> std::io::Result<String> {
+    let askpass = std::env::var_os("SSH_ASKPASS").filter(|v| !v.is_empty());
+    let require = std::env::var("SSH_ASKPASS_REQUIRE").unwrap_or_default();
+    let has_tty = std::fs::File::open("/dev/tty").is_ok();
+    let use_askpass = match require.as_str() {
+        "never" => false,
+        "force" => askpass.is_some(),
+        _ => {
+            askpass.is_some()
+                && (!has_tty && std::env::var_os("DISPLAY").is_some() || require == "prefer")
+        }
+    };
+    if use_askpass {
+        let program = askpass.expect("checked above");
+        let out = std::process::Command::new(&program)
+            .arg(prompt)
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .output()?;
+        if !out.status.success() {
+            return Err(std::io::Error::other(
+                "askpass program failed or was cancelled",
+            ));
+        }
+        let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
+        while s.ends_with('\n') || s.ends_with('\r') {
+            s.pop();
+        }
+        return Ok(s);
+    }
+    if !has_tty {
+        return Err(std::io::Error::other("no terminal and no SSH_ASKPASS"));
+    }
+    rpassword::prompt_password(prompt)
+}

@@ -1,0 +1,18 @@
+//! The skiff client engine: settings from OpenSSH configuration, connecting
+//! with host-key verification and public-key authentication (key files and
+//! ssh-agent), and running commands over russh.
+//!
+//! The `skiff` binary is a thin layer over this crate; later the agent and the
+//! fan-out scheduler reuse the same pieces.
+
+pub mod connect;
+pub mod error;
+pub mod exec;
+pub mod hostkeys;
+mod identity;
+pub mod settings;
+
+pub use connect::{connect, Connection};
+pub use error::{ErrorKind, SkiffError};
+pub use exec::{exec, ExecRequest, ExitOutcome, PtyRequest, WindowSize};
+pub use settings::{ConnectSettings, Destination};

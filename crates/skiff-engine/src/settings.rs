@@ -1,0 +1,398 @@
+//! Turning a destination plus the user's OpenSSH client configuration into
+//! concrete connection settings: reads `-o` options, the user's config
+//! (`~/.ssh/config` or `-F FILE`) and `/etc/ssh/ssh_config`, follows `Include`
+//! (with `~` and globs), applies defaults and expands `%` tokens.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use skiff_proto::known_hosts::StrictHostKeyChecking;
+use skiff_proto::ssh_config::{
+    self, ConfigError, ConfigFile, HostConfig, MatchContext, TokenContext,
+};
+
+use crate::error::{ErrorKind, SkiffError};
+
+/// What the command line says, before configuration is applied.
+#[derive(Debug, Clone, Default)]
+pub struct Destination {
+    /// Host as given (possibly a `Host` alias from the config).
+    pub host: String,
+    pub user: Option<String>,
+    pub port: Option<u16>,
+    /// `-i` files, tried before configured ones.
+    pub identity_files: Vec<PathBuf>,
+    /// `-F FILE`: replaces ~/.ssh/config and skips /etc/ssh/ssh_config. `none` reads no file.
+    pub config_file: Option<PathBuf>,
+    /// `-o Keyword=Value` options, highest precedence.
+    pub options: Vec<String>,
+}
+
+/// Everything needed to connect and authenticate.
+#[derive(Debug, Clone)]
+pub struct ConnectSettings {
+    /// The name used for known_hosts and messages (HostName, else the given host).
+    pub hostname: String,
+    pub original_host: String,
+    pub port: u16,
+    pub user: String,
+    pub identity_files: Vec<PathBuf>,
+    pub identities_only: bool,
+    /// None means no agent (IdentityAgent none, or SSH_AUTH_SOCK unset).
+    pub identity_agent: Option<PathBuf>,
+    pub user_known_hosts: Vec<PathBuf>,
+    pub global_known_hosts: Vec<PathBuf>,
+    pub strict_host_key_checking: StrictHostKeyChecking,
+    pub hash_known_hosts: bool,
+    pub connect_timeout: Duration,
+    pub server_alive_interval: Option<Duration>,
+    pub server_alive_count_max: usize,
+    pub batch_mode: bool,
+    pub send_env: Vec<String>,
+    pub set_env: Vec<(String, String)>,
+    /// Keywords skiff accepts but does not act on, with where they were set (for -v).
+    pub ignored: Vec<(String, String)>,
+}
+
+/// Default connect timeout when ConnectTimeout is unset: a dead address must
+/// not hang the client for the kernel's two-minute SYN retry budget.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default keepalive when ServerAliveInterval is unset, so that a peer that
+/// vanished is noticed after about a minute instead of never.
+pub const DEFAULT_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
+
+/// The user's home directory: `$HOME`, else the passwd entry.
+pub fn home_dir() -> PathBuf {
+    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        return PathBuf::from(h);
+    }
+    // SAFETY: getpwuid returns a pointer into static storage or null.
+    unsafe {
+        let pw = libc::getpwuid(libc::getuid());
+        if !pw.is_null() && !(*pw).pw_dir.is_null() {
+            let dir = std::ffi::CStr::from_ptr((*pw).pw_dir);
+            return PathBuf::from(dir.to_string_lossy().into_owned());
+        }
+    }
+    PathBuf::from("/")
+}
+
+/// The local user name: passwd entry for our uid, else `$USER`.
+pub fn local_user() -> String {
+    // SAFETY: as above.
+    unsafe {
+        let pw = libc::getpwuid(libc::getuid());
+        if !pw.is_null() && !(*pw).pw_name.is_null() {
+            return std::ffi::CStr::from_ptr((*pw).pw_name)
+                .to_string_lossy()
+                .into_owned();
+        }
+    }
+    std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+}
+
+fn local_hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if r != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+fn config_error(e: ConfigError) -> SkiffError {
+    SkiffError::new(ErrorKind::Config, format!("bad configuration: {e}"))
+}
+
+/// Reads and parses one config file; a missing file is `Ok(None)`.
+fn read_config(path: &Path) -> Result<Option<ConfigFile>, SkiffError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => ssh_config::parse(&path.display().to_string(), &text)
+            .map(Some)
+            .map_err(config_error),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(SkiffError::new(
+            ErrorKind::Config,
+            format!("cannot read {}: {e}", path.display()),
+        )),
+    }
+}
+
+/// Expands one `Include` argument to the files it names, in lexical order.
+/// Relative paths are taken from ~/.ssh for user files and /etc/ssh for system ones.
+fn include_files(arg: &str, from_label: &str, home: &Path) -> Result<Vec<ConfigFile>, ConfigError> {
+    let expanded = if let Some(rest) = arg.strip_prefix("~/") {
+        home.join(rest)
+    } else if arg == "~" {
+        home.to_path_buf()
+    } else if arg.starts_with('/') {
+        PathBuf::from(arg)
+    } else if from_label.starts_with("/etc/ssh") {
+        Path::new("/etc/ssh").join(arg)
+    } else {
+        home.join(".ssh").join(arg)
+    };
+    let mut paths = glob_paths(&expanded);
+    paths.sort();
+    let mut files = Vec::new();
+    for p in paths {
+        match std::fs::read_to_string(&p) {
+            Ok(text) => files.push(ssh_config::parse(&p.display().to_string(), &text)?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) if e.kind() == std::io::ErrorKind::IsADirectory => {}
+            Err(e) => {
+                return Err(ConfigError {
+                    file: from_label.to_string(),
+                    line: 0,
+                    message: format!("cannot read included file {}: {e}", p.display()),
+                })
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// Expands `*` and `?` in each path component against the filesystem.
+fn glob_paths(path: &Path) -> Vec<PathBuf> {
+    let mut current = vec![PathBuf::from(if path.is_absolute() { "/" } else { "." })];
+    for comp in path.components().skip(usize::from(path.is_absolute())) {
+        let part = comp.as_os_str().to_string_lossy();
+        let mut next = Vec::new();
+        for base in &current {
+            if skiff_proto::pattern::has_wildcard(&part) {
+                if let Ok(rd) = std::fs::read_dir(base) {
+                    for entry in rd.flatten() {
+                        let name = entry.file_name().to_string_lossy().into_owned();
+                        if !name.starts_with('.')
+                            && skiff_proto::pattern::wildcard_match(&part, &name)
+                        {
+                            next.push(base.join(name));
+                        }
+                    }
+                }
+            } else {
+                next.push(base.join(&*part));
+            }
+        }
+        current = next;
+    }
+    current
+}
+
+/// Resolves the settings for `dest`, reading configuration from the usual places.
+pub fn resolve(dest: &Destination) -> Result<ConnectSettings, SkiffError> {
+    let home = home_dir();
+    let mut files = vec![ssh_config::parse_options(&dest.options).map_err(config_error)?];
+    match &dest.config_file {
+        Some(p) if p.as_os_str() == "none" => {}
+        Some(p) => files.push(read_config(p)?.ok_or_else(|| {
+            SkiffError::new(
+                ErrorKind::Config,
+                format!("cannot read config file {}: no such file", p.display()),
+            )
+        })?),
+        None => {
+            files.extend(read_config(&home.join(".ssh/config"))?);
+            files.extend(read_config(Path::new("/etc/ssh/ssh_config"))?);
+        }
+    }
+    let local_user = local_user();
+    let ctx = MatchContext {
+        original_host: dest.host.to_ascii_lowercase(),
+        host: dest.host.to_ascii_lowercase(),
+        remote_user: dest.user.clone(),
+        local_user: local_user.clone(),
+    };
+    let cfg = ssh_config::resolve(&files, &ctx, &mut |arg, from| {
+        include_files(arg, from, &home)
+    })
+    .map_err(config_error)?;
+    settle(dest, cfg, &home, &local_user)
+}
+
+fn settle(
+    dest: &Destination,
+    cfg: HostConfig,
+    home: &Path,
+    local_user: &str,
+) -> Result<ConnectSettings, SkiffError> {
+    let hostname = cfg
+        .hostname
+        .clone()
+        .unwrap_or_else(|| dest.host.clone())
+        .to_ascii_lowercase();
+    let port = dest.port.or(cfg.port).unwrap_or(22);
+    let user = dest
+        .user
+        .clone()
+        .or(cfg.user.clone())
+        .unwrap_or_else(|| local_user.to_string());
+    let tokens = TokenContext {
+        host: hostname.clone(),
+        original_host: dest.host.clone(),
+        remote_user: user.clone(),
+        local_user: local_user.to_string(),
+        port,
+        home: home.to_string_lossy().into_owned(),
+        local_hostname: local_hostname(),
+        // SAFETY: getuid cannot fail.
+        uid: unsafe { libc::getuid() },
+    };
+    let expand = |s: &str| -> Result<PathBuf, SkiffError> {
+        ssh_config::expand_tokens(s, &tokens)
+            .map(PathBuf::from)
+            .map_err(|e| {
+                SkiffError::new(
+                    ErrorKind::Config,
+                    format!("bad path {s:?} in configuration: {e}"),
+                )
+            })
+    };
+
+    let mut identity_files = dest.identity_files.clone();
+    for f in &cfg.identity_files {
+        identity_files.push(expand(f)?);
+    }
+    let default_identities = identity_files.is_empty();
+    if default_identities {
+        for name in [
+            "id_rsa",
+            "id_ecdsa",
+            "id_ecdsa_sk",
+            "id_ed25519",
+            "id_ed25519_sk",
+        ] {
+            identity_files.push(home.join(".ssh").join(name));
+        }
+    }
+
+    let identity_agent = match cfg.identity_agent.as_deref() {
+        Some("none") => None,
+        Some("SSH_AUTH_SOCK") | None => std::env::var_os("SSH_AUTH_SOCK")
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from),
+        Some(v) if v.starts_with('$') => std::env::var_os(&v[1..])
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from),
+        Some(v) => Some(expand(v)?),
+    };
+
+    let user_known_hosts = match &cfg.user_known_hosts_files {
+        Some(list) => list.iter().map(|f| expand(f)).collect::<Result<_, _>>()?,
+        None => vec![
+            home.join(".ssh/known_hosts"),
+            home.join(".ssh/known_hosts2"),
+        ],
+    };
+    let global_known_hosts = match &cfg.global_known_hosts_files {
+        Some(list) => list.iter().map(|f| expand(f)).collect::<Result<_, _>>()?,
+        None => vec![
+            PathBuf::from("/etc/ssh/ssh_known_hosts"),
+            PathBuf::from("/etc/ssh/ssh_known_hosts2"),
+        ],
+    };
+
+    let alive = match cfg.server_alive_interval {
+        Some(0) => None,
+        Some(s) => Some(Duration::from_secs(s)),
+        None => Some(DEFAULT_ALIVE_INTERVAL),
+    };
+
+    Ok(ConnectSettings {
+        hostname,
+        original_host: dest.host.clone(),
+        port,
+        user,
+        identity_files,
+        identities_only: cfg.identities_only.unwrap_or(false),
+        identity_agent,
+        user_known_hosts,
+        global_known_hosts,
+        strict_host_key_checking: cfg
+            .strict_host_key_checking
+            .unwrap_or(StrictHostKeyChecking::AcceptNew),
+        hash_known_hosts: cfg.hash_known_hosts.unwrap_or(false),
+        connect_timeout: cfg
+            .connect_timeout
+            .filter(|&s| s > 0)
+            .map(Duration::from_secs)
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+        server_alive_interval: alive,
+        server_alive_count_max: cfg.server_alive_count_max.unwrap_or(3).max(1) as usize,
+        batch_mode: cfg.batch_mode.unwrap_or(false),
+        send_env: cfg.send_env.clone(),
+        set_env: cfg.set_env.clone(),
+        ignored: cfg.ignored.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_include_expands_in_lexical_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("conf.d");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("b.conf"), "Host b\n  Port 2\n").unwrap();
+        std::fs::write(d.join("a.conf"), "Host a\n  Port 1\n").unwrap();
+        std::fs::write(d.join(".hidden.conf"), "Bogus line\n").unwrap();
+        let files = include_files(&format!("{}/*.conf", d.display()), "x", dir.path()).unwrap();
+        let labels: Vec<_> = files.iter().map(|f| f.label().to_string()).collect();
+        assert_eq!(labels.len(), 2);
+        assert!(
+            labels[0].ends_with("a.conf") && labels[1].ends_with("b.conf"),
+            "{labels:?}"
+        );
+    }
+
+    #[test]
+    fn resolves_alias_with_tokens_and_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("config");
+        std::fs::write(
+            &cfg,
+            "Host web\n  HostName 127.0.0.1\n  Port 2200\n  User deploy\n  IdentityFile ~/keys/%r@%h\n\
+             UserKnownHostsFile %d/kh/%h_%p\n",
+        )
+        .unwrap();
+        let dest = Destination {
+            host: "web".into(),
+            config_file: Some(cfg),
+            ..Default::default()
+        };
+        let s = resolve(&dest).unwrap();
+        assert_eq!(
+            (s.hostname.as_str(), s.port, s.user.as_str()),
+            ("127.0.0.1", 2200, "deploy")
+        );
+        let home = home_dir();
+        assert_eq!(s.identity_files, vec![home.join("keys/deploy@127.0.0.1")]);
+        assert_eq!(s.user_known_hosts, vec![home.join("kh/127.0.0.1_2200")]);
+        assert_eq!(s.strict_host_key_checking, StrictHostKeyChecking::AcceptNew);
+    }
+
+    #[test]
+    fn command_line_options_win_and_errors_name_the_line() {
+        let dest = Destination {
+            host: "h".into(),
+            config_file: Some("none".into()),
+            options: vec!["Port=2022".into(), "Port 9".into()],
+            ..Default::default()
+        };
+        assert_eq!(resolve(&dest).unwrap().port, 2022);
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("config");
+        std::fs::write(&cfg, "Host *\n  Port notanumber\n").unwrap();
+        let dest = Destination {
+            host: "h".into(),
+            config_file: Some(cfg.clone()),
+            ..Default::default()
+        };
+        let err = resolve(&dest).unwrap_err().to_string();
+        assert!(err.contains(&format!("{}:2", cfg.display())), "{err}");
+    }
+}

@@ -1,0 +1,1644 @@
+//! OpenSSH `known_hosts` files: parsing, indexed host-key lookup, the
+//! `StrictHostKeyChecking` decision and formatting of lines to append.
+//!
+//! The format is the one described in sshd(8), "SSH_KNOWN_HOSTS FILE FORMAT":
+//!
+//! ```text
+//! [@marker] hostnames keytype base64-key [comment]
+//! ```
+//!
+//! * `@cert-authority` marks a CA key trusted to sign host certificates and
+//!   `@revoked` marks a key that must never be accepted.
+//! * `hostnames` is either a comma-separated list of patterns (`*`, `?`,
+//!   `!negation`; a non-default port is written `[host]:port`) or a single
+//!   hashed name `|1|base64(salt)|base64(HMAC-SHA1(salt, name))`.
+//! * The key blob starts with an SSH string naming its own key type, which must
+//!   equal the `keytype` field.
+//! * Blank lines and lines starting with `#` are ignored; CRLF is accepted.
+//!
+//! Everything here is sans-IO: callers read the files, pass their text to
+//! [`parse`], look the server key up with [`check`], turn the result into a
+//! [`Decision`] with [`decide`] and, when asked to, append the line produced by
+//! [`format_entry`]. Randomness (the salt for hashed names) comes from the
+//! caller. Malformed lines never abort parsing: they are skipped and reported
+//! as [`ParseWarning`]s, as ssh does.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, STANDARD_PAD_INDIFFERENT};
+use base64::Engine as _;
+use hmac::{Hmac, KeyInit, Mac};
+use sha1::Sha1;
+use sha2::{Digest, Sha256};
+
+use crate::pattern::{has_wildcard, match_list, ListMatch};
+
+/// The SSH port for which host names are written without `[host]:port`.
+pub const DEFAULT_PORT: u16 = 22;
+
+/// Prefix of a hashed host name field (the only hash type OpenSSH defines).
+const HASH_MAGIC: &str = "|1|";
+
+/// Length of a SHA-1 digest, which is both the salt and the hash length.
+const SHA1_LEN: usize = 20;
+
+/// A line marker in front of the host names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Marker {
+    /// `@cert-authority`: the key is a CA trusted to sign host certificates.
+    CertAuthority,
+    /// `@revoked`: the key must be refused for the matching hosts.
+    Revoked,
+}
+
+impl Marker {
+    /// The marker as written in the file, including the `@`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Marker::CertAuthority => "@cert-authority",
+            Marker::Revoked => "@revoked",
+        }
+    }
+
+    fn from_token(token: &str) -> Option<Self> {
+        match token {
+            "@cert-authority" => Some(Marker::CertAuthority),
+            "@revoked" => Some(Marker::Revoked),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Marker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The host names field of an entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostField {
+    /// Comma-separated patterns, exactly as written in the file (original case).
+    Patterns(Vec<String>),
+    /// A hashed name: `|1|base64(salt)|base64(hash)`; both are 20 bytes.
+    Hashed {
+        /// The HMAC-SHA1 key.
+        salt: Vec<u8>,
+        /// HMAC-SHA1(key = salt, message = lookup name).
+        hash: Vec<u8>,
+    },
+}
+
+impl HostField {
+    /// True when this field applies to `name`, a lookup name as produced by
+    /// [`host_port_name`]. A matching `!pattern` excludes the host even if
+    /// another pattern matches.
+    pub fn matches(&self, name: &str) -> bool {
+        match self {
+            HostField::Patterns(pats) => {
+                let lowered: Vec<String> = pats.iter().map(|p| p.to_ascii_lowercase()).collect();
+                match_list(lowered.iter().map(String::as_str), name) == ListMatch::Positive
+            }
+            HostField::Hashed { salt, hash } => hmac_sha1(salt, name.as_bytes())[..] == hash[..],
+        }
+    }
+}
+
+impl fmt::Display for HostField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostField::Patterns(pats) => f.write_str(&pats.join(",")),
+            HostField::Hashed { salt, hash } => write!(
+                f,
+                "{HASH_MAGIC}{}|{}",
+                STANDARD.encode(salt),
+                STANDARD.encode(hash)
+            ),
+        }
+    }
+}
+
+/// One valid line of a known_hosts file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// 1-based line number in the file.
+    pub line: usize,
+    /// `@cert-authority` / `@revoked`, if present.
+    pub marker: Option<Marker>,
+    /// The host names (patterns or hashed).
+    pub hosts: HostField,
+    /// The key type field, e.g. `ssh-ed25519`; equals the type inside the blob.
+    pub key_type: String,
+    /// The decoded public key blob (SSH wire format).
+    pub key_blob: Vec<u8>,
+    /// Anything after the key, trimmed; `None` when empty.
+    pub comment: Option<String>,
+}
+
+impl Entry {
+    /// The entry written back as a line, without the trailing newline.
+    pub fn to_line(&self) -> String {
+        let mut out = String::new();
+        if let Some(m) = self.marker {
+            out.push_str(m.as_str());
+            out.push(' ');
+        }
+        out.push_str(&self.hosts.to_string());
+        out.push(' ');
+        out.push_str(&self.key_type);
+        out.push(' ');
+        out.push_str(&STANDARD.encode(&self.key_blob));
+        if let Some(c) = &self.comment {
+            out.push(' ');
+            out.push_str(c);
+        }
+        out
+    }
+
+    /// `SHA256:...` fingerprint of the entry's key.
+    pub fn fingerprint(&self) -> String {
+        fingerprint_sha256(&self.key_blob)
+    }
+}
+
+/// A skipped malformed line. Displays as `{file}:{line}: {message}`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {message}")]
+pub struct ParseWarning {
+    /// The file label given to [`parse`].
+    pub file: String,
+    /// 1-based line number.
+    pub line: usize,
+    /// What is wrong with the line.
+    pub message: String,
+}
+
+/// A parsed known_hosts file with a lookup index.
+///
+/// The index is built from `entries` when the file is parsed (or by
+/// [`KnownHostsFile::from_entries`]); changing `entries` afterwards does not
+/// update it, so rebuild with `from_entries` if you modify them.
+#[derive(Debug, Clone, Default)]
+pub struct KnownHostsFile {
+    /// Path or other label used in messages (`file:line`).
+    pub label: String,
+    /// The valid entries in file order.
+    pub entries: Vec<Entry>,
+    index: HostIndex,
+}
+
+/// Lookup structure over the entries of one file.
+///
+/// * Entries whose positive patterns are all literal names are reachable
+///   through `exact`, keyed by each lowercased name (the `[host]:port` form is
+///   just another literal). Such an entry can only match a lookup name equal
+///   to one of those literals, so a hash-map hit is enough to find it; the full
+///   pattern list (including any `!negations`) is still checked afterwards.
+/// * Entries with at least one positive wildcard pattern are in `scan` and
+///   matched linearly; in practice this list is short.
+/// * Hashed entries are grouped by salt: one HMAC per distinct salt per lookup
+///   (normally one per hashed entry, since ssh picks a fresh salt per line).
+///   Caching the HMAC results per host across lookups within one run is the
+///   next step if large hashed files show up in profiles.
+#[derive(Debug, Clone, Default)]
+struct HostIndex {
+    /// Lowercased literal name -> entry indices (ascending, no duplicates).
+    exact: HashMap<String, Vec<usize>>,
+    /// Entry indices that need a linear pattern match.
+    scan: Vec<usize>,
+    /// Lowercased pattern lists, parallel to `entries` (empty for hashed).
+    lowered: Vec<Vec<String>>,
+    /// Hashed entries grouped by salt.
+    hashed: Vec<SaltGroup>,
+}
+
+#[derive(Debug, Clone)]
+struct SaltGroup {
+    salt: Vec<u8>,
+    /// (expected hash, entry index)
+    members: Vec<(Vec<u8>, usize)>,
+}
+
+impl HostIndex {
+    fn build(entries: &[Entry]) -> Self {
+        let mut index = HostIndex::default();
+        let mut salt_pos: HashMap<&[u8], usize> = HashMap::new();
+        for (i, entry) in entries.iter().enumerate() {
+            match &entry.hosts {
+                HostField::Patterns(pats) => {
+                    let lowered: Vec<String> =
+                        pats.iter().map(|p| p.to_ascii_lowercase()).collect();
+                    let positives = || lowered.iter().filter(|p| !p.starts_with('!'));
+                    if positives().any(|p| has_wildcard(p)) {
+                        index.scan.push(i);
+                    } else {
+                        for p in positives() {
+                            let slot = index.exact.entry(p.clone()).or_default();
+                            if slot.last() != Some(&i) {
+                                slot.push(i);
+                            }
+                        }
+                    }
+                    index.lowered.push(lowered);
+                }
+                HostField::Hashed { salt, hash } => {
+                    let g = *salt_pos.entry(salt.as_slice()).or_insert_with(|| {
+                        index.hashed.push(SaltGroup {
+                            salt: salt.clone(),
+                            members: Vec::new(),
+                        });
+                        index.hashed.len() - 1
+                    });
+                    index.hashed[g].members.push((hash.clone(), i));
+                    index.lowered.push(Vec::new());
+                }
+            }
+        }
+        index
+    }
+
+    /// Indices of entries that apply to the lowercased lookup `name`, ascending.
+    fn lookup(&self, name: &str) -> Vec<usize> {
+        let mut out: Vec<usize> = Vec::new();
+        if let Some(v) = self.exact.get(name) {
+            out.extend(v.iter().copied().filter(|&i| self.patterns_match(i, name)));
+        }
+        out.extend(
+            self.scan
+                .iter()
+                .copied()
+                .filter(|&i| self.patterns_match(i, name)),
+        );
+        for group in &self.hashed {
+            let mac = hmac_sha1(&group.salt, name.as_bytes());
+            out.extend(
+                group
+                    .members
+                    .iter()
+                    .filter(|(h, _)| h[..] == mac[..])
+                    .map(|&(_, i)| i),
+            );
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    fn patterns_match(&self, i: usize, name: &str) -> bool {
+        self.lowered
+            .get(i)
+            .is_some_and(|pats| match_list(pats.iter().map(String::as_str), name).is_match())
+    }
+}
+
+impl KnownHostsFile {
+    /// An empty file with the given label.
+    pub fn new(label: &str) -> Self {
+        Self::from_entries(label, Vec::new())
+    }
+
+    /// Builds a file (and its index) from already-parsed entries.
+    pub fn from_entries(label: &str, entries: Vec<Entry>) -> Self {
+        let index = HostIndex::build(&entries);
+        KnownHostsFile {
+            label: label.to_string(),
+            entries,
+            index,
+        }
+    }
+
+    /// All entries (any marker) that apply to `name`, a lookup name as
+    /// produced by [`host_port_name`], in file order.
+    pub fn matching(&self, name: &str) -> Vec<&Entry> {
+        let name = name.to_ascii_lowercase();
+        self.index
+            .lookup(&name)
+            .into_iter()
+            .filter_map(|i| self.entries.get(i))
+            .collect()
+    }
+}
+
+/// Parses a known_hosts file. `label` (usually the path) is used in warnings
+/// and in [`Found::file`].
+///
+/// Malformed lines are skipped with a warning (as ssh does), never a panic; the
+/// rest of the file still counts.
+pub fn parse(label: &str, text: &str) -> (KnownHostsFile, Vec<ParseWarning>) {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let mut entries = Vec::new();
+    let mut warnings = Vec::new();
+    for (idx, raw) in text.split('\n').enumerate() {
+        let line_no = idx + 1;
+        let line = raw.strip_suffix('\r').unwrap_or(raw);
+        match parse_line(line, line_no) {
+            Ok(Some(entry)) => entries.push(entry),
+            Ok(None) => {}
+            Err(message) => warnings.push(ParseWarning {
+                file: label.to_string(),
+                line: line_no,
+                message,
+            }),
+        }
+    }
+    (KnownHostsFile::from_entries(label, entries), warnings)
+}
+
+/// Splits off the next whitespace-delimited token: `(token, rest)`.
+fn next_token(s: &str) -> Option<(&str, &str)> {
+    let s = s.trim_start_matches(|c: char| c.is_ascii_whitespace());
+    if s.is_empty() {
+        return None;
+    }
+    let end = s.find(|c: char| c.is_ascii_whitespace()).unwrap_or(s.len());
+    Some((&s[..end], &s[end..]))
+}
+
+/// Parses one line: `Ok(None)` for blank/comment lines, `Err(message)` for
+/// malformed ones.
+fn parse_line(line: &str, line_no: usize) -> Result<Option<Entry>, String> {
+    let trimmed = line.trim_start_matches(|c: char| c.is_ascii_whitespace());
+    if trimmed.is_empty() || trimmed.starts_with('#') {
+        return Ok(None);
+    }
+    let (mut token, mut rest) = next_token(trimmed).ok_or("empty line")?;
+    let mut marker = None;
+    if token.starts_with('@') {
+        marker =
+            Some(Marker::from_token(token).ok_or_else(|| format!("unknown marker {token:?}"))?);
+        (token, rest) = next_token(rest).ok_or("missing host names after marker")?;
+    }
+    let hosts = parse_host_field(token)?;
+    let (key_type, rest) = next_token(rest).ok_or("missing key type")?;
+    let (key_b64, rest) = next_token(rest).ok_or("missing key")?;
+    let key_blob = STANDARD_PAD_INDIFFERENT
+        .decode(key_b64)
+        .map_err(|e| format!("invalid base64 in key: {e}"))?;
+    let blob_type =
+        blob_key_type(&key_blob).ok_or("key blob does not start with a key type name")?;
+    if blob_type != key_type {
+        return Err(format!(
+            "key type mismatch: field says {key_type:?} but the key is {blob_type:?}"
+        ));
+    }
+    let comment = rest.trim();
+    Ok(Some(Entry {
+        line: line_no,
+        marker,
+        hosts,
+        key_type: key_type.to_string(),
+        key_blob,
+        comment: (!comment.is_empty()).then(|| comment.to_string()),
+    }))
+}
+
+fn parse_host_field(field: &str) -> Result<HostField, String> {
+    if !field.starts_with('|') {
+        return Ok(HostField::Patterns(
+            field.split(',').map(str::to_string).collect(),
+        ));
+    }
+    let bad = || format!("invalid hashed host name {field:?} (expected |1|salt|hash)");
+    let body = field.strip_prefix(HASH_MAGIC).ok_or_else(bad)?;
+    let (salt_b64, hash_b64) = body.split_once('|').ok_or_else(bad)?;
+    let salt = STANDARD_PAD_INDIFFERENT
+        .decode(salt_b64)
+        .map_err(|_| bad())?;
+    let hash = STANDARD_PAD_INDIFFERENT
+        .decode(hash_b64)
+        .map_err(|_| bad())?;
+    if salt.len() != SHA1_LEN || hash.len() != SHA1_LEN {
+        return Err(bad());
+    }
+    Ok(HostField::Hashed { salt, hash })
+}
+
+/// The key type name at the start of an SSH public key blob (an SSH string:
+/// big-endian u32 length, then the bytes), if well formed.
+pub fn blob_key_type(blob: &[u8]) -> Option<&str> {
+    let len_bytes: [u8; 4] = blob.get(..4)?.try_into().ok()?;
+    let len = usize::try_from(u32::from_be_bytes(len_bytes)).ok()?;
+    let name = blob.get(4..4usize.checked_add(len)?)?;
+    std::str::from_utf8(name).ok()
+}
+
+/// The lookup name for a host and port: `host` for port 22 (or 0, meaning
+/// default), `[host]:port` otherwise; always ASCII-lowercased.
+pub fn host_port_name(host: &str, port: u16) -> String {
+    let host = host.to_ascii_lowercase();
+    if port == DEFAULT_PORT || port == 0 {
+        host
+    } else {
+        format!("[{host}]:{port}")
+    }
+}
+
+/// The name as shown to users: like [`host_port_name`] but keeping case.
+fn display_name(host: &str, port: u16) -> String {
+    if port == DEFAULT_PORT || port == 0 {
+        host.to_string()
+    } else {
+        format!("[{host}]:{port}")
+    }
+}
+
+/// Where an entry was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Found<'a> {
+    /// The file label.
+    pub file: &'a str,
+    /// 1-based line number.
+    pub line: usize,
+    /// The entry itself.
+    pub entry: &'a Entry,
+}
+
+impl fmt::Display for Found<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.file, self.line)
+    }
+}
+
+/// Result of looking a server host key up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostKeyStatus<'a> {
+    /// The exact key is recorded for this host (first match in file order).
+    Known(Found<'a>),
+    /// The key is listed `@revoked` for this host.
+    Revoked(Found<'a>),
+    /// Keys of the same type family are recorded for this host, but none equals
+    /// the offered key.
+    Changed {
+        /// The recorded keys of the same family, in lookup order.
+        old: Vec<Found<'a>>,
+    },
+    /// Only keys of other types are recorded for this host.
+    OtherTypesKnown(Vec<Found<'a>>),
+    /// Nothing is recorded for this host.
+    Unknown,
+}
+
+/// Normalises a key or signature algorithm name to the key type it belongs
+/// to, so that e.g. `rsa-sha2-512` and certificate types compare with the
+/// plain key type. ECDSA curves stay distinct, as in OpenSSH.
+fn key_family(key_type: &str) -> String {
+    let plain = match key_type.strip_suffix("-cert-v01@openssh.com") {
+        Some(base) if base.starts_with("sk-") => format!("{base}@openssh.com"),
+        Some(base) => base.to_string(),
+        None => key_type.to_string(),
+    };
+    match plain.as_str() {
+        "rsa-sha2-256" | "rsa-sha2-512" => "ssh-rsa".to_string(),
+        _ => plain,
+    }
+}
+
+/// Short user-facing key type name (`ED25519`, `RSA`, `ECDSA`, ...).
+pub fn key_type_label(key_type: &str) -> String {
+    let family = key_family(key_type);
+    let label = match family.as_str() {
+        "ssh-rsa" => "RSA",
+        "ssh-dss" => "DSA",
+        "ssh-ed25519" => "ED25519",
+        "ssh-ed448" => "ED448",
+        "sk-ssh-ed25519@openssh.com" => "ED25519-SK",
+        "sk-ecdsa-sha2-nistp256@openssh.com" => "ECDSA-SK",
+        f if f.starts_with("ecdsa-sha2-") => "ECDSA",
+        other => other,
+    };
+    label.to_string()
+}
+
+/// Type of the offered key: the one inside the blob if readable, else the
+/// caller's `key_type`.
+fn offered_type<'b>(key_type: &'b str, key_blob: &'b [u8]) -> &'b str {
+    blob_key_type(key_blob).unwrap_or(key_type)
+}
+
+/// All entries (any marker) in `files` that apply to `host`/`port`, in file
+/// order, files in the given order.
+pub fn lookup<'a>(files: &'a [KnownHostsFile], host: &str, port: u16) -> Vec<Found<'a>> {
+    let name = host_port_name(host, port);
+    files
+        .iter()
+        .flat_map(|file| {
+            file.matching(&name).into_iter().map(move |entry| Found {
+                file: &file.label,
+                line: entry.line,
+                entry,
+            })
+        })
+        .collect()
+}
+
+/// Looks up the server key across several files in order (user files, then
+/// global files, as ssh does).
+///
+/// `@revoked` for this exact key wins over everything; then an exact match
+/// gives [`HostKeyStatus::Known`]; then any plain entry for this host with the
+/// same key type family but a different key gives [`HostKeyStatus::Changed`];
+/// else plain entries with other key types give
+/// [`HostKeyStatus::OtherTypesKnown`]; else [`HostKeyStatus::Unknown`].
+/// `@cert-authority` entries are not host keys and are ignored here; see
+/// [`cert_authorities`]. Keys are compared by their blobs; `key_type` is only
+/// used for the family when the blob does not name its type.
+pub fn check<'a>(
+    files: &'a [KnownHostsFile],
+    host: &str,
+    port: u16,
+    key_type: &str,
+    key_blob: &[u8],
+) -> HostKeyStatus<'a> {
+    let family = key_family(offered_type(key_type, key_blob));
+    let mut known = None;
+    let mut changed = Vec::new();
+    let mut other = Vec::new();
+    for found in lookup(files, host, port) {
+        let entry = found.entry;
+        match entry.marker {
+            Some(Marker::Revoked) => {
+                if entry.key_blob == key_blob {
+                    return HostKeyStatus::Revoked(found);
+                }
+            }
+            Some(Marker::CertAuthority) => {}
+            None => {
+                if entry.key_blob == key_blob {
+                    known.get_or_insert(found);
+                } else if key_family(&entry.key_type) == family {
+                    changed.push(found);
+                } else {
+                    other.push(found);
+                }
+            }
+        }
+    }
+    if let Some(found) = known {
+        HostKeyStatus::Known(found)
+    } else if !changed.is_empty() {
+        HostKeyStatus::Changed { old: changed }
+    } else if !other.is_empty() {
+        HostKeyStatus::OtherTypesKnown(other)
+    } else {
+        HostKeyStatus::Unknown
+    }
+}
+
+/// `@cert-authority` entries that apply to `host`/`port`, in order. Used to
+/// validate host certificates.
+pub fn cert_authorities<'a>(files: &'a [KnownHostsFile], host: &str, port: u16) -> Vec<Found<'a>> {
+    lookup(files, host, port)
+        .into_iter()
+        .filter(|f| f.entry.marker == Some(Marker::CertAuthority))
+        .collect()
+}
+
+/// The `@revoked` entry for exactly this key blob that applies to
+/// `host`/`port`, if any (e.g. to check a certificate's CA key).
+pub fn revoked<'a>(
+    files: &'a [KnownHostsFile],
+    host: &str,
+    port: u16,
+    key_blob: &[u8],
+) -> Option<Found<'a>> {
+    lookup(files, host, port)
+        .into_iter()
+        .find(|f| f.entry.marker == Some(Marker::Revoked) && f.entry.key_blob == key_blob)
+}
+
+/// `SHA256:` followed by unpadded base64 of SHA-256(blob), as `ssh-keygen -l`.
+pub fn fingerprint_sha256(key_blob: &[u8]) -> String {
+    format!(
+        "SHA256:{}",
+        STANDARD_NO_PAD.encode(Sha256::digest(key_blob))
+    )
+}
+
+fn hmac_sha1(key: &[u8], msg: &[u8]) -> [u8; SHA1_LEN] {
+    // HMAC accepts keys of any length, so this cannot fail; an all-zero MAC
+    // would simply never match anything.
+    let Ok(mut mac) = <Hmac<Sha1> as KeyInit>::new_from_slice(key) else {
+        return [0; SHA1_LEN];
+    };
+    mac.update(msg);
+    let mut out = [0u8; SHA1_LEN];
+    out.copy_from_slice(&mac.finalize().into_bytes());
+    out
+}
+
+/// Hashed host name field `|1|base64(salt)|base64(HMAC-SHA1(salt, name))`.
+/// `name` should be a lookup name from [`host_port_name`]; it is
+/// ASCII-lowercased here too, since lookups always use lowercase names.
+pub fn hash_name(name: &str, salt: &[u8; 20]) -> String {
+    let name = name.to_ascii_lowercase();
+    let mac = hmac_sha1(salt, name.as_bytes());
+    format!(
+        "{HASH_MAGIC}{}|{}",
+        STANDARD.encode(salt),
+        STANDARD.encode(mac)
+    )
+}
+
+/// A line to append to known_hosts: `name keytype base64\n`, with the name
+/// hashed when `salt` is given (fresh random bytes from the caller).
+///
+/// The key type written is the one named inside `key_blob` when readable (so a
+/// signature algorithm such as `rsa-sha2-512` passed as `key_type` still
+/// produces a valid `ssh-rsa` line), otherwise `key_type`.
+pub fn format_entry(
+    host: &str,
+    port: u16,
+    key_type: &str,
+    key_blob: &[u8],
+    salt: Option<&[u8; 20]>,
+) -> String {
+    let name = host_port_name(host, port);
+    let hosts = match salt {
+        Some(salt) => hash_name(&name, salt),
+        None => name,
+    };
+    format!(
+        "{hosts} {} {}\n",
+        offered_type(key_type, key_blob),
+        STANDARD.encode(key_blob)
+    )
+}
+
+/// The `StrictHostKeyChecking` option.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StrictHostKeyChecking {
+    /// Never accept unknown or changed keys.
+    Yes,
+    /// Record unknown keys automatically; refuse changed ones.
+    AcceptNew,
+    /// Record unknown keys; accept changed keys with a warning (not recorded).
+    No,
+    /// Ask the user about unknown keys; refuse changed ones. OpenSSH's default.
+    #[default]
+    Ask,
+}
+
+impl StrictHostKeyChecking {
+    /// Parses an ssh_config value (`yes`/`true`, `no`/`false`/`off`, `ask`,
+    /// `accept-new`), case-insensitively.
+    pub fn from_config_value(value: &str) -> Option<Self> {
+        match value.to_ascii_lowercase().as_str() {
+            "yes" | "true" => Some(Self::Yes),
+            "no" | "false" | "off" => Some(Self::No),
+            "ask" => Some(Self::Ask),
+            "accept-new" => Some(Self::AcceptNew),
+            _ => None,
+        }
+    }
+}
+
+/// What to do with the server's host key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Continue; nothing to record.
+    Accept,
+    /// Continue and append [`format_entry`] to the user's known_hosts file.
+    AcceptAndRecord,
+    /// Continue without recording, but show this (multi-line) warning first.
+    AcceptWithWarning(String),
+    /// Abort the connection, showing this (multi-line) message.
+    Refuse(String),
+    /// `Ask` policy and an unknown host: prompt on the terminal (see
+    /// [`ask_prompt`] and [`ask_answer`]), then record if the user agrees.
+    AskUser,
+}
+
+const BANNER_RULE: &str = "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@";
+
+fn banner(title: &str) -> String {
+    let inner = BANNER_RULE.len() - 2;
+    format!("{BANNER_RULE}\n@{title:^inner$}@\n{BANNER_RULE}\n")
+}
+
+/// Quotes for a POSIX shell command line.
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+fn describe_found(found: &Found<'_>) -> String {
+    format!(
+        "  {} key {} in {}",
+        key_type_label(&found.entry.key_type),
+        found.entry.fingerprint(),
+        found
+    )
+}
+
+/// Decides what to do with a looked-up host key, following OpenSSH:
+///
+/// * `Known` -> [`Decision::Accept`].
+/// * `Revoked` -> [`Decision::Refuse`] under every policy; names `file:line`.
+/// * `Changed` -> `Refuse` for `Yes`/`AcceptNew`/`Ask`;
+///   [`Decision::AcceptWithWarning`] (not recorded) for `No`. The message
+///   gives the offered and recorded fingerprints, `file:line` of the old
+///   entries and the `ssh-keygen -R` command to remove them.
+/// * `Unknown` / `OtherTypesKnown` -> `Yes`: `Refuse` with the fingerprint and
+///   how to add the key; `AcceptNew`/`No`: [`Decision::AcceptAndRecord`];
+///   `Ask`: [`Decision::AskUser`].
+pub fn decide(
+    status: &HostKeyStatus<'_>,
+    policy: StrictHostKeyChecking,
+    host: &str,
+    port: u16,
+    key_type: &str,
+    key_blob: &[u8],
+) -> Decision {
+    use StrictHostKeyChecking as P;
+    let shown = display_name(host, port);
+    let ktype = offered_type(key_type, key_blob);
+    let label = key_type_label(ktype);
+    let fp = fingerprint_sha256(key_blob);
+    match status {
+        HostKeyStatus::Known(_) => Decision::Accept,
+        HostKeyStatus::Revoked(found) => {
+            let mut msg = banner("WARNING: REVOKED HOST KEY DETECTED!");
+            msg.push_str(&format!(
+                "The {label} host key offered by {shown} has been revoked.\n\
+                 Someone may be using a stolen key to impersonate this host.\n\
+                 Offered key fingerprint: {fp}\n\
+                 Revocation entry: {found}\n\
+                 Host key verification failed."
+            ));
+            Decision::Refuse(msg)
+        }
+        HostKeyStatus::Changed { old } => {
+            let mut msg = banner("WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!");
+            msg.push_str(&format!(
+                "The {label} host key offered by {shown} does not match the key recorded for it.\n\
+                 Someone may be intercepting this connection (man-in-the-middle attack),\n\
+                 or the host key may simply have been replaced.\n\
+                 Offered key fingerprint: {fp}\n\
+                 Recorded key(s):\n"
+            ));
+            for found in old {
+                msg.push_str(&describe_found(found));
+                msg.push('\n');
+            }
+            msg.push_str(
+                "Verify the new fingerprint with the host's administrator. If the change is\n\
+                 legitimate, remove the old entry and connect again:\n",
+            );
+            let name = host_port_name(host, port);
+            let mut files: Vec<&str> = Vec::new();
+            for found in old {
+                if !files.contains(&found.file) {
+                    files.push(found.file);
+                }
+            }
+            for file in files {
+                msg.push_str(&format!(
+                    "  ssh-keygen -f {} -R {}\n",
+                    sh_quote(file),
+                    sh_quote(&name)
+                ));
+            }
+            if policy == P::No {
+                msg.push_str(
+                    "StrictHostKeyChecking=no: continuing anyway; the new key was NOT recorded.",
+                );
+                Decision::AcceptWithWarning(msg)
+            } else {
+                msg.push_str(&format!(
+                    "Host key for {shown} has changed and strict checking refuses it.\n\
+                     Host key verification failed."
+                ));
+                Decision::Refuse(msg)
+            }
+        }
+        HostKeyStatus::Unknown | HostKeyStatus::OtherTypesKnown(_) => match policy {
+            P::AcceptNew | P::No => Decision::AcceptAndRecord,
+            P::Ask => Decision::AskUser,
+            P::Yes => {
+                let mut msg = format!(
+                    "No {label} host key is known for {shown} and StrictHostKeyChecking is yes.\n\
+                     The server offered a key with fingerprint {fp}\n"
+                );
+                if let HostKeyStatus::OtherTypesKnown(others) = status {
+                    msg.push_str("Keys of other types are already recorded for this host:\n");
+                    for found in others {
+                        msg.push_str(&describe_found(found));
+                        msg.push('\n');
+                    }
+                }
+                let line = format_entry(host, port, key_type, key_blob, None);
+                msg.push_str(&format!(
+                    "After verifying the fingerprint with the host's administrator, either connect\n\
+                     once with -o StrictHostKeyChecking=accept-new, or add this line to your\n\
+                     known_hosts file:\n  {}\n\
+                     Host key verification failed.",
+                    line.trim_end()
+                ));
+                Decision::Refuse(msg)
+            }
+        },
+    }
+}
+
+/// The terminal prompt for [`Decision::AskUser`], ending with the question
+/// (no trailing newline).
+pub fn ask_prompt(
+    status: &HostKeyStatus<'_>,
+    host: &str,
+    port: u16,
+    key_type: &str,
+    key_blob: &[u8],
+) -> String {
+    let shown = display_name(host, port);
+    let label = key_type_label(offered_type(key_type, key_blob));
+    let mut msg = format!(
+        "The authenticity of host '{shown}' can't be established.\n\
+         {label} key fingerprint is {}.\n",
+        fingerprint_sha256(key_blob)
+    );
+    if let HostKeyStatus::OtherTypesKnown(others) = status {
+        msg.push_str("Keys of other types are already recorded for this host:\n");
+        for found in others {
+            msg.push_str(&describe_found(found));
+            msg.push('\n');
+        }
+    }
+    msg.push_str("Are you sure you want to continue connecting (yes/no/[fingerprint])? ");
+    msg
+}
+
+/// Interprets the user's answer to [`ask_prompt`]: `Some(true)` for `yes` or
+/// the exact fingerprint of the offered key, `Some(false)` for `no`, `None`
+/// otherwise (ask again: "Please type 'yes', 'no' or the fingerprint: ").
+pub fn ask_answer(answer: &str, key_blob: &[u8]) -> Option<bool> {
+    let answer = answer.trim();
+    if answer.eq_ignore_ascii_case("yes") {
+        Some(true)
+    } else if answer.eq_ignore_ascii_case("no") {
+        Some(false)
+    } else if answer == fingerprint_sha256(key_blob) {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake public key blob: SSH string type name + SSH string payload.
+    fn blob(key_type: &str, payload: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&(key_type.len() as u32).to_be_bytes());
+        b.extend_from_slice(key_type.as_bytes());
+        b.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        b.extend_from_slice(payload);
+        b
+    }
+
+    fn ed(n: u8) -> Vec<u8> {
+        blob("ssh-ed25519", &[n; 32])
+    }
+
+    fn rsa(n: u8) -> Vec<u8> {
+        blob("ssh-rsa", &[n; 64])
+    }
+
+    fn b64(b: &[u8]) -> String {
+        STANDARD.encode(b)
+    }
+
+    fn line(hosts: &str, key: &[u8]) -> String {
+        let kt = blob_key_type(key).unwrap();
+        format!("{hosts} {kt} {}\n", b64(key))
+    }
+
+    fn parse_ok(label: &str, text: &str) -> KnownHostsFile {
+        let (f, w) = parse(label, text);
+        assert!(w.is_empty(), "unexpected warnings: {w:?}");
+        f
+    }
+
+    fn status_line(s: &HostKeyStatus<'_>) -> Option<usize> {
+        match s {
+            HostKeyStatus::Known(f) | HostKeyStatus::Revoked(f) => Some(f.line),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn host_port_names() {
+        assert_eq!(host_port_name("Example.COM", 22), "example.com");
+        assert_eq!(host_port_name("Example.COM", 0), "example.com");
+        assert_eq!(host_port_name("Example.COM", 2222), "[example.com]:2222");
+        assert_eq!(host_port_name("::1", 2222), "[::1]:2222");
+    }
+
+    #[test]
+    fn plain_entry_and_fields() {
+        let key = ed(1);
+        let text = format!(
+            "# comment\n\n   \nexample.com ssh-ed25519 {} my comment  here \n",
+            b64(&key)
+        );
+        let f = parse_ok("kh", &text);
+        assert_eq!(f.entries.len(), 1);
+        let e = &f.entries[0];
+        assert_eq!(e.line, 4);
+        assert_eq!(e.marker, None);
+        assert_eq!(e.hosts, HostField::Patterns(vec!["example.com".into()]));
+        assert_eq!(e.key_type, "ssh-ed25519");
+        assert_eq!(e.key_blob, key);
+        assert_eq!(e.comment.as_deref(), Some("my comment  here"));
+        assert_eq!(
+            e.to_line(),
+            format!("example.com ssh-ed25519 {} my comment  here", b64(&key))
+        );
+
+        let files = [f];
+        let s = check(&files, "EXAMPLE.com", 22, "ssh-ed25519", &key);
+        assert_eq!(status_line(&s), Some(4));
+        assert!(matches!(s, HostKeyStatus::Known(f) if f.file == "kh"));
+        assert_eq!(
+            check(&files, "other.com", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Unknown
+        );
+        // Port 22 entries do not apply to other ports.
+        assert_eq!(
+            check(&files, "example.com", 2222, "ssh-ed25519", &key),
+            HostKeyStatus::Unknown
+        );
+    }
+
+    #[test]
+    fn case_insensitive_patterns() {
+        let key = ed(1);
+        let files = [parse_ok("kh", &line("Example.COM,*.Corp.NET", &key))];
+        for h in ["example.com", "EXAMPLE.COM", "db.corp.net", "DB.CORP.NET"] {
+            assert!(matches!(
+                check(&files, h, 22, "ssh-ed25519", &key),
+                HostKeyStatus::Known(_)
+            ));
+        }
+    }
+
+    #[test]
+    fn comma_list() {
+        let key = ed(2);
+        let files = [parse_ok("kh", &line("a.example,b.example,10.0.0.1", &key))];
+        for h in ["a.example", "b.example", "10.0.0.1"] {
+            assert!(
+                matches!(
+                    check(&files, h, 22, "ssh-ed25519", &key),
+                    HostKeyStatus::Known(_)
+                ),
+                "{h}"
+            );
+        }
+        assert_eq!(
+            check(&files, "c.example", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Unknown
+        );
+    }
+
+    #[test]
+    fn bracketed_port() {
+        let key = ed(3);
+        let files = [parse_ok("kh", &line("[example.com]:2222,other", &key))];
+        assert!(matches!(
+            check(&files, "example.com", 2222, "ssh-ed25519", &key),
+            HostKeyStatus::Known(_)
+        ));
+        assert_eq!(
+            check(&files, "example.com", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Unknown
+        );
+        assert_eq!(
+            check(&files, "example.com", 2223, "ssh-ed25519", &key),
+            HostKeyStatus::Unknown
+        );
+        // A wildcard pattern is matched against the [host]:port form.
+        let files = [parse_ok("kh", &line("[*.example.com]:*", &key))];
+        assert!(matches!(
+            check(&files, "a.example.com", 2200, "ssh-ed25519", &key),
+            HostKeyStatus::Known(_)
+        ));
+        assert_eq!(
+            check(&files, "a.example.com", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Unknown
+        );
+    }
+
+    #[test]
+    fn wildcards_and_negation() {
+        let key = ed(4);
+        let text = line("*.corp,!secret.corp,web?", &key);
+        let files = [parse_ok("kh", &text)];
+        let known = |h: &str| {
+            matches!(
+                check(&files, h, 22, "ssh-ed25519", &key),
+                HostKeyStatus::Known(_)
+            )
+        };
+        assert!(known("db.corp"));
+        assert!(known("web1"));
+        assert!(!known("secret.corp"));
+        assert!(!known("web12"));
+        assert!(!known("corp"));
+
+        // Negation on a line of literal names (indexed, but still verified).
+        let files = [parse_ok("kh", &line("a.host,b.host,!a.host", &key))];
+        assert_eq!(
+            check(&files, "a.host", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Unknown
+        );
+        assert!(matches!(
+            check(&files, "b.host", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Known(_)
+        ));
+        // A negation alone matches nothing.
+        let files = [parse_ok("kh", &line("!x", &key))];
+        assert_eq!(
+            check(&files, "y", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Unknown
+        );
+        // Negated wildcard on a literal line.
+        let files = [parse_ok("kh", &line("db.internal,!*.internal", &key))];
+        assert_eq!(
+            check(&files, "db.internal", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Unknown
+        );
+    }
+
+    #[test]
+    fn hashed_entries() {
+        let key = ed(5);
+        let salt = [7u8; 20];
+        let salt2 = [9u8; 20];
+        let text = format!(
+            "{}{}",
+            format_entry("Host.Example", 22, "ssh-ed25519", &key, Some(&salt)),
+            format_entry("host.example", 2222, "ssh-ed25519", &key, Some(&salt2)),
+        );
+        let f = parse_ok("kh", &text);
+        assert!(matches!(f.entries[0].hosts, HostField::Hashed { .. }));
+        assert!(f.entries[0].hosts.matches("host.example"));
+        let files = [f];
+        let s = check(&files, "host.example", 22, "ssh-ed25519", &key);
+        assert_eq!(status_line(&s), Some(1));
+        let s = check(&files, "HOST.example", 2222, "ssh-ed25519", &key);
+        assert_eq!(status_line(&s), Some(2));
+        assert_eq!(
+            check(&files, "host.example", 2200, "ssh-ed25519", &key),
+            HostKeyStatus::Unknown
+        );
+        assert_eq!(
+            check(&files, "other", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Unknown
+        );
+        // Round trip of the hosts field.
+        assert_eq!(
+            files[0].entries[0].to_line() + "\n",
+            text.lines().next().unwrap().to_string() + "\n"
+        );
+    }
+
+    #[test]
+    fn hashed_fixed_vector() {
+        // Salt 0x00..0x13; HMAC-SHA1 computed independently (Python hmac).
+        let salt: [u8; 20] = std::array::from_fn(|i| i as u8);
+        assert_eq!(
+            hash_name("example.com", &salt),
+            "|1|AAECAwQFBgcICQoLDA0ODxAREhM=|nnUK16ANsXd3hL31YfAkGOluSjU="
+        );
+        assert_eq!(
+            hash_name("[example.com]:2222", &salt),
+            "|1|AAECAwQFBgcICQoLDA0ODxAREhM=|Wgcx+Fm+LmaWwC7rQ80eIf2uHe0="
+        );
+        // Case-insensitive: the name is lowercased before hashing.
+        assert_eq!(
+            hash_name("EXAMPLE.com", &salt),
+            hash_name("example.com", &salt)
+        );
+        let key = ed(0);
+        assert_eq!(
+            format_entry("example.com", 22, "ssh-ed25519", &key, Some(&salt)),
+            format!(
+                "|1|AAECAwQFBgcICQoLDA0ODxAREhM=|nnUK16ANsXd3hL31YfAkGOluSjU= ssh-ed25519 {}\n",
+                b64(&key)
+            )
+        );
+        assert_eq!(
+            format_entry("Example.com", 22, "ssh-ed25519", &key, None),
+            format!("example.com ssh-ed25519 {}\n", b64(&key))
+        );
+        assert_eq!(
+            format_entry("example.com", 2222, "ssh-ed25519", &key, None),
+            format!("[example.com]:2222 ssh-ed25519 {}\n", b64(&key))
+        );
+    }
+
+    #[test]
+    fn format_entry_uses_blob_type() {
+        let key = rsa(1);
+        let l = format_entry("h", 22, "rsa-sha2-512", &key, None);
+        assert!(l.starts_with("h ssh-rsa "));
+        let files = [parse_ok("kh", &l)];
+        assert!(matches!(
+            check(&files, "h", 22, "rsa-sha2-512", &key),
+            HostKeyStatus::Known(_)
+        ));
+    }
+
+    #[test]
+    fn fingerprint_format() {
+        // SHA-256 of the empty string, unpadded base64.
+        assert_eq!(
+            fingerprint_sha256(b""),
+            "SHA256:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU"
+        );
+    }
+
+    /// Lines produced by OpenSSH (`ssh-keygen -H`) and the fingerprint printed
+    /// by `ssh-keygen -l` for that key.
+    #[test]
+    fn openssh_generated_vectors() {
+        let text = "\
+|1|Q4mxpA673VCnK35/mvKzT15LceQ=|wj/tkBEDwFfdYa91UQsBcF6s1qY= ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAFbZVNwgyx3Mo3f8bh5exU7rNrdajhkKHKNjAhT65VM
+|1|+WfmiYf6gGpnXBNy3LAH7hMr7wQ=|sgOoHkjSEafNR6PB4tjVFZGBQQQ= ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAFbZVNwgyx3Mo3f8bh5exU7rNrdajhkKHKNjAhT65VM
+";
+        let f = parse_ok("kh", text);
+        let key = f.entries[0].key_blob.clone();
+        assert_eq!(
+            fingerprint_sha256(&key),
+            "SHA256:FAYfjnEN/nvlSQYVHHI+5gMn5TDIPlE8a9++BgoWIFM"
+        );
+        let files = [f];
+        assert_eq!(
+            status_line(&check(&files, "example.com", 22, "ssh-ed25519", &key)),
+            Some(1)
+        );
+        assert_eq!(
+            status_line(&check(&files, "Example.com", 2222, "ssh-ed25519", &key)),
+            Some(2)
+        );
+        // Our hashing reproduces OpenSSH's for the same salt.
+        let HostField::Hashed { salt, .. } = &files[0].entries[1].hosts else {
+            panic!()
+        };
+        let salt: [u8; 20] = salt.as_slice().try_into().unwrap();
+        assert_eq!(
+            format_entry("example.com", 2222, "ssh-ed25519", &key, Some(&salt)),
+            text.lines().nth(1).unwrap().to_string() + "\n"
+        );
+    }
+
+    #[test]
+    fn revoked_wins() {
+        let key = ed(6);
+        let text = format!(
+            "{}@revoked * ssh-ed25519 {}\n",
+            line("host", &key),
+            b64(&key)
+        );
+        let files = [parse_ok("/etc/kh", &text)];
+        let s = check(&files, "host", 22, "ssh-ed25519", &key);
+        assert!(matches!(s, HostKeyStatus::Revoked(f) if f.line == 2));
+        for policy in [
+            StrictHostKeyChecking::Yes,
+            StrictHostKeyChecking::AcceptNew,
+            StrictHostKeyChecking::No,
+            StrictHostKeyChecking::Ask,
+        ] {
+            match decide(&s, policy, "host", 22, "ssh-ed25519", &key) {
+                Decision::Refuse(msg) => {
+                    assert!(msg.contains("/etc/kh:2"), "{msg}");
+                    assert!(msg.contains("REVOKED"), "{msg}");
+                    assert!(msg.contains(&fingerprint_sha256(&key)), "{msg}");
+                }
+                d => panic!("{d:?}"),
+            }
+        }
+        // A revoked entry for another key is not a host key for this host.
+        let other = ed(7);
+        assert_eq!(
+            check(&files, "host", 22, "ssh-ed25519", &other),
+            HostKeyStatus::Changed {
+                old: vec![Found {
+                    file: "/etc/kh",
+                    line: 1,
+                    entry: &files[0].entries[0]
+                }]
+            }
+        );
+        assert_eq!(
+            revoked(&files, "anything", 22, &key).map(|f| f.line),
+            Some(2)
+        );
+        assert_eq!(revoked(&files, "anything", 22, &other), None);
+        // Revoked in a later (global) file still wins over Known in the first.
+        let user = parse_ok("user", &line("host", &key));
+        let global = parse_ok(
+            "global",
+            &format!("@revoked host ssh-ed25519 {}\n", b64(&key)),
+        );
+        let files = [user, global];
+        assert!(matches!(
+            check(&files, "host", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Revoked(f) if f.file == "global"
+        ));
+    }
+
+    #[test]
+    fn cert_authority_ignored_for_plain_keys() {
+        let ca = ed(8);
+        let text = format!("@cert-authority *.example.com ssh-ed25519 {}\n", b64(&ca));
+        let files = [parse_ok("kh", &text)];
+        assert_eq!(files[0].entries[0].marker, Some(Marker::CertAuthority));
+        assert_eq!(
+            check(&files, "a.example.com", 22, "ssh-ed25519", &ca),
+            HostKeyStatus::Unknown
+        );
+        assert_eq!(
+            check(&files, "a.example.com", 22, "ssh-ed25519", &ed(9)),
+            HostKeyStatus::Unknown
+        );
+        let cas = cert_authorities(&files, "a.example.com", 22);
+        assert_eq!(cas.len(), 1);
+        assert_eq!(cas[0].entry.key_blob, ca);
+        assert!(cert_authorities(&files, "a.example.org", 22).is_empty());
+    }
+
+    #[test]
+    fn changed_key_message() {
+        let old = ed(10);
+        let new = ed(11);
+        let text = format!("# hdr\n{}", line("server.example", &old));
+        let files = [parse_ok("/home/u/.ssh/known_hosts", &text)];
+        let s = check(&files, "server.example", 22, "ssh-ed25519", &new);
+        let HostKeyStatus::Changed { old: olds } = &s else {
+            panic!("{s:?}")
+        };
+        assert_eq!(olds.len(), 1);
+        assert_eq!(olds[0].line, 2);
+        for policy in [
+            StrictHostKeyChecking::Yes,
+            StrictHostKeyChecking::AcceptNew,
+            StrictHostKeyChecking::Ask,
+        ] {
+            let Decision::Refuse(msg) =
+                decide(&s, policy, "server.example", 22, "ssh-ed25519", &new)
+            else {
+                panic!("{policy:?} should refuse")
+            };
+            assert!(msg.contains("CHANGED"), "{msg}");
+            assert!(msg.contains(&fingerprint_sha256(&new)), "{msg}");
+            assert!(msg.contains(&fingerprint_sha256(&old)), "{msg}");
+            assert!(msg.contains("/home/u/.ssh/known_hosts:2"), "{msg}");
+            assert!(
+                msg.contains("ssh-keygen -f '/home/u/.ssh/known_hosts' -R 'server.example'"),
+                "{msg}"
+            );
+            assert!(msg.contains("verification failed"), "{msg}");
+        }
+        let Decision::AcceptWithWarning(msg) = decide(
+            &s,
+            StrictHostKeyChecking::No,
+            "server.example",
+            22,
+            "ssh-ed25519",
+            &new,
+        ) else {
+            panic!("No should accept with warning")
+        };
+        assert!(msg.contains(&fingerprint_sha256(&old)));
+        assert!(msg.contains("NOT recorded"));
+
+        // Non-default port: the removal command names [host]:port.
+        let files = [parse_ok("kh", &line("[server.example]:2222", &old))];
+        let s = check(&files, "server.example", 2222, "ssh-ed25519", &new);
+        let Decision::Refuse(msg) = decide(
+            &s,
+            StrictHostKeyChecking::Yes,
+            "server.example",
+            2222,
+            "ssh-ed25519",
+            &new,
+        ) else {
+            panic!()
+        };
+        assert!(msg.contains("-R '[server.example]:2222'"), "{msg}");
+    }
+
+    #[test]
+    fn rsa_signature_names_are_same_family() {
+        let old = rsa(1);
+        let new = rsa(2);
+        let files = [parse_ok("kh", &line("h", &old))];
+        assert!(matches!(
+            check(&files, "h", 22, "rsa-sha2-256", &new),
+            HostKeyStatus::Changed { .. }
+        ));
+        assert_eq!(key_family("rsa-sha2-512-cert-v01@openssh.com"), "ssh-rsa");
+        assert_eq!(
+            key_family("sk-ssh-ed25519-cert-v01@openssh.com"),
+            "sk-ssh-ed25519@openssh.com"
+        );
+        assert_ne!(
+            key_family("ecdsa-sha2-nistp256"),
+            key_family("ecdsa-sha2-nistp384")
+        );
+        assert_eq!(key_type_label("ecdsa-sha2-nistp384"), "ECDSA");
+    }
+
+    #[test]
+    fn other_types_known() {
+        let r = rsa(3);
+        let e = ed(12);
+        let files = [parse_ok("kh", &line("h", &r))];
+        let s = check(&files, "h", 22, "ssh-ed25519", &e);
+        let HostKeyStatus::OtherTypesKnown(others) = &s else {
+            panic!("{s:?}")
+        };
+        assert_eq!(others[0].line, 1);
+        assert_eq!(
+            decide(
+                &s,
+                StrictHostKeyChecking::AcceptNew,
+                "h",
+                22,
+                "ssh-ed25519",
+                &e
+            ),
+            Decision::AcceptAndRecord
+        );
+        assert_eq!(
+            decide(&s, StrictHostKeyChecking::No, "h", 22, "ssh-ed25519", &e),
+            Decision::AcceptAndRecord
+        );
+        assert_eq!(
+            decide(&s, StrictHostKeyChecking::Ask, "h", 22, "ssh-ed25519", &e),
+            Decision::AskUser
+        );
+        let Decision::Refuse(msg) =
+            decide(&s, StrictHostKeyChecking::Yes, "h", 22, "ssh-ed25519", &e)
+        else {
+            panic!()
+        };
+        assert!(msg.contains(&fingerprint_sha256(&e)), "{msg}");
+        assert!(msg.contains("kh:1"), "{msg}");
+        assert!(msg.contains(&format!("h ssh-ed25519 {}", b64(&e))), "{msg}");
+        let prompt = ask_prompt(&s, "h", 22, "ssh-ed25519", &e);
+        assert!(prompt.contains("RSA key"), "{prompt}");
+        assert!(prompt.contains(&fingerprint_sha256(&e)), "{prompt}");
+    }
+
+    #[test]
+    fn unknown_decisions() {
+        let key = ed(13);
+        let s = HostKeyStatus::Unknown;
+        let d = |p| decide(&s, p, "new.host", 2222, "ssh-ed25519", &key);
+        assert_eq!(
+            d(StrictHostKeyChecking::AcceptNew),
+            Decision::AcceptAndRecord
+        );
+        assert_eq!(d(StrictHostKeyChecking::No), Decision::AcceptAndRecord);
+        assert_eq!(d(StrictHostKeyChecking::Ask), Decision::AskUser);
+        let Decision::Refuse(msg) = d(StrictHostKeyChecking::Yes) else {
+            panic!()
+        };
+        assert!(msg.contains("[new.host]:2222"), "{msg}");
+        assert!(msg.contains(&fingerprint_sha256(&key)), "{msg}");
+        assert!(msg.contains("accept-new"), "{msg}");
+        let prompt = ask_prompt(&s, "new.host", 2222, "ssh-ed25519", &key);
+        assert!(prompt.starts_with("The authenticity of host '[new.host]:2222'"));
+        assert!(prompt.contains("ED25519 key fingerprint is"));
+        assert_eq!(ask_answer(" yes\n", &key), Some(true));
+        assert_eq!(ask_answer("NO", &key), Some(false));
+        assert_eq!(ask_answer(&fingerprint_sha256(&key), &key), Some(true));
+        assert_eq!(ask_answer("SHA256:nope", &key), None);
+        assert_eq!(ask_answer("y", &key), None);
+
+        let files = [parse_ok("kh", &line("new.host", &key))];
+        let s = check(&files, "new.host", 22, "ssh-ed25519", &key);
+        for p in [
+            StrictHostKeyChecking::Yes,
+            StrictHostKeyChecking::AcceptNew,
+            StrictHostKeyChecking::No,
+            StrictHostKeyChecking::Ask,
+        ] {
+            assert_eq!(
+                decide(&s, p, "new.host", 22, "ssh-ed25519", &key),
+                Decision::Accept
+            );
+        }
+    }
+
+    #[test]
+    fn strict_policy_values() {
+        use StrictHostKeyChecking as P;
+        assert_eq!(P::from_config_value("yes"), Some(P::Yes));
+        assert_eq!(P::from_config_value("True"), Some(P::Yes));
+        assert_eq!(P::from_config_value("off"), Some(P::No));
+        assert_eq!(P::from_config_value("no"), Some(P::No));
+        assert_eq!(P::from_config_value("accept-new"), Some(P::AcceptNew));
+        assert_eq!(P::from_config_value("ask"), Some(P::Ask));
+        assert_eq!(P::from_config_value("maybe"), None);
+        assert_eq!(P::default(), P::Ask);
+    }
+
+    #[test]
+    fn multiple_files_in_order() {
+        let k1 = ed(20);
+        let k2 = ed(21);
+        let user = parse_ok("user", &line("h", &k1));
+        let global = parse_ok("global", &format!("# g\n{}", line("h", &k2)));
+        let files = [user, global];
+        assert!(matches!(
+            check(&files, "h", 22, "ssh-ed25519", &k1),
+            HostKeyStatus::Known(f) if f.file == "user" && f.line == 1
+        ));
+        assert!(matches!(
+            check(&files, "h", 22, "ssh-ed25519", &k2),
+            HostKeyStatus::Known(f) if f.file == "global" && f.line == 2
+        ));
+        let s = check(&files, "h", 22, "ssh-ed25519", &ed(22));
+        let HostKeyStatus::Changed { old } = s else {
+            panic!()
+        };
+        let locs: Vec<String> = old.iter().map(|f| f.to_string()).collect();
+        assert_eq!(locs, ["user:1", "global:2"]);
+        // The same key recorded twice: the first occurrence is reported.
+        let files = [
+            parse_ok("a", &line("h", &k1)),
+            parse_ok("b", &line("h", &k1)),
+        ];
+        assert!(matches!(
+            check(&files, "h", 22, "ssh-ed25519", &k1),
+            HostKeyStatus::Known(f) if f.file == "a"
+        ));
+        assert_eq!(lookup(&files, "h", 22).len(), 2);
+        assert_eq!(
+            check(&[], "h", 22, "ssh-ed25519", &k1),
+            HostKeyStatus::Unknown
+        );
+    }
+
+    #[test]
+    fn malformed_lines_warn_and_continue() {
+        let key = ed(30);
+        let k = b64(&key);
+        let text = [
+            format!("good1 ssh-ed25519 {k}"),               // 1
+            "bad1 ssh-ed25519 !!!notbase64!!!".to_string(), // 2
+            format!("bad2 ssh-rsa {k}"),                    // 3 type mismatch
+            "bad3".to_string(),                             // 4 missing key type
+            "bad4 ssh-ed25519".to_string(),                 // 5 missing key
+            format!("|1|notvalid|x= ssh-ed25519 {k}"),      // 6 bad hash
+            format!("|2|AAAA|AAAA ssh-ed25519 {k}"),        // 7 unknown hash type
+            format!("@bogus h ssh-ed25519 {k}"),            // 8 unknown marker
+            "@revoked".to_string(),                         // 9 marker only
+            format!("bad5 ssh-ed25519 {}", b64(b"\0\0\0")), // 10 blob too short
+            format!("|1|{}|{} ssh-ed25519 {k}", b64(&[1; 19]), b64(&[2; 20])), // 11 short salt
+            format!("good2 ssh-ed25519 {k}"),               // 12
+        ]
+        .join("\n");
+        let (f, warnings) = parse("kh", &text);
+        let lines: Vec<usize> = warnings.iter().map(|w| w.line).collect();
+        assert_eq!(lines, [2, 3, 4, 5, 6, 7, 8, 9, 10, 11], "{warnings:#?}");
+        assert!(warnings.iter().all(|w| w.file == "kh"));
+        assert!(warnings[0].message.contains("base64"));
+        assert!(warnings[1].message.contains("mismatch"));
+        assert!(warnings[1].to_string().starts_with("kh:3: "));
+        assert!(warnings[2].message.contains("key type"));
+        assert!(warnings[3].message.contains("missing key"));
+        assert!(warnings[4].message.contains("hashed"));
+        assert!(warnings[6].message.contains("@bogus"));
+        assert_eq!(f.entries.len(), 2);
+        assert_eq!(f.entries[0].line, 1);
+        assert_eq!(f.entries[1].line, 12);
+        let files = [f];
+        assert!(matches!(
+            check(&files, "good2", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Known(f) if f.line == 12
+        ));
+        assert_eq!(
+            check(&files, "bad2", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Unknown
+        );
+    }
+
+    #[test]
+    fn crlf_and_whitespace() {
+        let key = ed(31);
+        let text = format!(
+            "\u{feff}# c\r\n\r\n  host1\tssh-ed25519   {}  c1\r\n@revoked\thost2 ssh-ed25519 {}\r\n",
+            b64(&key),
+            b64(&key)
+        );
+        let f = parse_ok("kh", &text);
+        assert_eq!(f.entries.len(), 2);
+        assert_eq!(f.entries[0].line, 3);
+        assert_eq!(f.entries[0].comment.as_deref(), Some("c1"));
+        assert_eq!(f.entries[1].comment, None);
+        assert_eq!(f.entries[1].marker, Some(Marker::Revoked));
+        let files = [f];
+        assert!(matches!(
+            check(&files, "host1", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Known(_)
+        ));
+        assert!(matches!(
+            check(&files, "host2", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Revoked(f) if f.line == 4
+        ));
+    }
+
+    #[test]
+    fn unpadded_base64_key_accepted() {
+        let key = ed(32);
+        let unpadded = STANDARD_NO_PAD.encode(&key);
+        let f = parse_ok("kh", &format!("h ssh-ed25519 {unpadded}\n"));
+        assert_eq!(f.entries[0].key_blob, key);
+    }
+
+    #[test]
+    fn large_file_uses_index() {
+        let mut text = String::new();
+        for i in 0..10_000u32 {
+            let mut payload = [0u8; 32];
+            payload[..4].copy_from_slice(&i.to_be_bytes());
+            let key = blob("ssh-ed25519", &payload);
+            text.push_str(&line(
+                &format!("host{i}.example.com,10.{}.{}.1", i / 256, i % 256),
+                &key,
+            ));
+        }
+        text.push_str(&line("*.wild.example", &ed(1)));
+        let f = parse_ok("big", &text);
+        assert_eq!(f.entries.len(), 10_001);
+        // Literal names are all in the hash map, only the wildcard line is scanned.
+        assert_eq!(f.index.exact.len(), 20_000);
+        assert_eq!(f.index.scan, [10_000]);
+        assert!(f.index.hashed.is_empty());
+        assert_eq!(f.index.exact["host5000.example.com"], [5000]);
+        assert_eq!(f.index.lookup("host5000.example.com"), [5000]);
+
+        let mut payload = [0u8; 32];
+        payload[..4].copy_from_slice(&5000u32.to_be_bytes());
+        let key = blob("ssh-ed25519", &payload);
+        let files = [f];
+        let start = std::time::Instant::now();
+        for _ in 0..1000 {
+            assert!(matches!(
+                check(&files, "HOST5000.example.com", 22, "ssh-ed25519", &key),
+                HostKeyStatus::Known(f) if f.line == 5001
+            ));
+        }
+        // 1000 indexed lookups are far below a second even in debug builds;
+        // 1000 linear scans of 10k entries would not be.
+        assert!(start.elapsed() < std::time::Duration::from_secs(5));
+        assert!(matches!(
+            check(&files, "10.19.136.1", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Known(f) if f.line == 5001
+        ));
+    }
+
+    #[test]
+    fn hashed_grouped_by_salt() {
+        let salt = [3u8; 20];
+        let text = format!(
+            "{}{}{}",
+            format_entry("a", 22, "ssh-ed25519", &ed(1), Some(&salt)),
+            format_entry("b", 22, "ssh-ed25519", &ed(2), Some(&salt)),
+            format_entry("c", 22, "ssh-ed25519", &ed(3), Some(&[4u8; 20])),
+        );
+        let f = parse_ok("kh", &text);
+        assert_eq!(f.index.hashed.len(), 2);
+        assert_eq!(f.index.hashed[0].members.len(), 2);
+        assert_eq!(f.index.lookup("b"), [1]);
+        assert_eq!(f.index.lookup("c"), [2]);
+        assert!(f.index.lookup("d").is_empty());
+    }
+
+    #[test]
+    fn from_entries_rebuilds_index() {
+        let key = ed(40);
+        let f = parse_ok("kh", &line("h", &key));
+        let mut entries = f.entries.clone();
+        entries[0].hosts = HostField::Patterns(vec!["g".into()]);
+        let g = KnownHostsFile::from_entries("kh", entries);
+        assert_eq!(g.matching("g").len(), 1);
+        assert!(g.matching("h").is_empty());
+        assert!(KnownHostsFile::new("x").matching("h").is_empty());
+    }
+
+    #[test]
+    fn blob_key_type_edge_cases() {
+        assert_eq!(blob_key_type(b""), None);
+        assert_eq!(blob_key_type(b"\0\0\0"), None);
+        assert_eq!(blob_key_type(b"\xff\xff\xff\xffabc"), None);
+        assert_eq!(blob_key_type(b"\0\0\0\x02ab"), Some("ab"));
+        assert_eq!(blob_key_type(b"\0\0\0\x02\xff\xfe"), None);
+    }
+}

@@ -1,0 +1,11 @@
+//! Sans-IO protocol and file-format logic for skiff.
+//!
+//! Everything here is pure: functions take text or bytes and return values or
+//! errors that name the file and line. No sockets, no files, no tokio, so all of
+//! it can be unit-tested and fuzzed (see `fuzz/`).
+
+pub mod authorized_keys;
+pub mod known_hosts;
+pub mod pattern;
+pub mod signals;
+pub mod ssh_config;

@@ -1,0 +1,250 @@
+//! skiffd settings and the parser for its configuration file.
+//!
+//! The file format is a small, sshd_config-like subset: one `Keyword value...`
+//! per line, keywords case-insensitive, `#` comments. Parsing is pure (text in,
+//! settings or a `file:line` error out); reading the file is the caller's job.
+//! See docs/skiffd-config.md for the keyword list.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default authorized_keys location, with `%h` (home) and `%u` (user) tokens.
+pub const DEFAULT_AUTHORIZED_KEYS: &str = "%h/.ssh/authorized_keys";
+
+/// Everything skiffd needs to know to serve connections.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub listen: Vec<SocketAddr>,
+    pub host_keys: Vec<PathBuf>,
+    /// Path template with `%h` and `%u` tokens. A path without tokens applies to every account.
+    pub authorized_keys: String,
+    /// Environment variable name patterns a client may set (`LANG LC_*` by default).
+    pub accept_env: Vec<String>,
+    /// Honour `environment=` in authorized_keys.
+    pub permit_user_environment: bool,
+    pub login_grace_time: Duration,
+    pub max_auth_tries: usize,
+    /// Unauthenticated connections allowed at once; further ones are dropped.
+    pub max_startups: usize,
+    pub max_sessions: usize,
+    /// Interval of server keepalives to detect dead clients; `None` disables them.
+    pub client_alive_interval: Option<Duration>,
+    pub client_alive_count_max: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            listen: Vec::new(),
+            host_keys: Vec::new(),
+            authorized_keys: DEFAULT_AUTHORIZED_KEYS.to_string(),
+            accept_env: vec!["LANG".into(), "LC_*".into()],
+            permit_user_environment: false,
+            login_grace_time: Duration::from_secs(120),
+            max_auth_tries: 6,
+            max_startups: 100,
+            max_sessions: 256,
+            client_alive_interval: Some(Duration::from_secs(60)),
+            client_alive_count_max: 3,
+        }
+    }
+}
+
+/// A configuration error, with the file and line it comes from.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}:{line}: {message}")]
+pub struct ConfigError {
+    pub file: String,
+    pub line: usize,
+    pub message: String,
+}
+
+/// Applies the lines of a configuration file on top of `settings`.
+///
+/// Repeatable keywords (`ListenAddress`, `HostKey`, `AcceptEnv`) accumulate;
+/// the first `AcceptEnv` line replaces the default list.
+pub fn apply_config_text(
+    settings: &mut Settings,
+    file: &str,
+    text: &str,
+) -> Result<(), ConfigError> {
+    let mut accept_env_seen = false;
+    for (index, raw) in text.lines().enumerate() {
+        let err = |message: String| ConfigError {
+            file: file.to_string(),
+            line: index + 1,
+            message,
+        };
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (keyword, rest) = match line.split_once(|c: char| c.is_whitespace() || c == '=') {
+            Some((k, r)) => (
+                k,
+                r.trim_start_matches(|c: char| c.is_whitespace() || c == '='),
+            ),
+            None => (line, ""),
+        };
+        let args: Vec<&str> = rest.split_whitespace().collect();
+        let one = || -> Result<&str, ConfigError> {
+            match args.as_slice() {
+                [v] => Ok(*v),
+                [] => Err(err(format!("{keyword} needs a value"))),
+                _ => Err(err(format!("{keyword} takes exactly one value"))),
+            }
+        };
+        match keyword.to_ascii_lowercase().as_str() {
+            "listenaddress" => {
+                let v = one()?;
+                settings.listen.push(parse_listen(v).map_err(err)?);
+            }
+            "hostkey" => settings.host_keys.push(PathBuf::from(one()?)),
+            "authorizedkeysfile" => settings.authorized_keys = one()?.to_string(),
+            "acceptenv" => {
+                if args.is_empty() {
+                    return Err(err("AcceptEnv needs at least one pattern".into()));
+                }
+                if !accept_env_seen {
+                    settings.accept_env.clear();
+                    accept_env_seen = true;
+                }
+                settings
+                    .accept_env
+                    .extend(args.iter().map(|s| s.to_string()));
+            }
+            "permituserenvironment" => {
+                settings.permit_user_environment = parse_yes_no(one()?).map_err(err)?
+            }
+            "logingracetime" => settings.login_grace_time = parse_duration(one()?).map_err(err)?,
+            "maxauthtries" => settings.max_auth_tries = parse_count(one()?).map_err(err)?,
+            "maxstartups" => {
+                // sshd's "start:rate:full" form: skiff honours the hard limit ("full", or the single number).
+                let v = one()?;
+                let full = v.rsplit(':').next().unwrap_or(v);
+                settings.max_startups = parse_count(full).map_err(err)?;
+            }
+            "maxsessions" => settings.max_sessions = parse_count(one()?).map_err(err)?,
+            "clientaliveinterval" => {
+                let d = parse_duration(one()?).map_err(err)?;
+                settings.client_alive_interval = (!d.is_zero()).then_some(d);
+            }
+            "clientalivecountmax" => {
+                settings.client_alive_count_max = parse_count(one()?).map_err(err)?
+            }
+            _ => return Err(err(format!("unknown keyword {keyword:?}"))),
+        }
+    }
+    Ok(())
+}
+
+/// Parses `ADDR:PORT`, `[V6]:PORT`, or a bare address (port 2222).
+pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    if let Ok(ip) = s
+        .trim_matches(|c| c == '[' || c == ']')
+        .parse::<std::net::IpAddr>()
+    {
+        return Ok(SocketAddr::new(ip, 2222));
+    }
+    Err(format!(
+        "bad listen address {s:?}: expected ADDR:PORT such as 127.0.0.1:2222 or [::1]:2222"
+    ))
+}
+
+fn parse_yes_no(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "yes" => Ok(true),
+        "no" => Ok(false),
+        _ => Err(format!("expected yes or no, got {s:?}")),
+    }
+}
+
+fn parse_count(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("expected a positive number, got {s:?}")),
+    }
+}
+
+/// Parses sshd time formats: `90`, `90s`, `2m`, `1h30m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("bad time value {s:?}: use seconds or forms like 30s, 2m, 1h");
+    if s.is_empty() {
+        return Err(bad());
+    }
+    let mut total: u64 = 0;
+    let mut number = String::new();
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            number.push(c);
+            continue;
+        }
+        let unit = match c.to_ascii_lowercase() {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86400,
+            'w' => 604800,
+            _ => return Err(bad()),
+        };
+        let n: u64 = number.parse().map_err(|_| bad())?;
+        total = n
+            .checked_mul(unit)
+            .and_then(|v| total.checked_add(v))
+            .ok_or_else(bad)?;
+        number.clear();
+    }
+    if !number.is_empty() {
+        let n: u64 = number.parse().map_err(|_| bad())?;
+        total = total.checked_add(n).ok_or_else(bad)?;
+    }
+    Ok(Duration::from_secs(total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_keywords_and_accumulates() {
+        let mut s = Settings::default();
+        let text = "# comment\nListenAddress 127.0.0.1:2022\nlistenaddress [::1]:2022\n\
+                    AcceptEnv FOO BAR_*\nAcceptEnv BAZ\nPermitUserEnvironment yes\n\
+                    MaxStartups 10:30:60\nLoginGraceTime 1m30s\nMaxSessions=32\n";
+        apply_config_text(&mut s, "f", text).unwrap();
+        assert_eq!(s.listen.len(), 2);
+        assert_eq!(s.accept_env, vec!["FOO", "BAR_*", "BAZ"]);
+        assert!(s.permit_user_environment);
+        assert_eq!(s.max_startups, 60);
+        assert_eq!(s.login_grace_time, Duration::from_secs(90));
+        assert_eq!(s.max_sessions, 32);
+    }
+
+    #[test]
+    fn errors_name_file_and_line() {
+        let mut s = Settings::default();
+        let e = apply_config_text(&mut s, "/etc/skiffd.conf", "\nMaxSessions 0\n").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "/etc/skiffd.conf:2: expected a positive number, got \"0\""
+        );
+        let e = apply_config_text(&mut s, "c", "Bogus 1").unwrap_err();
+        assert!(e.to_string().starts_with("c:1: unknown keyword"));
+        let e = apply_config_text(&mut s, "c", "ListenAddress nowhere").unwrap_err();
+        assert!(e.to_string().contains("bad listen address"));
+        let e = apply_config_text(&mut s, "c", "HostKey").unwrap_err();
+        assert_eq!(e.to_string(), "c:1: HostKey needs a value");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("120").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1h2m3s").unwrap(), Duration::from_secs(3723));
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}

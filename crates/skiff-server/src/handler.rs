@@ -1,0 +1,679 @@
+//! The per-connection SSH handler: public-key authentication against the
+//! account's authorized_keys (options enforced), then session channels
+//! (`exec`, `shell`, `pty-req`, `env`, `signal`, `window-change`).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use russh::keys::PublicKey;
+use russh::server::{Auth, ChannelOpenHandle, Msg, PublicKeyOffer, Session, VerifiedPublicKey};
+use russh::{Channel, ChannelId, ChannelMsg, ChannelOpenFailure, Pty, Sig};
+use skiff_proto::authorized_keys::{self, AuthorizedKey, KeyOptions};
+use skiff_proto::pattern;
+use tokio::io::AsyncWriteExt;
+
+use crate::account::{self, Account};
+use crate::config::Settings;
+use crate::process::{self, ChildIo, PtySpec, SpawnRequest};
+
+/// State shared by every connection of one server.
+pub struct ServerState {
+    pub settings: Settings,
+}
+
+/// The outcome of a successful authentication.
+struct Authenticated {
+    account: Account,
+    options: KeyOptions,
+}
+
+/// A session channel before and after its command starts.
+struct SessionChannel {
+    /// Held until a command starts; then moved into the I/O tasks.
+    channel: Option<Channel<Msg>>,
+    env: Vec<(String, String)>,
+    pty: Option<PtySpec>,
+    running: Option<Running>,
+}
+
+struct Running {
+    pid: i32,
+    pty: Option<Arc<process::PtyMaster>>,
+}
+
+/// One client connection.
+pub struct ConnectionHandler {
+    state: Arc<ServerState>,
+    peer: SocketAddr,
+    local: SocketAddr,
+    /// Set once authentication succeeds; read by the login-grace timer.
+    authenticated_flag: tokio::sync::watch::Sender<bool>,
+    /// authorized_keys of the user being authenticated (cached across offers).
+    candidate: Option<(String, Option<(Account, Vec<AuthorizedKey>)>)>,
+    auth: Option<Authenticated>,
+    channels: HashMap<ChannelId, SessionChannel>,
+}
+
+impl ConnectionHandler {
+    pub fn new(
+        state: Arc<ServerState>,
+        peer: SocketAddr,
+        local: SocketAddr,
+        authenticated_flag: tokio::sync::watch::Sender<bool>,
+    ) -> Self {
+        ConnectionHandler {
+            state,
+            peer,
+            local,
+            authenticated_flag,
+            candidate: None,
+            auth: None,
+            channels: HashMap::new(),
+        }
+    }
+
+    /// Loads (once per user name) the account and its authorized keys.
+    fn load_candidate(&mut self, user: &str) -> Option<&(Account, Vec<AuthorizedKey>)> {
+        if self.candidate.as_ref().map(|(u, _)| u.as_str()) != Some(user) {
+            let loaded = match account::lookup(user) {
+                Ok(acct) => {
+                    let keys = load_authorized_keys(&self.state.settings.authorized_keys, &acct);
+                    Some((acct, keys))
+                }
+                Err(why) => {
+                    tracing::info!(peer = %self.peer, user, "refusing login: {why}");
+                    None
+                }
+            };
+            self.candidate = Some((user.to_string(), loaded));
+        }
+        self.candidate.as_ref().and_then(|(_, c)| c.as_ref())
+    }
+
+    /// The authorized_keys entry that admits `key` from this peer now, if any.
+    fn admitting_entry(&mut self, user: &str, key: &PublicKey) -> Option<(Account, KeyOptions)> {
+        let blob = key.to_bytes().ok()?;
+        let key_type = key.algorithm().as_str().to_string();
+        let peer_ip = self.peer.ip();
+        let peer = self.peer;
+        let (acct, keys) = self.load_candidate(user)?;
+        let entry = authorized_keys::find(keys, &key_type, &blob)?;
+        let opts = &entry.options;
+        if let Some(from) = &opts.from {
+            if !authorized_keys::from_allows(from, peer_ip, None) {
+                tracing::info!(%peer, user, line = entry.line, "key refused: from= does not allow {peer_ip}");
+                return None;
+            }
+        }
+        if authorized_keys::is_expired(opts, unix_now(), local_utc_offset()) {
+            tracing::info!(%peer, user, line = entry.line, "key refused: expiry-time has passed");
+            return None;
+        }
+        Some((acct.clone(), opts.clone()))
+    }
+
+    fn environment_for(
+        &self,
+        auth: &Authenticated,
+        chan: &SessionChannel,
+        original: Option<&str>,
+    ) -> Vec<(String, String)> {
+        let acct = &auth.account;
+        let path = if acct.uid == 0 {
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        } else {
+            "/usr/local/bin:/usr/bin:/bin:/usr/games"
+        };
+        let mut env: Vec<(String, String)> = chan.env.clone();
+        if self.state.settings.permit_user_environment {
+            env.extend(auth.options.environment.iter().cloned());
+        }
+        let fixed = [
+            ("USER", acct.name.clone()),
+            ("LOGNAME", acct.name.clone()),
+            ("HOME", acct.home.to_string_lossy().into_owned()),
+            ("SHELL", acct.shell.to_string_lossy().into_owned()),
+            ("PATH", path.to_string()),
+            (
+                "SSH_CONNECTION",
+                format!(
+                    "{} {} {} {}",
+                    self.peer.ip(),
+                    self.peer.port(),
+                    self.local.ip(),
+                    self.local.port()
+                ),
+            ),
+            (
+                "SSH_CLIENT",
+                format!(
+                    "{} {} {}",
+                    self.peer.ip(),
+                    self.peer.port(),
+                    self.local.port()
+                ),
+            ),
+        ];
+        for (k, v) in fixed {
+            set_var(&mut env, k, v);
+        }
+        if let Some(pty) = &chan.pty {
+            set_var(&mut env, "TERM", pty.term.clone());
+        }
+        if let Some(orig) = original {
+            set_var(&mut env, "SSH_ORIGINAL_COMMAND", orig.to_string());
+        }
+        env
+    }
+
+    /// Starts the command (or shell) for a channel and wires its I/O.
+    fn start(
+        &mut self,
+        id: ChannelId,
+        requested: Option<String>,
+        session: &mut Session,
+    ) -> Result<(), russh::Error> {
+        let Some(auth) = self.auth.as_ref() else {
+            return session.channel_failure(id);
+        };
+        let Some(chan) = self.channels.get(&id) else {
+            return session.channel_failure(id);
+        };
+        if chan.running.is_some() || chan.channel.is_none() {
+            return session.channel_failure(id);
+        }
+        // A forced command replaces whatever the client asked for.
+        let (command, original) = match &auth.options.command {
+            Some(forced) => (Some(forced.clone()), requested.clone()),
+            None => (requested.clone(), None),
+        };
+        let env = self.environment_for(auth, chan, original.as_deref());
+        let spawned = process::spawn(SpawnRequest {
+            account: &auth.account,
+            command: command.as_deref(),
+            env,
+            pty: chan.pty.as_ref(),
+        });
+        let spawned = match spawned {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, user = %auth.account.name, "cannot start session command: {e}");
+                return session.channel_failure(id);
+            }
+        };
+        tracing::info!(peer = %self.peer, user = %auth.account.name, pid = spawned.pid,
+            "session started{}", if command.is_some() { " (exec)" } else { " (shell)" });
+        let chan = self.channels.get_mut(&id).expect("checked above");
+        let channel = chan.channel.take().expect("checked above");
+        let pty = match &spawned.io {
+            ChildIo::Pty(m) => Some(m.clone()),
+            ChildIo::Pipes { .. } => None,
+        };
+        chan.running = Some(Running {
+            pid: spawned.pid,
+            pty,
+        });
+        session.channel_success(id)?;
+        tokio::spawn(run_session_io(channel, spawned, session.handle()));
+        Ok(())
+    }
+}
+
+fn set_var(env: &mut Vec<(String, String)>, key: &str, value: String) {
+    env.retain(|(k, _)| k != key);
+    env.push((key.to_string(), value));
+}
+
+/// Moves bytes between the channel and the process until both ends are done,
+/// then reports the exit status (or signal) and closes the channel.
+async fn run_session_io(
+    channel: Channel<Msg>,
+    spawned: process::Spawned,
+    handle: russh::server::Handle,
+) {
+    let id = channel.id();
+    let (mut reader, writer) = channel.split();
+    let mut child = spawned.child;
+    match spawned.io {
+        ChildIo::Pipes {
+            stdin,
+            mut stdout,
+            mut stderr,
+        } => {
+            // Client -> stdin. Keeps draining the channel after stdin closes so the
+            // connection never stalls on this channel's queue.
+            let input = tokio::spawn(async move {
+                // Dropping the pipe is what delivers EOF to the command.
+                let mut stdin = Some(stdin);
+                while let Some(msg) = reader.wait().await {
+                    match msg {
+                        ChannelMsg::Data { data } => {
+                            if let Some(pipe) = stdin.as_mut() {
+                                if pipe.write_all(&data).await.is_err() {
+                                    stdin = None;
+                                }
+                            }
+                        }
+                        ChannelMsg::Eof => stdin = None,
+                        ChannelMsg::Close => break,
+                        _ => {}
+                    }
+                }
+            });
+            let mut out_writer = writer.make_writer();
+            let mut err_writer = writer.make_writer_ext(Some(1));
+            let out = async {
+                let _ = tokio::io::copy(&mut stdout, &mut out_writer).await;
+                let _ = out_writer.flush().await;
+            };
+            let err = async {
+                let _ = tokio::io::copy(&mut stderr, &mut err_writer).await;
+                let _ = err_writer.flush().await;
+            };
+            tokio::join!(out, err);
+            let status = child.wait().await;
+            finish(&writer, &handle, id, status).await;
+            input.abort();
+        }
+        ChildIo::Pty(master) => {
+            let input_master = master.clone();
+            let input = tokio::spawn(async move {
+                let mut open = true;
+                while let Some(msg) = reader.wait().await {
+                    match msg {
+                        ChannelMsg::Data { data } if open => {
+                            open = input_master.write_all(&data).await.is_ok();
+                        }
+                        ChannelMsg::Close => break,
+                        _ => {}
+                    }
+                }
+            });
+            let mut out_writer = writer.make_writer();
+            let pump = async {
+                let mut buf = vec![0u8; 32 * 1024];
+                loop {
+                    match master.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if out_writer.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                let _ = out_writer.flush().await;
+            };
+            tokio::pin!(pump);
+            // The terminal reads EOF when the last holder closes it; a background
+            // job may keep it open, so after the shell exits allow a short drain.
+            let status = tokio::select! {
+                _ = &mut pump => child.wait().await,
+                status = child.wait() => {
+                    let _ = tokio::time::timeout(std::time::Duration::from_millis(200), &mut pump).await;
+                    status
+                }
+            };
+            finish(&writer, &handle, id, status).await;
+            input.abort();
+        }
+    }
+}
+
+async fn finish(
+    writer: &russh::ChannelWriteHalf<Msg>,
+    handle: &russh::server::Handle,
+    id: ChannelId,
+    status: std::io::Result<std::process::ExitStatus>,
+) {
+    use std::os::unix::process::ExitStatusExt;
+    let _ = writer.eof().await;
+    match status {
+        Ok(st) => {
+            if let Some(code) = st.code() {
+                let _ = writer.exit_status(code as u32).await;
+            } else if let Some(sig) = st.signal() {
+                let _ = handle
+                    .exit_signal_request(
+                        id,
+                        process::number_to_sig(sig),
+                        st.core_dumped(),
+                        String::new(),
+                        String::new(),
+                    )
+                    .await;
+            }
+        }
+        Err(e) => {
+            tracing::warn!("waiting for session process failed: {e}");
+            let _ = writer.exit_status(255).await;
+        }
+    }
+    let _ = writer.close().await;
+}
+
+impl russh::server::Handler for ConnectionHandler {
+    type Error = russh::Error;
+
+    async fn auth_none(&mut self, _user: &str) -> Result<Auth, Self::Error> {
+        Ok(publickey_only())
+    }
+
+    async fn auth_publickey_offered(
+        &mut self,
+        user: &str,
+        offer: PublicKeyOffer<'_>,
+    ) -> Result<Auth, Self::Error> {
+        Ok(match self.admitting_entry(user, offer.public_key) {
+            Some(_) => Auth::Accept,
+            None => publickey_only(),
+        })
+    }
+
+    async fn auth_publickey(
+        &mut self,
+        user: &str,
+        key: VerifiedPublicKey<'_>,
+    ) -> Result<Auth, Self::Error> {
+        match self.admitting_entry(user, key.public_key) {
+            Some((account, options)) => {
+                tracing::info!(peer = %self.peer, user, key = %key.public_key.fingerprint(Default::default()),
+                    "accepted publickey");
+                self.auth = Some(Authenticated { account, options });
+                self.candidate = None;
+                self.authenticated_flag.send_replace(true);
+                Ok(Auth::Accept)
+            }
+            None => Ok(publickey_only()),
+        }
+    }
+
+    async fn channel_open_session(
+        &mut self,
+        channel: Channel<Msg>,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if self.auth.is_none() {
+            reply
+                .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        }
+        if self.channels.len() >= self.state.settings.max_sessions {
+            tracing::info!(peer = %self.peer, "refusing session: MaxSessions ({}) reached", self.state.settings.max_sessions);
+            reply.reject(ChannelOpenFailure::ResourceShortage).await;
+            return Ok(());
+        }
+        self.channels.insert(
+            channel.id(),
+            SessionChannel {
+                channel: Some(channel),
+                env: Vec::new(),
+                pty: None,
+                running: None,
+            },
+        );
+        reply.accept().await;
+        Ok(())
+    }
+
+    async fn channel_close(
+        &mut self,
+        channel: ChannelId,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if let Some(SessionChannel {
+            running: Some(r), ..
+        }) = self.channels.remove(&channel)
+        {
+            // The client went away while the command runs: hang up its session
+            // (process group) so it does not linger, as a terminal hangup would.
+            hang_up(r.pid);
+        }
+        Ok(())
+    }
+
+    async fn pty_request(
+        &mut self,
+        channel: ChannelId,
+        term: &str,
+        col_width: u32,
+        row_height: u32,
+        pix_width: u32,
+        pix_height: u32,
+        modes: &[(Pty, u32)],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let allowed = self.auth.as_ref().is_some_and(|a| !a.options.no_pty);
+        match self.channels.get_mut(&channel) {
+            Some(chan) if allowed && chan.running.is_none() => {
+                chan.pty = Some(PtySpec {
+                    term: term.to_string(),
+                    cols: col_width,
+                    rows: row_height,
+                    pix_width,
+                    pix_height,
+                    modes: modes.to_vec(),
+                });
+                session.channel_success(channel)
+            }
+            _ => {
+                if !allowed {
+                    tracing::info!(peer = %self.peer, "pty refused by authorized_keys option");
+                }
+                session.channel_failure(channel)
+            }
+        }
+    }
+
+    async fn env_request(
+        &mut self,
+        channel: ChannelId,
+        name: &str,
+        value: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let accepted = self
+            .state
+            .settings
+            .accept_env
+            .iter()
+            .any(|p| pattern::wildcard_match(p, name));
+        match self.channels.get_mut(&channel) {
+            Some(chan) if accepted && chan.running.is_none() && valid_env_name(name) => {
+                set_var(&mut chan.env, name, value.to_string());
+                session.channel_success(channel)
+            }
+            _ => {
+                tracing::debug!(peer = %self.peer, "ignoring environment variable {name:?}");
+                session.channel_failure(channel)
+            }
+        }
+    }
+
+    async fn exec_request(
+        &mut self,
+        channel: ChannelId,
+        data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let command = String::from_utf8_lossy(data).into_owned();
+        self.start(channel, Some(command), session)
+    }
+
+    async fn shell_request(
+        &mut self,
+        channel: ChannelId,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.start(channel, None, session)
+    }
+
+    async fn subsystem_request(
+        &mut self,
+        channel: ChannelId,
+        name: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        tracing::info!(peer = %self.peer, "subsystem {name:?} is not available");
+        session.channel_failure(channel)
+    }
+
+    async fn window_change_request(
+        &mut self,
+        channel: ChannelId,
+        col_width: u32,
+        row_height: u32,
+        pix_width: u32,
+        pix_height: u32,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if let Some(chan) = self.channels.get_mut(&channel) {
+            if let Some(pty) = chan.running.as_ref().and_then(|r| r.pty.as_ref()) {
+                let _ = pty.resize(col_width, row_height, pix_width, pix_height);
+            } else if let Some(spec) = chan.pty.as_mut() {
+                spec.cols = col_width;
+                spec.rows = row_height;
+            }
+        }
+        Ok(())
+    }
+
+    async fn signal(
+        &mut self,
+        channel: ChannelId,
+        signal: Sig,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if let Some(Running { pid, .. }) =
+            self.channels.get(&channel).and_then(|c| c.running.as_ref())
+        {
+            if let Some(num) = process::sig_to_number(&signal) {
+                // SAFETY: plain kill(2) on the session's own child.
+                unsafe { libc::kill(*pid, num) };
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ConnectionHandler {
+    fn drop(&mut self) {
+        for chan in self.channels.values() {
+            if let Some(r) = &chan.running {
+                hang_up(r.pid);
+            }
+        }
+    }
+}
+
+/// Sends SIGHUP to the process group the session leader created (setsid).
+fn hang_up(pid: i32) {
+    if pid > 0 {
+        // SAFETY: kill(2) on a process group we created.
+        unsafe { libc::kill(-pid, libc::SIGHUP) };
+    }
+}
+
+fn publickey_only() -> Auth {
+    let mut methods = russh::MethodSet::empty();
+    methods.push(russh::MethodKind::PublicKey);
+    Auth::Reject {
+        proceed_with_methods: Some(methods),
+        partial_success: false,
+    }
+}
+
+fn valid_env_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains('=') && !name.contains('\0')
+}
+
+/// Expands `%h`, `%u` and `%%` in the authorized_keys path template.
+pub fn authorized_keys_path(template: &str, acct: &Account) -> String {
+    let mut out = String::new();
+    let mut chars = template.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('h') => out.push_str(&acct.home.to_string_lossy()),
+            Some('u') => out.push_str(&acct.name),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    if !out.starts_with('/') {
+        // sshd reads relative paths from the home directory.
+        out = format!("{}/{}", acct.home.to_string_lossy(), out);
+    }
+    out
+}
+
+/// Reads and parses the account's authorized_keys. As root, refuses files the
+/// account does not own (other than root's) or that others may write.
+fn load_authorized_keys(template: &str, acct: &Account) -> Vec<AuthorizedKey> {
+    use std::os::unix::fs::MetadataExt;
+    let path = authorized_keys_path(template, acct);
+    let file = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::debug!(user = %acct.name, "cannot open {path}: {e}");
+            return Vec::new();
+        }
+    };
+    if nix::unistd::Uid::effective().is_root() {
+        match file.metadata() {
+            Ok(m)
+                if (m.uid() == acct.uid || m.uid() == 0)
+                    && m.mode() & 0o022 == 0
+                    && m.is_file() => {}
+            Ok(_) => {
+                tracing::warn!(user = %acct.name, "ignoring {path}: must be a regular file owned by the user or root and not writable by others");
+                return Vec::new();
+            }
+            Err(e) => {
+                tracing::warn!("cannot stat {path}: {e}");
+                return Vec::new();
+            }
+        }
+    }
+    let mut text = String::new();
+    if let Err(e) = std::io::Read::read_to_string(&mut std::io::BufReader::new(file), &mut text) {
+        tracing::warn!("cannot read {path}: {e}");
+        return Vec::new();
+    }
+    let (keys, warnings) = authorized_keys::parse(&path, &text);
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    keys
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// The local timezone's offset from UTC in seconds, for `expiry-time` without `Z`.
+fn local_utc_offset() -> i64 {
+    let now = unix_now() as libc::time_t;
+    // SAFETY: localtime_r fills the tm we own.
+    unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&now, &mut tm).is_null() {
+            0
+        } else {
+            tm.tm_gmtoff
+        }
+    }
+}

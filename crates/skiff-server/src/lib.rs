@@ -1,0 +1,17 @@
+//! skiffd as a library: an SSH server built on russh that serves local accounts
+//! to any SSH client (OpenSSH included).
+//!
+//! [`serve`] binds the listeners and runs until the process ends. The pieces:
+//! [`config`] (settings and their file format), [`hostkey`] (host keys),
+//! [`account`] (who may log in), `handler` (authentication and sessions) and
+//! `process` (starting commands as the account, with pipes or a pty).
+
+pub mod account;
+pub mod config;
+mod handler;
+pub mod hostkey;
+mod listener;
+mod process;
+
+pub use handler::authorized_keys_path;
+pub use listener::{russh_config, serve, serve_listeners};

@@ -1,0 +1,202 @@
+//! Accepting connections: TCP_NODELAY on every socket, a cap on connections
+//! that have not authenticated yet (MaxStartups), and a login grace timer.
+
+use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use russh::keys::{Algorithm, EcdsaCurve, HashAlg, PrivateKey};
+use russh::{cipher, kex, mac, Preferred, SshId};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::config::Settings;
+use crate::handler::{ConnectionHandler, ServerState};
+
+/// The russh server configuration for these settings and host keys.
+///
+/// Algorithms: post-quantum hybrid and curve25519 key exchange first (strict
+/// kex is negotiated by russh), AEAD ciphers only, SHA-2 host key signatures.
+pub fn russh_config(settings: &Settings, host_keys: Vec<PrivateKey>) -> russh::server::Config {
+    let preferred = Preferred {
+        kex: Cow::Borrowed(&[
+            kex::MLKEM768X25519_SHA256,
+            kex::CURVE25519,
+            kex::CURVE25519_PRE_RFC_8731,
+            kex::ECDH_SHA2_NISTP256,
+            kex::ECDH_SHA2_NISTP384,
+            kex::DH_G16_SHA512,
+            kex::DH_G14_SHA256,
+            kex::EXTENSION_SUPPORT_AS_SERVER,
+            kex::EXTENSION_OPENSSH_STRICT_KEX_AS_SERVER,
+        ]),
+        key: Cow::Borrowed(&[
+            Algorithm::Ed25519,
+            Algorithm::Ecdsa {
+                curve: EcdsaCurve::NistP256,
+            },
+            Algorithm::Ecdsa {
+                curve: EcdsaCurve::NistP384,
+            },
+            Algorithm::Ecdsa {
+                curve: EcdsaCurve::NistP521,
+            },
+            Algorithm::Rsa {
+                hash: Some(HashAlg::Sha512),
+            },
+            Algorithm::Rsa {
+                hash: Some(HashAlg::Sha256),
+            },
+        ]),
+        cipher: Cow::Borrowed(&[
+            cipher::AES_128_GCM,
+            cipher::AES_256_GCM,
+            cipher::CHACHA20_POLY1305,
+        ]),
+        mac: Cow::Borrowed(&[mac::HMAC_SHA256_ETM, mac::HMAC_SHA512_ETM]),
+        ..Preferred::default()
+    };
+    russh::server::Config {
+        server_id: SshId::Standard(Cow::Owned(format!(
+            "SSH-2.0-skiffd_{}",
+            env!("CARGO_PKG_VERSION")
+        ))),
+        methods: {
+            let mut m = russh::MethodSet::empty();
+            m.push(russh::MethodKind::PublicKey);
+            m
+        },
+        // Rejections take a constant, short time so that an unknown account and
+        // a wrong key look alike; the initial "none" probe is answered at once.
+        auth_rejection_time: Duration::from_millis(20),
+        auth_rejection_time_initial: Some(Duration::ZERO),
+        keys: host_keys,
+        preferred,
+        max_auth_attempts: settings.max_auth_tries,
+        inactivity_timeout: None,
+        keepalive_interval: settings.client_alive_interval,
+        keepalive_max: settings.client_alive_count_max,
+        nodelay: true,
+        ..Default::default()
+    }
+}
+
+/// Binds every listen address and serves connections until an accept loop fails.
+pub async fn serve(settings: Settings, host_keys: Vec<PrivateKey>) -> Result<()> {
+    anyhow::ensure!(!settings.listen.is_empty(), "no listen address");
+    let mut listeners = Vec::new();
+    for addr in &settings.listen {
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        listeners.push(listener);
+    }
+    serve_listeners(listeners, settings, host_keys).await
+}
+
+/// Serves connections on already bound listeners (`settings.listen` is ignored).
+pub async fn serve_listeners(
+    listeners: Vec<TcpListener>,
+    settings: Settings,
+    host_keys: Vec<PrivateKey>,
+) -> Result<()> {
+    anyhow::ensure!(!host_keys.is_empty(), "no host key");
+    let config = Arc::new(russh_config(&settings, host_keys));
+    let state = Arc::new(ServerState { settings });
+    let unauthenticated = Arc::new(AtomicUsize::new(0));
+    let mut loops = tokio::task::JoinSet::new();
+    for listener in listeners {
+        tracing::info!("listening on {}", listener.local_addr()?);
+        let (config, state, unauth) = (config.clone(), state.clone(), unauthenticated.clone());
+        loops.spawn(accept_loop(listener, config, state, unauth));
+    }
+    match loops.join_next().await {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => Err(e.into()),
+        None => Ok(()),
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    config: Arc<russh::server::Config>,
+    state: Arc<ServerState>,
+    unauthenticated: Arc<AtomicUsize>,
+) -> Result<()> {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                // EMFILE and friends: log, back off briefly, keep serving.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if unauthenticated.load(Ordering::SeqCst) >= state.settings.max_startups {
+            tracing::warn!(%peer, "dropping connection: {} unauthenticated connections (MaxStartups)", state.settings.max_startups);
+            continue;
+        }
+        unauthenticated.fetch_add(1, Ordering::SeqCst);
+        let (config, state, unauth) = (config.clone(), state.clone(), unauthenticated.clone());
+        tokio::spawn(async move {
+            let guard = Unauthenticated(Some(unauth));
+            if let Err(e) = handle_connection(stream, peer, config, state, guard).await {
+                tracing::info!(%peer, "connection ended: {e}");
+            }
+        });
+    }
+}
+
+/// Decrements the unauthenticated-connection count exactly once.
+struct Unauthenticated(Option<Arc<AtomicUsize>>);
+
+impl Unauthenticated {
+    fn release(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Unauthenticated {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+async fn handle_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    config: Arc<russh::server::Config>,
+    state: Arc<ServerState>,
+    mut guard: Unauthenticated,
+) -> Result<()> {
+    stream.set_nodelay(true)?;
+    let local = stream.local_addr()?;
+    let grace = state.settings.login_grace_time;
+    let deadline = tokio::time::Instant::now() + grace;
+    let (auth_tx, mut auth_rx) = tokio::sync::watch::channel(false);
+    let handler = ConnectionHandler::new(state, peer, local, auth_tx);
+    let session =
+        tokio::time::timeout_at(deadline, russh::server::run_stream(config, stream, handler))
+            .await
+            .map_err(|_| anyhow::anyhow!("no SSH identification within LoginGraceTime"))??;
+    let handle = session.handle();
+    tokio::pin!(session);
+    tokio::select! {
+        result = &mut session => return result.map_err(Into::into),
+        authed = tokio::time::timeout_at(deadline, async { auth_rx.wait_for(|a| *a).await.is_ok() }) => {
+            guard.release();
+            if !matches!(authed, Ok(true)) {
+                tracing::info!(%peer, "login grace time ({}s) expired before authentication", grace.as_secs());
+                let _ = handle
+                    .disconnect(russh::Disconnect::ByApplication, "login grace time exceeded".into(), String::new())
+                    .await;
+            }
+        }
+    }
+    session.await.map_err(Into::into)
+}

@@ -1,0 +1,372 @@
+//! Starting a session's command as the account: a clean environment, the
+//! account's shell, the home directory, privileges dropped in the child
+//! (setgroups, setgid, setuid) and either pipes or a pseudo-terminal.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::process::Stdio;
+use std::sync::Arc;
+
+use nix::pty::{openpty, Winsize};
+use nix::sys::termios::{self, SetArg};
+use tokio::io::unix::AsyncFd;
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+
+use skiff_proto::signals;
+
+use crate::account::Account;
+
+/// What the client asked for with `pty-req`.
+#[derive(Debug, Clone)]
+pub struct PtySpec {
+    pub term: String,
+    pub cols: u32,
+    pub rows: u32,
+    pub pix_width: u32,
+    pub pix_height: u32,
+    pub modes: Vec<(russh::Pty, u32)>,
+}
+
+/// What to run and how.
+pub struct SpawnRequest<'a> {
+    pub account: &'a Account,
+    /// `None` starts an interactive login shell.
+    pub command: Option<&'a str>,
+    pub env: Vec<(String, String)>,
+    pub pty: Option<&'a PtySpec>,
+}
+
+/// The child's standard streams.
+pub enum ChildIo {
+    Pipes {
+        stdin: ChildStdin,
+        stdout: ChildStdout,
+        stderr: ChildStderr,
+    },
+    Pty(Arc<PtyMaster>),
+}
+
+/// A started session process.
+pub struct Spawned {
+    pub child: Child,
+    pub pid: i32,
+    pub io: ChildIo,
+}
+
+/// Starts the process. Must be called from within a tokio runtime.
+pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
+    let acct = req.account;
+    let mut cmd = Command::new(&acct.shell);
+    match req.command {
+        Some(c) => {
+            cmd.arg("-c").arg(c);
+        }
+        None => {
+            let base = acct
+                .shell
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "sh".into());
+            cmd.arg0(format!("-{base}"));
+        }
+    }
+    cmd.env_clear().envs(req.env.iter().map(|(k, v)| (k, v)));
+    let home_ok = acct.home.is_dir();
+    cmd.current_dir(if home_ok {
+        acct.home.as_path()
+    } else {
+        std::path::Path::new("/")
+    });
+    cmd.kill_on_drop(false);
+
+    let pty = match req.pty {
+        Some(spec) => Some(open_pty(spec)?),
+        None => None,
+    };
+    if let Some((_, slave)) = &pty {
+        cmd.stdin(Stdio::from(slave.try_clone()?))
+            .stdout(Stdio::from(slave.try_clone()?))
+            .stderr(Stdio::from(slave.try_clone()?));
+    } else {
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+    }
+
+    let drop_privileges = nix::unistd::Uid::effective().is_root();
+    let (uid, gid) = (acct.uid, acct.gid);
+    let groups: Vec<libc::gid_t> = acct.groups.clone();
+    let with_tty = pty.is_some();
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe system calls; `groups` was allocated before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Descriptors the server inherited or opened must not reach the
+            // command: mark everything above stderr close-on-exec.
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
+            if libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if with_tty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if drop_privileges {
+                if libc::setgroups(groups.len(), groups.as_ptr()) < 0
+                    || libc::setgid(gid) < 0
+                    || libc::setuid(uid) < 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                // Defence in depth: regaining root must be impossible now.
+                if uid != 0 && libc::setuid(0) == 0 {
+                    return Err(io::Error::from_raw_os_error(libc::EPERM));
+                }
+            }
+            Ok(())
+        });
+    }
+
+    let mut child = cmd.spawn()?;
+    let pid = child.id().map(|p| p as i32).unwrap_or(-1);
+    let io = match pty {
+        Some((master, slave)) => {
+            drop(slave); // only the child holds the terminal now, so EOF shows as EIO
+            ChildIo::Pty(Arc::new(PtyMaster::new(master)?))
+        }
+        None => ChildIo::Pipes {
+            stdin: child.stdin.take().expect("piped stdin"),
+            stdout: child.stdout.take().expect("piped stdout"),
+            stderr: child.stderr.take().expect("piped stderr"),
+        },
+    };
+    if !home_ok {
+        tracing::warn!(user = %acct.name, "home directory {} missing; starting in /", acct.home.display());
+    }
+    Ok(Spawned { child, pid, io })
+}
+
+fn winsize(cols: u32, rows: u32, pw: u32, ph: u32) -> Winsize {
+    let clamp = |v: u32| v.min(u16::MAX as u32) as u16;
+    Winsize {
+        ws_row: clamp(rows),
+        ws_col: clamp(cols),
+        ws_xpixel: clamp(pw),
+        ws_ypixel: clamp(ph),
+    }
+}
+
+fn open_pty(spec: &PtySpec) -> io::Result<(OwnedFd, OwnedFd)> {
+    let ws = winsize(spec.cols, spec.rows, spec.pix_width, spec.pix_height);
+    let pair = openpty(Some(&ws), None).map_err(io::Error::from)?;
+    if !spec.modes.is_empty() {
+        let mut t = termios::tcgetattr(&pair.slave).map_err(io::Error::from)?;
+        apply_modes(&mut t, &spec.modes);
+        termios::tcsetattr(&pair.slave, SetArg::TCSANOW, &t).map_err(io::Error::from)?;
+    }
+    Ok((pair.master, pair.slave))
+}
+
+/// Applies RFC 4254 section 8 terminal modes to a termios structure.
+fn apply_modes(t: &mut termios::Termios, modes: &[(russh::Pty, u32)]) {
+    use nix::sys::termios::{
+        ControlFlags as C, InputFlags as I, LocalFlags as L, OutputFlags as O,
+        SpecialCharacterIndices as S,
+    };
+    use russh::Pty;
+    for &(mode, value) in modes {
+        let on = value != 0;
+        let cc = |t: &mut termios::Termios, idx: S| t.control_chars[idx as usize] = value as u8;
+        match mode {
+            Pty::VINTR => cc(t, S::VINTR),
+            Pty::VQUIT => cc(t, S::VQUIT),
+            Pty::VERASE => cc(t, S::VERASE),
+            Pty::VKILL => cc(t, S::VKILL),
+            Pty::VEOF => cc(t, S::VEOF),
+            Pty::VEOL => cc(t, S::VEOL),
+            Pty::VEOL2 => cc(t, S::VEOL2),
+            Pty::VSTART => cc(t, S::VSTART),
+            Pty::VSTOP => cc(t, S::VSTOP),
+            Pty::VSUSP => cc(t, S::VSUSP),
+            Pty::VREPRINT => cc(t, S::VREPRINT),
+            Pty::VWERASE => cc(t, S::VWERASE),
+            Pty::VLNEXT => cc(t, S::VLNEXT),
+            Pty::VDISCARD => cc(t, S::VDISCARD),
+            Pty::IGNPAR => t.input_flags.set(I::IGNPAR, on),
+            Pty::PARMRK => t.input_flags.set(I::PARMRK, on),
+            Pty::INPCK => t.input_flags.set(I::INPCK, on),
+            Pty::ISTRIP => t.input_flags.set(I::ISTRIP, on),
+            Pty::INLCR => t.input_flags.set(I::INLCR, on),
+            Pty::IGNCR => t.input_flags.set(I::IGNCR, on),
+            Pty::ICRNL => t.input_flags.set(I::ICRNL, on),
+            Pty::IUCLC => t.input_flags.set(I::IUCLC, on),
+            Pty::IXON => t.input_flags.set(I::IXON, on),
+            Pty::IXANY => t.input_flags.set(I::IXANY, on),
+            Pty::IXOFF => t.input_flags.set(I::IXOFF, on),
+            Pty::IMAXBEL => t.input_flags.set(I::IMAXBEL, on),
+            Pty::IUTF8 => t.input_flags.set(I::IUTF8, on),
+            Pty::ISIG => t.local_flags.set(L::ISIG, on),
+            Pty::ICANON => t.local_flags.set(L::ICANON, on),
+            Pty::ECHO => t.local_flags.set(L::ECHO, on),
+            Pty::ECHOE => t.local_flags.set(L::ECHOE, on),
+            Pty::ECHOK => t.local_flags.set(L::ECHOK, on),
+            Pty::ECHONL => t.local_flags.set(L::ECHONL, on),
+            Pty::NOFLSH => t.local_flags.set(L::NOFLSH, on),
+            Pty::TOSTOP => t.local_flags.set(L::TOSTOP, on),
+            Pty::IEXTEN => t.local_flags.set(L::IEXTEN, on),
+            Pty::ECHOCTL => t.local_flags.set(L::ECHOCTL, on),
+            Pty::ECHOKE => t.local_flags.set(L::ECHOKE, on),
+            Pty::PENDIN => t.local_flags.set(L::PENDIN, on),
+            Pty::OPOST => t.output_flags.set(O::OPOST, on),
+            Pty::OLCUC => t.output_flags.set(O::OLCUC, on),
+            Pty::ONLCR => t.output_flags.set(O::ONLCR, on),
+            Pty::OCRNL => t.output_flags.set(O::OCRNL, on),
+            Pty::ONOCR => t.output_flags.set(O::ONOCR, on),
+            Pty::ONLRET => t.output_flags.set(O::ONLRET, on),
+            Pty::CS7 => {
+                t.control_flags.remove(C::CSIZE);
+                t.control_flags.insert(if on { C::CS7 } else { C::CS8 });
+            }
+            Pty::CS8 => {
+                t.control_flags.remove(C::CSIZE);
+                t.control_flags.insert(if on { C::CS8 } else { C::CS7 });
+            }
+            Pty::PARENB => t.control_flags.set(C::PARENB, on),
+            Pty::PARODD => t.control_flags.set(C::PARODD, on),
+            _ => {}
+        }
+    }
+}
+
+/// The server side of a pseudo-terminal, readable and writable without
+/// blocking the runtime.
+pub struct PtyMaster {
+    fd: AsyncFd<OwnedFd>,
+}
+
+impl PtyMaster {
+    fn new(fd: OwnedFd) -> io::Result<Self> {
+        let flags =
+            nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL).map_err(io::Error::from)?;
+        let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(flags)).map_err(io::Error::from)?;
+        // SAFETY: we own the fd and it stays open for the lifetime of the AsyncFd.
+        Ok(PtyMaster {
+            fd: unsafe { AsyncFd::register(fd)? },
+        })
+    }
+
+    /// Reads terminal output; `Ok(0)` once every holder of the terminal closed it.
+    pub async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let mut guard = self.fd.readable().await?;
+            match guard.try_io(|fd| {
+                let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            }) {
+                Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => return Ok(0),
+                Ok(result) => return result,
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    /// Writes all of `data` to the terminal (the program's input).
+    pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
+        while !data.is_empty() {
+            let mut guard = self.fd.writable().await?;
+            match guard.try_io(|fd| {
+                let n = unsafe { libc::write(fd.as_raw_fd(), data.as_ptr().cast(), data.len()) };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            }) {
+                Ok(Ok(n)) => data = &data[n..],
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => continue,
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells the kernel the new window size; it signals SIGWINCH to the foreground job.
+    pub fn resize(&self, cols: u32, rows: u32, pw: u32, ph: u32) -> io::Result<()> {
+        let ws = winsize(cols, rows, pw, ph);
+        // SAFETY: TIOCSWINSZ reads one Winsize from the pointer we pass.
+        let r = unsafe { libc::ioctl(self.fd.get_ref().as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// Converts russh's signal type to a number.
+pub fn sig_to_number(sig: &russh::Sig) -> Option<i32> {
+    use russh::Sig;
+    Some(match sig {
+        Sig::ABRT => libc::SIGABRT,
+        Sig::ALRM => libc::SIGALRM,
+        Sig::FPE => libc::SIGFPE,
+        Sig::HUP => libc::SIGHUP,
+        Sig::ILL => libc::SIGILL,
+        Sig::INT => libc::SIGINT,
+        Sig::KILL => libc::SIGKILL,
+        Sig::PIPE => libc::SIGPIPE,
+        Sig::QUIT => libc::SIGQUIT,
+        Sig::SEGV => libc::SIGSEGV,
+        Sig::TERM => libc::SIGTERM,
+        Sig::USR1 => libc::SIGUSR1,
+        Sig::Custom(name) => return signals::number(name),
+    })
+}
+
+/// Converts a signal number to russh's signal type.
+pub fn number_to_sig(num: i32) -> russh::Sig {
+    use russh::Sig;
+    match num {
+        libc::SIGABRT => Sig::ABRT,
+        libc::SIGALRM => Sig::ALRM,
+        libc::SIGFPE => Sig::FPE,
+        libc::SIGHUP => Sig::HUP,
+        libc::SIGILL => Sig::ILL,
+        libc::SIGINT => Sig::INT,
+        libc::SIGKILL => Sig::KILL,
+        libc::SIGPIPE => Sig::PIPE,
+        libc::SIGQUIT => Sig::QUIT,
+        libc::SIGSEGV => Sig::SEGV,
+        libc::SIGTERM => Sig::TERM,
+        libc::SIGUSR1 => Sig::USR1,
+        other => Sig::Custom(signals::name(other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn russh_signals_round_trip() {
+        for num in [
+            libc::SIGHUP,
+            libc::SIGINT,
+            libc::SIGKILL,
+            libc::SIGTERM,
+            libc::SIGUSR2,
+            libc::SIGWINCH,
+        ] {
+            assert_eq!(sig_to_number(&number_to_sig(num)), Some(num));
+        }
+        assert_eq!(sig_to_number(&russh::Sig::Custom("NOPE".into())), None);
+    }
+}

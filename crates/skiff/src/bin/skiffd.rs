@@ -1,0 +1,95 @@
+//! `skiffd`: the skiff SSH server. Serves stock OpenSSH clients and skiff.
+//!
+//! Options given on the command line override the `--config` file; see
+//! docs/skiffd-config.md for the file format.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use skiff_server::config::{apply_config_text, parse_listen, Settings};
+use skiff_server::hostkey;
+
+#[derive(Parser, Debug)]
+#[command(name = "skiffd", version, about = "skiff SSH server")]
+struct Args {
+    /// Address to listen on, ADDR:PORT (repeatable). Default 127.0.0.1:2222.
+    #[arg(long = "listen", value_name = "ADDR:PORT", value_parser = parse_listen)]
+    listen: Vec<std::net::SocketAddr>,
+    /// Configuration file (sshd_config-like keywords; see docs/skiffd-config.md).
+    #[arg(long = "config", short = 'f', value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Host private key (repeatable). Default: an ed25519 key created on first
+    /// start in $XDG_STATE_HOME/skiffd (else ~/.local/state/skiffd).
+    #[arg(long = "host-key", value_name = "FILE")]
+    host_keys: Vec<PathBuf>,
+    /// authorized_keys path for every account; `%h` is the home directory and
+    /// `%u` the user name. Default %h/.ssh/authorized_keys.
+    #[arg(long = "authorized-keys", value_name = "PATH")]
+    authorized_keys: Option<String>,
+    /// More logging (-v: debug, -vv: trace). Logs go to stderr.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+fn main() {
+    let args = Args::parse();
+    init_logging(args.verbose);
+    if let Err(e) = run(args) {
+        eprintln!("skiffd: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let level = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SKIFF_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!(
+            "skiffd={level},skiff_server={level},russh=warn"
+        ))
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+fn run(args: Args) -> Result<()> {
+    let mut settings = Settings::default();
+    if let Some(path) = &args.config {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        apply_config_text(&mut settings, &path.display().to_string(), &text)?;
+    }
+    if !args.listen.is_empty() {
+        settings.listen = args.listen;
+    }
+    if settings.listen.is_empty() {
+        settings
+            .listen
+            .push("127.0.0.1:2222".parse().expect("valid default"));
+    }
+    if !args.host_keys.is_empty() {
+        settings.host_keys = args.host_keys;
+    }
+    if settings.host_keys.is_empty() {
+        let dir = hostkey::default_state_dir()?;
+        settings
+            .host_keys
+            .push(hostkey::ensure_default_host_key(&dir)?);
+    }
+    if let Some(ak) = args.authorized_keys {
+        settings.authorized_keys = ak;
+    }
+    let keys = hostkey::load_host_keys(&settings.host_keys)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(skiff_server::serve(settings, keys))
+}

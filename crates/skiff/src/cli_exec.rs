@@ -1,0 +1,175 @@
+//! `skiff exec`: the command-line front end for running one command on one
+//! host. Exit status is the remote command's; 255 means skiff itself failed.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use clap::Args;
+use skiff_engine::{Destination, ExecRequest, PtyRequest, SkiffError, WindowSize};
+
+use crate::terminal;
+
+#[derive(Args, Debug, Clone)]
+#[command(trailing_var_arg = true)]
+pub struct ExecArgs {
+    /// Port to connect to on the remote host.
+    #[arg(short = 'p', value_name = "PORT")]
+    pub port: Option<u16>,
+    /// User to log in as.
+    #[arg(short = 'l', value_name = "USER")]
+    pub login: Option<String>,
+    /// Identity (private key) file; repeatable, tried in order.
+    #[arg(short = 'i', value_name = "KEY")]
+    pub identity: Vec<PathBuf>,
+    /// Client configuration file instead of ~/.ssh/config (system config is then skipped).
+    #[arg(short = 'F', value_name = "CONFIG")]
+    pub config: Option<PathBuf>,
+    /// ssh_config option, e.g. -o StrictHostKeyChecking=yes; repeatable.
+    #[arg(short = 'o', value_name = "Keyword=Value")]
+    pub options: Vec<String>,
+    /// Read stdin from /dev/null.
+    #[arg(short = 'n')]
+    pub no_stdin: bool,
+    /// Allocate a pseudo-terminal; twice forces it even without a local terminal.
+    #[arg(short = 't', action = clap::ArgAction::Count)]
+    pub tty: u8,
+    /// More diagnostics on stderr (repeatable).
+    #[arg(short = 'v', action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// [user@]host
+    pub destination: String,
+    /// Command and arguments, joined with spaces as ssh does.
+    #[arg(required = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
+}
+
+/// Splits `[user@]host` (the last `@` separates, as in ssh).
+pub fn split_destination(dest: &str) -> (Option<String>, String) {
+    match dest.rsplit_once('@') {
+        Some((u, h)) if !u.is_empty() => (Some(u.to_string()), h.to_string()),
+        _ => (None, dest.to_string()),
+    }
+}
+
+pub fn run(args: ExecArgs) -> i32 {
+    crate::init_logging(args.verbose);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("skiff: cannot start the async runtime: {e}");
+            return 255;
+        }
+    };
+    match runtime.block_on(exec_main(args)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("skiff: {e}");
+            255
+        }
+    }
+}
+
+async fn exec_main(args: ExecArgs) -> Result<i32, SkiffError> {
+    let (user, host) = split_destination(&args.destination);
+    let command = args.command.join(" ");
+    let dest = Destination {
+        host,
+        user: args.login.clone().or(user),
+        port: args.port,
+        identity_files: args.identity.clone(),
+        config_file: args.config.clone(),
+        options: args.options.clone(),
+    };
+    let settings = skiff_engine::settings::resolve(&dest)?;
+    tracing::debug!(
+        "connecting to {}@{} port {} (StrictHostKeyChecking={})",
+        settings.user,
+        settings.hostname,
+        settings.port,
+        skiff_engine::hostkeys::policy_name(settings.strict_host_key_checking)
+    );
+    let conn = skiff_engine::connect(&settings).await?;
+
+    let mut env = Vec::new();
+    for (name, value) in std::env::vars() {
+        if settings
+            .send_env
+            .iter()
+            .any(|p| skiff_proto::pattern::wildcard_match(p, &name))
+        {
+            env.push((name, value));
+        }
+    }
+    env.extend(settings.set_env.iter().cloned());
+
+    let stdin_tty = std::io::stdin().is_terminal();
+    let pty = match args.tty {
+        0 => None,
+        1 if !stdin_tty => {
+            eprintln!("Pseudo-terminal will not be allocated because stdin is not a terminal.");
+            None
+        }
+        _ => {
+            let (cols, rows) = terminal::window_size().unwrap_or((80, 24));
+            Some(PtyRequest {
+                term: std::env::var("TERM").unwrap_or_else(|_| "xterm".into()),
+                cols,
+                rows,
+            })
+        }
+    };
+    // Raw mode while a remote terminal is attached; restored on drop.
+    let _raw = if pty.is_some() && stdin_tty {
+        terminal::RawMode::enter()
+    } else {
+        None
+    };
+    let resize = if pty.is_some() {
+        terminal::watch_resize()
+    } else {
+        None
+    };
+    let req = ExecRequest { command, env, pty };
+    let stdin = (!args.no_stdin).then(tokio::io::stdin);
+    let outcome = skiff_engine::exec(
+        &conn,
+        &req,
+        stdin,
+        tokio::io::stdout(),
+        tokio::io::stderr(),
+        resize.map(|rx: tokio::sync::mpsc::Receiver<WindowSize>| rx),
+    )
+    .await?;
+    if let skiff_engine::ExitOutcome::Signal {
+        name, core_dumped, ..
+    } = &outcome
+    {
+        tracing::debug!(
+            "remote command killed by signal {name}{}",
+            if *core_dumped { " (core dumped)" } else { "" }
+        );
+    }
+    Ok(outcome.exit_code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destinations_split_on_the_last_at() {
+        assert_eq!(split_destination("host"), (None, "host".into()));
+        assert_eq!(
+            split_destination("bob@host"),
+            (Some("bob".into()), "host".into())
+        );
+        assert_eq!(
+            split_destination("a@b@host"),
+            (Some("a@b".into()), "host".into())
+        );
+        assert_eq!(split_destination("@host"), (None, "@host".into()));
+    }
+}

@@ -1,0 +1,165 @@
+//! `skiff demo`: a self-contained tour. Starts skiffd inside this process on a
+//! free loopback port with throwaway host and client keys in a temporary
+//! directory, then runs a few commands through the real client path and times
+//! cold connections. Nothing in ~/.ssh is read or changed.
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use russh::keys::ssh_key::LineEnding;
+use russh::keys::{Algorithm, PrivateKey};
+use skiff_engine::{Destination, ExecRequest};
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// How many cold connections to time.
+    #[arg(long, default_value_t = 20)]
+    pub rounds: usize,
+}
+
+pub fn run(args: DemoArgs) -> i32 {
+    crate::init_logging(0);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("skiff demo: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    match runtime.block_on(demo(args)) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("skiff demo: {e:#}");
+            1
+        }
+    }
+}
+
+fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+async fn demo(args: DemoArgs) -> anyhow::Result<()> {
+    let dir = tempfile::Builder::new().prefix("skiff-demo-").tempdir()?;
+    let host_key = PrivateKey::random(&mut rand::rng(), Algorithm::Ed25519)?;
+    let client_key = PrivateKey::random(&mut rand::rng(), Algorithm::Ed25519)?;
+    let client_key_path = dir.path().join("client_ed25519");
+    write_private(&client_key_path, &client_key.to_openssh(LineEnding::LF)?)?;
+    let authorized = dir.path().join("authorized_keys");
+    write_private(
+        &authorized,
+        &format!("{}\n", client_key.public_key().to_openssh()?),
+    )?;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let mut settings = skiff_server::config::Settings::default();
+    settings.authorized_keys = authorized.display().to_string();
+    tokio::spawn(skiff_server::serve_listeners(
+        vec![listener],
+        settings,
+        vec![host_key],
+    ));
+
+    let user = skiff_engine::settings::local_user();
+    println!(
+        "skiffd listening on 127.0.0.1:{port} (throwaway keys in {})",
+        dir.path().display()
+    );
+    let dest = Destination {
+        host: "127.0.0.1".into(),
+        user: Some(user.clone()),
+        port: Some(port),
+        identity_files: vec![client_key_path],
+        config_file: Some("none".into()),
+        options: vec![
+            format!(
+                "UserKnownHostsFile={}",
+                dir.path().join("known_hosts").display()
+            ),
+            "StrictHostKeyChecking=accept-new".into(),
+            "IdentityAgent=none".into(),
+            "BatchMode=yes".into(),
+        ],
+    };
+    let settings = skiff_engine::settings::resolve(&dest)?;
+
+    for command in [
+        "echo hello from $(hostname) as $(id -un)",
+        "uname -sr",
+        "sh -c 'echo to stderr >&2; exit 3'",
+    ] {
+        let conn = skiff_engine::connect(&settings).await?;
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        let req = ExecRequest {
+            command: command.into(),
+            ..Default::default()
+        };
+        let outcome = skiff_engine::exec(
+            &conn,
+            &req,
+            None::<tokio::io::Empty>,
+            &mut out,
+            &mut err,
+            None,
+        )
+        .await?;
+        println!("$ skiff exec {user}@127.0.0.1 -- {command}");
+        print!("{}", String::from_utf8_lossy(&out));
+        if !err.is_empty() {
+            print!("[stderr] {}", String::from_utf8_lossy(&err));
+        }
+        println!("[exit {}]", outcome.exit_code());
+    }
+
+    let mut cold = Vec::with_capacity(args.rounds);
+    for _ in 0..args.rounds {
+        let t = Instant::now();
+        let conn = skiff_engine::connect(&settings).await?;
+        let req = ExecRequest {
+            command: "true".into(),
+            ..Default::default()
+        };
+        let outcome = skiff_engine::exec(
+            &conn,
+            &req,
+            None::<tokio::io::Empty>,
+            tokio::io::sink(),
+            tokio::io::sink(),
+            None,
+        )
+        .await?;
+        anyhow::ensure!(
+            outcome.exit_code() == 0,
+            "`true` exited {}",
+            outcome.exit_code()
+        );
+        cold.push(t.elapsed());
+    }
+    cold.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    if let (Some(min), Some(max)) = (cold.first(), cold.last()) {
+        println!(
+            "cold connect + authenticate + exec `true`, {} rounds: median {:.2} ms, min {:.2} ms, max {:.2} ms",
+            cold.len(),
+            ms(cold[cold.len() / 2]),
+            ms(*min),
+            ms(*max)
+        );
+    }
+    println!("(the remote shell's startup counts too: a login shell that reads a slow ~/.bashrc shows up here)");
+    Ok(())
+}

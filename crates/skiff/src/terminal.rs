@@ -1,0 +1,66 @@
+//! The local terminal for `-t` sessions: its size, raw mode (restored on
+//! drop) and window-size changes (SIGWINCH).
+
+use skiff_engine::WindowSize;
+
+/// Columns and rows of the terminal on stdin, if it is one.
+pub fn window_size() -> Option<(u32, u32)> {
+    // SAFETY: TIOCGWINSZ fills the winsize we own.
+    unsafe {
+        let mut ws: libc::winsize = std::mem::zeroed();
+        if libc::ioctl(0, libc::TIOCGWINSZ, &mut ws) == 0 && ws.ws_col > 0 {
+            Some((ws.ws_col as u32, ws.ws_row as u32))
+        } else {
+            None
+        }
+    }
+}
+
+/// The terminal in raw mode; the saved settings come back on drop.
+pub struct RawMode {
+    saved: libc::termios,
+}
+
+impl RawMode {
+    pub fn enter() -> Option<RawMode> {
+        // SAFETY: tcgetattr/tcsetattr on fd 0 with termios structs we own.
+        unsafe {
+            let mut saved: libc::termios = std::mem::zeroed();
+            if libc::tcgetattr(0, &mut saved) != 0 {
+                return None;
+            }
+            let mut raw = saved;
+            libc::cfmakeraw(&mut raw);
+            if libc::tcsetattr(0, libc::TCSADRAIN, &raw) != 0 {
+                return None;
+            }
+            Some(RawMode { saved })
+        }
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        // SAFETY: restores the settings saved in `enter`.
+        unsafe {
+            libc::tcsetattr(0, libc::TCSADRAIN, &self.saved);
+        }
+    }
+}
+
+/// A stream of new window sizes, fed by SIGWINCH.
+pub fn watch_resize() -> Option<tokio::sync::mpsc::Receiver<WindowSize>> {
+    let mut winch =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()).ok()?;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        while winch.recv().await.is_some() {
+            if let Some((cols, rows)) = window_size() {
+                if tx.send(WindowSize { cols, rows }).await.is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    Some(rx)
+}
