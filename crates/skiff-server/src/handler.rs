@@ -42,6 +42,9 @@ struct Running {
     pty: Option<Arc<process::PtyMaster>>,
 }
 
+/// A usable account and the keys its authorized_keys file admits.
+type UserKeys = (Account, Vec<AuthorizedKey>);
+
 /// One client connection.
 pub struct ConnectionHandler {
     state: Arc<ServerState>,
@@ -50,7 +53,7 @@ pub struct ConnectionHandler {
     /// Set once authentication succeeds; read by the login-grace timer.
     authenticated_flag: tokio::sync::watch::Sender<bool>,
     /// authorized_keys of the user being authenticated (cached across offers).
-    candidate: Option<(String, Option<(Account, Vec<AuthorizedKey>)>)>,
+    candidate: Option<(String, Option<UserKeys>)>,
     auth: Option<Authenticated>,
     channels: HashMap<ChannelId, SessionChannel>,
 }
@@ -74,7 +77,7 @@ impl ConnectionHandler {
     }
 
     /// Loads (once per user name) the account and its authorized keys.
-    fn load_candidate(&mut self, user: &str) -> Option<&(Account, Vec<AuthorizedKey>)> {
+    fn load_candidate(&mut self, user: &str) -> Option<&UserKeys> {
         if self.candidate.as_ref().map(|(u, _)| u.as_str()) != Some(user) {
             let loaded = match account::lookup(user) {
                 Ok(acct) => {
@@ -233,7 +236,7 @@ async fn run_session_io(
     handle: russh::server::Handle,
 ) {
     let id = channel.id();
-    let (mut reader, writer) = channel.split();
+    let (reader, writer) = channel.split();
     let mut child = spawned.child;
     match spawned.io {
         ChildIo::Pipes {
@@ -241,24 +244,14 @@ async fn run_session_io(
             mut stdout,
             mut stderr,
         } => {
-            // Client -> stdin. Keeps draining the channel after stdin closes so the
-            // connection never stalls on this channel's queue.
-            let input = tokio::spawn(async move {
+            let input = spawn_input(reader, move |mut rx| async move {
+                let mut stdin = stdin;
                 // Dropping the pipe is what delivers EOF to the command.
-                let mut stdin = Some(stdin);
-                while let Some(msg) = reader.wait().await {
-                    match msg {
-                        ChannelMsg::Data { data } => {
-                            if let Some(pipe) = stdin.as_mut() {
-                                if pipe.write_all(&data).await.is_err() {
-                                    stdin = None;
-                                }
-                            }
-                        }
-                        ChannelMsg::Eof => stdin = None,
-                        ChannelMsg::Close => break,
-                        _ => {}
+                while let Some((data, permit)) = rx.recv().await {
+                    if stdin.write_all(&data).await.is_err() {
+                        break;
                     }
+                    drop(permit);
                 }
             });
             let mut out_writer = writer.make_writer();
@@ -278,16 +271,12 @@ async fn run_session_io(
         }
         ChildIo::Pty(master) => {
             let input_master = master.clone();
-            let input = tokio::spawn(async move {
-                let mut open = true;
-                while let Some(msg) = reader.wait().await {
-                    match msg {
-                        ChannelMsg::Data { data } if open => {
-                            open = input_master.write_all(&data).await.is_ok();
-                        }
-                        ChannelMsg::Close => break,
-                        _ => {}
+            let input = spawn_input(reader, move |mut rx| async move {
+                while let Some((data, permit)) = rx.recv().await {
+                    if input_master.write_all(&data).await.is_err() {
+                        break;
                     }
+                    drop(permit);
                 }
             });
             let mut out_writer = writer.make_writer();
@@ -319,6 +308,49 @@ async fn run_session_io(
             input.abort();
         }
     }
+}
+
+/// Input bytes a channel may have queued for its command before the
+/// connection waits. russh grants window as data arrives, not as the command
+/// reads it, so without this queue one command that stops reading its input
+/// would block the whole connection (and could deadlock a full-duplex pipe).
+const INPUT_BACKLOG: usize = 64 * 1024 * 1024;
+
+type InputChunk = (bytes::Bytes, tokio::sync::OwnedSemaphorePermit);
+
+/// Drains the channel's messages at once (so the connection never waits on
+/// this channel below [`INPUT_BACKLOG`]) and hands data to `feed`, which
+/// writes it to the command. End of input or channel close ends the queue.
+fn spawn_input<F, Fut>(mut reader: russh::ChannelReadHalf, feed: F) -> tokio::task::JoinHandle<()>
+where
+    F: FnOnce(tokio::sync::mpsc::UnboundedReceiver<InputChunk>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let writer = tokio::spawn(feed(rx));
+    tokio::spawn(async move {
+        let budget = Arc::new(tokio::sync::Semaphore::new(INPUT_BACKLOG));
+        let mut tx = Some(tx);
+        while let Some(msg) = reader.wait().await {
+            match msg {
+                ChannelMsg::Data { data } => {
+                    let Some(sender) = tx.as_ref() else { continue };
+                    let n = data.len().clamp(1, INPUT_BACKLOG) as u32;
+                    let Ok(permit) = budget.clone().acquire_many_owned(n).await else {
+                        break;
+                    };
+                    if sender.send((data, permit)).is_err() {
+                        tx = None; // the command stopped reading; keep draining
+                    }
+                }
+                ChannelMsg::Eof => tx = None,
+                ChannelMsg::Close => break,
+                _ => {}
+            }
+        }
+        drop(tx);
+        let _ = writer.await;
+    })
 }
 
 async fn finish(

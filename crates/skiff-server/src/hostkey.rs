@@ -132,7 +132,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let bad = dir.path().join("bad_key");
         fs::write(&bad, "not a key").unwrap();
-        let err = load_host_keys(&[bad.clone()]).unwrap_err().to_string();
+        let err = load_host_keys(std::slice::from_ref(&bad))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("bad_key"), "{err}");
         let missing = dir.path().join("missing");
         let err = load_host_keys(&[missing]).unwrap_err().to_string();

@@ -65,8 +65,10 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let port = listener.local_addr()?.port();
-    let mut settings = skiff_server::config::Settings::default();
-    settings.authorized_keys = authorized.display().to_string();
+    let settings = skiff_server::config::Settings {
+        authorized_keys: authorized.display().to_string(),
+        ..Default::default()
+    };
     tokio::spawn(skiff_server::serve_listeners(
         vec![listener],
         settings,

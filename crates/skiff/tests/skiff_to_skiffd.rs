@@ -37,6 +37,12 @@ fn exec_big_stdin_checksum() {
 }
 
 #[test]
+fn exec_round_trip_cat() {
+    let Some((fx, d)) = setup() else { return };
+    cases::exec_round_trip(&d, &fx);
+}
+
+#[test]
 fn exec_exit_codes() {
     let Some((fx, d)) = setup() else { return };
     cases::exec_exit_codes(&d, &fx);

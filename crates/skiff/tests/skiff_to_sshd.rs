@@ -77,6 +77,12 @@ fn exec_big_stdin_checksum() {
 }
 
 #[test]
+fn exec_round_trip_cat() {
+    let Some((fx, sshd)) = setup() else { return };
+    cases::exec_round_trip(&sshd, &fx);
+}
+
+#[test]
 fn exec_exit_codes() {
     let Some((fx, sshd)) = setup() else { return };
     cases::exec_exit_codes(&sshd, &fx);

@@ -42,6 +42,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const BULK_TIMEOUT: Duration = Duration::from_secs(300);
 /// Limit for a daemon to start accepting connections.
 pub const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// Limit for the 10 MB round trip through remote `cat` (a flow-control
+/// deadlock shows up as a hang here).
+pub const ROUND_TRIP_TIMEOUT: Duration = Duration::from_secs(120);
 /// Size of the large stdin transfer.
 pub const BIG: usize = 100 * 1024 * 1024;
 
@@ -575,7 +578,22 @@ impl fmt::Display for CmdOutput {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "command: {}", self.label)?;
         writeln!(f, "exit code: {}", self.code)?;
-        writeln!(f, "stdout: {:?}", clip(&self.stdout_str(), 2000))?;
+        match std::str::from_utf8(&self.stdout) {
+            Ok(text) => writeln!(f, "stdout: {:?}", clip(text, 2000))?,
+            Err(_) => {
+                let head: String = self
+                    .stdout
+                    .iter()
+                    .take(32)
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
+                writeln!(
+                    f,
+                    "stdout: <{} bytes of binary data, starting {head}>",
+                    self.stdout.len()
+                )?
+            }
+        }
         write!(f, "stderr: {:?}", clip(&self.stderr, 4000))
     }
 }
