@@ -89,12 +89,16 @@ where
             .await
             .map_err(|e| lost(&e))?;
     }
+    // Requests that want a reply get them in order: the pty (if any), then exec.
+    let mut pending_replies = std::collections::VecDeque::new();
     if let Some(pty) = &req.pty {
         channel
-            .request_pty(false, &pty.term, pty.cols, pty.rows, 0, 0, &[])
+            .request_pty(true, &pty.term, pty.cols, pty.rows, 0, 0, &[])
             .await
             .map_err(|e| lost(&e))?;
+        pending_replies.push_back(Request::Pty);
     }
+    pending_replies.push_back(Request::Exec);
     channel
         .exec(true, req.command.as_bytes())
         .await
@@ -126,18 +130,24 @@ where
         let Some(msg) = msg else { break };
         match msg {
             ChannelMsg::Data { data } => {
-                stdout
-                    .write_all(&data)
-                    .await
-                    .map_err(|e| local_io("stdout", e))?;
-                stdout.flush().await.map_err(|e| local_io("stdout", e))?;
+                if let Err(e) = write_flush(&mut stdout, &data).await {
+                    if e.kind() == std::io::ErrorKind::BrokenPipe {
+                        // The local reader went away (`skiff exec h yes | head -1`): stop
+                        // quietly and report what a local program would, death by SIGPIPE.
+                        let _ = writer.close().await;
+                        input.abort();
+                        return Ok(ExitOutcome::Signal {
+                            name: "PIPE".into(),
+                            core_dumped: false,
+                            message: String::new(),
+                        });
+                    }
+                    return Err(local_io("stdout", e));
+                }
             }
             ChannelMsg::ExtendedData { data, ext: 1 } => {
-                stderr
-                    .write_all(&data)
-                    .await
-                    .map_err(|e| local_io("stderr", e))?;
-                stderr.flush().await.map_err(|e| local_io("stderr", e))?;
+                // A closed local stderr is not worth failing the command for.
+                let _ = write_flush(&mut stderr, &data).await;
             }
             ChannelMsg::ExitStatus { exit_status } => outcome = ExitOutcome::Status(exit_status),
             ChannelMsg::ExitSignal {
@@ -152,7 +162,15 @@ where
                     message: error_message,
                 }
             }
-            ChannelMsg::Failure => exec_refused = true,
+            ChannelMsg::Success => {
+                pending_replies.pop_front();
+            }
+            ChannelMsg::Failure => match pending_replies.pop_front() {
+                Some(Request::Pty) => {
+                    let _ = write_flush(&mut stderr, b"PTY allocation request failed\r\n").await;
+                }
+                _ => exec_refused = true,
+            },
             ChannelMsg::Close => break,
             _ => {}
         }
@@ -165,6 +183,17 @@ where
         ));
     }
     Ok(outcome)
+}
+
+/// Channel requests that wait for a reply, in the order they were sent.
+enum Request {
+    Pty,
+    Exec,
+}
+
+async fn write_flush<W: AsyncWrite + Unpin>(w: &mut W, data: &[u8]) -> std::io::Result<()> {
+    w.write_all(data).await?;
+    w.flush().await
 }
 
 fn local_io(what: &str, e: std::io::Error) -> SkiffError {

@@ -35,23 +35,24 @@ fn main() {
     std::process::exit(code);
 }
 
-/// Sets up logging on stderr; `-v` raises the level.
+/// Sets up logging on stderr. Without `-v` or `SKIFF_LOG`, only warnings
+/// (e.g. a malformed known_hosts line, named by file:line) and errors show,
+/// through a plain level filter that costs nothing to build.
 pub(crate) fn init_logging(verbose: u8) {
-    let level = match verbose {
-        0 => "error",
-        1 => "debug",
-        _ => "trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SKIFF_LOG").unwrap_or_else(|_| {
-        let russh = if verbose >= 3 { "debug" } else { "error" };
-        tracing_subscriber::EnvFilter::new(format!(
-            "skiff={level},skiff_engine={level},skiff_server={level},russh={russh}"
-        ))
-    });
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
-        .without_time()
-        .try_init();
+        .without_time();
+    if verbose == 0 && std::env::var_os("SKIFF_LOG").is_none() {
+        let _ = builder.with_max_level(tracing::Level::WARN).try_init();
+        return;
+    }
+    let level = if verbose <= 1 { "debug" } else { "trace" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SKIFF_LOG").unwrap_or_else(|_| {
+        let russh = if verbose >= 3 { "debug" } else { "warn" };
+        tracing_subscriber::EnvFilter::new(format!(
+            "warn,skiff={level},skiff_engine={level},skiff_server={level},russh={russh}"
+        ))
+    });
+    let _ = builder.with_env_filter(filter).try_init();
 }
