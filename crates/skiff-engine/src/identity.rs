@@ -89,8 +89,11 @@ pub async fn authenticate<H: Handler>(
     }
     candidates.extend(files_left.into_iter().map(|path| Candidate::File { path }));
 
+    // RSA keys sign with SHA-2. A server that announces only `ssh-rsa` (SHA-1)
+    // gets no RSA attempt at all; one that announces nothing gets rsa-sha2-512.
     let rsa_hash = match handle.best_supported_rsa_hash().await {
-        Ok(Some(h)) => h,
+        Ok(Some(Some(h))) => Some(h),
+        Ok(Some(None)) => None,
         _ => Some(HashAlg::Sha512),
     };
     let mut tried = Vec::new();
@@ -101,10 +104,15 @@ pub async fn authenticate<H: Handler>(
                 let Some(agent) = agent.as_mut() else {
                     continue;
                 };
-                let hash = if matches!(key.algorithm(), Algorithm::Rsa { .. }) {
-                    rsa_hash
-                } else {
-                    None
+                let hash = match signature_hash(&key.algorithm(), rsa_hash) {
+                    Ok(h) => h,
+                    Err(why) => {
+                        notes.push(format!(
+                            "{}: {why}",
+                            format!("agent key {}", key.fingerprint(HashAlg::Sha256))
+                        ));
+                        continue;
+                    }
                 };
                 tried.push(format!("agent key {}", key.fingerprint(HashAlg::Sha256)));
                 match handle
@@ -125,10 +133,12 @@ pub async fn authenticate<H: Handler>(
                         continue;
                     }
                 };
-                let hash = if matches!(key.algorithm(), Algorithm::Rsa { .. }) {
-                    rsa_hash
-                } else {
-                    None
+                let hash = match signature_hash(&key.algorithm(), rsa_hash) {
+                    Ok(h) => h,
+                    Err(why) => {
+                        notes.push(format!("{}: {why}", path.display().to_string()));
+                        continue;
+                    }
                 };
                 tried.push(path.display().to_string());
                 let with_hash = PrivateKeyWithHashAlg::new(Arc::new(key), hash);
@@ -169,6 +179,20 @@ pub async fn authenticate<H: Handler>(
     }
     msg.push_str("; check the key is in the account's authorized_keys, or pass -i KEY");
     Err(SkiffError::new(ErrorKind::Auth, msg))
+}
+
+/// The hash to sign with for a key of this algorithm (only RSA has a choice),
+/// or why the key cannot be used with this server.
+fn signature_hash(
+    alg: &Algorithm,
+    rsa_hash: Option<HashAlg>,
+) -> Result<Option<HashAlg>, &'static str> {
+    match alg {
+        Algorithm::Rsa { .. } => rsa_hash
+            .map(Some)
+            .ok_or("RSA key not tried: the server accepts RSA only with SHA-1 signatures"),
+        _ => Ok(None),
+    }
 }
 
 /// Loads a private key file. `Ok(None)`: the file does not exist (a default
@@ -279,4 +303,27 @@ fn read_passphrase(prompt: &str) -> std::io::Result<String> {
         return Err(std::io::Error::other("no terminal and no SSH_ASKPASS"));
     }
     rpassword::prompt_password(prompt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rsa_never_signs_with_sha1() {
+        let rsa = Algorithm::Rsa { hash: None };
+        assert_eq!(
+            signature_hash(&rsa, Some(HashAlg::Sha512)),
+            Ok(Some(HashAlg::Sha512))
+        );
+        assert!(signature_hash(&rsa, None).is_err());
+        assert_eq!(signature_hash(&Algorithm::Ed25519, None), Ok(None));
+    }
+
+    #[test]
+    fn default_identities_are_recognised() {
+        assert!(is_default_identity(Path::new("/home/u/.ssh/id_ed25519")));
+        assert!(!is_default_identity(Path::new("/home/u/keys/id_ed25519")));
+        assert!(!is_default_identity(Path::new("/home/u/.ssh/deploy")));
+    }
 }

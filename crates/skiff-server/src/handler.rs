@@ -397,6 +397,10 @@ impl russh::server::Handler for ConnectionHandler {
         user: &str,
         offer: PublicKeyOffer<'_>,
     ) -> Result<Auth, Self::Error> {
+        if !signature_algorithm_allowed(offer.algorithm) {
+            tracing::info!(peer = %self.peer, user, "refusing {} signatures (SHA-1)", offer.algorithm.as_str());
+            return Ok(publickey_only());
+        }
         Ok(match self.admitting_entry(user, offer.public_key) {
             Some(_) => Auth::Accept,
             None => publickey_only(),
@@ -408,6 +412,9 @@ impl russh::server::Handler for ConnectionHandler {
         user: &str,
         key: VerifiedPublicKey<'_>,
     ) -> Result<Auth, Self::Error> {
+        if !signature_algorithm_allowed(key.algorithm) {
+            return Ok(publickey_only());
+        }
         match self.admitting_entry(user, key.public_key) {
             Some((account, options)) => {
                 tracing::info!(peer = %self.peer, user, key = %key.public_key.fingerprint(Default::default()),
@@ -609,6 +616,16 @@ fn hang_up(pid: i32) {
     }
 }
 
+/// User signatures skiffd accepts: ed25519, ecdsa, rsa-sha2-256/512. Plain
+/// `ssh-rsa` means SHA-1 and is refused (OpenSSH refuses it by default too).
+fn signature_algorithm_allowed(alg: &russh::keys::Algorithm) -> bool {
+    use russh::keys::Algorithm;
+    matches!(
+        alg,
+        Algorithm::Ed25519 | Algorithm::Ecdsa { .. } | Algorithm::Rsa { hash: Some(_) }
+    )
+}
+
 fn publickey_only() -> Auth {
     let mut methods = russh::MethodSet::empty();
     methods.push(russh::MethodKind::PublicKey);
@@ -707,5 +724,57 @@ fn local_utc_offset() -> i64 {
         } else {
             tm.tm_gmtoff
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use russh::keys::{Algorithm, EcdsaCurve, HashAlg};
+    use std::path::PathBuf;
+
+    #[test]
+    fn sha1_rsa_signatures_are_refused() {
+        assert!(!signature_algorithm_allowed(&Algorithm::Rsa { hash: None }));
+        assert!(signature_algorithm_allowed(&Algorithm::Rsa {
+            hash: Some(HashAlg::Sha256)
+        }));
+        assert!(signature_algorithm_allowed(&Algorithm::Rsa {
+            hash: Some(HashAlg::Sha512)
+        }));
+        assert!(signature_algorithm_allowed(&Algorithm::Ed25519));
+        assert!(signature_algorithm_allowed(&Algorithm::Ecdsa {
+            curve: EcdsaCurve::NistP256
+        }));
+        assert!(!signature_algorithm_allowed(&Algorithm::Dsa));
+    }
+
+    #[test]
+    fn authorized_keys_path_tokens() {
+        let acct = Account {
+            name: "alice".into(),
+            uid: 1000,
+            gid: 1000,
+            groups: vec![],
+            home: PathBuf::from("/home/alice"),
+            shell: PathBuf::from("/bin/sh"),
+        };
+        assert_eq!(
+            authorized_keys_path("%h/.ssh/authorized_keys", &acct),
+            "/home/alice/.ssh/authorized_keys"
+        );
+        assert_eq!(
+            authorized_keys_path("/etc/keys/%u", &acct),
+            "/etc/keys/alice"
+        );
+        assert_eq!(
+            authorized_keys_path("/etc/keys/100%%", &acct),
+            "/etc/keys/100%"
+        );
+        assert_eq!(
+            authorized_keys_path(".ssh/ak", &acct),
+            "/home/alice/.ssh/ak"
+        );
+        assert_eq!(authorized_keys_path("/shared/keys", &acct), "/shared/keys");
     }
 }
