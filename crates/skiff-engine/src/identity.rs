@@ -108,8 +108,8 @@ pub async fn authenticate<H: Handler>(
                     Ok(h) => h,
                     Err(why) => {
                         notes.push(format!(
-                            "{}: {why}",
-                            format!("agent key {}", key.fingerprint(HashAlg::Sha256))
+                            "agent key {}: {why}",
+                            key.fingerprint(HashAlg::Sha256)
                         ));
                         continue;
                     }
@@ -136,7 +136,7 @@ pub async fn authenticate<H: Handler>(
                 let hash = match signature_hash(&key.algorithm(), rsa_hash) {
                     Ok(h) => h,
                     Err(why) => {
-                        notes.push(format!("{}: {why}", path.display().to_string()));
+                        notes.push(format!("{}: {why}", path.display()));
                         continue;
                     }
                 };
