@@ -4,7 +4,6 @@
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use russh::client::{self, Handle};
 use russh::keys::{Algorithm, EcdsaCurve, HashAlg, PublicKeyOrCertificate};
@@ -194,7 +193,7 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
     };
     // Key exchange must also finish in bounded time: a server that accepts TCP
     // and then says nothing must not hang us.
-    let kex_budget = settings.connect_timeout.max(Duration::from_secs(10));
+    let kex_budget = settings.connect_timeout;
     let result =
         tokio::time::timeout(kex_budget, client::connect_stream(config, stream, handler)).await;
     let mut handle = match result {

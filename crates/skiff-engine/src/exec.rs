@@ -14,6 +14,8 @@ pub struct PtyRequest {
     pub term: String,
     pub cols: u32,
     pub rows: u32,
+    /// `-tt`: a refused terminal is an error rather than a warning.
+    pub required: bool,
 }
 
 /// What to run.
@@ -118,6 +120,7 @@ where
     });
 
     let mut outcome = ExitOutcome::Unknown;
+    let mut closed = false;
     let mut exec_refused = false;
     loop {
         let msg = tokio::select! {
@@ -166,16 +169,40 @@ where
                 pending_replies.pop_front();
             }
             ChannelMsg::Failure => match pending_replies.pop_front() {
+                Some(Request::Pty) if req.pty.as_ref().is_some_and(|p| p.required) => {
+                    let _ = writer.close().await;
+                    input.abort();
+                    return Err(SkiffError::new(
+                        ErrorKind::Protocol,
+                        format!("{host}: PTY allocation request failed (the server or the key's options refuse a terminal)"),
+                    ));
+                }
                 Some(Request::Pty) => {
-                    let _ = write_flush(&mut stderr, b"PTY allocation request failed\r\n").await;
+                    let _ = write_flush(
+                        &mut stderr,
+                        b"skiff: PTY allocation request failed; running without a terminal\r\n",
+                    )
+                    .await;
                 }
                 _ => exec_refused = true,
             },
-            ChannelMsg::Close => break,
+            ChannelMsg::Close => {
+                closed = true;
+                break;
+            }
             _ => {}
         }
     }
     input.abort();
+    if !closed && outcome == ExitOutcome::Unknown {
+        // The channel vanished without a close: the connection is gone.
+        return Err(SkiffError::new(
+            ErrorKind::Connect,
+            format!(
+                "{host}: connection lost before the command finished (the server closed it or stopped answering keepalives)"
+            ),
+        ));
+    }
     if exec_refused && outcome == ExitOutcome::Unknown {
         return Err(SkiffError::new(
             ErrorKind::Protocol,

@@ -38,8 +38,17 @@ struct SessionChannel {
 }
 
 struct Running {
-    pid: i32,
+    /// Signals and hang-ups go to the task that owns (and reaps) the process,
+    /// so a pid is never signalled after it was reaped and possibly reused.
+    /// Dropping the sender hangs the session up.
+    control: tokio::sync::mpsc::UnboundedSender<Control>,
+    task: tokio::task::JoinHandle<()>,
     pty: Option<Arc<process::PtyMaster>>,
+}
+
+/// What the connection asks of a running session's process.
+enum Control {
+    Signal(i32),
 }
 
 /// A usable account and the keys its authorized_keys file admits.
@@ -213,12 +222,15 @@ impl ConnectionHandler {
             ChildIo::Pty(m) => Some(m.clone()),
             ChildIo::Pipes { .. } => None,
         };
-        chan.running = Some(Running {
-            pid: spawned.pid,
-            pty,
-        });
+        let (control, control_rx) = tokio::sync::mpsc::unbounded_channel();
         session.channel_success(id)?;
-        tokio::spawn(run_session_io(channel, spawned, session.handle()));
+        let task = tokio::spawn(run_session_io(
+            channel,
+            spawned,
+            session.handle(),
+            control_rx,
+        ));
+        chan.running = Some(Running { control, task, pty });
         Ok(())
     }
 }
@@ -234,11 +246,16 @@ async fn run_session_io(
     channel: Channel<Msg>,
     spawned: process::Spawned,
     handle: russh::server::Handle,
+    mut control: tokio::sync::mpsc::UnboundedReceiver<Control>,
 ) {
     let id = channel.id();
     let (reader, writer) = channel.split();
     let mut child = spawned.child;
-    match spawned.io {
+    let pty = matches!(spawned.io, ChildIo::Pty(_));
+    let (input, output): (
+        _,
+        std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    ) = match spawned.io {
         ChildIo::Pipes {
             stdin,
             mut stdout,
@@ -256,18 +273,18 @@ async fn run_session_io(
             });
             let mut out_writer = writer.make_writer();
             let mut err_writer = writer.make_writer_ext(Some(1));
-            let out = async {
-                let _ = tokio::io::copy(&mut stdout, &mut out_writer).await;
-                let _ = out_writer.flush().await;
+            let output = async move {
+                let out = async {
+                    let _ = tokio::io::copy(&mut stdout, &mut out_writer).await;
+                    let _ = out_writer.flush().await;
+                };
+                let err = async {
+                    let _ = tokio::io::copy(&mut stderr, &mut err_writer).await;
+                    let _ = err_writer.flush().await;
+                };
+                tokio::join!(out, err);
             };
-            let err = async {
-                let _ = tokio::io::copy(&mut stderr, &mut err_writer).await;
-                let _ = err_writer.flush().await;
-            };
-            tokio::join!(out, err);
-            let status = child.wait().await;
-            finish(&writer, &handle, id, status).await;
-            input.abort();
+            (input, Box::pin(output))
         }
         ChildIo::Pty(master) => {
             let input_master = master.clone();
@@ -280,32 +297,71 @@ async fn run_session_io(
                 }
             });
             let mut out_writer = writer.make_writer();
-            let pump = async {
+            let output = async move {
                 let mut buf = vec![0u8; 32 * 1024];
-                loop {
-                    match master.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            if out_writer.write_all(&buf[..n]).await.is_err() {
-                                break;
-                            }
-                        }
+                while let Ok(n @ 1..) = master.read(&mut buf).await {
+                    if out_writer.write_all(&buf[..n]).await.is_err() {
+                        break;
                     }
                 }
                 let _ = out_writer.flush().await;
             };
-            tokio::pin!(pump);
-            // The terminal reads EOF when the last holder closes it; a background
-            // job may keep it open, so after the shell exits allow a short drain.
-            let status = tokio::select! {
-                _ = &mut pump => child.wait().await,
-                status = child.wait() => {
-                    let _ = tokio::time::timeout(std::time::Duration::from_millis(200), &mut pump).await;
-                    status
+            (input, Box::pin(output))
+        }
+    };
+    let status = supervise(&mut child, output, &mut control, pty).await;
+    finish(&writer, &handle, id, status).await;
+    input.abort();
+}
+
+/// Waits for the output to end and the process to exit, delivering signals
+/// meanwhile. When the connection lets go of the session (channel closed or
+/// connection gone) while the process runs, its process group gets SIGHUP.
+async fn supervise(
+    child: &mut tokio::process::Child,
+    output: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    control: &mut tokio::sync::mpsc::UnboundedReceiver<Control>,
+    pty: bool,
+) -> std::io::Result<std::process::ExitStatus> {
+    let mut output = output;
+    let mut output_done = false;
+    let mut status = None;
+    let mut connected = true;
+    // A terminal reads EOF only when its last holder closes it; a background
+    // job may keep it open, so after the shell exits allow a short drain.
+    let mut drain_until: Option<tokio::time::Instant> = None;
+    loop {
+        if output_done {
+            if let Some(st) = status.take() {
+                return st;
+            }
+        }
+        tokio::select! {
+            _ = &mut output, if !output_done => output_done = true,
+            st = child.wait(), if status.is_none() => {
+                if pty {
+                    drain_until = Some(tokio::time::Instant::now() + std::time::Duration::from_millis(200));
                 }
-            };
-            finish(&writer, &handle, id, status).await;
-            input.abort();
+                status = Some(st);
+            }
+            _ = async { tokio::time::sleep_until(drain_until.expect("guarded")).await }, if drain_until.is_some() && !output_done => {
+                output_done = true;
+            }
+            msg = control.recv(), if connected => {
+                // child.id() is None once reaped: a reused pid is never signalled.
+                let Some(pid) = child.id().map(|p| p as i32) else { continue };
+                match msg {
+                    Some(Control::Signal(sig)) => {
+                        // SAFETY: kill(2) on our own, not yet reaped, child.
+                        unsafe { libc::kill(pid, sig) };
+                    }
+                    None => {
+                        connected = false;
+                        // SAFETY: kill(2) on the process group our child leads (setsid).
+                        unsafe { libc::kill(-pid, libc::SIGHUP) };
+                    }
+                }
+            }
         }
     }
 }
@@ -440,6 +496,10 @@ impl russh::server::Handler for ConnectionHandler {
                 .await;
             return Ok(());
         }
+        // russh does not report the client's answering close for channels we
+        // closed first, so forget sessions whose command has finished here.
+        self.channels
+            .retain(|_, c| c.running.as_ref().is_none_or(|r| !r.task.is_finished()));
         if self.channels.len() >= self.state.settings.max_sessions {
             tracing::info!(peer = %self.peer, "refusing session: MaxSessions ({}) reached", self.state.settings.max_sessions);
             reply.reject(ChannelOpenFailure::ResourceShortage).await;
@@ -463,14 +523,8 @@ impl russh::server::Handler for ConnectionHandler {
         channel: ChannelId,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
-        if let Some(SessionChannel {
-            running: Some(r), ..
-        }) = self.channels.remove(&channel)
-        {
-            // The client went away while the command runs: hang up its session
-            // (process group) so it does not linger, as a terminal hangup would.
-            hang_up(r.pid);
-        }
+        // Dropping the session's control sender hangs up a command that still runs.
+        self.channels.remove(&channel);
         Ok(())
     }
 
@@ -586,33 +640,11 @@ impl russh::server::Handler for ConnectionHandler {
         signal: Sig,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
-        if let Some(Running { pid, .. }) =
-            self.channels.get(&channel).and_then(|c| c.running.as_ref())
-        {
-            if let Some(num) = process::sig_to_number(&signal) {
-                // SAFETY: plain kill(2) on the session's own child.
-                unsafe { libc::kill(*pid, num) };
-            }
+        let running = self.channels.get(&channel).and_then(|c| c.running.as_ref());
+        if let (Some(r), Some(num)) = (running, process::sig_to_number(&signal)) {
+            let _ = r.control.send(Control::Signal(num));
         }
         Ok(())
-    }
-}
-
-impl Drop for ConnectionHandler {
-    fn drop(&mut self) {
-        for chan in self.channels.values() {
-            if let Some(r) = &chan.running {
-                hang_up(r.pid);
-            }
-        }
-    }
-}
-
-/// Sends SIGHUP to the process group the session leader created (setsid).
-fn hang_up(pid: i32) {
-    if pid > 0 {
-        // SAFETY: kill(2) on a process group we created.
-        unsafe { libc::kill(-pid, libc::SIGHUP) };
     }
 }
 

@@ -176,6 +176,9 @@ async fn handle_connection(
 ) -> Result<()> {
     stream.set_nodelay(true)?;
     let local = stream.local_addr()?;
+    // A second handle on the socket, so the connection can be shut down from
+    // here even while russh owns the stream (a dup, so fd reuse is no risk).
+    let socket = std::os::fd::AsFd::as_fd(&stream).try_clone_to_owned()?;
     let grace = state.settings.login_grace_time;
     let deadline = tokio::time::Instant::now() + grace;
     let (auth_tx, mut auth_rx) = tokio::sync::watch::channel(false);
@@ -184,19 +187,25 @@ async fn handle_connection(
         tokio::time::timeout_at(deadline, russh::server::run_stream(config, stream, handler))
             .await
             .map_err(|_| anyhow::anyhow!("no SSH identification within LoginGraceTime"))??;
-    let handle = session.handle();
     tokio::pin!(session);
-    tokio::select! {
+    // Ok(true): authenticated. Ok(false): the connection ended first. Err: grace expired.
+    let authed = tokio::select! {
+        biased;
         result = &mut session => return result.map_err(Into::into),
-        authed = tokio::time::timeout_at(deadline, async { auth_rx.wait_for(|a| *a).await.is_ok() }) => {
-            guard.release();
-            if !matches!(authed, Ok(true)) {
-                tracing::info!(%peer, "login grace time ({}s) expired before authentication", grace.as_secs());
-                let _ = handle
-                    .disconnect(russh::Disconnect::ByApplication, "login grace time exceeded".into(), String::new())
-                    .await;
-            }
+        authed = tokio::time::timeout_at(deadline, async { auth_rx.wait_for(|a| *a).await.is_ok() }) => authed,
+    };
+    match authed {
+        Ok(true) => guard.release(),
+        Ok(false) => {}
+        Err(_) => {
+            tracing::info!(%peer, "login grace time ({}s) expired before authentication", grace.as_secs());
+            // Wherever the handshake stands (even mid key exchange), end it now.
+            let _ = nix::sys::socket::shutdown(
+                std::os::fd::AsRawFd::as_raw_fd(&socket),
+                nix::sys::socket::Shutdown::Both,
+            );
         }
     }
+    drop(socket);
     session.await.map_err(Into::into)
 }

@@ -118,6 +118,7 @@ async fn exec_main(args: ExecArgs) -> Result<i32, SkiffError> {
                 term: std::env::var("TERM").unwrap_or_else(|_| "xterm".into()),
                 cols,
                 rows,
+                required: args.tty >= 2,
             })
         }
     };

@@ -10,25 +10,9 @@ mod common;
 
 use std::fs;
 
-use common::skiff_cases::check_ssh_connection;
+use common::server_context as ctx;
+use common::skiffd_setup as setup;
 use common::*;
-
-fn setup() -> Option<(Fixture, Skiffd)> {
-    if !require_openssh() {
-        return None;
-    }
-    let fx = Fixture::new();
-    let d = Skiffd::start(&fx.host_key, &fx.authorized_keys);
-    Some((fx, d))
-}
-
-fn ctx(d: &Skiffd, what: &str) -> String {
-    format!("{what}\n--- skiffd log ---\n{}", d.log())
-}
-
-fn user() -> &'static str {
-    &account().name
-}
 
 #[test]
 fn exec_stdout_stderr() {
@@ -184,17 +168,11 @@ fn pty_allocation() {
 /// gives up exactly as it does against sshd).
 #[test]
 fn no_pty_and_restrict_options() {
-    if !require_openssh() {
+    let Some((_fx, [no_pty, restricted], d)) =
+        skiffd_with_keys([("no_pty", "no-pty"), ("restricted", "restrict")])
+    else {
         return;
-    }
-    let fx = Fixture::new();
-    let no_pty = fx.keygen("no_pty", KeyType::Ed25519, None);
-    let restricted = fx.keygen("restricted", KeyType::Ed25519, None);
-    fx.authorize_extra(&[
-        format!("no-pty {}", no_pty.pub_line()),
-        format!("restrict {}", restricted.pub_line()),
-    ]);
-    let d = Skiffd::start(&fx.host_key, &fx.authorized_keys);
+    };
     for key in [&no_pty, &restricted] {
         let what = format!("-tt with {}", key.private.display());
         let out = ssh(d.port(), user(), key).flag("-tt").args(&["tty"]).run();
@@ -216,16 +194,9 @@ fn no_pty_and_restrict_options() {
 /// SSH_ORIGINAL_COMMAND.
 #[test]
 fn forced_command() {
-    if !require_openssh() {
+    let Some((fx, [forced], d)) = skiffd_with_keys([("forced", FORCED_ECHO)]) else {
         return;
-    }
-    let fx = Fixture::new();
-    let forced = fx.keygen("forced", KeyType::Ed25519, None);
-    fx.authorize_extra(&[format!(
-        "command=\"echo forced $SSH_ORIGINAL_COMMAND\" {}",
-        forced.pub_line()
-    )]);
-    let d = Skiffd::start(&fx.host_key, &fx.authorized_keys);
+    };
     ssh_cmd(d.port(), user(), &forced, &["hello world"])
         .expect_code(0, &ctx(&d, "forced command"))
         .expect_stdout("forced hello world\n", "forced command");
@@ -238,17 +209,9 @@ fn forced_command() {
 /// `from="10.9.9.9"` does not match 127.0.0.1: the key is refused.
 #[test]
 fn from_restriction_rejected() {
-    if !require_openssh() {
+    let Some((_fx, [limited, loopback], d)) = skiffd_with_keys(FROM_LIMITED_AND_LOOPBACK) else {
         return;
-    }
-    let fx = Fixture::new();
-    let limited = fx.keygen("from_limited", KeyType::Ed25519, None);
-    let loopback = fx.keygen("from_loopback", KeyType::Ed25519, None);
-    fx.authorize_extra(&[
-        format!("from=\"10.9.9.9\" {}", limited.pub_line()),
-        format!("from=\"127.0.0.1\" {}", loopback.pub_line()),
-    ]);
-    let d = Skiffd::start(&fx.host_key, &fx.authorized_keys);
+    };
     let out = ssh_cmd(d.port(), user(), &limited, &["echo should-not-run"]);
     let c = ctx(&d, "from=10.9.9.9");
     out.expect_code(255, &c).expect_stdout("", &c);
@@ -272,28 +235,8 @@ fn unknown_key_rejected() {
 #[test]
 fn user_env() {
     let Some((fx, d)) = setup() else { return };
-    let acct = account();
-    let out = ssh_cmd(
-        d.port(),
-        user(),
-        &fx.client_key,
-        &[
-            r#"printf '%s\n' "$USER" "$LOGNAME" "$HOME" "$SHELL" "$SSH_CONNECTION" "$SSH_CLIENT"; id -un; id -u; test -n "$PATH" && echo path-set"#,
-        ],
-    );
-    let c = ctx(&d, "user environment");
-    out.expect_code(0, &c);
-    let text = out.stdout_str();
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 9, "{c}\n{out}");
-    assert_eq!(lines[0], acct.name, "{c}: USER\n{out}");
-    assert_eq!(lines[1], acct.name, "{c}: LOGNAME\n{out}");
-    assert_eq!(lines[2], acct.home.to_string_lossy(), "{c}: HOME\n{out}");
-    assert_eq!(lines[3], acct.shell, "{c}: SHELL\n{out}");
-    check_ssh_connection(lines[4], lines[5], d.port(), &c);
-    assert_eq!(lines[6], acct.name, "{c}: id -un\n{out}");
-    assert_eq!(lines[7], acct.uid.to_string(), "{c}: id -u\n{out}");
-    assert_eq!(lines[8], "path-set", "{c}: PATH\n{out}");
+    let out = ssh_cmd(d.port(), user(), &fx.client_key, &[USER_ENV_SCRIPT]);
+    check_user_env(&out, d.port(), &ctx(&d, "user environment"));
 }
 
 /// RSA (rsa-sha2-*) and ECDSA client keys are accepted too.
@@ -367,11 +310,7 @@ fn environment_option() {
         return;
     }
     let fx = Fixture::new();
-    let env_key = fx.keygen("env_key", KeyType::Ed25519, None);
-    fx.authorize_extra(&[format!(
-        "environment=\"SKIFF_UENV=hello\" {}",
-        env_key.pub_line()
-    )]);
+    let [env_key] = fx.keys_with_options([("env_key", "environment=\"SKIFF_UENV=hello\"")]);
     let cmd = r#"echo "${SKIFF_UENV-unset}""#;
 
     let permitted = Skiffd::start_with(
@@ -390,17 +329,12 @@ fn environment_option() {
 /// `expiry-time=` in the past refuses the key; in the future it works.
 #[test]
 fn expiry_time_option() {
-    if !require_openssh() {
+    let Some((_fx, [expired, valid], d)) = skiffd_with_keys([
+        ("expired", "expiry-time=\"20000101\""),
+        ("valid", "expiry-time=\"209912312359\""),
+    ]) else {
         return;
-    }
-    let fx = Fixture::new();
-    let expired = fx.keygen("expired", KeyType::Ed25519, None);
-    let valid = fx.keygen("valid", KeyType::Ed25519, None);
-    fx.authorize_extra(&[
-        format!("expiry-time=\"20000101\" {}", expired.pub_line()),
-        format!("expiry-time=\"209912312359\" {}", valid.pub_line()),
-    ]);
-    let d = Skiffd::start(&fx.host_key, &fx.authorized_keys);
+    };
     let out = ssh_cmd(d.port(), user(), &expired, &["echo should-not-run"]);
     let c = ctx(&d, "expired key");
     out.expect_code(255, &c).expect_stdout("", &c);

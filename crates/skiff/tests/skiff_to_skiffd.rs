@@ -2,193 +2,71 @@
 //!
 //! The same client cases as `skiff_to_sshd.rs`, against our own server,
 //! plus server-side behaviour seen through skiff: forced commands, `from=`
-//! rejection and many concurrent execs.
+//! rejection and many concurrent execs, and a server that stops answering.
 
 mod common;
 
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
+use std::time::{Duration, Instant};
 
-use common::skiff_cases as cases;
+use common::skiff_cases::trusted_home;
 use common::*;
 
-fn setup() -> Option<(Fixture, Skiffd)> {
-    if !require_openssh() {
-        return None;
-    }
-    let fx = Fixture::new();
-    let d = Skiffd::start(&fx.host_key, &fx.authorized_keys);
-    Some((fx, d))
-}
-
-fn ctx(d: &Skiffd, what: &str) -> String {
-    format!("{what}\n--- skiffd log ---\n{}", d.log())
-}
-
-#[test]
-fn exec_stdout_stderr() {
-    let Some((fx, d)) = setup() else { return };
-    cases::exec_stdout_stderr(&d, &fx);
-}
-
-#[test]
-fn exec_big_stdin_checksum() {
-    let Some((fx, d)) = setup() else { return };
-    cases::exec_big_stdin(&d, &fx);
-}
-
-#[test]
-fn exec_round_trip_cat() {
-    let Some((fx, d)) = setup() else { return };
-    cases::exec_round_trip(&d, &fx);
-}
-
-#[test]
-fn exec_exit_codes() {
-    let Some((fx, d)) = setup() else { return };
-    cases::exec_exit_codes(&d, &fx);
-}
-
-#[test]
-fn exec_signal_exit_code() {
-    let Some((fx, d)) = setup() else { return };
-    cases::exec_signal(&d, &fx);
-}
-
-#[test]
-fn exec_stdin_null_flag() {
-    let Some((fx, d)) = setup() else { return };
-    cases::exec_stdin_null_flag(&d, &fx);
-}
-
-#[test]
-fn exec_user_env() {
-    let Some((fx, d)) = setup() else { return };
-    cases::exec_user_env(&d, &fx);
-}
-
-#[test]
-fn client_key_types() {
-    let Some((fx, d)) = setup() else { return };
-    cases::client_key_types(&d, &fx);
-}
-
-#[test]
-fn unknown_key_rejected() {
-    let Some((fx, d)) = setup() else { return };
-    cases::unknown_key_rejected(&d, &fx);
-}
-
-#[test]
-fn known_hosts_accept_new_then_changed() {
-    let Some((fx, mut d)) = setup() else { return };
-    cases::known_hosts_accept_new_then_changed(&mut d, &fx);
-}
-
-#[test]
-fn hashed_known_hosts() {
-    let Some((fx, d)) = setup() else { return };
-    cases::hashed_known_hosts(&d, &fx);
-}
-
-#[test]
-fn accept_new_hashed() {
-    let Some((fx, d)) = setup() else { return };
-    cases::accept_new_hashed(&d, &fx);
-}
-
-#[test]
-fn strict_yes_unknown_host() {
-    let Some((fx, d)) = setup() else { return };
-    cases::strict_yes_unknown_host(&d, &fx);
-}
-
-#[test]
-fn agent_auth() {
-    let Some((fx, d)) = setup() else { return };
-    cases::agent_auth(&d, &fx);
-}
-
-#[test]
-fn encrypted_key_askpass() {
-    let Some((fx, d)) = setup() else { return };
-    cases::encrypted_key_askpass(&d, &fx);
-}
-
-#[test]
-fn encrypted_key_batch_mode() {
-    let Some((fx, d)) = setup() else { return };
-    cases::encrypted_key_batch_mode(&d, &fx);
-}
-
-#[test]
-fn config_alias_include() {
-    let Some((fx, d)) = setup() else { return };
-    cases::config_alias_include(&d, &fx);
-}
+skiff_client_tests!(skiffd_setup);
 
 /// `command="..."` replaces the requested command, which is available as
 /// SSH_ORIGINAL_COMMAND.
 #[test]
 fn forced_command() {
-    if !require_openssh() {
+    let Some((fx, [forced], d)) = skiffd_with_keys([("forced", FORCED_ECHO)]) else {
         return;
-    }
-    let fx = Fixture::new();
-    let forced = fx.keygen("forced", KeyType::Ed25519, None);
-    fx.authorize_extra(&[format!(
-        "command=\"echo forced $SSH_ORIGINAL_COMMAND\" {}",
-        forced.pub_line()
-    )]);
-    let d = Skiffd::start(&fx.host_key, &fx.authorized_keys);
-    let home = ClientHome::new();
-    home.trust(d.port(), &fx.host_key);
+    };
+    let home = trusted_home(&d, &fx);
 
-    let out = skiff_exec(&home, d.port(), &account().name, Some(&forced))
+    let out = skiff_exec(&home, d.port(), user(), Some(&forced))
         .opt("IdentitiesOnly=yes")
         .cmd("hello world")
         .run();
-    out.expect_code(0, &ctx(&d, "forced command"))
+    out.expect_code(0, &server_context(&d, "forced command"))
         .expect_stdout("forced hello world\n", "forced command");
 
     // The forced command's exit status is what the client gets, whatever
     // was asked for.
-    let out = skiff_exec(&home, d.port(), &account().name, Some(&forced))
+    let out = skiff_exec(&home, d.port(), user(), Some(&forced))
         .opt("IdentitiesOnly=yes")
         .cmd("exit 9")
         .run();
-    out.expect_code(0, &ctx(&d, "forced command ignores requested exit"))
-        .expect_stdout("forced exit 9\n", "forced command ignores requested exit");
+    out.expect_code(
+        0,
+        &server_context(&d, "forced command ignores requested exit"),
+    )
+    .expect_stdout("forced exit 9\n", "forced command ignores requested exit");
 }
 
 /// A key restricted with `from="10.9.9.9"` cannot log in from 127.0.0.1,
 /// while an unrestricted key on the same server can.
 #[test]
 fn from_restriction_rejected() {
-    if !require_openssh() {
+    let Some((fx, [limited, loopback], d)) = skiffd_with_keys(FROM_LIMITED_AND_LOOPBACK) else {
         return;
-    }
-    let fx = Fixture::new();
-    let limited = fx.keygen("from_limited", KeyType::Ed25519, None);
-    let loopback = fx.keygen("from_loopback", KeyType::Ed25519, None);
-    fx.authorize_extra(&[
-        format!("from=\"10.9.9.9\" {}", limited.pub_line()),
-        format!("from=\"127.0.0.1\" {}", loopback.pub_line()),
-    ]);
-    let d = Skiffd::start(&fx.host_key, &fx.authorized_keys);
-    let home = ClientHome::new();
-    home.trust(d.port(), &fx.host_key);
+    };
+    let home = trusted_home(&d, &fx);
 
-    let out = skiff_exec(&home, d.port(), &account().name, Some(&limited))
+    let out = skiff_exec(&home, d.port(), user(), Some(&limited))
         .opt("IdentitiesOnly=yes")
         .cmd("echo should-not-run")
         .run();
-    out.expect_skiff_failure(&["authentication"], &ctx(&d, "from=10.9.9.9"));
+    out.expect_skiff_failure(&["authentication"], &server_context(&d, "from=10.9.9.9"));
 
-    let out = skiff_exec(&home, d.port(), &account().name, Some(&loopback))
+    let out = skiff_exec(&home, d.port(), user(), Some(&loopback))
         .opt("IdentitiesOnly=yes")
         .cmd("echo loopback-ok")
         .run();
-    out.expect_code(0, &ctx(&d, "from=127.0.0.1"))
+    out.expect_code(0, &server_context(&d, "from=127.0.0.1"))
         .expect_stdout("loopback-ok\n", "from=127.0.0.1");
 }
 
@@ -205,14 +83,13 @@ fn concurrent_execs() {
     let d = Skiffd::start_with(
         SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config("MaxStartups 100\n"),
     );
-    let home = ClientHome::new();
-    home.trust(d.port(), &fx.host_key);
+    let home = trusted_home(&d, &fx);
     let results: Vec<CmdOutput> = thread::scope(|s| {
         let handles: Vec<_> = (0..N)
             .map(|i| {
                 let (home, fx, port) = (&home, &fx, d.port());
                 s.spawn(move || {
-                    skiff_exec(home, port, &account().name, Some(&fx.client_key))
+                    skiff_exec(home, port, user(), Some(&fx.client_key))
                         .cmd(&format!(
                             "echo start-{i}; sleep 1; head -c 100000 /dev/zero | wc -c; exit {}",
                             i % 5
@@ -228,7 +105,153 @@ fn concurrent_execs() {
     });
     for (i, out) in results.iter().enumerate() {
         let what = format!("concurrent exec #{i}");
-        out.expect_code((i % 5) as i32, &ctx(&d, &what))
+        out.expect_code((i % 5) as i32, &server_context(&d, &what))
             .expect_stdout(&format!("start-{i}\n100000\n"), &what);
     }
+}
+
+/// A TCP relay from 127.0.0.1:`port` to a server that can be frozen: it
+/// then passes no more bytes either way but keeps both connections open,
+/// like a peer that vanished without closing anything. Everything stops
+/// on drop.
+struct FreezableRelay {
+    port: u16,
+    frozen: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    threads: Arc<Mutex<Vec<thread::JoinHandle<()>>>>,
+}
+
+impl FreezableRelay {
+    fn start(upstream: u16) -> FreezableRelay {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
+        listener
+            .set_nonblocking(true)
+            .expect("nonblocking listener");
+        let port = listener.local_addr().expect("local addr").port();
+        let relay = FreezableRelay {
+            port,
+            frozen: Arc::new(AtomicBool::new(false)),
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Arc::new(Mutex::new(Vec::new())),
+        };
+        let (frozen, stop, threads) = (
+            relay.frozen.clone(),
+            relay.stop.clone(),
+            relay.threads.clone(),
+        );
+        let acceptor = thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
+                let Ok((client, _)) = listener.accept() else {
+                    thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                let server = TcpStream::connect((Ipv4Addr::LOCALHOST, upstream))
+                    .expect("relay: connect upstream");
+                let pumps = [
+                    pump(&client, &server, &frozen, &stop),
+                    pump(&server, &client, &frozen, &stop),
+                ];
+                threads.lock().unwrap().extend(pumps);
+            }
+        });
+        relay.threads.lock().unwrap().push(acceptor);
+        relay
+    }
+
+    fn freeze(&self) {
+        self.frozen.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Copies `from` to `to` until EOF or `stop`; while `frozen`, holds
+/// everything.
+fn pump(
+    from: &TcpStream,
+    to: &TcpStream,
+    frozen: &Arc<AtomicBool>,
+    stop: &Arc<AtomicBool>,
+) -> thread::JoinHandle<()> {
+    let mut from = from.try_clone().expect("clone relay socket");
+    let mut to = to.try_clone().expect("clone relay socket");
+    let (frozen, stop) = (frozen.clone(), stop.clone());
+    from.set_read_timeout(Some(Duration::from_millis(20)))
+        .expect("read timeout");
+    thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
+            if frozen.load(Ordering::SeqCst) {
+                thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            match from.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(_) => break,
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    })
+}
+
+impl Drop for FreezableRelay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap());
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The server stops answering mid-command without closing the connection:
+/// skiff's keepalives (`ServerAliveInterval 1`, `ServerAliveCountMax 2`)
+/// notice within seconds and skiff exits 255 with one line saying so.
+#[test]
+fn dead_server_detected_by_keepalives() {
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let relay = FreezableRelay::start(d.port());
+    let home = ClientHome::new();
+    home.trust(relay.port, &fx.host_key);
+    thread::scope(|s| {
+        let run = s.spawn(|| {
+            skiff_exec(&home, relay.port, user(), Some(&fx.client_key))
+                .opt("ServerAliveInterval=1")
+                .opt("ServerAliveCountMax=2")
+                .cmd("echo started; sleep 60")
+                .timeout(Duration::from_secs(45))
+                .run()
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !d.log().contains("session started") {
+            assert!(
+                Instant::now() < deadline,
+                "{}",
+                server_context(&d, "no session")
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+        // Let "started" through, then go silent.
+        thread::sleep(Duration::from_millis(500));
+        relay.freeze();
+        let frozen_at = Instant::now();
+        let out = run.join().expect("skiff thread panicked");
+        let took = frozen_at.elapsed();
+        let c = server_context(&d, &format!("server frozen; skiff gave up after {took:?}"));
+        assert!(took < Duration::from_secs(15), "{c}\n{out}");
+        out.expect_code(255, &c).expect_stdout("started\n", &c);
+        let lines = out.stderr_lines();
+        assert!(
+            lines.len() == 1 && lines[0].starts_with("skiff: "),
+            "{c}: expected one `skiff: ` line\n{out}"
+        );
+    });
 }

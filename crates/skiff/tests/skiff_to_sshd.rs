@@ -3,24 +3,28 @@
 //! Every test starts its own private sshd on a free 127.0.0.1 port (see
 //! `common::Sshd`) and runs the `skiff` binary against it with a private
 //! HOME. `harness_sanity` checks the fixture with OpenSSH's own `ssh`, so a
-//! failure there points at the harness or the host, not at skiff.
+//! failure there points at the harness or the host, not at skiff. Failures
+//! that need no SSH server at all (nothing listening, a silent peer, a bad
+//! config file) are tested here too.
 
 mod common;
 
-use common::skiff_cases as cases;
+use std::net::{Ipv4Addr, TcpListener};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
 use common::*;
 
 /// sshd config lines for the skiff tests: nothing special is needed.
 const SSHD_EXTRA: &[&str] = &[];
 
 fn setup() -> Option<(Fixture, Sshd)> {
-    if !require_openssh() {
-        return None;
-    }
-    let fx = Fixture::new();
-    let sshd = Sshd::start(&fx.host_key, &fx.authorized_keys, SSHD_EXTRA);
-    Some((fx, sshd))
+    sshd_setup(SSHD_EXTRA)
 }
+
+skiff_client_tests!(setup);
 
 /// The fixture works with stock OpenSSH on both ends: login as the test
 /// account, exact output, exit codes, host key as configured, rejection of
@@ -64,60 +68,6 @@ fn harness_sanity() {
     ssh_cmd(port, &acct.name, &fx.client_key, &["kill -9 $$"]).expect_code(255, &c);
 }
 
-#[test]
-fn exec_stdout_stderr() {
-    let Some((fx, sshd)) = setup() else { return };
-    cases::exec_stdout_stderr(&sshd, &fx);
-}
-
-#[test]
-fn exec_big_stdin_checksum() {
-    let Some((fx, sshd)) = setup() else { return };
-    cases::exec_big_stdin(&sshd, &fx);
-}
-
-#[test]
-fn exec_round_trip_cat() {
-    let Some((fx, sshd)) = setup() else { return };
-    cases::exec_round_trip(&sshd, &fx);
-}
-
-#[test]
-fn exec_exit_codes() {
-    let Some((fx, sshd)) = setup() else { return };
-    cases::exec_exit_codes(&sshd, &fx);
-}
-
-#[test]
-fn exec_signal_exit_code() {
-    let Some((fx, sshd)) = setup() else { return };
-    cases::exec_signal(&sshd, &fx);
-}
-
-#[test]
-fn exec_stdin_null_flag() {
-    let Some((fx, sshd)) = setup() else { return };
-    cases::exec_stdin_null_flag(&sshd, &fx);
-}
-
-#[test]
-fn exec_user_env() {
-    let Some((fx, sshd)) = setup() else { return };
-    cases::exec_user_env(&sshd, &fx);
-}
-
-#[test]
-fn client_key_types() {
-    let Some((fx, sshd)) = setup() else { return };
-    cases::client_key_types(&sshd, &fx);
-}
-
-#[test]
-fn unknown_key_rejected() {
-    let Some((fx, sshd)) = setup() else { return };
-    cases::unknown_key_rejected(&sshd, &fx);
-}
-
 /// Nothing listens on the port: exit 255 with one line about connecting.
 #[test]
 fn connection_refused() {
@@ -133,52 +83,102 @@ fn connection_refused() {
     out.expect_skiff_failure(&["connect"], "connection refused");
 }
 
+/// A malformed line in the `-F` file: exit 255 and one `skiff: ` line
+/// naming FILE:LINE, before any connection is tried.
 #[test]
-fn known_hosts_accept_new_then_changed() {
-    let Some((fx, mut sshd)) = setup() else {
-        return;
-    };
-    cases::known_hosts_accept_new_then_changed(&mut sshd, &fx);
+fn bad_config_names_file_and_line() {
+    let home = ClientHome::new();
+    let cfg = home.path().join("bad.conf");
+    write_file(&cfg, "Host *\n    Port notanumber\n", 0o600);
+    let out = SkiffExec::new(&home, "skiff-nowhere.invalid")
+        .config(&cfg)
+        .cmd("true")
+        .timeout(Duration::from_secs(20))
+        .run();
+    out.expect_skiff_failure(
+        &[&format!("{}:2", cfg.display()), "port"],
+        "malformed -F file",
+    );
 }
 
-#[test]
-fn hashed_known_hosts() {
-    let Some((fx, sshd)) = setup() else { return };
-    cases::hashed_known_hosts(&sshd, &fx);
+/// Accepts TCP connections on 127.0.0.1 and never sends a byte; the
+/// connections are held until it is dropped.
+struct SilentServer {
+    port: u16,
+    accepted: Arc<AtomicUsize>,
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<thread::JoinHandle<()>>,
 }
 
-#[test]
-fn accept_new_hashed() {
-    let Some((fx, sshd)) = setup() else { return };
-    cases::accept_new_hashed(&sshd, &fx);
+impl SilentServer {
+    fn start() -> SilentServer {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
+        listener
+            .set_nonblocking(true)
+            .expect("nonblocking listener");
+        let port = listener.local_addr().expect("local addr").port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (stop, stopped) = mpsc::channel::<()>();
+        let count = accepted.clone();
+        let thread = thread::spawn(move || {
+            let mut held = Vec::new();
+            // Bounded even if the test forgets to drop it.
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while Instant::now() < deadline {
+                match stopped.recv_timeout(Duration::from_millis(20)) {
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => break,
+                }
+                while let Ok((conn, _)) = listener.accept() {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    held.push(conn);
+                }
+            }
+        });
+        SilentServer {
+            port,
+            accepted,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
 }
 
-#[test]
-fn strict_yes_unknown_host() {
-    let Some((fx, sshd)) = setup() else { return };
-    cases::strict_yes_unknown_host(&sshd, &fx);
+impl Drop for SilentServer {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
+/// A server that accepts TCP and then says nothing: skiff gives up in
+/// bounded time (the handshake has its own deadline), exit 255 with one
+/// line about the handshake.
 #[test]
-fn agent_auth() {
-    let Some((fx, sshd)) = setup() else { return };
-    cases::agent_auth(&sshd, &fx);
-}
-
-#[test]
-fn encrypted_key_askpass() {
-    let Some((fx, sshd)) = setup() else { return };
-    cases::encrypted_key_askpass(&sshd, &fx);
-}
-
-#[test]
-fn encrypted_key_batch_mode() {
-    let Some((fx, sshd)) = setup() else { return };
-    cases::encrypted_key_batch_mode(&sshd, &fx);
-}
-
-#[test]
-fn config_alias_include() {
-    let Some((fx, sshd)) = setup() else { return };
-    cases::config_alias_include(&sshd, &fx);
+fn silent_server_times_out() {
+    let server = SilentServer::start();
+    let home = ClientHome::new();
+    let start = Instant::now();
+    let out = SkiffExec::new(&home, &format!("{}@127.0.0.1", user()))
+        .port(server.port)
+        .opt("ConnectTimeout=2")
+        .cmd("true")
+        .timeout(Duration::from_secs(60))
+        .run();
+    let took = start.elapsed();
+    let c = format!("silent server, ConnectTimeout=2, gave up after {took:?}");
+    out.expect_skiff_failure(&[], &c);
+    let line = out.stderr_lines()[0].to_lowercase();
+    assert!(
+        line.contains("handshake") || line.contains("timed out") || line.contains("timeout"),
+        "{c}: the error should say what timed out\n{out}"
+    );
+    assert!(took < Duration::from_secs(15), "{c}\n{out}");
+    assert_eq!(
+        server.accepted.load(Ordering::SeqCst),
+        1,
+        "{c}: skiff must have reached the server"
+    );
 }

@@ -194,37 +194,50 @@ fn retry_admin(what: &str, args: &[&str], done: impl Fn() -> bool) {
     }
 }
 
-fn ensure_test_account() -> Account {
+/// A local account as `ensure_account` sets it up.
+#[derive(Clone, Copy, Debug)]
+pub struct AccountSpec<'a> {
+    pub name: &'a str,
+    /// Login shell (`/bin/sh`, `/usr/sbin/nologin`, ...).
+    pub shell: &'a str,
+    /// The /etc/shadow password field: `*` (no password, usable for keys)
+    /// or `!` (locked).
+    pub password: &'a str,
+}
+
+/// Creates (as root) the account `spec.name` with home `/home/NAME` unless
+/// it exists, then makes its shell and password field match `spec`.
+/// Idempotent, and safe when several test processes race for it.
+pub fn ensure_account(spec: AccountSpec<'_>) -> Account {
+    let AccountSpec {
+        name,
+        shell,
+        password,
+    } = spec;
+    assert!(is_root(), "creating account {name} needs root");
+    let home = format!("/home/{name}");
     // useradd fails with "already exists" when another test binary won the
     // race, or with "cannot lock /etc/passwd" while one is busy: both are
     // fine, we simply re-check.
     retry_admin(
-        "useradd skiff-test",
-        &[
-            "useradd",
-            "-m",
-            "-d",
-            "/home/skiff-test",
-            "-s",
-            "/bin/sh",
-            TEST_USER,
-        ],
-        || getent_passwd(TEST_USER).is_some(),
+        &format!("useradd {name}"),
+        &["useradd", "-m", "-d", &home, "-s", shell, name],
+        || getent_passwd(name).is_some(),
     );
     // `!` (locked) makes sshd refuse even public-key logins with UsePAM no.
     retry_admin(
-        "usermod -p '*' skiff-test",
-        &["usermod", "-p", "*", TEST_USER],
-        || shadow_password_field(TEST_USER).as_deref() == Some("*"),
+        &format!("usermod -p '{password}' {name}"),
+        &["usermod", "-p", password, name],
+        || shadow_password_field(name).as_deref() == Some(password),
     );
     retry_admin(
-        "usermod -s /bin/sh skiff-test",
-        &["usermod", "-s", "/bin/sh", TEST_USER],
-        || getent_passwd(TEST_USER).is_some_and(|a| a.shell == "/bin/sh"),
+        &format!("usermod -s {shell} {name}"),
+        &["usermod", "-s", shell, name],
+        || getent_passwd(name).is_some_and(|a| a.shell == shell),
     );
-    let acct = getent_passwd(TEST_USER).expect("skiff-test account exists");
+    let acct = getent_passwd(name).unwrap_or_else(|| panic!("{name} account exists"));
     if !acct.home.is_dir() {
-        fs::create_dir_all(&acct.home).expect("create skiff-test home");
+        fs::create_dir_all(&acct.home).unwrap_or_else(|e| panic!("create {name} home: {e}"));
         let owner = format!("{}:{}", acct.uid, acct.gid);
         let st = Command::new("chown")
             .arg(&owner)
@@ -236,13 +249,22 @@ fn ensure_test_account() -> Account {
     acct
 }
 
+/// True when no passwd entry (local or from NSS) exists for `name`.
+pub fn no_such_account(name: &str) -> bool {
+    getent_passwd(name).is_none()
+}
+
 /// The account to log into: `skiff-test` when running as root (created on
 /// first use), otherwise the current user.
 pub fn account() -> &'static Account {
     static ACCOUNT: OnceLock<Account> = OnceLock::new();
     ACCOUNT.get_or_init(|| {
         if is_root() {
-            ensure_test_account()
+            ensure_account(AccountSpec {
+                name: TEST_USER,
+                shell: "/bin/sh",
+                password: "*",
+            })
         } else {
             let out = Command::new("id")
                 .arg("-un")
@@ -791,7 +813,7 @@ fn describe(cmd: &Command) -> String {
 /// Builder for a real OpenSSH `ssh` invocation against 127.0.0.1.
 ///
 /// Always passes `-F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes
-/// -o LogLevel=ERROR`; host keys are not checked (a private, throw-away
+/// -o LogLevel=ERROR` (see [`Ssh::log_level`]); host keys are not checked (a private, throw-away
 /// known_hosts) unless [`Ssh::known_hosts`] is used, which switches to
 /// `StrictHostKeyChecking=yes`.
 pub struct Ssh {
@@ -804,6 +826,7 @@ pub struct Ssh {
     input: Input,
     timeout: Duration,
     env: Vec<(OsString, OsString)>,
+    log_level: String,
 }
 
 /// An `ssh` invocation as `user` on 127.0.0.1:`port` authenticating with `key`.
@@ -818,6 +841,7 @@ pub fn ssh(port: u16, user: &str, key: &Key) -> Ssh {
         input: Input::Null,
         timeout: DEFAULT_TIMEOUT,
         env: Vec::new(),
+        log_level: "ERROR".to_string(),
     }
 }
 
@@ -866,6 +890,13 @@ impl Ssh {
         self
     }
 
+    /// `-o LogLevel=LEVEL` instead of `ERROR` (e.g. `INFO` shows why a
+    /// negotiation failed). `-v` flags raise it further.
+    pub fn log_level(mut self, level: &str) -> Self {
+        self.log_level = level.to_string();
+        self
+    }
+
     pub fn run(self) -> CmdOutput {
         let scratch = tempdir();
         let mut run = Run::new("ssh")
@@ -876,7 +907,8 @@ impl Ssh {
             .args(["-F", "/dev/null"])
             .args(["-o", "BatchMode=yes"])
             .args(["-o", "IdentitiesOnly=yes"])
-            .args(["-o", "LogLevel=ERROR"])
+            .arg("-o")
+            .arg(format!("LogLevel={}", self.log_level))
             .args(["-o", "ConnectTimeout=10"]);
         match &self.known_hosts {
             Some(kh) => {
@@ -1173,6 +1205,12 @@ pub trait Daemon {
     fn restart_with_host_key(&mut self, key: &Key);
 }
 
+/// `what`, followed by the server's log so far (clipped), for assertion
+/// messages.
+pub fn server_context(server: &dyn Daemon, what: &str) -> String {
+    format!("{what}\n--- server log ---\n{}", clip(&server.log(), 8000))
+}
+
 /// Asks the kernel for a currently free port on 127.0.0.1.
 pub fn free_port() -> u16 {
     let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
@@ -1231,58 +1269,175 @@ fn read_lossy(path: &Path) -> String {
 
 static LAUNCH_SEQ: AtomicU64 = AtomicU64::new(0);
 
-/// A private OpenSSH `sshd` on 127.0.0.1, killed on drop.
-pub struct Sshd {
+/// What every daemon the harness runs has: a name for messages, a port, a
+/// private directory, a log file that collects the output of every start,
+/// and the running process.
+struct DaemonCore {
+    name: &'static str,
     port: u16,
     dir: TempDir,
+    log_path: PathBuf,
+    proc: Option<DaemonProc>,
+}
+
+impl DaemonCore {
+    fn new(name: &'static str) -> Self {
+        let dir = tempdir();
+        let log_path = dir.path().join(format!("{name}.log"));
+        DaemonCore {
+            name,
+            port: 0,
+            dir,
+            log_path,
+            proc: None,
+        }
+    }
+
+    fn log(&self) -> String {
+        read_lossy(&self.log_path)
+    }
+
+    /// Spawns `cmd` (stdin from /dev/null, stdout and stderr appended to
+    /// the log) and waits until it accepts connections on the port and,
+    /// when a `marker` is given, has logged it during this start.
+    fn spawn(&mut self, mut cmd: Command, marker: Option<&str>) -> Result<(), String> {
+        let offset = fs::metadata(&self.log_path).map(|m| m.len()).unwrap_or(0) as usize;
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .unwrap_or_else(|e| panic!("open {} log: {e}", self.name));
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("spawn {}: {e}", self.name))?;
+        let mut proc = DaemonProc { child };
+        let ready = || {
+            marker.is_none_or(|m| {
+                read_lossy(&self.log_path)
+                    .get(offset..)
+                    .unwrap_or("")
+                    .contains(m)
+            })
+        };
+        let (name, port) = (self.name, self.port);
+        match wait_until_listening(&mut proc, port, ready) {
+            Startup::Ready => {
+                self.proc = Some(proc);
+                Ok(())
+            }
+            Startup::Exited(st) => Err(format!(
+                "{name} exited early ({st}) on port {port}; log:\n{}",
+                self.log()
+            )),
+            Startup::TimedOut => Err(format!(
+                "{name} not accepting on port {port} after {START_TIMEOUT:?}; log:\n{}",
+                self.log()
+            )),
+        }
+    }
+}
+
+/// How the harness starts and restarts one kind of daemon.
+trait Launch {
+    fn core(&self) -> &DaemonCore;
+    fn core_mut(&mut self) -> &mut DaemonCore;
+    /// Starts the daemon on `core().port` with the current settings.
+    fn launch(&mut self) -> Result<(), String>;
+    /// Makes `key` the only host key for the next launch.
+    fn set_only_host_key(&mut self, key: &Key);
+
+    /// Starts the daemon on a free port, trying three ports (another
+    /// process may take a port between the probe and the bind).
+    fn start_on_free_port(&mut self) {
+        let mut last = String::new();
+        for _ in 0..3 {
+            self.core_mut().port = free_port();
+            match self.launch() {
+                Ok(()) => return,
+                Err(e) => last = e,
+            }
+        }
+        panic!("{} did not start (3 attempts): {last}", self.core().name);
+    }
+
+    /// Stops the daemon and starts it again on the same port.
+    fn relaunch(&mut self) {
+        self.core_mut().proc = None; // kill + wait
+        if let Err(e) = self.launch() {
+            panic!("{} restart failed: {e}", self.core().name);
+        }
+    }
+}
+
+impl<D: Launch> Daemon for D {
+    fn port(&self) -> u16 {
+        self.core().port
+    }
+
+    fn log(&self) -> String {
+        self.core().log()
+    }
+
+    fn restart_with_host_key(&mut self, key: &Key) {
+        self.set_only_host_key(key);
+        self.relaunch();
+    }
+}
+
+/// A private OpenSSH `sshd` on 127.0.0.1, killed on drop.
+pub struct Sshd {
+    core: DaemonCore,
     host_key: PathBuf,
     authorized_keys: PathBuf,
     extra: Vec<String>,
-    log_path: PathBuf,
-    proc: Option<DaemonProc>,
 }
 
 impl Sshd {
     /// Starts sshd with one host key, an AuthorizedKeysFile and extra
     /// sshd_config lines (e.g. `"AcceptEnv LC_*"`).
     pub fn start(host_key: &Key, authorized_keys: &Path, extra: &[&str]) -> Sshd {
-        let dir = tempdir();
-        let log_path = dir.path().join("sshd.log");
         let mut sshd = Sshd {
-            port: 0,
-            log_path,
-            dir,
+            core: DaemonCore::new("sshd"),
             host_key: host_key.private.clone(),
             authorized_keys: authorized_keys.to_path_buf(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
-            proc: None,
         };
         if is_root() {
             fs::create_dir_all("/run/sshd").expect("mkdir -p /run/sshd");
             fs::set_permissions("/run/sshd", fs::Permissions::from_mode(0o755))
                 .expect("chmod /run/sshd");
         }
-        let mut last = String::new();
-        for _ in 0..3 {
-            sshd.port = free_port();
-            match sshd.launch() {
-                Ok(()) => return sshd,
-                Err(e) => last = e,
-            }
-        }
-        panic!("sshd did not start (3 attempts): {last}");
+        sshd.start_on_free_port();
+        sshd
     }
 
     pub fn config_path(&self) -> PathBuf {
-        self.dir.path().join("sshd_config")
+        self.core.dir.path().join("sshd_config")
+    }
+}
+
+impl Launch for Sshd {
+    fn core(&self) -> &DaemonCore {
+        &self.core
+    }
+
+    fn core_mut(&mut self) -> &mut DaemonCore {
+        &mut self.core
+    }
+
+    fn set_only_host_key(&mut self, key: &Key) {
+        self.host_key = key.private.clone();
     }
 
     fn launch(&mut self) -> Result<(), String> {
+        let port = self.core.port;
         let mut cfg = format!(
-            "Port {}\nListenAddress 127.0.0.1\nHostKey {}\nUsePAM no\nStrictModes no\n\
+            "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nUsePAM no\nStrictModes no\n\
              AuthorizedKeysFile {}\nPidFile none\nLogLevel VERBOSE\n\
              PasswordAuthentication no\nKbdInteractiveAuthentication no\n",
-            self.port,
             self.host_key.display(),
             self.authorized_keys.display()
         );
@@ -1292,72 +1447,18 @@ impl Sshd {
         }
         let cfg_path = self.config_path();
         write_file(&cfg_path, cfg, 0o644);
-
-        let offset = fs::metadata(&self.log_path).map(|m| m.len()).unwrap_or(0) as usize;
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log_path)
-            .expect("open sshd log");
-        let child = Command::new(SSHD)
-            .arg("-D")
-            .arg("-e")
-            .arg("-f")
-            .arg(&cfg_path)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("dup log"))
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("spawn {SSHD}: {e}"))?;
-        let mut proc = DaemonProc { child };
-        let marker = format!("Server listening on 127.0.0.1 port {}.", self.port);
-        let log_path = self.log_path.clone();
-        let ready = || {
-            read_lossy(&log_path)
-                .get(offset..)
-                .unwrap_or("")
-                .contains(&marker)
-        };
-        match wait_until_listening(&mut proc, self.port, ready) {
-            Startup::Ready => {
-                self.proc = Some(proc);
-                Ok(())
-            }
-            Startup::Exited(st) => Err(format!(
-                "sshd exited early ({st}) on port {}; log:\n{}",
-                self.port,
-                self.log()
-            )),
-            Startup::TimedOut => Err(format!(
-                "sshd not accepting on port {} after {START_TIMEOUT:?}; log:\n{}",
-                self.port,
-                self.log()
-            )),
-        }
-    }
-}
-
-impl Daemon for Sshd {
-    fn port(&self) -> u16 {
-        self.port
-    }
-
-    fn log(&self) -> String {
-        read_lossy(&self.log_path)
-    }
-
-    fn restart_with_host_key(&mut self, key: &Key) {
-        self.proc = None; // kill + wait
-        self.host_key = key.private.clone();
-        if let Err(e) = self.launch() {
-            panic!("sshd restart failed: {e}");
-        }
+        let mut cmd = Command::new(SSHD);
+        cmd.arg("-D").arg("-e").arg("-f").arg(&cfg_path);
+        let marker = format!("Server listening on 127.0.0.1 port {port}.");
+        self.core.spawn(cmd, Some(&marker))
     }
 }
 
 /// Options for [`Skiffd::start_with`].
 #[derive(Clone, Debug)]
 pub struct SkiffdOptions {
+    /// `--host-key` arguments; none lets skiffd create its own key in its
+    /// state directory ([`Skiffd::state_home`]).
     pub host_keys: Vec<PathBuf>,
     pub authorized_keys: PathBuf,
     /// Content of the `--config` file, if any.
@@ -1384,15 +1485,19 @@ impl SkiffdOptions {
         self.host_keys.push(key.private.clone());
         self
     }
+
+    /// No `--host-key`: skiffd uses (and on first start creates) the key
+    /// in `$XDG_STATE_HOME/skiffd`.
+    pub fn own_host_key(mut self) -> Self {
+        self.host_keys.clear();
+        self
+    }
 }
 
 /// A `skiffd` on 127.0.0.1, killed on drop.
 pub struct Skiffd {
-    port: u16,
-    dir: TempDir,
+    core: DaemonCore,
     opts: SkiffdOptions,
-    log_path: PathBuf,
-    proc: Option<DaemonProc>,
 }
 
 impl Skiffd {
@@ -1402,93 +1507,162 @@ impl Skiffd {
     }
 
     pub fn start_with(opts: SkiffdOptions) -> Skiffd {
-        let dir = tempdir();
-        let log_path = dir.path().join("skiffd.log");
-        fs::create_dir(dir.path().join("state")).expect("mkdir state");
         let mut d = Skiffd {
-            port: 0,
-            dir,
+            core: DaemonCore::new("skiffd"),
             opts,
-            log_path,
-            proc: None,
         };
-        let mut last = String::new();
-        for _ in 0..3 {
-            d.port = free_port();
-            match d.launch() {
-                Ok(()) => return d,
-                Err(e) => last = e,
-            }
-        }
-        panic!("skiffd did not start (3 attempts): {last}");
+        fs::create_dir(d.state_home()).expect("mkdir state");
+        d.start_on_free_port();
+        d
+    }
+
+    /// The `XDG_STATE_HOME` skiffd runs with (a private directory).
+    pub fn state_home(&self) -> PathBuf {
+        self.core.dir.path().join("state")
+    }
+
+    /// Stops skiffd and starts it again on the same port with the same
+    /// options.
+    pub fn restart(&mut self) {
+        self.relaunch();
+    }
+}
+
+impl Launch for Skiffd {
+    fn core(&self) -> &DaemonCore {
+        &self.core
+    }
+
+    fn core_mut(&mut self) -> &mut DaemonCore {
+        &mut self.core
+    }
+
+    fn set_only_host_key(&mut self, key: &Key) {
+        self.opts.host_keys = vec![key.private.clone()];
     }
 
     fn launch(&mut self) -> Result<(), String> {
         let seq = LAUNCH_SEQ.fetch_add(1, Ordering::Relaxed);
         let mut cmd = Command::new(skiffd_bin());
         cmd.arg("--listen")
-            .arg(format!("127.0.0.1:{}", self.port))
+            .arg(format!("127.0.0.1:{}", self.core.port))
             .arg("--authorized-keys")
             .arg(&self.opts.authorized_keys);
         for k in &self.opts.host_keys {
             cmd.arg("--host-key").arg(k);
         }
         if let Some(text) = &self.opts.config {
-            let path = self.dir.path().join(format!("skiffd-{seq}.conf"));
+            let path = self.core.dir.path().join(format!("skiffd-{seq}.conf"));
             write_file(&path, text, 0o644);
             cmd.arg("--config").arg(path);
         }
         if self.opts.verbose {
             cmd.arg("-v");
         }
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log_path)
-            .expect("open skiffd log");
-        let child = cmd
-            .env("XDG_STATE_HOME", self.dir.path().join("state"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("dup log"))
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("spawn skiffd: {e}"))?;
-        let mut proc = DaemonProc { child };
-        match wait_until_listening(&mut proc, self.port, || true) {
-            Startup::Ready => {
-                self.proc = Some(proc);
-                Ok(())
-            }
-            Startup::Exited(st) => Err(format!(
-                "skiffd exited early ({st}) on port {}; log:\n{}",
-                self.port,
-                self.log()
-            )),
-            Startup::TimedOut => Err(format!(
-                "skiffd not accepting on port {} after {START_TIMEOUT:?}; log:\n{}",
-                self.port,
-                self.log()
-            )),
-        }
+        cmd.env("XDG_STATE_HOME", self.state_home());
+        self.core.spawn(cmd, None)
     }
 }
 
-impl Daemon for Skiffd {
-    fn port(&self) -> u16 {
-        self.port
-    }
+// ---------------------------------------------------------------------------
+// Test setups shared by the test files
+// ---------------------------------------------------------------------------
 
-    fn log(&self) -> String {
-        read_lossy(&self.log_path)
-    }
+/// Name of the account the tests log into.
+pub fn user() -> &'static str {
+    &account().name
+}
 
-    fn restart_with_host_key(&mut self, key: &Key) {
-        self.proc = None; // kill + wait
-        self.opts.host_keys = vec![key.private.clone()];
-        if let Err(e) = self.launch() {
-            panic!("skiffd restart failed: {e}");
-        }
+/// A [`Fixture`] and a skiffd serving its keys, or `None` when OpenSSH is
+/// missing outside CI (see [`require_openssh`]).
+pub fn skiffd_setup() -> Option<(Fixture, Skiffd)> {
+    if !require_openssh() {
+        return None;
     }
+    let fx = Fixture::new();
+    let d = Skiffd::start(&fx.host_key, &fx.authorized_keys);
+    Some((fx, d))
+}
+
+/// Like [`skiffd_setup`], with extra keys authorized with options (see
+/// [`Fixture::keys_with_options`]) before skiffd starts.
+pub fn skiffd_with_keys<const N: usize>(
+    specs: [(&str, &str); N],
+) -> Option<(Fixture, [Key; N], Skiffd)> {
+    if !require_openssh() {
+        return None;
+    }
+    let fx = Fixture::new();
+    let keys = fx.keys_with_options(specs);
+    let d = Skiffd::start(&fx.host_key, &fx.authorized_keys);
+    Some((fx, keys, d))
+}
+
+/// A [`Fixture`] and a private sshd serving its keys (plus `extra`
+/// sshd_config lines), or `None` as for [`skiffd_setup`].
+pub fn sshd_setup(extra: &[&str]) -> Option<(Fixture, Sshd)> {
+    if !require_openssh() {
+        return None;
+    }
+    let fx = Fixture::new();
+    let sshd = Sshd::start(&fx.host_key, &fx.authorized_keys, extra);
+    Some((fx, sshd))
+}
+
+// ---------------------------------------------------------------------------
+// Checks shared by the test files
+// ---------------------------------------------------------------------------
+
+/// A remote command that prints the login environment, one item a line:
+/// USER, LOGNAME, HOME, SHELL, SSH_CONNECTION, SSH_CLIENT, `id -un`,
+/// `id -u`, and `path-set` when PATH is set. See [`check_user_env`].
+pub const USER_ENV_SCRIPT: &str = r#"printf '%s\n' "$USER" "$LOGNAME" "$HOME" "$SHELL" "$SSH_CONNECTION" "$SSH_CLIENT"; id -un; id -u; test -n "$PATH" && echo path-set"#;
+
+/// Checks the output of [`USER_ENV_SCRIPT`] run as [`account`] over a
+/// connection to 127.0.0.1:`port`: exit 0 and every item as expected.
+pub fn check_user_env(out: &CmdOutput, port: u16, c: &str) {
+    let acct = account();
+    out.expect_code(0, c);
+    let text = out.stdout_str();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 9, "{c}: unexpected output\n{out}");
+    assert_eq!(lines[0], acct.name, "{c}: USER\n{out}");
+    assert_eq!(lines[1], acct.name, "{c}: LOGNAME\n{out}");
+    assert_eq!(lines[2], acct.home.to_string_lossy(), "{c}: HOME\n{out}");
+    assert_eq!(lines[3], acct.shell, "{c}: SHELL\n{out}");
+    check_ssh_connection(lines[4], lines[5], port, c);
+    assert_eq!(lines[6], acct.name, "{c}: id -un\n{out}");
+    assert_eq!(lines[7], acct.uid.to_string(), "{c}: id -u\n{out}");
+    assert_eq!(lines[8], "path-set", "{c}: PATH\n{out}");
+}
+
+/// Checks `SSH_CONNECTION` ("cip cport sip sport") and `SSH_CLIENT`
+/// ("cip cport sport") for a loopback connection to `port`.
+pub fn check_ssh_connection(conn: &str, client: &str, port: u16, c: &str) {
+    let f: Vec<&str> = conn.split(' ').collect();
+    assert_eq!(f.len(), 4, "{c}: SSH_CONNECTION={conn:?}");
+    assert_eq!(f[0], "127.0.0.1", "{c}: SSH_CONNECTION={conn:?}");
+    let cport: u16 = f[1]
+        .parse()
+        .unwrap_or_else(|_| panic!("{c}: SSH_CONNECTION client port {conn:?}"));
+    assert_ne!(cport, 0, "{c}: SSH_CONNECTION={conn:?}");
+    assert_eq!(f[2], "127.0.0.1", "{c}: SSH_CONNECTION={conn:?}");
+    assert_eq!(f[3], port.to_string(), "{c}: SSH_CONNECTION={conn:?}");
+    assert_eq!(
+        client,
+        format!("127.0.0.1 {cport} {port}"),
+        "{c}: SSH_CLIENT must match SSH_CONNECTION ({conn:?})"
+    );
+}
+
+/// True when `line` (a `tty` output line, `\r` allowed at the end) is a
+/// pseudo-terminal path `/dev/pts/N`.
+pub fn is_pts_path(line: &str) -> bool {
+    let n = line
+        .trim_end_matches('\r')
+        .strip_prefix("/dev/pts/")
+        .unwrap_or("");
+    !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
 }
 
 // ---------------------------------------------------------------------------
@@ -1577,6 +1751,17 @@ impl Agent {
 // Common fixture: keys + authorized_keys in one directory
 // ---------------------------------------------------------------------------
 
+/// authorized_keys options of a key whose forced command echoes
+/// `forced` and the requested command (see [`Fixture::keys_with_options`]).
+pub const FORCED_ECHO: &str = "command=\"echo forced $SSH_ORIGINAL_COMMAND\"";
+
+/// Two keys for [`Fixture::keys_with_options`]: one only usable from
+/// 10.9.9.9 (so never from the tests), one only from 127.0.0.1.
+pub const FROM_LIMITED_AND_LOOPBACK: [(&str, &str); 2] = [
+    ("from_limited", "from=\"10.9.9.9\""),
+    ("from_loopback", "from=\"127.0.0.1\""),
+];
+
 /// Passphrase of [`Fixture::encrypted_key`].
 pub const PASSPHRASE: &str = "skiffpass123";
 
@@ -1648,6 +1833,20 @@ impl Fixture {
         let mut lines = self.standard_authorized_lines();
         lines.extend(extra.iter().cloned());
         self.set_authorized(&lines);
+    }
+
+    /// Generates one ed25519 key per `(name, options)` and replaces
+    /// authorized_keys with the standard lines plus `options KEY` for each
+    /// (e.g. `("forced", "command=\"echo hi\"")`).
+    pub fn keys_with_options<const N: usize>(&self, specs: [(&str, &str); N]) -> [Key; N] {
+        let keys = specs.map(|(name, _)| self.keygen(name, KeyType::Ed25519, None));
+        let lines: Vec<String> = specs
+            .iter()
+            .zip(&keys)
+            .map(|((_, options), key)| format!("{options} {}", key.pub_line()))
+            .collect();
+        self.authorize_extra(&lines);
+        keys
     }
 }
 

@@ -4,25 +4,66 @@
 //! Each case takes the running server and the [`Fixture`] whose
 //! authorized_keys the server uses, and asserts real content: exact
 //! output, exit codes, checksums, known_hosts entries.
+//! [`skiff_client_tests!`](crate::skiff_client_tests) turns every case
+//! into a `#[test]` for one kind of server.
 
 use std::fs;
 use std::time::Duration;
 
+use super::server_context as ctx;
 use super::*;
 
-fn user() -> &'static str {
-    &account().name
+/// Defines one `#[test]` per shared case, each getting its fixture and
+/// server from `$setup()` (which returns `None` to skip, see
+/// [`require_openssh`]).
+#[macro_export]
+macro_rules! skiff_client_tests {
+    ($setup:path) => {
+        $crate::skiff_client_tests!(@each $setup;
+            exec_stdout_stderr => exec_stdout_stderr,
+            exec_big_stdin_checksum => exec_big_stdin,
+            exec_round_trip_cat => exec_round_trip,
+            exec_exit_codes => exec_exit_codes,
+            exec_signal_exit_code => exec_signal,
+            exec_stdin_null_flag => exec_stdin_null_flag,
+            exec_user_env => exec_user_env,
+            exec_pty => exec_pty,
+            exec_pty_refused => exec_pty_refused,
+            client_key_types => client_key_types,
+            unknown_key_rejected => unknown_key_rejected,
+            hashed_known_hosts => hashed_known_hosts,
+            accept_new_hashed => accept_new_hashed,
+            strict_yes_unknown_host => strict_yes_unknown_host,
+            agent_auth => agent_auth,
+            encrypted_key_askpass => encrypted_key_askpass,
+            encrypted_key_batch_mode => encrypted_key_batch_mode,
+            config_alias_include => config_alias_include,
+        );
+
+        #[test]
+        fn known_hosts_accept_new_then_changed() {
+            let Some((fx, mut server)) = $setup() else {
+                return;
+            };
+            $crate::common::skiff_cases::known_hosts_accept_new_then_changed(&mut server, &fx);
+        }
+    };
+    (@each $setup:path; $($test:ident => $case:ident,)*) => {
+        $(
+            #[test]
+            fn $test() {
+                let Some((fx, server)) = $setup() else { return };
+                $crate::common::skiff_cases::$case(&server, &fx);
+            }
+        )*
+    };
 }
 
 /// A client home that already trusts the server's host key.
-fn trusted_home(server: &dyn Daemon, fx: &Fixture) -> ClientHome {
+pub fn trusted_home(server: &dyn Daemon, fx: &Fixture) -> ClientHome {
     let home = ClientHome::new();
     home.trust(server.port(), &fx.host_key);
     home
-}
-
-fn ctx(server: &dyn Daemon, what: &str) -> String {
-    format!("{what}\n--- server log ---\n{}", clip(&server.log(), 8000))
 }
 
 /// stdout and stderr arrive separately and byte-exact.
@@ -157,41 +198,77 @@ pub fn exec_stdin_null_flag(server: &dyn Daemon, fx: &Fixture) {
 /// The command runs as the account, with its login environment.
 pub fn exec_user_env(server: &dyn Daemon, fx: &Fixture) {
     let home = trusted_home(server, fx);
-    let acct = account();
     let out = skiff_exec(&home, server.port(), user(), Some(&fx.client_key))
-        .cmd(r#"printf '%s\n' "$USER" "$LOGNAME" "$HOME" "$SHELL" "$SSH_CONNECTION" "$SSH_CLIENT"; id -un; id -u; test -n "$PATH" && echo path-set"#)
+        .cmd(USER_ENV_SCRIPT)
         .run();
-    let c = ctx(server, "user environment");
-    out.expect_code(0, &c);
-    let text = out.stdout_str();
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 9, "{c}: unexpected output\n{out}");
-    assert_eq!(lines[0], acct.name, "{c}: USER\n{out}");
-    assert_eq!(lines[1], acct.name, "{c}: LOGNAME\n{out}");
-    assert_eq!(lines[2], acct.home.to_string_lossy(), "{c}: HOME\n{out}");
-    assert_eq!(lines[3], acct.shell, "{c}: SHELL\n{out}");
-    check_ssh_connection(lines[4], lines[5], server.port(), &c);
-    assert_eq!(lines[6], acct.name, "{c}: id -un\n{out}");
-    assert_eq!(lines[7], acct.uid.to_string(), "{c}: id -u\n{out}");
-    assert_eq!(lines[8], "path-set", "{c}: PATH\n{out}");
+    check_user_env(&out, server.port(), &ctx(server, "user environment"));
 }
 
-/// Checks `SSH_CONNECTION` ("cip cport sip sport") and `SSH_CLIENT`
-/// ("cip cport sport") for a loopback connection to `port`.
-pub fn check_ssh_connection(conn: &str, client: &str, port: u16, c: &str) {
-    let f: Vec<&str> = conn.split(' ').collect();
-    assert_eq!(f.len(), 4, "{c}: SSH_CONNECTION={conn:?}");
-    assert_eq!(f[0], "127.0.0.1", "{c}: SSH_CONNECTION={conn:?}");
-    let cport: u16 = f[1]
-        .parse()
-        .unwrap_or_else(|_| panic!("{c}: SSH_CONNECTION client port {conn:?}"));
-    assert_ne!(cport, 0, "{c}: SSH_CONNECTION={conn:?}");
-    assert_eq!(f[2], "127.0.0.1", "{c}: SSH_CONNECTION={conn:?}");
-    assert_eq!(f[3], port.to_string(), "{c}: SSH_CONNECTION={conn:?}");
-    assert_eq!(
-        client,
-        format!("127.0.0.1 {cport} {port}"),
-        "{c}: SSH_CLIENT must match SSH_CONNECTION ({conn:?})"
+/// `-tt` forces a pseudo-terminal without a local one and passes TERM;
+/// `-t` alone does not (stdin is not a terminal), nor does no flag.
+pub fn exec_pty(server: &dyn Daemon, fx: &Fixture) {
+    let home = trusted_home(server, fx);
+    let run = |flag: Option<&str>| {
+        let mut exec = skiff_exec(&home, server.port(), user(), Some(&fx.client_key))
+            .env("TERM", "xterm")
+            .cmd("tty; echo $TERM");
+        if let Some(f) = flag {
+            exec = exec.flag(f);
+        }
+        exec.run()
+    };
+
+    let out = run(Some("-tt"));
+    let c = ctx(server, "skiff exec -tt");
+    out.expect_code(0, &c);
+    let text = out.stdout_str();
+    let lines: Vec<&str> = text.lines().map(|l| l.trim_end_matches('\r')).collect();
+    assert_eq!(lines.len(), 2, "{c}: expected two lines\n{out}");
+    assert!(is_pts_path(lines[0]), "{c}: expected /dev/pts/N\n{out}");
+    assert_eq!(lines[1], "xterm", "{c}: TERM\n{out}");
+    assert!(
+        text.contains("\r\n"),
+        "{c}: a pty turns \\n into \\r\\n\n{out}"
+    );
+
+    assert_eq!(out.stderr, "", "{c}: nothing on skiff's stderr\n{out}");
+
+    // Without a pty the server sets no TERM.
+    let out = run(Some("-t"));
+    let c = ctx(server, "skiff exec -t without a local terminal");
+    out.expect_code(0, &c).expect_stdout("not a tty\n\n", &c);
+    assert!(
+        out.stderr
+            .contains("Pseudo-terminal will not be allocated because stdin is not a terminal"),
+        "{c}: skiff should say why there is no pty\n{out}"
+    );
+
+    let out = run(None);
+    let c = ctx(server, "skiff exec without -t");
+    out.expect_code(0, &c).expect_stdout("not a tty\n\n", &c);
+    assert_eq!(out.stderr, "", "{c}\n{out}");
+}
+
+/// A key with `no-pty`: the server refuses the pty that `-tt` asks for.
+/// As with OpenSSH's `ssh -tt`, a forced terminal that is refused is fatal:
+/// exit 255, one `skiff: ` line, and the command does not run.
+pub fn exec_pty_refused(server: &dyn Daemon, fx: &Fixture) {
+    // Both servers read authorized_keys at each login.
+    let [no_pty] = fx.keys_with_options([("no_pty", "no-pty")]);
+    let home = trusted_home(server, fx);
+    let out = skiff_exec(&home, server.port(), user(), Some(&no_pty))
+        .opt("IdentitiesOnly=yes")
+        .flag("-tt")
+        .env("TERM", "xterm")
+        .cmd("echo ran")
+        .run();
+    let c = ctx(server, "skiff exec -tt with a no-pty key");
+    out.expect_code(255, &c).expect_stdout("", &c);
+    let lines = out.stderr_lines();
+    assert_eq!(lines.len(), 1, "{c}: one error line expected\n{out}");
+    assert!(
+        lines[0].starts_with("skiff: ") && lines[0].contains("PTY allocation request failed"),
+        "{c}: skiff must report the refused pty\n{out}"
     );
 }
 
@@ -432,34 +509,31 @@ pub fn agent_auth(server: &dyn Daemon, fx: &Fixture) {
 /// SSH_ASKPASS_REQUIRE=force; a wrong passphrase fails with 255.
 pub fn encrypted_key_askpass(server: &dyn Daemon, fx: &Fixture) {
     let home = trusted_home(server, fx);
-    let dir = tempdir();
-    let marker = dir.path().join("askpass.log");
-    let script = askpass_script(dir.path(), PASSPHRASE, &marker);
-    let out = skiff_exec(&home, server.port(), user(), Some(&fx.encrypted_key))
-        .interactive()
-        .opt("IdentitiesOnly=yes")
-        .env("SSH_ASKPASS", &script)
-        .env("SSH_ASKPASS_REQUIRE", "force")
-        .cmd("echo unlocked")
-        .run();
+    // Runs `command` with an askpass program answering `passphrase`;
+    // returns the result and whether the program was called.
+    let run_with = |passphrase: &str, command: &str| {
+        let dir = tempdir();
+        let marker = dir.path().join("askpass.log");
+        let script = askpass_script(dir.path(), passphrase, &marker);
+        let out = skiff_exec(&home, server.port(), user(), Some(&fx.encrypted_key))
+            .interactive()
+            .opt("IdentitiesOnly=yes")
+            .env("SSH_ASKPASS", &script)
+            .env("SSH_ASKPASS_REQUIRE", "force")
+            .cmd(command)
+            .run();
+        let called = fs::read_to_string(&marker)
+            .unwrap_or_default()
+            .contains("askpass called");
+        (out, called)
+    };
+
+    let (out, called) = run_with(PASSPHRASE, "echo unlocked");
     out.expect_code(0, &ctx(server, "askpass"))
         .expect_stdout("unlocked\n", "askpass");
-    let log = fs::read_to_string(&marker).unwrap_or_default();
-    assert!(
-        log.contains("askpass called"),
-        "askpass program was not run"
-    );
+    assert!(called, "askpass program was not run");
 
-    let wrong_dir = tempdir();
-    let wrong_marker = wrong_dir.path().join("askpass.log");
-    let wrong = askpass_script(wrong_dir.path(), "wrongpassphrase", &wrong_marker);
-    let out = skiff_exec(&home, server.port(), user(), Some(&fx.encrypted_key))
-        .interactive()
-        .opt("IdentitiesOnly=yes")
-        .env("SSH_ASKPASS", &wrong)
-        .env("SSH_ASKPASS_REQUIRE", "force")
-        .cmd("echo should-not-run")
-        .run();
+    let (out, _) = run_with("wrongpassphrase", "echo should-not-run");
     let c = ctx(server, "askpass wrong passphrase");
     out.expect_code(255, &c);
     assert!(out.stdout.is_empty(), "{c}\n{out}");
