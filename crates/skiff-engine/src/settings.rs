@@ -61,34 +61,42 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// vanished is noticed after about a minute instead of never.
 pub const DEFAULT_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
 
+/// One field of the passwd entry for our uid.
+fn passwd_field(field: fn(&libc::passwd) -> *const libc::c_char) -> Option<String> {
+    // SAFETY: getpwuid returns a pointer into static storage or null; the
+    // field pointer is read before any other passwd call can overwrite it.
+    unsafe {
+        let pw = libc::getpwuid(libc::getuid());
+        if pw.is_null() {
+            return None;
+        }
+        let ptr = field(&*pw);
+        if ptr.is_null() {
+            return None;
+        }
+        let value = std::ffi::CStr::from_ptr(ptr).to_string_lossy().into_owned();
+        (!value.is_empty()).then_some(value)
+    }
+}
+
 /// The user's home directory: `$HOME`, else the passwd entry.
 pub fn home_dir() -> PathBuf {
     if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
         return PathBuf::from(h);
     }
-    // SAFETY: getpwuid returns a pointer into static storage or null.
-    unsafe {
-        let pw = libc::getpwuid(libc::getuid());
-        if !pw.is_null() && !(*pw).pw_dir.is_null() {
-            let dir = std::ffi::CStr::from_ptr((*pw).pw_dir);
-            return PathBuf::from(dir.to_string_lossy().into_owned());
-        }
-    }
-    PathBuf::from("/")
+    passwd_field(|pw| pw.pw_dir).map_or_else(|| PathBuf::from("/"), PathBuf::from)
 }
 
 /// The local user name: passwd entry for our uid, else `$USER`.
 pub fn local_user() -> String {
-    // SAFETY: as above.
-    unsafe {
-        let pw = libc::getpwuid(libc::getuid());
-        if !pw.is_null() && !(*pw).pw_name.is_null() {
-            return std::ffi::CStr::from_ptr((*pw).pw_name)
-                .to_string_lossy()
-                .into_owned();
-        }
-    }
-    std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    passwd_field(|pw| pw.pw_name)
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The user's login shell from the passwd database (what an SSH server runs).
+pub fn login_shell() -> String {
+    passwd_field(|pw| pw.pw_shell).unwrap_or_else(|| "/bin/sh".into())
 }
 
 fn local_hostname() -> String {

@@ -39,23 +39,6 @@ pub fn run(args: DemoArgs) -> i32 {
     }
 }
 
-/// The current user's login shell from the passwd database (what skiffd runs).
-fn login_shell() -> String {
-    // SAFETY: getpwuid returns a pointer into static storage or null.
-    unsafe {
-        let pw = libc::getpwuid(libc::getuid());
-        if !pw.is_null() && !(*pw).pw_shell.is_null() {
-            let sh = std::ffi::CStr::from_ptr((*pw).pw_shell)
-                .to_string_lossy()
-                .into_owned();
-            if !sh.is_empty() {
-                return sh;
-            }
-        }
-    }
-    "/bin/sh".into()
-}
-
 fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
@@ -181,7 +164,7 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     }
     // The remote command runs through the account's login shell, as sshd does;
     // time that shell alone so the reader can see what is skiff and what is not.
-    let shell = login_shell();
+    let shell = skiff_engine::settings::login_shell();
     let mut shell_times: Vec<Duration> = (0..5)
         .filter_map(|_| {
             let t = Instant::now();
