@@ -16,6 +16,9 @@ pub enum ErrorKind {
     Auth,
     /// The server misbehaved or refused a request.
     Protocol,
+    /// The server refused to open another session channel on this connection
+    /// (e.g. OpenSSH's MaxSessions); another connection may succeed.
+    ChannelRefused,
 }
 
 /// A user-facing error.

@@ -60,10 +60,56 @@ pub struct WindowSize {
     pub rows: u32,
 }
 
-/// Runs `req`, copying `stdin` (if any) to the command and its output to
-/// `stdout`/`stderr`. `resize` delivers window-size changes for pty sessions.
+/// A session channel opened on a connection, not yet running anything.
+pub struct OpenSession {
+    channel: russh::Channel<russh::client::Msg>,
+    host: String,
+}
+
+/// Opens a session channel. Nothing has run on the server yet, so a caller
+/// may retry elsewhere on [`ErrorKind::ChannelRefused`] or a lost connection.
+pub async fn open_session(conn: &Connection) -> Result<OpenSession, SkiffError> {
+    let host = conn.settings.hostname.clone();
+    let channel = conn
+        .handle
+        .channel_open_session()
+        .await
+        .map_err(|e| match e {
+            russh::Error::ChannelOpenFailure(reason) => SkiffError::new(
+                ErrorKind::ChannelRefused,
+                format!("{host}: the server refused a session channel ({reason:?})"),
+            ),
+            other => SkiffError::new(
+                ErrorKind::Connect,
+                format!("{host}: connection lost: {other}"),
+            ),
+        })?;
+    Ok(OpenSession { channel, host })
+}
+
+/// Runs `req` on a new channel of `conn`, copying `stdin` (if any) to the
+/// command and its output to `stdout`/`stderr`. `resize` delivers
+/// window-size changes for pty sessions.
 pub async fn exec<I, O, E>(
     conn: &Connection,
+    req: &ExecRequest,
+    stdin: Option<I>,
+    stdout: O,
+    stderr: E,
+    resize: Option<tokio::sync::mpsc::Receiver<WindowSize>>,
+) -> Result<ExitOutcome, SkiffError>
+where
+    I: AsyncRead + Unpin + Send + 'static,
+    O: AsyncWrite + Unpin,
+    E: AsyncWrite + Unpin,
+{
+    let session = open_session(conn).await?;
+    run_session(session, req, stdin, stdout, stderr, resize).await
+}
+
+/// Runs `req` on an opened session channel (see [`exec`]).
+pub async fn run_session<I, O, E>(
+    session: OpenSession,
     req: &ExecRequest,
     stdin: Option<I>,
     mut stdout: O,
@@ -75,16 +121,10 @@ where
     O: AsyncWrite + Unpin,
     E: AsyncWrite + Unpin,
 {
-    let host = conn.settings.hostname.clone();
+    let OpenSession { channel, host } = session;
     let lost = |e: &dyn std::fmt::Display| {
         SkiffError::new(ErrorKind::Connect, format!("{host}: connection lost: {e}"))
     };
-    let channel = conn.handle.channel_open_session().await.map_err(|e| {
-        SkiffError::new(
-            ErrorKind::Protocol,
-            format!("{host}: the server refused a session channel: {e}"),
-        )
-    })?;
     for (k, v) in &req.env {
         channel
             .set_env(false, k.as_str(), v.as_str())

@@ -10,9 +10,11 @@ pub mod error;
 pub mod exec;
 pub mod hostkeys;
 mod identity;
+pub mod pool;
 pub mod settings;
 
 pub use connect::{connect, Connection};
 pub use error::{ErrorKind, SkiffError};
 pub use exec::{exec, ExecRequest, ExitOutcome, PtyRequest, WindowSize};
+pub use pool::Pool;
 pub use settings::{ConnectSettings, Destination};

@@ -1,0 +1,259 @@
+//! A pool of authenticated connections shared by concurrent commands.
+//!
+//! Commands to the same destination (same user, host, port, identities and
+//! host-key policy) run as channels of one warm connection. A server that
+//! refuses another channel (OpenSSH's `MaxSessions`, 10 by default) teaches
+//! the pool that connection's limit, and the command moves to another
+//! connection, opened on demand. Dead connections are dropped and replaced.
+//! Only channel opens are retried: once a command has started it is never
+//! run twice.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::connect::{connect, Connection};
+use crate::error::{ErrorKind, SkiffError};
+use crate::exec::{open_session, run_session, ExecRequest, ExitOutcome, OpenSession, WindowSize};
+use crate::settings::ConnectSettings;
+
+/// Most connections the pool opens to one destination.
+pub const MAX_CONNECTIONS_PER_HOST: usize = 64;
+/// Channel-open attempts for one command before giving up.
+const MAX_OPEN_ATTEMPTS: usize = 16;
+
+/// What makes two commands able to share a connection.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    user: String,
+    hostname: String,
+    port: u16,
+    identity_files: Vec<PathBuf>,
+    identities_only: bool,
+    identity_agent: Option<PathBuf>,
+    known_hosts: Vec<PathBuf>,
+    policy: String,
+}
+
+impl PoolKey {
+    pub fn of(s: &ConnectSettings) -> Self {
+        PoolKey {
+            user: s.user.clone(),
+            hostname: s.hostname.clone(),
+            port: s.port,
+            identity_files: s.identity_files.clone(),
+            identities_only: s.identities_only,
+            identity_agent: s.identity_agent.clone(),
+            known_hosts: s
+                .user_known_hosts
+                .iter()
+                .chain(&s.global_known_hosts)
+                .cloned()
+                .collect(),
+            policy: crate::hostkeys::policy_name(s.strict_host_key_checking).to_string(),
+        }
+    }
+}
+
+/// One connection and what the pool knows about its capacity.
+struct Member {
+    conn: Connection,
+    /// Channels currently open on it.
+    open: AtomicUsize,
+    /// Channels the server allows at once, learned from a refusal.
+    limit: AtomicUsize,
+    opened_at: std::time::Instant,
+}
+
+impl Member {
+    fn has_room(&self) -> bool {
+        !self.conn.handle.is_closed()
+            && self.open.load(Ordering::SeqCst) < self.limit.load(Ordering::SeqCst)
+    }
+}
+
+/// Connections to one destination.
+#[derive(Default)]
+struct Destination {
+    members: Mutex<Vec<Arc<Member>>>,
+    /// Serialises connecting, so a burst of first commands opens one connection.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl Destination {
+    /// A live member with room for another channel, reserving a slot on it.
+    fn reserve(&self) -> Option<Arc<Member>> {
+        let mut members = self.members.lock().expect("not poisoned");
+        members.retain(|m| !m.conn.handle.is_closed());
+        let m = members.iter().find(|m| m.has_room())?.clone();
+        m.open.fetch_add(1, Ordering::SeqCst);
+        Some(m)
+    }
+
+    fn len(&self) -> usize {
+        self.members.lock().expect("not poisoned").len()
+    }
+}
+
+/// A channel slot on a member, released when the command ends.
+struct Slot(Arc<Member>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A snapshot of one pooled connection, for status displays.
+#[derive(Debug, Clone)]
+pub struct ConnectionInfo {
+    pub destination: String,
+    pub open_channels: usize,
+    pub learned_limit: Option<usize>,
+    pub age: std::time::Duration,
+}
+
+/// The pool. Cheap to share behind an `Arc`.
+#[derive(Default)]
+pub struct Pool {
+    destinations: Mutex<HashMap<PoolKey, Arc<Destination>>>,
+}
+
+impl Pool {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn destination(&self, key: PoolKey) -> Arc<Destination> {
+        self.destinations
+            .lock()
+            .expect("not poisoned")
+            .entry(key)
+            .or_default()
+            .clone()
+    }
+
+    /// Live connections to the destination of `settings`.
+    pub fn connection_count(&self, settings: &ConnectSettings) -> usize {
+        let map = self.destinations.lock().expect("not poisoned");
+        map.get(&PoolKey::of(settings)).map_or(0, |d| d.len())
+    }
+
+    /// Every pooled connection, for `status` output.
+    pub fn connections(&self) -> Vec<ConnectionInfo> {
+        let map = self.destinations.lock().expect("not poisoned");
+        let mut out = Vec::new();
+        for (key, dest) in map.iter() {
+            for m in dest.members.lock().expect("not poisoned").iter() {
+                let limit = m.limit.load(Ordering::SeqCst);
+                out.push(ConnectionInfo {
+                    destination: format!("{}@{}:{}", key.user, key.hostname, key.port),
+                    open_channels: m.open.load(Ordering::SeqCst),
+                    learned_limit: (limit != usize::MAX).then_some(limit),
+                    age: m.opened_at.elapsed(),
+                });
+            }
+        }
+        out
+    }
+
+    /// Closes and forgets every connection to `hostname` (all users and ports).
+    pub fn forget(&self, hostname: &str) -> usize {
+        let mut map = self.destinations.lock().expect("not poisoned");
+        let before = map.len();
+        map.retain(|k, _| k.hostname != hostname);
+        before - map.len()
+    }
+
+    /// Opens a session channel to the destination, on a pooled connection
+    /// when one has room, otherwise on a new one.
+    async fn open(&self, settings: &ConnectSettings) -> Result<(OpenSession, Slot), SkiffError> {
+        let dest = self.destination(PoolKey::of(settings));
+        let mut last_err = None;
+        for _ in 0..MAX_OPEN_ATTEMPTS {
+            let member = match dest.reserve() {
+                Some(m) => m,
+                None => {
+                    let _guard = dest.connecting.lock().await;
+                    // Someone may have connected while we waited.
+                    match dest.reserve() {
+                        Some(m) => m,
+                        None => {
+                            if dest.len() >= MAX_CONNECTIONS_PER_HOST {
+                                return Err(last_err.unwrap_or_else(|| {
+                                    SkiffError::new(
+                                        ErrorKind::ChannelRefused,
+                                        format!(
+                                            "{}: {MAX_CONNECTIONS_PER_HOST} connections are all busy",
+                                            settings.hostname
+                                        ),
+                                    )
+                                }));
+                            }
+                            let conn = connect(settings).await?;
+                            let m = Arc::new(Member {
+                                conn,
+                                open: AtomicUsize::new(1),
+                                limit: AtomicUsize::new(usize::MAX),
+                                opened_at: std::time::Instant::now(),
+                            });
+                            dest.members.lock().expect("not poisoned").push(m.clone());
+                            m
+                        }
+                    }
+                }
+            };
+            let slot = Slot(member.clone());
+            match open_session(&member.conn).await {
+                Ok(session) => return Ok((session, slot)),
+                Err(e) if e.kind == ErrorKind::ChannelRefused => {
+                    // The server's limit is what is open right now (not counting us).
+                    let others = member.open.load(Ordering::SeqCst).saturating_sub(1).max(1);
+                    member.limit.fetch_min(others, Ordering::SeqCst);
+                    tracing::debug!(
+                        "{}: channel refused with {others} open; using another connection",
+                        settings.hostname
+                    );
+                    last_err = Some(e);
+                }
+                Err(e) if e.kind == ErrorKind::Connect => {
+                    tracing::debug!(
+                        "{}: pooled connection lost; reconnecting",
+                        settings.hostname
+                    );
+                    dest.members
+                        .lock()
+                        .expect("not poisoned")
+                        .retain(|m| !Arc::ptr_eq(m, &member));
+                    last_err = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| {
+            SkiffError::new(ErrorKind::Protocol, "no session channel could be opened")
+        }))
+    }
+
+    /// Runs one command through the pool (see [`crate::exec::exec`]).
+    pub async fn exec<I, O, E>(
+        &self,
+        settings: &ConnectSettings,
+        req: &ExecRequest,
+        stdin: Option<I>,
+        stdout: O,
+        stderr: E,
+        resize: Option<tokio::sync::mpsc::Receiver<WindowSize>>,
+    ) -> Result<ExitOutcome, SkiffError>
+    where
+        I: AsyncRead + Unpin + Send + 'static,
+        O: AsyncWrite + Unpin,
+        E: AsyncWrite + Unpin,
+    {
+        let (session, _slot) = self.open(settings).await?;
+        run_session(session, req, stdin, stdout, stderr, resize).await
+    }
+}

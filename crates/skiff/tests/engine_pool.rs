@@ -1,0 +1,174 @@
+//! The engine's connection pool against real servers: many concurrent
+//! commands share warm connections; OpenSSH's `MaxSessions 10` refusals move
+//! commands to more connections transparently; a restarted server is
+//! reconnected to. Every command's own output and exit status are checked.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use skiff_engine::{ConnectSettings, Destination, ExecRequest, ExitOutcome, Pool};
+
+/// Client settings for the fixture's key, with a private known_hosts that
+/// accepts the server's key on first use.
+fn settings(port: u16, fx: &Fixture, kh: &std::path::Path) -> ConnectSettings {
+    let dest = Destination {
+        host: "127.0.0.1".into(),
+        user: Some(user().to_string()),
+        port: Some(port),
+        identity_files: vec![fx.client_key.private.clone()],
+        config_file: Some("none".into()),
+        options: vec![
+            format!("UserKnownHostsFile={}", kh.display()),
+            "GlobalKnownHostsFile=none".into(),
+            "StrictHostKeyChecking=accept-new".into(),
+            "IdentityAgent=none".into(),
+            "IdentitiesOnly=yes".into(),
+            "BatchMode=yes".into(),
+        ],
+    };
+    skiff_engine::settings::resolve(&dest).expect("settings resolve")
+}
+
+/// Runs `command` through the pool and returns (outcome, stdout, stderr).
+async fn run(pool: &Pool, s: &ConnectSettings, command: String) -> (ExitOutcome, String, String) {
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let req = ExecRequest {
+        command,
+        ..Default::default()
+    };
+    let outcome = pool
+        .exec(s, &req, None::<tokio::io::Empty>, &mut out, &mut err, None)
+        .await
+        .unwrap_or_else(|e| panic!("pooled exec failed: {e}"));
+    (
+        outcome,
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+    )
+}
+
+/// `n` concurrent commands, each printing its own number and exiting with n % 7.
+async fn concurrent(pool: Arc<Pool>, s: Arc<ConnectSettings>, n: usize, hold: &str) {
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let (pool, s) = (pool.clone(), s.clone());
+        let cmd = format!("echo job-{i}; sleep {hold}; exit {}", i % 7);
+        tasks.push(tokio::spawn(async move { (i, run(&pool, &s, cmd).await) }));
+    }
+    for t in tasks {
+        let (i, (outcome, out, err)) = tokio::time::timeout(Duration::from_secs(120), t)
+            .await
+            .expect("pooled commands finish in bounded time")
+            .expect("task did not panic");
+        assert_eq!(out, format!("job-{i}\n"), "job {i} stdout (stderr: {err})");
+        assert_eq!(
+            outcome,
+            ExitOutcome::Status((i % 7) as u32),
+            "job {i} exit status"
+        );
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+#[test]
+fn fifty_concurrent_commands_through_sshd_max_sessions_10() {
+    let Some((fx, sshd)) = sshd_setup(&["MaxSessions 10", "MaxStartups 100"]) else {
+        return;
+    };
+    let kh = fx.path().join("pool_known_hosts");
+    let s = Arc::new(settings(sshd.port(), &fx, &kh));
+    let pool = Arc::new(Pool::new());
+    runtime().block_on(concurrent(pool.clone(), s.clone(), 50, "0.5"));
+    // 50 commands held open together need at least 5 connections of 10 sessions,
+    // and the pool must not have opened one per command.
+    let conns = pool.connection_count(&s);
+    assert!(
+        (5..=25).contains(&conns),
+        "sshd MaxSessions 10, 50 concurrent: {conns} connections"
+    );
+    // The known_hosts file got exactly one entry despite the burst of connects.
+    let text = std::fs::read_to_string(&kh).expect("known_hosts written");
+    assert_eq!(
+        text.lines().count(),
+        1,
+        "one known_hosts line, got:\n{text}"
+    );
+}
+
+#[test]
+fn commands_share_one_connection_to_skiffd() {
+    let Some((fx, skiffd)) = skiffd_setup() else {
+        return;
+    };
+    let kh = fx.path().join("pool_known_hosts");
+    let s = Arc::new(settings(skiffd.port(), &fx, &kh));
+    let pool = Arc::new(Pool::new());
+    let rt = runtime();
+    rt.block_on(concurrent(pool.clone(), s.clone(), 64, "0.2"));
+    assert_eq!(
+        pool.connection_count(&s),
+        1,
+        "skiffd allows 256 sessions: one connection suffices"
+    );
+    rt.block_on(async {
+        for i in 0..50 {
+            let (outcome, out, _) = run(&pool, &s, format!("echo seq-{i}")).await;
+            assert_eq!(
+                (outcome, out),
+                (ExitOutcome::Status(0), format!("seq-{i}\n"))
+            );
+        }
+    });
+    assert_eq!(
+        pool.connection_count(&s),
+        1,
+        "sequential commands reuse the warm connection"
+    );
+    let info = pool.connections();
+    assert_eq!(info.len(), 1);
+    assert_eq!(
+        info[0].open_channels, 0,
+        "finished commands release their channel slots"
+    );
+}
+
+#[test]
+fn pool_reconnects_after_the_server_restarts() {
+    let Some((fx, mut skiffd)) = skiffd_setup() else {
+        return;
+    };
+    let kh = fx.path().join("pool_known_hosts");
+    let s = settings(skiffd.port(), &fx, &kh);
+    let pool = Pool::new();
+    let rt = runtime();
+    rt.block_on(async {
+        let (outcome, out, _) = run(&pool, &s, "echo before".into()).await;
+        assert_eq!(
+            (outcome, out.as_str()),
+            (ExitOutcome::Status(0), "before\n")
+        );
+    });
+    skiffd.restart();
+    // The pooled connection died with the server. Opening a channel on it fails
+    // before anything runs, so the pool reconnects and the command runs once.
+    rt.block_on(async {
+        let (outcome, out, _) = run(&pool, &s, "echo after".into()).await;
+        assert_eq!((outcome, out.as_str()), (ExitOutcome::Status(0), "after\n"));
+    });
+    assert_eq!(
+        pool.connection_count(&s),
+        1,
+        "the dead connection was replaced, not kept"
+    );
+}
