@@ -74,7 +74,9 @@ pub fn russh_config(settings: &Settings, host_keys: Vec<PrivateKey>) -> russh::s
         auth_rejection_time_initial: Some(Duration::ZERO),
         keys: host_keys,
         preferred,
-        max_auth_attempts: settings.max_auth_tries,
+        // russh counts the client's initial `none` probe as a failed attempt;
+        // sshd does not. One more keeps MaxAuthTries meaning what sshd means.
+        max_auth_attempts: settings.max_auth_tries + 1,
         inactivity_timeout: None,
         keepalive_interval: settings.client_alive_interval,
         keepalive_max: settings.client_alive_count_max,

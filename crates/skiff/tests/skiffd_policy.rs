@@ -847,3 +847,67 @@ fn bad_config_value_names_file_and_line() {
         "the bad value is quoted\n{out}"
     );
 }
+
+// ---------------------------------------------------------------------------
+// authorized_keys lines skiffd cannot honour, and MaxAuthTries
+// ---------------------------------------------------------------------------
+
+/// A key whose line carries an option skiffd does not know is unusable
+/// (a restriction it cannot enforce must not be silently dropped), the log
+/// names the file and line, and the other lines of the file still work.
+#[test]
+fn unknown_authorized_keys_option_disables_that_key_and_names_the_line() {
+    let Some((fx, [odd], d)) = skiffd_with_keys([("odd_option", "no-pty,frobnicate")]) else {
+        return;
+    };
+    let out = ssh(d.port(), user(), &odd).args(&["echo", "ran"]).run();
+    let c = ctx(&d, "key with an unknown option");
+    out.expect_code(255, &c);
+    assert!(
+        out.stderr.contains("Permission denied (publickey)"),
+        "{c}\n{out}"
+    );
+    let line = fs::read_to_string(&fx.authorized_keys)
+        .expect("authorized_keys")
+        .lines()
+        .position(|l| l.contains("frobnicate"))
+        .expect("the odd line is in the file")
+        + 1;
+    let needle = format!("{}:{line}", fx.authorized_keys.display());
+    wait_for_log(&d, &needle, Duration::from_secs(5), |log| {
+        log.contains(&needle) && log.contains("frobnicate")
+    });
+    // The plain key on another line of the same file is unaffected.
+    let ok = ssh(d.port(), user(), &fx.client_key)
+        .args(&["echo", "ran"])
+        .run();
+    ok.expect_code(0, &c).expect_stdout("ran\n", &c);
+}
+
+/// With `MaxAuthTries 2`, a client that offers two wrong keys before the
+/// right one is cut off; with the right key among the first two it gets in.
+#[test]
+fn max_auth_tries_limits_failed_attempts() {
+    let Some((fx, d)) = skiffd_with_config("MaxAuthTries 2\n") else {
+        return;
+    };
+    let wrong1 = fx.keygen("wrong1", KeyType::Ed25519, None);
+    let wrong2 = fx.keygen("wrong2", KeyType::Ed25519, None);
+    let good = fx.client_key.private.display().to_string();
+    let c = ctx(&d, "MaxAuthTries 2");
+    // ssh offers its identities in command-line order.
+    let out = ssh(d.port(), user(), &wrong1)
+        .flag("-i")
+        .flag(&wrong2.private.display().to_string())
+        .flag("-i")
+        .flag(&good)
+        .args(&["echo", "ran"])
+        .run();
+    out.expect_code(255, &c).expect_stdout("", &c);
+    let out = ssh(d.port(), user(), &wrong1)
+        .flag("-i")
+        .flag(&good)
+        .args(&["echo", "ran"])
+        .run();
+    out.expect_code(0, &c).expect_stdout("ran\n", &c);
+}
