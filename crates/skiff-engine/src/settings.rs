@@ -189,9 +189,42 @@ fn glob_paths(path: &Path) -> Vec<PathBuf> {
     current
 }
 
+/// The parts of a client process's environment that configuration depends on.
+/// The agent resolves settings for many CLI processes, so it cannot use its own.
+#[derive(Debug, Clone, Default)]
+pub struct ClientEnv {
+    pub vars: Vec<(String, String)>,
+}
+
+impl ClientEnv {
+    /// The variables settings resolution reads, taken from this process.
+    pub const NAMES: [&'static str; 3] = ["HOME", "SSH_AUTH_SOCK", "USER"];
+
+    pub fn from_process() -> Self {
+        let vars = Self::NAMES
+            .iter()
+            .filter_map(|n| std::env::var(n).ok().map(|v| (n.to_string(), v)))
+            .collect();
+        ClientEnv { vars }
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.vars
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .filter(|v| !v.is_empty())
+    }
+}
+
 /// Resolves the settings for `dest`, reading configuration from the usual places.
 pub fn resolve(dest: &Destination) -> Result<ConnectSettings, SkiffError> {
-    let home = home_dir();
+    resolve_for(dest, &ClientEnv::from_process())
+}
+
+/// Like [`resolve`], for a client whose environment is `env`.
+pub fn resolve_for(dest: &Destination, env: &ClientEnv) -> Result<ConnectSettings, SkiffError> {
+    let home = env.get("HOME").map_or_else(home_dir, PathBuf::from);
     let mut files = vec![ssh_config::parse_options(&dest.options).map_err(config_error)?];
     match &dest.config_file {
         Some(p) if p.as_os_str() == "none" => {}
@@ -217,7 +250,7 @@ pub fn resolve(dest: &Destination) -> Result<ConnectSettings, SkiffError> {
         include_files(arg, from, &home)
     })
     .map_err(config_error)?;
-    settle(dest, cfg, &home, &local_user)
+    settle(dest, cfg, &home, &local_user, env)
 }
 
 fn settle(
@@ -225,6 +258,7 @@ fn settle(
     cfg: HostConfig,
     home: &Path,
     local_user: &str,
+    env: &ClientEnv,
 ) -> Result<ConnectSettings, SkiffError> {
     let hostname = cfg
         .hostname
@@ -278,12 +312,12 @@ fn settle(
 
     let identity_agent = match cfg.identity_agent.as_deref() {
         Some("none") => None,
-        Some("SSH_AUTH_SOCK") | None => std::env::var_os("SSH_AUTH_SOCK")
-            .filter(|s| !s.is_empty())
-            .map(PathBuf::from),
-        Some(v) if v.starts_with('$') => std::env::var_os(&v[1..])
-            .filter(|s| !s.is_empty())
-            .map(PathBuf::from),
+        Some("SSH_AUTH_SOCK") | None => env.get("SSH_AUTH_SOCK").map(PathBuf::from),
+        Some(v) if v.starts_with('$') => env.get(&v[1..]).map(PathBuf::from).or_else(|| {
+            std::env::var_os(&v[1..])
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from)
+        }),
         Some(v) => Some(expand(v)?),
     };
 

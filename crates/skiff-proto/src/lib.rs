@@ -4,6 +4,7 @@
 //! errors that name the file and line. No sockets, no files, no tokio, so all of
 //! it can be unit-tested and fuzzed (see `fuzz/`).
 
+pub mod agent_wire;
 pub mod authorized_keys;
 pub mod known_hosts;
 pub mod pattern;

@@ -36,6 +36,9 @@ pub struct ExecArgs {
     /// More diagnostics on stderr (repeatable).
     #[arg(short = 'v', action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// Connect directly instead of through the agent (also SKIFF_AGENT=off).
+    #[arg(long = "no-agent")]
+    pub no_agent: bool,
     /// [user@]host
     pub destination: String,
     /// Command and arguments, joined with spaces as ssh does.
@@ -53,6 +56,9 @@ pub fn split_destination(dest: &str) -> (Option<String>, String) {
 
 pub fn run(args: ExecArgs) -> i32 {
     crate::init_logging(args.verbose);
+    if let Some(code) = via_agent(&args) {
+        return code;
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -93,17 +99,7 @@ async fn exec_main(args: ExecArgs) -> Result<i32, SkiffError> {
     );
     let conn = skiff_engine::connect(&settings).await?;
 
-    let mut env = Vec::new();
-    for (name, value) in std::env::vars() {
-        if settings
-            .send_env
-            .iter()
-            .any(|p| skiff_proto::pattern::wildcard_match(p, &name))
-        {
-            env.push((name, value));
-        }
-    }
-    env.extend(settings.set_env.iter().cloned());
+    let env = remote_env(&settings);
 
     let stdin_tty = std::io::stdin().is_terminal();
     let pty = match args.tty {
@@ -154,6 +150,99 @@ async fn exec_main(args: ExecArgs) -> Result<i32, SkiffError> {
         );
     }
     Ok(outcome.exit_code())
+}
+
+/// Whether this invocation may use the agent.
+fn agent_wanted(args: &ExecArgs) -> bool {
+    let off = std::env::var("SKIFF_AGENT").is_ok_and(|v| matches!(v.as_str(), "off" | "no" | "0"));
+    // Terminals stay on the direct path for now (window changes are not relayed yet).
+    !args.no_agent && !off && args.tty == 0
+}
+
+/// Runs the command through the agent (starting one if needed). `None`
+/// means: do it directly (no agent, or a person has to decide something).
+fn via_agent(args: &ExecArgs) -> Option<i32> {
+    use skiff_proto::agent_wire::{ExecWire, Reply};
+    if !agent_wanted(args) {
+        return None;
+    }
+    let (user, host) = split_destination(&args.destination);
+    let dest = Destination {
+        host: host.clone(),
+        user: args.login.clone().or(user.clone()),
+        port: args.port,
+        identity_files: args.identity.clone(),
+        config_file: args.config.clone(),
+        options: args.options.clone(),
+    };
+    // Settings are resolved here too: a bad config fails fast, and the
+    // environment to send is the CLI's own (SendEnv/SetEnv).
+    let settings = match skiff_engine::settings::resolve(&dest) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("skiff: {e}");
+            return Some(255);
+        }
+    };
+    let abs = |p: &std::path::PathBuf| {
+        std::path::absolute(p)
+            .unwrap_or_else(|_| p.clone())
+            .display()
+            .to_string()
+    };
+    let wire = ExecWire {
+        host,
+        user: dest.user.clone(),
+        port: args.port,
+        identity_files: args.identity.iter().map(abs).collect(),
+        config_file: args.config.as_ref().map(|p| {
+            if p.as_os_str() == "none" {
+                "none".into()
+            } else {
+                abs(p)
+            }
+        }),
+        options: args.options.clone(),
+        command: args.command.join(" "),
+        env: remote_env(&settings),
+        client_env: skiff_engine::settings::ClientEnv::from_process().vars,
+        pty: None,
+        no_stdin: args.no_stdin,
+    };
+    match skiff_agent::client::exec(wire, true) {
+        skiff_agent::client::Outcome::Reply(Reply::Exit { code }) => Some(code),
+        skiff_agent::client::Outcome::Reply(Reply::Failed { message, .. }) => {
+            eprintln!("skiff: {message}");
+            Some(255)
+        }
+        skiff_agent::client::Outcome::Reply(Reply::NeedsUser { message }) => {
+            tracing::debug!("agent defers to a direct connection: {message}");
+            None
+        }
+        skiff_agent::client::Outcome::Reply(other) => {
+            eprintln!("skiff: unexpected reply from the agent: {other:?}");
+            Some(255)
+        }
+        skiff_agent::client::Outcome::Unavailable(why) => {
+            tracing::debug!("not using the agent: {why}");
+            None
+        }
+    }
+}
+
+/// Variables to pass to the remote command: SendEnv matches from this
+/// process's environment, then SetEnv.
+fn remote_env(settings: &skiff_engine::ConnectSettings) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = std::env::vars()
+        .filter(|(name, _)| {
+            settings
+                .send_env
+                .iter()
+                .any(|p| skiff_proto::pattern::wildcard_match(p, name))
+        })
+        .collect();
+    env.extend(settings.set_env.iter().cloned());
+    env
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! `skiff`: run commands on machines over SSH, compatible with OpenSSH servers
 //! and the user's ~/.ssh (config, keys, ssh-agent, known_hosts).
 
+mod cli_agent;
 mod cli_exec;
 mod demo;
 mod terminal;
@@ -24,6 +25,8 @@ enum Command {
     Exec(cli_exec::ExecArgs),
     /// Start a throwaway skiffd on loopback and run a few timed commands against it.
     Demo(demo::DemoArgs),
+    /// The per-user agent that keeps connections warm (started automatically).
+    Agent(cli_agent::AgentArgs),
 }
 
 fn main() {
@@ -31,6 +34,7 @@ fn main() {
     let code = match cli.command {
         Command::Exec(args) => cli_exec::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Agent(args) => cli_agent::run(args),
     };
     std::process::exit(code);
 }

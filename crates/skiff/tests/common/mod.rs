@@ -1151,6 +1151,9 @@ impl SkiffExec {
 
     pub fn run(self) -> CmdOutput {
         let mut run = Run::new(skiff_bin())
+            // The direct path by default; the agent has its own tests, each
+            // with a private socket directory and an agent it stops itself.
+            .env("SKIFF_AGENT", "off")
             .env_remove("SSH_AUTH_SOCK")
             .env_remove("SSH_AGENT_PID")
             .env_remove("SSH_ASKPASS")

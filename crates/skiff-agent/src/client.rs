@@ -1,0 +1,163 @@
+//! The CLI side of the agent: find (or start) the agent, hand it this
+//! process's stdin, stdout and stderr with the command, and wait for the
+//! exit code. Everything here is blocking; one request per connection.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use skiff_proto::agent_wire::{self, ExecWire, Reply, Request};
+
+use crate::socket;
+
+/// What became of a request sent to the agent.
+#[derive(Debug)]
+pub enum Outcome {
+    Reply(Reply),
+    /// No agent could be reached or started (the reason, for -v).
+    Unavailable(String),
+}
+
+/// How long a first call waits for a freshly spawned agent to listen.
+const SPAWN_WAIT: Duration = Duration::from_secs(5);
+
+fn connect(path: &Path) -> std::io::Result<UnixStream> {
+    let s = UnixStream::connect(path)?;
+    Ok(s)
+}
+
+/// Connects to the running agent, starting one (exactly one, under a lock)
+/// when `spawn` is set and none answers.
+pub fn connect_or_spawn(spawn: bool) -> Result<UnixStream, String> {
+    let dir = socket::agent_dir().map_err(|e| e.to_string())?;
+    let path = socket::socket_path(&dir);
+    if let Ok(s) = connect(&path) {
+        return Ok(s);
+    }
+    if !spawn {
+        return Err(format!("no agent listening on {}", path.display()));
+    }
+    let _lock = socket::lock_spawn(&dir, SPAWN_WAIT).map_err(|e| e.to_string())?;
+    // Another first call may have started it while we waited for the lock.
+    if let Ok(s) = connect(&path) {
+        return Ok(s);
+    }
+    spawn_agent(&dir)?;
+    let deadline = Instant::now() + SPAWN_WAIT;
+    loop {
+        match connect(&path) {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(format!(
+                    "started an agent but it is not listening on {}: {e}",
+                    path.display()
+                ))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
+/// The agent's log file: `$XDG_STATE_HOME/skiff/agent.log`, else `~/.local/state/skiff/agent.log`.
+pub fn log_path() -> PathBuf {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| skiff_engine::settings::home_dir().join(".local/state"));
+    base.join("skiff/agent.log")
+}
+
+/// Starts `skiff agent --foreground` detached (new session, stdin from
+/// /dev/null, output to the log file).
+fn spawn_agent(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::os::unix::process::CommandExt;
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find the skiff executable: {e}"))?;
+    let log = log_path();
+    if let Some(parent) = log.parent() {
+        let _ = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent);
+    }
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&log)
+        .map_err(|e| format!("cannot open agent log {}: {e}", log.display()))?;
+    let log_err = log_file.try_clone().map_err(|e| e.to_string())?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("agent")
+        .arg("--foreground")
+        .arg("--dir")
+        .arg(dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(log_file)
+        .stderr(log_err);
+    // SAFETY: setsid is async-signal-safe; it detaches the agent from our
+    // terminal and process group so it outlives this command.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+        .map_err(|e| format!("cannot start the agent: {e}"))?;
+    Ok(())
+}
+
+/// Sends one request (with `fds` attached) and reads the reply.
+pub fn request(
+    mut stream: UnixStream,
+    req: &Request,
+    fds: &[BorrowedFd<'_>],
+) -> Result<Reply, String> {
+    let frame = agent_wire::encode_request(req);
+    socket::send_with_fds(&stream, &frame, fds)
+        .map_err(|e| format!("cannot talk to the agent: {e}"))?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        if let Some((reply, _)) =
+            agent_wire::decode_reply(&buf).map_err(|e| format!("bad reply from the agent: {e}"))?
+        {
+            return Ok(reply);
+        }
+        let n = match stream.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("lost the agent: {e}")),
+        };
+        if n == 0 {
+            return Err(
+                "the agent went away before the command finished (it may have been killed)".into(),
+            );
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Runs a command through the agent with this process's stdio.
+pub fn exec(wire: ExecWire, spawn: bool) -> Outcome {
+    let stream = match connect_or_spawn(spawn) {
+        Ok(s) => s,
+        Err(why) => return Outcome::Unavailable(why),
+    };
+    let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
+    let _ = std::io::stdout().flush();
+    let fds = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];
+    match request(stream, &Request::Exec(wire), &fds) {
+        Ok(reply) => Outcome::Reply(reply),
+        Err(e) => Outcome::Reply(Reply::Failed {
+            kind: 2,
+            message: e,
+        }),
+    }
+}

@@ -1,0 +1,349 @@
+//! The agent daemon: accepts `skiff` processes of the same user on its
+//! private socket, receives their stdin/stdout/stderr, runs their commands
+//! through one shared connection pool, and answers with the exit code.
+//!
+//! The agent never asks a person anything: it resolves settings with
+//! `BatchMode=yes`, and a connection that would need a decision (a host key
+//! under `ask`, a passphrase) is answered with `NeedsUser`, so the CLI
+//! connects directly that first time.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use skiff_engine::settings::{resolve_for, ClientEnv};
+use skiff_engine::{Destination, ErrorKind, ExecRequest, Pool, PtyRequest};
+use skiff_proto::agent_wire::{self, ExecWire, Reply, Request};
+use tokio::io::AsyncWriteExt;
+
+use crate::socket;
+
+/// How long the agent lives with no command running (ControlPersist-like).
+pub const DEFAULT_PERSIST: Duration = Duration::from_secs(600);
+
+/// Shared daemon state.
+struct Agent {
+    pool: Pool,
+    active: AtomicUsize,
+    last_activity: std::sync::Mutex<Instant>,
+    started: Instant,
+    stop: tokio::sync::Notify,
+}
+
+/// Runs the agent on `dir` until it is stopped or idle for `persist`.
+pub fn run(dir: &Path, persist: Duration) -> Result<(), socket::SocketError> {
+    socket::ensure_private_dir(dir)?;
+    let path = socket::socket_path(dir);
+    let listener = socket::bind_private(&path)?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| io_err(&path, e))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| io_err(&path, e))?;
+    let result = rt.block_on(serve(listener, &path, persist));
+    let _ = std::fs::remove_file(&path);
+    result
+}
+
+fn io_err(path: &Path, source: std::io::Error) -> socket::SocketError {
+    socket::SocketError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+async fn serve(
+    listener: std::os::unix::net::UnixListener,
+    path: &Path,
+    persist: Duration,
+) -> Result<(), socket::SocketError> {
+    let listener = tokio::net::UnixListener::from_std(listener).map_err(|e| io_err(path, e))?;
+    let agent = Arc::new(Agent {
+        pool: Pool::new(),
+        active: AtomicUsize::new(0),
+        last_activity: std::sync::Mutex::new(Instant::now()),
+        started: Instant::now(),
+        stop: tokio::sync::Notify::new(),
+    });
+    tracing::info!(
+        "skiff agent listening on {} (pid {})",
+        path.display(),
+        std::process::id()
+    );
+    let mut idle_check = tokio::time::interval(Duration::from_secs(1).min(persist));
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let agent = agent.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = client(agent, stream).await {
+                        tracing::info!("client ended: {e}");
+                    }
+                });
+            }
+            _ = idle_check.tick() => {
+                let idle_for = agent.last_activity.lock().expect("not poisoned").elapsed();
+                if agent.active.load(Ordering::SeqCst) == 0 && idle_for >= persist {
+                    tracing::info!("idle for {}s: exiting", idle_for.as_secs());
+                    return Ok(());
+                }
+            }
+            _ = agent.stop.notified() => {
+                tracing::info!("stop requested: exiting");
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Reads one request (with any attached fds) from a client.
+fn read_request(std_stream: &UnixStream) -> std::io::Result<(Request, Vec<OwnedFd>)> {
+    let mut buf = Vec::new();
+    let mut fds = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        if let Some((req, _)) = agent_wire::decode_request(&buf).map_err(std::io::Error::other)? {
+            return Ok((req, fds));
+        }
+        let (n, mut got) = socket::recv_with_fds(std_stream, &mut chunk, 3)?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "client closed the socket",
+            ));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        fds.append(&mut got);
+    }
+}
+
+async fn client(agent: Arc<Agent>, stream: tokio::net::UnixStream) -> std::io::Result<()> {
+    let std_stream = stream.into_std()?;
+    std_stream.set_nonblocking(false)?;
+    if let Err(e) = socket::check_peer(&std_stream) {
+        tracing::warn!("refused a client: {e}");
+        return Ok(());
+    }
+    std_stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let (request, fds, std_stream) = tokio::task::spawn_blocking(move || {
+        read_request(&std_stream).map(|(r, f)| (r, f, std_stream))
+    })
+    .await
+    .map_err(std::io::Error::other)??;
+    std_stream.set_read_timeout(None)?;
+    std_stream.set_nonblocking(true)?;
+    let mut stream = tokio::net::UnixStream::from_std(std_stream)?;
+    let reply = match request {
+        Request::Hello { .. } => Reply::Hello {
+            version: agent_wire::PROTOCOL_VERSION,
+            pid: std::process::id(),
+        },
+        Request::Status => Reply::Status {
+            text: status_text(&agent),
+        },
+        Request::Stop => {
+            agent.stop.notify_one();
+            Reply::Done
+        }
+        Request::Forget { host } => {
+            let n = agent.pool.forget(&host.to_ascii_lowercase());
+            Reply::Status {
+                text: format!("forgot {n} destination(s) for {host}\n"),
+            }
+        }
+        Request::WindowChange { .. } => Reply::Failed {
+            kind: 5,
+            message: "window change without a session".into(),
+        },
+        Request::Exec(wire) => {
+            agent.active.fetch_add(1, Ordering::SeqCst);
+            let reply = exec(&agent, wire, fds).await;
+            agent.active.fetch_sub(1, Ordering::SeqCst);
+            *agent.last_activity.lock().expect("not poisoned") = Instant::now();
+            reply
+        }
+    };
+    stream.write_all(&agent_wire::encode_reply(&reply)).await?;
+    stream.flush().await
+}
+
+fn status_text(agent: &Agent) -> String {
+    let mut text = format!(
+        "skiff agent pid {}, up {}s, {} command(s) running\n",
+        std::process::id(),
+        agent.started.elapsed().as_secs(),
+        agent.active.load(Ordering::SeqCst)
+    );
+    let conns = agent.pool.connections();
+    if conns.is_empty() {
+        text.push_str("no connections\n");
+    }
+    for c in conns {
+        text.push_str(&format!(
+            "{}  age {}s  open channels {}{}\n",
+            c.destination,
+            c.age.as_secs(),
+            c.open_channels,
+            c.learned_limit
+                .map(|l| format!("  (server limit {l})"))
+                .unwrap_or_default()
+        ));
+    }
+    text
+}
+
+/// Runs one command for a client, using the client's stdio fds.
+async fn exec(agent: &Agent, wire: ExecWire, fds: Vec<OwnedFd>) -> Reply {
+    let [stdin_fd, stdout_fd, stderr_fd]: [OwnedFd; 3] = match fds.try_into() {
+        Ok(a) => a,
+        Err(v) => {
+            return Reply::Failed {
+                kind: 5,
+                message: format!("expected 3 file descriptors, got {}", v.len()),
+            }
+        }
+    };
+    // The agent never prompts: BatchMode first (first value wins).
+    let mut options = vec!["BatchMode=yes".to_string()];
+    options.extend(wire.options.iter().cloned());
+    let dest = Destination {
+        host: wire.host.clone(),
+        user: wire.user.clone(),
+        port: wire.port,
+        identity_files: wire.identity_files.iter().map(PathBuf::from).collect(),
+        config_file: wire.config_file.as_ref().map(PathBuf::from),
+        options,
+    };
+    let env = ClientEnv {
+        vars: wire.client_env.clone(),
+    };
+    let settings = match resolve_for(&dest, &env) {
+        Ok(s) => s,
+        Err(e) => return failed(e),
+    };
+    let req = ExecRequest {
+        command: wire.command.clone(),
+        env: wire.env.clone(),
+        pty: wire.pty.as_ref().map(|p| PtyRequest {
+            term: p.term.clone(),
+            cols: p.cols,
+            rows: p.rows,
+            required: p.required,
+        }),
+    };
+    let stdout = tokio::fs::File::from_std(std::fs::File::from(stdout_fd));
+    let stderr = tokio::fs::File::from_std(std::fs::File::from(stderr_fd));
+    let (stdin, cancel) = if wire.no_stdin {
+        (None, None)
+    } else {
+        let (reader, cancel) = stdin_pump(stdin_fd);
+        (Some(reader), Some(cancel))
+    };
+    let result = agent
+        .pool
+        .exec(&settings, &req, stdin, stdout, stderr, None)
+        .await;
+    drop(cancel);
+    match result {
+        Ok(outcome) => Reply::Exit {
+            code: outcome.exit_code(),
+        },
+        Err(e) => failed(e),
+    }
+}
+
+fn failed(e: skiff_engine::SkiffError) -> Reply {
+    let kind = match e.kind {
+        ErrorKind::Config => 1,
+        ErrorKind::Connect => 2,
+        ErrorKind::HostKey => 3,
+        ErrorKind::Auth => 4,
+        ErrorKind::Protocol => 5,
+        ErrorKind::ChannelRefused => 6,
+    };
+    // A person could settle these: the CLI retries directly, where it may ask.
+    let needs_user = (e.kind == ErrorKind::HostKey && e.message.contains("BatchMode"))
+        || (e.kind == ErrorKind::Auth && e.message.contains("passphrase"));
+    if needs_user {
+        Reply::NeedsUser { message: e.message }
+    } else {
+        Reply::Failed {
+            kind,
+            message: e.message,
+        }
+    }
+}
+
+/// Ends the stdin pump when dropped: the pump stops reading at once, so the
+/// agent never consumes input meant for whatever reads that fd next.
+pub struct CancelPump {
+    _write_end: OwnedFd,
+}
+
+/// Copies the client's stdin into an in-process pipe from a thread that
+/// polls the fd together with a cancel pipe, so it does not change the
+/// (shared) file description's blocking mode and stops promptly.
+fn stdin_pump(fd: OwnedFd) -> (tokio::io::DuplexStream, CancelPump) {
+    let (reader, mut writer) = tokio::io::duplex(256 * 1024);
+    let (cancel_r, cancel_w) = nix::unistd::pipe().expect("pipe for the stdin pump");
+    let handle = tokio::runtime::Handle::current();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let mut fds = [
+                libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: cancel_r.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: poll on two fds we own, for the array we own.
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+            if r < 0 {
+                if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                break;
+            }
+            if fds[1].revents != 0 {
+                break; // cancelled: the command is over
+            }
+            // SAFETY: read into our buffer from a fd we own.
+            let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                break; // EOF or error: the remote side sees EOF
+            }
+            if handle
+                .block_on(writer.write_all(&buf[..n as usize]))
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    (
+        reader,
+        CancelPump {
+            _write_end: cancel_w,
+        },
+    )
+}

@@ -1,0 +1,1101 @@
+//! Wire codec for the local protocol between the `skiff` CLI and the per-user
+//! `skiff agent` daemon.
+//!
+//! This module is sans-IO: it only turns messages into bytes and bytes into
+//! messages. The transport (a Unix socket, with file descriptors passed
+//! alongside `Exec`) lives elsewhere.
+//!
+//! # Framing
+//!
+//! A frame is a `u32` big-endian body length followed by the body. The body is
+//! a `u8` tag naming the message, then its fields in declaration order:
+//!
+//! * integers (`u16`, `u32`, `i32`) are big-endian;
+//! * `bool` is one byte, `0` or `1` (anything else is [`WireError::BadValue`]);
+//! * strings are a `u32` byte length followed by that many bytes of UTF-8;
+//! * `Option<T>` is one byte, `0` (absent) or `1` (present, then `T`);
+//! * `Vec<T>` is a `u32` item count followed by the items;
+//! * a pair `(A, B)` is `A` then `B`.
+//!
+//! A body longer than [`MAX_FRAME`] is refused with [`WireError::TooLarge`] as
+//! soon as the length prefix is seen, before waiting for the rest, so a
+//! hostile peer cannot make a reader buffer gigabytes. Inside a frame every
+//! length and count is checked against the bytes actually left in the frame,
+//! so a bogus count never causes a large allocation.
+//!
+//! The encoding is canonical: decoding a frame and encoding the result gives
+//! back exactly the same bytes.
+//!
+//! Request tags: `1` Hello, `2` Exec, `3` WindowChange, `4` Status, `5` Stop,
+//! `6` Forget. Reply tags: `1` Hello, `2` Exit, `3` Failed, `4` NeedsUser,
+//! `5` Status, `6` Done.
+
+/// The largest frame body (the bytes after the 4-byte length prefix) a
+/// decoder accepts.
+pub const MAX_FRAME: usize = 1 << 20;
+
+/// The protocol version exchanged in `Hello`.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Length of the frame header (the big-endian body length).
+const HEADER: usize = 4;
+
+/// Everything the agent needs to run one command on a remote host.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExecWire {
+    /// The host as typed on the command line (before config resolution).
+    pub host: String,
+    /// `-l` / `user@`.
+    pub user: Option<String>,
+    /// `-p`.
+    pub port: Option<u16>,
+    /// `-i`, in order.
+    pub identity_files: Vec<String>,
+    /// `-F`.
+    pub config_file: Option<String>,
+    /// `-o Keyword=Value`, in order.
+    pub options: Vec<String>,
+    /// The remote command line.
+    pub command: String,
+    /// Variables to send to the remote side.
+    pub env: Vec<(String, String)>,
+    /// The CLI's HOME, SSH_AUTH_SOCK, USER, ... for config resolution.
+    pub client_env: Vec<(String, String)>,
+    /// A pseudo-terminal request, if any.
+    pub pty: Option<PtyWire>,
+    /// `-n`: do not read stdin.
+    pub no_stdin: bool,
+}
+
+/// A pseudo-terminal request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PtyWire {
+    /// The `TERM` value.
+    pub term: String,
+    /// Width in characters.
+    pub cols: u32,
+    /// Height in characters.
+    pub rows: u32,
+    /// `-tt`: fail rather than run without a pty.
+    pub required: bool,
+}
+
+/// CLI -> agent. `Exec` travels with three file descriptors (stdin, stdout, stderr) attached by the transport.
+// `Exec` is much bigger than the rest, but requests are few and short-lived;
+// boxing it would only make every construction and match noisier.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Version handshake.
+    Hello { version: u32 },
+    /// Run a command.
+    Exec(ExecWire),
+    /// The CLI's terminal was resized.
+    WindowChange { cols: u32, rows: u32 },
+    /// Ask for a human-readable status report.
+    Status,
+    /// Ask the agent to exit.
+    Stop,
+    /// Drop any cached connection to `host`.
+    Forget { host: String },
+}
+
+/// agent -> CLI.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// Version handshake answer.
+    Hello { version: u32, pid: u32 },
+    /// The command ended: the exit code the CLI should exit with (already 128+N for signals).
+    Exit { code: i32 },
+    /// skiff-level failure. kind: 1 config, 2 connect, 3 host key, 4 auth, 5 protocol, 6 channel refused.
+    Failed { kind: u8, message: String },
+    /// A person must decide (unknown host key under `ask`, a passphrase): the CLI should connect directly.
+    NeedsUser { message: String },
+    /// Answer to `Request::Status`.
+    Status { text: String },
+    /// Answer to `Request::Stop` / `Request::Forget`: done.
+    Done,
+}
+
+/// Why a buffer could not be decoded. Any of these means the stream is
+/// unusable: the reader should drop the connection.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WireError {
+    /// A field runs past the end of its (complete) frame, or the frame body is empty.
+    #[error("malformed agent frame: a field runs past the end of the frame")]
+    Truncated,
+    /// A declared frame body length exceeds [`MAX_FRAME`].
+    #[error("agent frame too large: {0} bytes (limit {MAX_FRAME})")]
+    TooLarge(usize),
+    /// The message tag is not known.
+    #[error("unknown agent message tag {0}")]
+    UnknownTag(u8),
+    /// A string field is not valid UTF-8.
+    #[error("agent frame holds a string that is not valid UTF-8")]
+    BadUtf8,
+    /// Bytes were left in the frame after its last field.
+    #[error("agent frame has {0} trailing bytes after its fields")]
+    Trailing(usize),
+    /// A field holds a value outside its domain (e.g. a bool that is not 0 or 1).
+    #[error("agent frame holds an invalid {0}")]
+    BadValue(&'static str),
+}
+
+// Request tags.
+const RQ_HELLO: u8 = 1;
+const RQ_EXEC: u8 = 2;
+const RQ_WINDOW_CHANGE: u8 = 3;
+const RQ_STATUS: u8 = 4;
+const RQ_STOP: u8 = 5;
+const RQ_FORGET: u8 = 6;
+
+// Reply tags.
+const RP_HELLO: u8 = 1;
+const RP_EXIT: u8 = 2;
+const RP_FAILED: u8 = 3;
+const RP_NEEDS_USER: u8 = 4;
+const RP_STATUS: u8 = 5;
+const RP_DONE: u8 = 6;
+
+// ---------------------------------------------------------------------------
+// Encoding
+
+/// Builds one frame: reserves the length prefix and patches it at the end.
+struct Writer {
+    buf: Vec<u8>,
+}
+
+impl Writer {
+    fn new(tag: u8) -> Self {
+        let mut buf = Vec::with_capacity(64);
+        buf.extend_from_slice(&[0; HEADER]);
+        buf.push(tag);
+        Writer { buf }
+    }
+
+    fn u8(&mut self, v: u8) {
+        self.buf.push(v);
+    }
+
+    fn u16(&mut self, v: u16) {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+    }
+
+    fn u32(&mut self, v: u32) {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+    }
+
+    fn i32(&mut self, v: i32) {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+    }
+
+    fn bool(&mut self, v: bool) {
+        self.u8(u8::from(v));
+    }
+
+    /// A length or count. Anything that does not fit in a u32 cannot fit in a
+    /// frame either; it is clamped and the decoder will refuse the frame.
+    fn len(&mut self, n: usize) {
+        self.u32(u32::try_from(n).unwrap_or(u32::MAX));
+    }
+
+    fn str(&mut self, s: &str) {
+        self.len(s.len());
+        self.buf.extend_from_slice(s.as_bytes());
+    }
+
+    fn opt_str(&mut self, s: Option<&str>) {
+        match s {
+            None => self.u8(0),
+            Some(s) => {
+                self.u8(1);
+                self.str(s);
+            }
+        }
+    }
+
+    fn strs(&mut self, v: &[String]) {
+        self.len(v.len());
+        for s in v {
+            self.str(s);
+        }
+    }
+
+    fn pairs(&mut self, v: &[(String, String)]) {
+        self.len(v.len());
+        for (a, b) in v {
+            self.str(a);
+            self.str(b);
+        }
+    }
+
+    /// Patches the length prefix and returns the frame.
+    fn finish(mut self) -> Vec<u8> {
+        let body = self.buf.len() - HEADER;
+        let n = u32::try_from(body).unwrap_or(u32::MAX);
+        self.buf[..HEADER].copy_from_slice(&n.to_be_bytes());
+        self.buf
+    }
+}
+
+/// Encodes a request as a whole frame (length prefix included).
+///
+/// A request whose body exceeds [`MAX_FRAME`] (only possible with absurdly
+/// long strings) is still encoded, but the peer will refuse it with
+/// [`WireError::TooLarge`].
+pub fn encode_request(req: &Request) -> Vec<u8> {
+    match req {
+        Request::Hello { version } => {
+            let mut w = Writer::new(RQ_HELLO);
+            w.u32(*version);
+            w.finish()
+        }
+        Request::Exec(e) => {
+            let mut w = Writer::new(RQ_EXEC);
+            w.str(&e.host);
+            w.opt_str(e.user.as_deref());
+            match e.port {
+                None => w.u8(0),
+                Some(p) => {
+                    w.u8(1);
+                    w.u16(p);
+                }
+            }
+            w.strs(&e.identity_files);
+            w.opt_str(e.config_file.as_deref());
+            w.strs(&e.options);
+            w.str(&e.command);
+            w.pairs(&e.env);
+            w.pairs(&e.client_env);
+            match &e.pty {
+                None => w.u8(0),
+                Some(p) => {
+                    w.u8(1);
+                    w.str(&p.term);
+                    w.u32(p.cols);
+                    w.u32(p.rows);
+                    w.bool(p.required);
+                }
+            }
+            w.bool(e.no_stdin);
+            w.finish()
+        }
+        Request::WindowChange { cols, rows } => {
+            let mut w = Writer::new(RQ_WINDOW_CHANGE);
+            w.u32(*cols);
+            w.u32(*rows);
+            w.finish()
+        }
+        Request::Status => Writer::new(RQ_STATUS).finish(),
+        Request::Stop => Writer::new(RQ_STOP).finish(),
+        Request::Forget { host } => {
+            let mut w = Writer::new(RQ_FORGET);
+            w.str(host);
+            w.finish()
+        }
+    }
+}
+
+/// Encodes a reply as a whole frame (length prefix included).
+///
+/// As with [`encode_request`], an oversized body is encoded but will be
+/// refused by the peer.
+pub fn encode_reply(rep: &Reply) -> Vec<u8> {
+    match rep {
+        Reply::Hello { version, pid } => {
+            let mut w = Writer::new(RP_HELLO);
+            w.u32(*version);
+            w.u32(*pid);
+            w.finish()
+        }
+        Reply::Exit { code } => {
+            let mut w = Writer::new(RP_EXIT);
+            w.i32(*code);
+            w.finish()
+        }
+        Reply::Failed { kind, message } => {
+            let mut w = Writer::new(RP_FAILED);
+            w.u8(*kind);
+            w.str(message);
+            w.finish()
+        }
+        Reply::NeedsUser { message } => {
+            let mut w = Writer::new(RP_NEEDS_USER);
+            w.str(message);
+            w.finish()
+        }
+        Reply::Status { text } => {
+            let mut w = Writer::new(RP_STATUS);
+            w.str(text);
+            w.finish()
+        }
+        Reply::Done => Writer::new(RP_DONE).finish(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Decoding
+
+/// Reads fields from one complete frame body.
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn remaining(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if n > self.buf.len() {
+            return Err(WireError::Truncated);
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.array::<1>()?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_be_bytes(self.array()?))
+    }
+
+    fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_be_bytes(self.array()?))
+    }
+
+    fn i32(&mut self) -> Result<i32, WireError> {
+        Ok(i32::from_be_bytes(self.array()?))
+    }
+
+    fn bool(&mut self, what: &'static str) -> Result<bool, WireError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(WireError::BadValue(what)),
+        }
+    }
+
+    /// An Option's presence flag.
+    fn present(&mut self, what: &'static str) -> Result<bool, WireError> {
+        self.bool(what)
+    }
+
+    fn str(&mut self) -> Result<String, WireError> {
+        let n = self.u32()? as usize;
+        let bytes = self.take(n)?;
+        std::str::from_utf8(bytes)
+            .map(str::to_owned)
+            .map_err(|_| WireError::BadUtf8)
+    }
+
+    fn opt_str(&mut self, what: &'static str) -> Result<Option<String>, WireError> {
+        if self.present(what)? {
+            Ok(Some(self.str()?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Reads a count of items that each take at least `min_item` bytes, and
+    /// refuses counts the rest of the frame cannot possibly hold.
+    fn count(&mut self, min_item: usize) -> Result<usize, WireError> {
+        let n = self.u32()? as usize;
+        if n > self.remaining() / min_item {
+            return Err(WireError::Truncated);
+        }
+        Ok(n)
+    }
+
+    fn strs(&mut self) -> Result<Vec<String>, WireError> {
+        let n = self.count(4)?;
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(self.str()?);
+        }
+        Ok(v)
+    }
+
+    fn pairs(&mut self) -> Result<Vec<(String, String)>, WireError> {
+        let n = self.count(8)?;
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            let a = self.str()?;
+            let b = self.str()?;
+            v.push((a, b));
+        }
+        Ok(v)
+    }
+
+    /// Fails if anything is left in the frame.
+    fn end(&self) -> Result<(), WireError> {
+        match self.remaining() {
+            0 => Ok(()),
+            n => Err(WireError::Trailing(n)),
+        }
+    }
+}
+
+/// Splits off one complete frame body from the front of `buf`.
+///
+/// `Ok(None)`: more bytes are needed. `Ok(Some((body, consumed)))`: the body
+/// (tag and fields) and the frame's total size. The size limit is checked as
+/// soon as the prefix is available.
+fn split_frame(buf: &[u8]) -> Result<Option<(&[u8], usize)>, WireError> {
+    let Some(prefix) = buf.get(..HEADER) else {
+        return Ok(None);
+    };
+    let mut len = [0u8; HEADER];
+    len.copy_from_slice(prefix);
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(WireError::TooLarge(len));
+    }
+    let total = HEADER + len;
+    match buf.get(HEADER..total) {
+        None => Ok(None),
+        Some(body) => Ok(Some((body, total))),
+    }
+}
+
+/// Decodes one request from the front of `buf`, which may hold a partial
+/// frame or several frames.
+///
+/// `Ok(None)`: need more bytes. `Ok(Some((req, consumed)))`: one request and
+/// how many bytes of `buf` it used. An error means the stream is corrupt.
+pub fn decode_request(buf: &[u8]) -> Result<Option<(Request, usize)>, WireError> {
+    let Some((body, consumed)) = split_frame(buf)? else {
+        return Ok(None);
+    };
+    let mut r = Reader { buf: body };
+    let req = match r.u8()? {
+        RQ_HELLO => Request::Hello { version: r.u32()? },
+        RQ_EXEC => Request::Exec(decode_exec(&mut r)?),
+        RQ_WINDOW_CHANGE => Request::WindowChange {
+            cols: r.u32()?,
+            rows: r.u32()?,
+        },
+        RQ_STATUS => Request::Status,
+        RQ_STOP => Request::Stop,
+        RQ_FORGET => Request::Forget { host: r.str()? },
+        tag => return Err(WireError::UnknownTag(tag)),
+    };
+    r.end()?;
+    Ok(Some((req, consumed)))
+}
+
+fn decode_exec(r: &mut Reader<'_>) -> Result<ExecWire, WireError> {
+    let host = r.str()?;
+    let user = r.opt_str("user presence flag")?;
+    let port = if r.present("port presence flag")? {
+        Some(r.u16()?)
+    } else {
+        None
+    };
+    let identity_files = r.strs()?;
+    let config_file = r.opt_str("config_file presence flag")?;
+    let options = r.strs()?;
+    let command = r.str()?;
+    let env = r.pairs()?;
+    let client_env = r.pairs()?;
+    let pty = if r.present("pty presence flag")? {
+        Some(PtyWire {
+            term: r.str()?,
+            cols: r.u32()?,
+            rows: r.u32()?,
+            required: r.bool("pty required flag")?,
+        })
+    } else {
+        None
+    };
+    let no_stdin = r.bool("no_stdin flag")?;
+    Ok(ExecWire {
+        host,
+        user,
+        port,
+        identity_files,
+        config_file,
+        options,
+        command,
+        env,
+        client_env,
+        pty,
+        no_stdin,
+    })
+}
+
+/// Decodes one reply from the front of `buf`, which may hold a partial frame
+/// or several frames.
+///
+/// `Ok(None)`: need more bytes. `Ok(Some((reply, consumed)))`: one reply and
+/// how many bytes of `buf` it used. An error means the stream is corrupt.
+pub fn decode_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, WireError> {
+    let Some((body, consumed)) = split_frame(buf)? else {
+        return Ok(None);
+    };
+    let mut r = Reader { buf: body };
+    let rep = match r.u8()? {
+        RP_HELLO => Reply::Hello {
+            version: r.u32()?,
+            pid: r.u32()?,
+        },
+        RP_EXIT => Reply::Exit { code: r.i32()? },
+        RP_FAILED => Reply::Failed {
+            kind: r.u8()?,
+            message: r.str()?,
+        },
+        RP_NEEDS_USER => Reply::NeedsUser { message: r.str()? },
+        RP_STATUS => Reply::Status { text: r.str()? },
+        RP_DONE => Reply::Done,
+        tag => return Err(WireError::UnknownTag(tag)),
+    };
+    r.end()?;
+    Ok(Some((rep, consumed)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full_exec() -> ExecWire {
+        ExecWire {
+            host: "példa.example".into(),
+            user: Some("ünïcødé 🚀".into()),
+            port: Some(65535),
+            identity_files: vec!["~/.ssh/id_ed25519".into(), String::new()],
+            config_file: Some("/etc/skiff/config".into()),
+            options: vec!["StrictHostKeyChecking=accept-new".into(), "Port=22".into()],
+            command: "echo 'hi' && ls -la /tmp".into(),
+            env: vec![
+                ("LANG".into(), "C.UTF-8".into()),
+                (String::new(), String::new()),
+            ],
+            client_env: vec![
+                ("HOME".into(), "/home/me".into()),
+                ("SSH_AUTH_SOCK".into(), "/run/user/1000/agent".into()),
+                ("USER".into(), "me".into()),
+            ],
+            pty: Some(PtyWire {
+                term: "xterm-256color".into(),
+                cols: 80,
+                rows: 24,
+                required: true,
+            }),
+            no_stdin: true,
+        }
+    }
+
+    fn all_requests() -> Vec<Request> {
+        let big: Vec<String> = (0..5000).map(|i| format!("Opt{i}=value{i}")).collect();
+        let big_env: Vec<(String, String)> = (0..2000)
+            .map(|i| (format!("K{i}"), "v".repeat(i % 17)))
+            .collect();
+        vec![
+            Request::Hello { version: 0 },
+            Request::Hello {
+                version: PROTOCOL_VERSION,
+            },
+            Request::Hello { version: u32::MAX },
+            Request::Exec(ExecWire::default()),
+            Request::Exec(full_exec()),
+            Request::Exec(ExecWire {
+                port: Some(0),
+                pty: Some(PtyWire {
+                    term: String::new(),
+                    cols: 0,
+                    rows: u32::MAX,
+                    required: false,
+                }),
+                ..ExecWire::default()
+            }),
+            Request::Exec(ExecWire {
+                host: "h".into(),
+                options: big.clone(),
+                identity_files: big,
+                env: big_env.clone(),
+                client_env: big_env,
+                command: "x".repeat(100_000),
+                ..ExecWire::default()
+            }),
+            Request::WindowChange { cols: 0, rows: 0 },
+            Request::WindowChange {
+                cols: 300,
+                rows: u32::MAX,
+            },
+            Request::Status,
+            Request::Stop,
+            Request::Forget {
+                host: String::new(),
+            },
+            Request::Forget {
+                host: "日本.example:2222".into(),
+            },
+        ]
+    }
+
+    fn all_replies() -> Vec<Reply> {
+        vec![
+            Reply::Hello {
+                version: PROTOCOL_VERSION,
+                pid: 4242,
+            },
+            Reply::Hello {
+                version: u32::MAX,
+                pid: 0,
+            },
+            Reply::Exit { code: 0 },
+            Reply::Exit { code: 130 },
+            Reply::Exit { code: -1 },
+            Reply::Exit { code: i32::MIN },
+            Reply::Exit { code: i32::MAX },
+            Reply::Failed {
+                kind: 2,
+                message: "connect to host example.com port 22: Connection refused".into(),
+            },
+            Reply::Failed {
+                kind: 0,
+                message: String::new(),
+            },
+            Reply::Failed {
+                kind: 255,
+                message: "ünï 🚀".into(),
+            },
+            Reply::NeedsUser {
+                message: "unknown host key".into(),
+            },
+            Reply::NeedsUser {
+                message: String::new(),
+            },
+            Reply::Status {
+                text: "connections:\n  a@b:22 (2 channels)\n".repeat(1000),
+            },
+            Reply::Status {
+                text: String::new(),
+            },
+            Reply::Done,
+        ]
+    }
+
+    /// A frame with the given body.
+    fn frame(body: &[u8]) -> Vec<u8> {
+        let mut f = (body.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(body);
+        f
+    }
+
+    #[test]
+    fn request_round_trip() {
+        for req in all_requests() {
+            let f = encode_request(&req);
+            assert_eq!(
+                u32::from_be_bytes(f[..4].try_into().unwrap()) as usize,
+                f.len() - 4
+            );
+            assert_eq!(decode_request(&f), Ok(Some((req.clone(), f.len()))));
+        }
+    }
+
+    #[test]
+    fn reply_round_trip() {
+        for rep in all_replies() {
+            let f = encode_reply(&rep);
+            assert_eq!(
+                u32::from_be_bytes(f[..4].try_into().unwrap()) as usize,
+                f.len() - 4
+            );
+            assert_eq!(decode_reply(&f), Ok(Some((rep.clone(), f.len()))));
+        }
+    }
+
+    #[test]
+    fn known_encodings() {
+        assert_eq!(
+            encode_request(&Request::Hello { version: 1 }),
+            [0, 0, 0, 5, 1, 0, 0, 0, 1]
+        );
+        assert_eq!(encode_request(&Request::Status), [0, 0, 0, 1, 4]);
+        assert_eq!(encode_request(&Request::Stop), [0, 0, 0, 1, 5]);
+        assert_eq!(
+            encode_request(&Request::Forget { host: "ab".into() }),
+            [0, 0, 0, 7, 6, 0, 0, 0, 2, b'a', b'b']
+        );
+        assert_eq!(
+            encode_request(&Request::WindowChange { cols: 80, rows: 24 }),
+            [0, 0, 0, 9, 3, 0, 0, 0, 80, 0, 0, 0, 24]
+        );
+        // Default Exec: host "", user None, port None, ids [], config None,
+        // options [], command "", env [], client_env [], pty None, no_stdin false.
+        assert_eq!(
+            encode_request(&Request::Exec(ExecWire::default())),
+            // tag, then 4+1+1+4+1+4+4+4+4+1+1 = 29 zero bytes.
+            frame(&[[RQ_EXEC].as_slice(), &[0; 29]].concat())
+        );
+        assert_eq!(
+            encode_reply(&Reply::Exit { code: -2 }),
+            [0, 0, 0, 5, 2, 0xff, 0xff, 0xff, 0xfe]
+        );
+        assert_eq!(
+            encode_reply(&Reply::Hello {
+                version: 1,
+                pid: 258
+            }),
+            [0, 0, 0, 9, 1, 0, 0, 0, 1, 0, 0, 1, 2]
+        );
+        assert_eq!(
+            encode_reply(&Reply::Failed {
+                kind: 3,
+                message: "x".into()
+            }),
+            [0, 0, 0, 7, 3, 3, 0, 0, 0, 1, b'x']
+        );
+        assert_eq!(encode_reply(&Reply::Done), [0, 0, 0, 1, 6]);
+    }
+
+    #[test]
+    fn partial_request_frames_need_more_bytes() {
+        for req in all_requests() {
+            let f = encode_request(&req);
+            // Every prefix of a big frame would be slow; check the ends and a stride.
+            let step = if f.len() > 4096 { 997 } else { 1 };
+            let mut cut = 0;
+            while cut < f.len() {
+                assert_eq!(decode_request(&f[..cut]), Ok(None), "cut {cut} of {req:?}");
+                cut += if cut < 16 || f.len() - cut < 16 {
+                    1
+                } else {
+                    step
+                };
+            }
+        }
+    }
+
+    #[test]
+    fn partial_reply_frames_need_more_bytes() {
+        for rep in all_replies() {
+            let f = encode_reply(&rep);
+            let step = if f.len() > 4096 { 997 } else { 1 };
+            let mut cut = 0;
+            while cut < f.len() {
+                assert_eq!(decode_reply(&f[..cut]), Ok(None), "cut {cut} of {rep:?}");
+                cut += if cut < 16 || f.len() - cut < 16 {
+                    1
+                } else {
+                    step
+                };
+            }
+        }
+    }
+
+    #[test]
+    fn exec_every_split_point() {
+        let f = encode_request(&Request::Exec(full_exec()));
+        for cut in 0..f.len() {
+            assert_eq!(decode_request(&f[..cut]), Ok(None), "cut {cut}");
+        }
+        assert!(decode_request(&f).unwrap().is_some());
+    }
+
+    #[test]
+    fn frames_back_to_back() {
+        let reqs = all_requests();
+        let mut buf = Vec::new();
+        for r in &reqs {
+            buf.extend(encode_request(r));
+        }
+        let mut pos = 0;
+        let mut got = Vec::new();
+        while let Some((r, n)) = decode_request(&buf[pos..]).unwrap() {
+            got.push(r);
+            pos += n;
+        }
+        assert_eq!(pos, buf.len());
+        assert_eq!(got, reqs);
+
+        let reps = all_replies();
+        let mut buf = Vec::new();
+        for r in &reps {
+            buf.extend(encode_reply(r));
+        }
+        // Plus a partial frame at the end.
+        let partial = encode_reply(&Reply::Done);
+        buf.extend_from_slice(&partial[..3]);
+        let mut pos = 0;
+        let mut got = Vec::new();
+        while let Some((r, n)) = decode_reply(&buf[pos..]).unwrap() {
+            got.push(r);
+            pos += n;
+        }
+        assert_eq!(pos, buf.len() - 3);
+        assert_eq!(got, reps);
+    }
+
+    #[test]
+    fn two_frames_in_one_buffer_consumed_is_first_only() {
+        let a = encode_request(&Request::Hello { version: 1 });
+        let b = encode_request(&Request::Stop);
+        let mut buf = a.clone();
+        buf.extend_from_slice(&b);
+        let (r, n) = decode_request(&buf).unwrap().unwrap();
+        assert_eq!(r, Request::Hello { version: 1 });
+        assert_eq!(n, a.len());
+        assert_eq!(
+            decode_request(&buf[n..]),
+            Ok(Some((Request::Stop, b.len())))
+        );
+    }
+
+    #[test]
+    fn too_large_is_refused_before_the_body_arrives() {
+        let len = (MAX_FRAME + 1) as u32;
+        let buf = len.to_be_bytes();
+        assert_eq!(
+            decode_request(&buf),
+            Err(WireError::TooLarge(MAX_FRAME + 1))
+        );
+        assert_eq!(decode_reply(&buf), Err(WireError::TooLarge(MAX_FRAME + 1)));
+        let buf = u32::MAX.to_be_bytes();
+        assert_eq!(
+            decode_request(&buf),
+            Err(WireError::TooLarge(u32::MAX as usize))
+        );
+        // Exactly MAX_FRAME is allowed: just waits for the bytes.
+        let buf = (MAX_FRAME as u32).to_be_bytes();
+        assert_eq!(decode_request(&buf), Ok(None));
+        assert_eq!(decode_reply(&buf), Ok(None));
+    }
+
+    #[test]
+    fn max_frame_body_is_accepted() {
+        // Status { text } body: tag (1) + length (4) + text.
+        let text = "s".repeat(MAX_FRAME - 5);
+        let f = encode_reply(&Reply::Status { text: text.clone() });
+        assert_eq!(f.len(), MAX_FRAME + 4);
+        assert_eq!(
+            decode_reply(&f),
+            Ok(Some((Reply::Status { text }, f.len())))
+        );
+        // One more byte is too much.
+        let f = encode_reply(&Reply::Status {
+            text: "s".repeat(MAX_FRAME - 4),
+        });
+        assert_eq!(decode_reply(&f), Err(WireError::TooLarge(MAX_FRAME + 1)));
+    }
+
+    #[test]
+    fn unknown_tags() {
+        for tag in [0u8, 7, 200, 255] {
+            assert_eq!(
+                decode_request(&frame(&[tag])),
+                Err(WireError::UnknownTag(tag))
+            );
+            assert_eq!(
+                decode_reply(&frame(&[tag])),
+                Err(WireError::UnknownTag(tag))
+            );
+        }
+    }
+
+    #[test]
+    fn empty_body_is_truncated() {
+        assert_eq!(decode_request(&frame(&[])), Err(WireError::Truncated));
+        assert_eq!(decode_reply(&frame(&[])), Err(WireError::Truncated));
+    }
+
+    #[test]
+    fn fields_past_the_end_of_the_frame_are_truncated() {
+        // Hello with a 3-byte version.
+        assert_eq!(
+            decode_request(&frame(&[RQ_HELLO, 0, 0, 1])),
+            Err(WireError::Truncated)
+        );
+        // Every proper prefix of a body, reframed, is Truncated.
+        for req in all_requests() {
+            let f = encode_request(&req);
+            let body = &f[4..];
+            let step = if body.len() > 4096 { 997 } else { 1 };
+            for cut in (0..body.len()).step_by(step) {
+                assert_eq!(
+                    decode_request(&frame(&body[..cut])),
+                    Err(WireError::Truncated),
+                    "cut {cut} of {req:?}"
+                );
+            }
+        }
+        for rep in all_replies() {
+            let f = encode_reply(&rep);
+            let body = &f[4..];
+            let step = if body.len() > 4096 { 997 } else { 1 };
+            for cut in (0..body.len()).step_by(step) {
+                assert_eq!(
+                    decode_reply(&frame(&body[..cut])),
+                    Err(WireError::Truncated),
+                    "cut {cut} of {rep:?}"
+                );
+            }
+        }
+        // A string whose declared length overruns the frame.
+        assert_eq!(
+            decode_reply(&frame(&[RP_STATUS, 0, 0, 0, 10, b'a'])),
+            Err(WireError::Truncated)
+        );
+        assert_eq!(
+            decode_request(&frame(&[RQ_FORGET, 0xff, 0xff, 0xff, 0xff])),
+            Err(WireError::Truncated)
+        );
+    }
+
+    #[test]
+    fn trailing_bytes() {
+        let mut f = encode_request(&Request::Stop);
+        f.extend_from_slice(&[9, 9]);
+        // The extra bytes are outside the frame: not our business.
+        assert_eq!(decode_request(&f), Ok(Some((Request::Stop, 5))));
+        // Inside the frame they are an error.
+        assert_eq!(
+            decode_request(&frame(&[RQ_STOP, 9, 9])),
+            Err(WireError::Trailing(2))
+        );
+        assert_eq!(
+            decode_reply(&frame(&[RP_DONE, 0])),
+            Err(WireError::Trailing(1))
+        );
+        let mut body = encode_request(&Request::Exec(full_exec()))[4..].to_vec();
+        body.extend_from_slice(&[0, 0, 0]);
+        assert_eq!(decode_request(&frame(&body)), Err(WireError::Trailing(3)));
+        let mut body = encode_reply(&Reply::Exit { code: 1 })[4..].to_vec();
+        body.push(0);
+        assert_eq!(decode_reply(&frame(&body)), Err(WireError::Trailing(1)));
+    }
+
+    #[test]
+    fn bad_utf8() {
+        assert_eq!(
+            decode_request(&frame(&[RQ_FORGET, 0, 0, 0, 2, 0xc3, 0x28])),
+            Err(WireError::BadUtf8)
+        );
+        assert_eq!(
+            decode_reply(&frame(&[RP_NEEDS_USER, 0, 0, 0, 1, 0xff])),
+            Err(WireError::BadUtf8)
+        );
+        assert_eq!(
+            decode_reply(&frame(&[RP_FAILED, 4, 0, 0, 0, 3, 0xe2, 0x82, b'x'])),
+            Err(WireError::BadUtf8)
+        );
+        // Bad UTF-8 deep inside an Exec (in client_env).
+        let mut e = ExecWire::default();
+        e.client_env.push(("K".into(), "V".into()));
+        let mut f = encode_request(&Request::Exec(e));
+        let v = f.iter().rposition(|&b| b == b'V').unwrap();
+        f[v] = 0x80;
+        assert_eq!(decode_request(&f), Err(WireError::BadUtf8));
+    }
+
+    /// The body (tag and fields, no length prefix) of a default Exec.
+    fn default_exec_body() -> Vec<u8> {
+        encode_request(&Request::Exec(ExecWire::default()))[4..].to_vec()
+    }
+
+    #[test]
+    fn bad_flags() {
+        // Default Exec body layout: tag(1) host(4) user(1) port(1) ids(4)
+        // config(1) options(4) command(4) env(4) client_env(4) pty(1) no_stdin(1).
+        let cases: [(usize, &str); 5] = [
+            (5, "user presence flag"),
+            (6, "port presence flag"),
+            (11, "config_file presence flag"),
+            (28, "pty presence flag"),
+            (29, "no_stdin flag"),
+        ];
+        for (at, what) in cases {
+            for bad in [2u8, 0xff] {
+                let mut body = default_exec_body();
+                assert_eq!(body.len(), 30);
+                body[at] = bad;
+                assert_eq!(
+                    decode_request(&frame(&body)),
+                    Err(WireError::BadValue(what)),
+                    "byte {at} = {bad}"
+                );
+            }
+        }
+        // pty.required.
+        let e = ExecWire {
+            pty: Some(PtyWire {
+                term: String::new(),
+                cols: 1,
+                rows: 1,
+                required: false,
+            }),
+            ..ExecWire::default()
+        };
+        let mut f = encode_request(&Request::Exec(e));
+        let n = f.len();
+        f[n - 2] = 7;
+        assert_eq!(
+            decode_request(&f),
+            Err(WireError::BadValue("pty required flag"))
+        );
+    }
+
+    #[test]
+    fn huge_counts_do_not_allocate() {
+        // identity_files count = u32::MAX with nothing after it.
+        let mut body = default_exec_body();
+        body[7..11].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(decode_request(&frame(&body)), Err(WireError::Truncated));
+        // env count just above what the remaining bytes could hold.
+        let mut body = default_exec_body();
+        // env count at 20..24; 6 bytes remain after it (client_env 4, pty 1, no_stdin 1).
+        body[20..24].copy_from_slice(&1u32.to_be_bytes());
+        assert_eq!(decode_request(&frame(&body)), Err(WireError::Truncated));
+        // options count plausible but the items are missing.
+        let mut body = default_exec_body();
+        body[12..16].copy_from_slice(&3u32.to_be_bytes());
+        assert_eq!(decode_request(&frame(&body)), Err(WireError::Truncated));
+    }
+
+    #[test]
+    fn canonical_reencoding() {
+        for req in all_requests() {
+            let f = encode_request(&req);
+            let (d, _) = decode_request(&f).unwrap().unwrap();
+            assert_eq!(encode_request(&d), f);
+        }
+        for rep in all_replies() {
+            let f = encode_reply(&rep);
+            let (d, _) = decode_reply(&f).unwrap().unwrap();
+            assert_eq!(encode_reply(&d), f);
+        }
+    }
+
+    #[test]
+    fn error_messages() {
+        assert_eq!(
+            WireError::TooLarge(5_000_000).to_string(),
+            "agent frame too large: 5000000 bytes (limit 1048576)"
+        );
+        assert_eq!(
+            WireError::UnknownTag(9).to_string(),
+            "unknown agent message tag 9"
+        );
+        assert_eq!(
+            WireError::Trailing(2).to_string(),
+            "agent frame has 2 trailing bytes after its fields"
+        );
+        assert_eq!(
+            WireError::BadValue("no_stdin flag").to_string(),
+            "agent frame holds an invalid no_stdin flag"
+        );
+        assert!(WireError::Truncated.to_string().contains("past the end"));
+        assert!(WireError::BadUtf8.to_string().contains("UTF-8"));
+    }
+}

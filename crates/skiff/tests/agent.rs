@@ -1,0 +1,325 @@
+//! `skiff exec` through the auto-spawned agent, with real processes, a real
+//! Unix socket and real servers: ten simultaneous first calls start exactly
+//! one agent; socket and directory modes; output, stdin, exit codes and
+//! signals through the agent; many sequential and concurrent warm calls;
+//! 50 concurrent calls against OpenSSH sshd with MaxSessions 10; recovery
+//! after the agent is SIGKILLed and after the server restarts; stop.
+//! Every test uses its own socket directory and stops its own agent.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::server_context as ctx;
+use common::*;
+
+/// A private runtime directory (XDG_RUNTIME_DIR) for one test's agent; the
+/// agent is stopped, and if need be killed, on drop.
+struct AgentHome {
+    runtime: tempfile::TempDir,
+    home: ClientHome,
+}
+
+impl AgentHome {
+    fn new() -> Self {
+        let runtime = tempfile::Builder::new()
+            .prefix("skiff-rt-")
+            .tempdir()
+            .expect("tempdir");
+        std::fs::set_permissions(runtime.path(), std::fs::Permissions::from_mode(0o700))
+            .expect("chmod");
+        AgentHome {
+            runtime,
+            home: ClientHome::new(),
+        }
+    }
+
+    fn agent_dir(&self) -> PathBuf {
+        self.runtime.path().join("skiff")
+    }
+
+    /// `skiff exec` through this test's agent.
+    fn exec(&self, port: u16, key: &Key) -> SkiffExec {
+        skiff_exec(&self.home, port, user(), Some(key))
+            .env("SKIFF_AGENT", "on")
+            .env("XDG_RUNTIME_DIR", self.runtime.path())
+            .env("XDG_STATE_HOME", self.home.path().join("state"))
+    }
+
+    /// `skiff agent ARGS` for this test's agent.
+    fn agent_cmd(&self, args: &[&str]) -> CmdOutput {
+        Run::new(skiff_bin())
+            .arg("agent")
+            .args(args)
+            .env("HOME", self.home.path())
+            .env("XDG_RUNTIME_DIR", self.runtime.path())
+            .timeout(Duration::from_secs(20))
+            .run()
+    }
+
+    /// PIDs of agent processes serving this test's directory.
+    fn agent_pids(&self) -> Vec<u32> {
+        let pattern = format!("agent --foreground --dir {}", self.agent_dir().display());
+        let out = Command::new("pgrep")
+            .args(["-f", &pattern])
+            .output()
+            .expect("pgrep");
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    }
+}
+
+impl Drop for AgentHome {
+    fn drop(&mut self) {
+        let _ = self.agent_cmd(&["stop"]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.agent_pids().is_empty() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(50));
+        }
+        for pid in self.agent_pids() {
+            // SAFETY: kill(2) on a leftover agent of this test.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+fn trust(ah: &AgentHome, server: &dyn Daemon, fx: &Fixture) {
+    ah.home.trust(server.port(), &fx.host_key);
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).expect("stat").permissions().mode() & 0o777
+}
+
+/// Runs `n` calls through the agent at once; call `i` runs `command(i)` and
+/// must print `expected(i)` and exit with `code(i)`.
+fn concurrent_calls(
+    ah: &AgentHome,
+    port: u16,
+    key: &Key,
+    n: i32,
+    command: impl Fn(i32) -> String,
+    expected: impl Fn(i32) -> (i32, String),
+    c: &str,
+) {
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let run = ah.exec(port, key).cmd(&command(i));
+            thread::spawn(move || (i, run.run()))
+        })
+        .collect();
+    for h in handles {
+        let (i, out) = h.join().expect("thread");
+        let (code, stdout) = expected(i);
+        out.expect_code(code, c).expect_stdout(&stdout, c);
+    }
+}
+
+#[test]
+fn ten_simultaneous_first_calls_start_exactly_one_agent() {
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let ah = AgentHome::new();
+    trust(&ah, &d, &fx);
+    let c = ctx(&d, "10 concurrent first calls");
+    concurrent_calls(
+        &ah,
+        d.port(),
+        &fx.client_key,
+        10,
+        |i| format!("echo call-{i}"),
+        |i| (0, format!("call-{i}\n")),
+        &c,
+    );
+    assert_eq!(ah.agent_pids().len(), 1, "{c}: exactly one agent must run");
+    assert_eq!(mode(&ah.agent_dir()), 0o700, "agent directory mode");
+    assert_eq!(
+        mode(&ah.agent_dir().join("agent.sock")),
+        0o600,
+        "agent socket mode"
+    );
+    let status = ah.agent_cmd(&["status"]);
+    status.expect_code(0, &c);
+    assert!(
+        status
+            .stdout_str()
+            .contains(&format!("127.0.0.1:{}", d.port())),
+        "{c}: status lists the connection\n{status}"
+    );
+}
+
+#[test]
+fn output_stdin_exit_codes_and_signals_through_the_agent() {
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let ah = AgentHome::new();
+    trust(&ah, &d, &fx);
+    let c = ctx(&d, "through the agent");
+    let out = ah
+        .exec(d.port(), &fx.client_key)
+        .cmd("echo out; echo err >&2; exit 7")
+        .run();
+    out.expect_code(7, &c).expect_stdout("out\n", &c);
+    assert_eq!(out.stderr, "err\n", "{c}\n{out}");
+    let out = ah
+        .exec(d.port(), &fx.client_key)
+        .cmd("cat; exit 3")
+        .input(Input::Bytes(b"from stdin\n".to_vec()))
+        .run();
+    out.expect_code(3, &c).expect_stdout("from stdin\n", &c);
+    let out = ah.exec(d.port(), &fx.client_key).cmd("kill -9 $$").run();
+    out.expect_code(137, &c);
+    let out = ah
+        .exec(d.port(), &fx.client_key)
+        .flag("-n")
+        .cmd("cat; echo done")
+        .run();
+    out.expect_code(0, &c).expect_stdout("done\n", &c);
+    assert_eq!(ah.agent_pids().len(), 1, "{c}: the calls used the agent");
+}
+
+#[test]
+fn many_sequential_and_concurrent_warm_calls() {
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let ah = AgentHome::new();
+    trust(&ah, &d, &fx);
+    let c = ctx(&d, "warm calls");
+    for i in 0..300 {
+        let out = ah
+            .exec(d.port(), &fx.client_key)
+            .cmd(&format!("echo seq-{i}"))
+            .run();
+        out.expect_code(0, &c)
+            .expect_stdout(&format!("seq-{i}\n"), &c);
+    }
+    concurrent_calls(
+        &ah,
+        d.port(),
+        &fx.client_key,
+        64,
+        |i| format!("sleep 0.2; echo par-{i}; exit {}", i % 5),
+        |i| (i % 5, format!("par-{i}\n")),
+        &c,
+    );
+    let status = ah.agent_cmd(&["status"]).stdout_str();
+    assert_eq!(
+        status.matches(&format!("127.0.0.1:{}", d.port())).count(),
+        1,
+        "{c}: one warm connection\n{status}"
+    );
+}
+
+#[test]
+fn fifty_concurrent_calls_against_sshd_max_sessions_10() {
+    let Some((fx, sshd)) = sshd_setup(&["MaxSessions 10", "MaxStartups 100"]) else {
+        return;
+    };
+    let ah = AgentHome::new();
+    trust(&ah, &sshd, &fx);
+    let c = ctx(&sshd, "50 concurrent through the agent");
+    concurrent_calls(
+        &ah,
+        sshd.port(),
+        &fx.client_key,
+        50,
+        |i| format!("sleep 0.5; echo job-{i}"),
+        |i| (0, format!("job-{i}\n")),
+        &c,
+    );
+}
+
+#[test]
+fn recovers_after_the_agent_is_killed_and_after_a_server_restart() {
+    let Some((fx, mut d)) = skiffd_setup() else {
+        return;
+    };
+    let ah = AgentHome::new();
+    trust(&ah, &d, &fx);
+    let c = ctx(&d, "agent recovery");
+    ah.exec(d.port(), &fx.client_key)
+        .cmd("true")
+        .run()
+        .expect_code(0, &c);
+    let first = ah.agent_pids();
+    assert_eq!(first.len(), 1, "{c}");
+    // A command in flight when the agent dies: the CLI must not hang.
+    let running = ah.exec(d.port(), &fx.client_key).cmd("sleep 5; echo late");
+    let waiter = thread::spawn(move || running.run());
+    thread::sleep(Duration::from_millis(700));
+    // SAFETY: kill(2) on this test's agent.
+    unsafe { libc::kill(first[0] as i32, libc::SIGKILL) };
+    let started = Instant::now();
+    let out = waiter.join().expect("thread");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{c}: the CLI noticed the dead agent promptly"
+    );
+    out.expect_skiff_failure(&["agent"], &c);
+    // The next call starts a fresh agent (the stale socket is cleaned up).
+    let out = ah.exec(d.port(), &fx.client_key).cmd("echo fresh").run();
+    out.expect_code(0, &c).expect_stdout("fresh\n", &c);
+    let second = ah.agent_pids();
+    assert_eq!(second.len(), 1, "{c}");
+    assert_ne!(second, first, "{c}: a new agent process");
+    // The server restarts: the agent's warm connection dies and is replaced.
+    d.restart();
+    let out = ah
+        .exec(d.port(), &fx.client_key)
+        .cmd("echo after-restart")
+        .run();
+    out.expect_code(0, &c).expect_stdout("after-restart\n", &c);
+    // `stop` ends the agent.
+    ah.agent_cmd(&["stop"]).expect_code(0, &c);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !ah.agent_pids().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{c}: agent still running after stop"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn idle_agent_exits_on_its_own() {
+    if !require_openssh() {
+        return;
+    }
+    let ah = AgentHome::new();
+    std::fs::create_dir(ah.agent_dir()).expect("mkdir");
+    std::fs::set_permissions(ah.agent_dir(), std::fs::Permissions::from_mode(0o700))
+        .expect("chmod");
+    let mut child = Command::new(skiff_bin())
+        .args(["agent", "--foreground", "--persist", "1", "--dir"])
+        .arg(ah.agent_dir())
+        .env("HOME", ah.home.path())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn agent");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("agent with --persist 1 did not exit within 15 s");
+        }
+        thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "idle exit is a clean exit: {status}");
+    assert!(
+        !ah.agent_dir().join("agent.sock").exists(),
+        "socket removed on exit"
+    );
+}
