@@ -171,14 +171,41 @@ async fn client(agent: Arc<Agent>, stream: tokio::net::UnixStream) -> std::io::R
         },
         Request::Exec(wire) => {
             agent.active.fetch_add(1, Ordering::SeqCst);
-            let reply = exec(&agent, wire, fds).await;
+            // The CLI sends nothing more; EOF on its socket means it is gone
+            // (killed, Ctrl-C). Dropping the command closes its channel.
+            let reply = tokio::select! {
+                reply = exec(&agent, wire, fds) => Some(reply),
+                _ = client_gone(&stream) => None,
+            };
             agent.active.fetch_sub(1, Ordering::SeqCst);
             *agent.last_activity.lock().expect("not poisoned") = Instant::now();
-            reply
+            match reply {
+                Some(r) => r,
+                None => {
+                    tracing::info!("client went away; its command's channel was closed");
+                    return Ok(());
+                }
+            }
         }
     };
     stream.write_all(&agent_wire::encode_reply(&reply)).await?;
     stream.flush().await
+}
+
+/// Resolves when the client closes its end of the socket.
+async fn client_gone(stream: &tokio::net::UnixStream) {
+    let mut buf = [0u8; 256];
+    loop {
+        if stream.readable().await.is_err() {
+            return;
+        }
+        match stream.try_read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => {} // nothing is expected mid-command; ignore
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
+    }
 }
 
 fn status_text(agent: &Agent) -> String {

@@ -149,6 +149,10 @@ where
 
     // stdin -> channel, respecting the remote window; EOF when stdin ends.
     let writer = std::sync::Arc::new(writer);
+    // If this future is dropped before the command ends (the caller gave up:
+    // a timeout, or the agent's client went away), close the channel so the
+    // server ends the command instead of letting it run on.
+    let mut close_guard = CloseOnDrop(Some(writer.clone()));
     let input_writer = writer.clone();
     let input = tokio::spawn(async move {
         if let Some(mut stdin) = stdin {
@@ -177,6 +181,7 @@ where
                     if e.kind() == std::io::ErrorKind::BrokenPipe {
                         // The local reader went away (`skiff exec h yes | head -1`): stop
                         // quietly and report what a local program would, death by SIGPIPE.
+                        close_guard.disarm();
                         let _ = writer.close().await;
                         input.abort();
                         return Ok(ExitOutcome::Signal {
@@ -210,6 +215,7 @@ where
             }
             ChannelMsg::Failure => match pending_replies.pop_front() {
                 Some(Request::Pty) if req.pty.as_ref().is_some_and(|p| p.required) => {
+                    close_guard.disarm();
                     let _ = writer.close().await;
                     input.abort();
                     return Err(SkiffError::new(
@@ -234,6 +240,7 @@ where
         }
     }
     input.abort();
+    close_guard.disarm();
     if !closed && outcome == ExitOutcome::Unknown {
         // The channel vanished without a close: the connection is gone.
         return Err(SkiffError::new(
@@ -250,6 +257,25 @@ where
         ));
     }
     Ok(outcome)
+}
+
+/// Closes a channel when dropped while still armed.
+struct CloseOnDrop(Option<std::sync::Arc<russh::ChannelWriteHalf<russh::client::Msg>>>);
+
+impl CloseOnDrop {
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        if let (Some(writer), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            rt.spawn(async move {
+                let _ = writer.close().await;
+            });
+        }
+    }
 }
 
 /// Channel requests that wait for a reply, in the order they were sent.

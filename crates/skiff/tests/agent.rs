@@ -290,6 +290,71 @@ fn recovers_after_the_agent_is_killed_and_after_a_server_restart() {
     }
 }
 
+/// A CLI killed mid-command (as by Ctrl-C twice, or a crash): the agent
+/// closes that command's channel, and skiffd hangs the command up, so it
+/// does not run on. The marker sleep duration identifies the remote process.
+#[test]
+fn killing_the_cli_ends_its_remote_command() {
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let ah = AgentHome::new();
+    trust(&ah, &d, &fx);
+    let c = ctx(&d, "CLI killed mid-command");
+    ah.exec(d.port(), &fx.client_key)
+        .cmd("true")
+        .run()
+        .expect_code(0, &c);
+    let marker = "sleep 47.25";
+    let remote_alive = || {
+        let out = Command::new("pgrep")
+            .args(["-f", marker])
+            .output()
+            .expect("pgrep");
+        !out.stdout.is_empty()
+    };
+    let mut cli = Command::new(skiff_bin())
+        .args(["exec", "-F", "/dev/null", "-o", "BatchMode=yes", "-n", "-i"])
+        .arg(&fx.client_key.private)
+        .args([
+            "-p",
+            &d.port().to_string(),
+            &format!("{}@127.0.0.1", user()),
+            marker,
+        ])
+        .env("HOME", ah.home.path())
+        .env("SKIFF_AGENT", "on")
+        .env("XDG_RUNTIME_DIR", ah.runtime.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn skiff");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !remote_alive() {
+        assert!(
+            Instant::now() < deadline,
+            "{c}: the remote command never started"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    cli.kill().expect("kill the CLI");
+    let _ = cli.wait();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while remote_alive() {
+        assert!(
+            Instant::now() < deadline,
+            "{c}: the remote command outlived its CLI by 10 s"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    // The agent itself is fine and keeps serving.
+    let out = ah
+        .exec(d.port(), &fx.client_key)
+        .cmd("echo still-here")
+        .run();
+    out.expect_code(0, &c).expect_stdout("still-here\n", &c);
+}
+
 #[test]
 fn idle_agent_exits_on_its_own() {
     if !require_openssh() {
