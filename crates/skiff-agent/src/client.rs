@@ -114,13 +114,23 @@ fn spawn_agent(dir: &Path) -> Result<(), String> {
 }
 
 /// Sends one request (with `fds` attached) and reads the reply.
-pub fn request(
+pub fn request(stream: UnixStream, req: &Request, fds: &[BorrowedFd<'_>]) -> Result<Reply, String> {
+    request_with(stream, req, fds, &mut || None)
+}
+
+/// Like [`request`]; while waiting, `poll_resize` is asked (every 100 ms or
+/// so) for a new window size to send to the agent.
+pub fn request_with(
     mut stream: UnixStream,
     req: &Request,
     fds: &[BorrowedFd<'_>],
+    poll_resize: &mut dyn FnMut() -> Option<(u32, u32)>,
 ) -> Result<Reply, String> {
     let frame = agent_wire::encode_request(req);
     socket::send_with_fds(&stream, &frame, fds)
+        .map_err(|e| format!("cannot talk to the agent: {e}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(100)))
         .map_err(|e| format!("cannot talk to the agent: {e}"))?;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
@@ -130,9 +140,22 @@ pub fn request(
         {
             return Ok(reply);
         }
+        if let Some((cols, rows)) = poll_resize() {
+            let frame = agent_wire::encode_request(&Request::WindowChange { cols, rows });
+            let _ = stream.write_all(&frame);
+        }
         let n = match stream.read(&mut chunk) {
             Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::Interrupted
+                        | std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
             Err(e) => return Err(format!("lost the agent: {e}")),
         };
         if n == 0 {
@@ -145,7 +168,12 @@ pub fn request(
 }
 
 /// Runs a command through the agent with this process's stdio.
-pub fn exec(wire: ExecWire, spawn: bool) -> Outcome {
+/// `poll_resize` reports terminal size changes for pty sessions.
+pub fn exec(
+    wire: ExecWire,
+    spawn: bool,
+    poll_resize: &mut dyn FnMut() -> Option<(u32, u32)>,
+) -> Outcome {
     let stream = match connect_or_spawn(spawn) {
         Ok(s) => s,
         Err(why) => return Outcome::Unavailable(why),
@@ -153,7 +181,7 @@ pub fn exec(wire: ExecWire, spawn: bool) -> Outcome {
     let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
     let _ = std::io::stdout().flush();
     let fds = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];
-    match request(stream, &Request::Exec(wire), &fds) {
+    match request_with(stream, &Request::Exec(wire), &fds, poll_resize) {
         Ok(reply) => Outcome::Reply(reply),
         Err(e) => Outcome::Reply(Reply::Failed {
             kind: 2,

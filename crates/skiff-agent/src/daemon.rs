@@ -173,9 +173,11 @@ async fn client(agent: Arc<Agent>, stream: tokio::net::UnixStream) -> std::io::R
             agent.active.fetch_add(1, Ordering::SeqCst);
             // The CLI sends nothing more; EOF on its socket means it is gone
             // (killed, Ctrl-C). Dropping the command closes its channel.
+            let (resize_tx, resize_rx) = tokio::sync::mpsc::channel(8);
+            let resize = wire.pty.is_some().then_some(resize_rx);
             let reply = tokio::select! {
-                reply = exec(&agent, wire, fds) => Some(reply),
-                _ = client_gone(&stream) => None,
+                reply = exec(&agent, wire, fds, resize) => Some(reply),
+                _ = follow_client(&stream, resize_tx) => None,
             };
             agent.active.fetch_sub(1, Ordering::SeqCst);
             *agent.last_activity.lock().expect("not poisoned") = Instant::now();
@@ -192,18 +194,40 @@ async fn client(agent: Arc<Agent>, stream: tokio::net::UnixStream) -> std::io::R
     stream.flush().await
 }
 
-/// Resolves when the client closes its end of the socket.
-async fn client_gone(stream: &tokio::net::UnixStream) {
-    let mut buf = [0u8; 256];
+/// Relays window changes the client sends while its command runs, and
+/// resolves when the client closes its end of the socket.
+async fn follow_client(
+    stream: &tokio::net::UnixStream,
+    resize: tokio::sync::mpsc::Sender<skiff_engine::WindowSize>,
+) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
     loop {
         if stream.readable().await.is_err() {
             return;
         }
-        match stream.try_read(&mut buf) {
+        match stream.try_read(&mut chunk) {
             Ok(0) => return,
-            Ok(_) => {} // nothing is expected mid-command; ignore
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(_) => return,
+        }
+        loop {
+            match agent_wire::decode_request(&buf) {
+                Ok(Some((Request::WindowChange { cols, rows }, used))) => {
+                    buf.drain(..used);
+                    let _ = resize.try_send(skiff_engine::WindowSize { cols, rows });
+                }
+                Ok(Some((other, used))) => {
+                    buf.drain(..used);
+                    tracing::debug!("ignoring {other:?} during a command");
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!("bad message from a client: {e}");
+                    return;
+                }
+            }
         }
     }
 }
@@ -234,7 +258,12 @@ fn status_text(agent: &Agent) -> String {
 }
 
 /// Runs one command for a client, using the client's stdio fds.
-async fn exec(agent: &Agent, wire: ExecWire, fds: Vec<OwnedFd>) -> Reply {
+async fn exec(
+    agent: &Agent,
+    wire: ExecWire,
+    fds: Vec<OwnedFd>,
+    resize: Option<tokio::sync::mpsc::Receiver<skiff_engine::WindowSize>>,
+) -> Reply {
     let [stdin_fd, stdout_fd, stderr_fd]: [OwnedFd; 3] = match fds.try_into() {
         Ok(a) => a,
         Err(v) => {
@@ -282,7 +311,7 @@ async fn exec(agent: &Agent, wire: ExecWire, fds: Vec<OwnedFd>) -> Reply {
     };
     let result = agent
         .pool
-        .exec(&settings, &req, stdin, stdout, stderr, None)
+        .exec(&settings, &req, stdin, stdout, stderr, resize)
         .await;
     drop(cancel);
     match result {

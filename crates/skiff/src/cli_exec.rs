@@ -56,7 +56,8 @@ pub fn split_destination(dest: &str) -> (Option<String>, String) {
 
 pub fn run(args: ExecArgs) -> i32 {
     crate::init_logging(args.verbose);
-    if let Some(code) = via_agent(&args) {
+    let pty = pty_request(&args);
+    if let Some(code) = via_agent(&args, pty.clone()) {
         return code;
     }
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -69,7 +70,7 @@ pub fn run(args: ExecArgs) -> i32 {
             return 255;
         }
     };
-    match runtime.block_on(exec_main(args)) {
+    match runtime.block_on(exec_main(args, pty)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("skiff: {e}");
@@ -78,7 +79,7 @@ pub fn run(args: ExecArgs) -> i32 {
     }
 }
 
-async fn exec_main(args: ExecArgs) -> Result<i32, SkiffError> {
+async fn exec_main(args: ExecArgs, pty: Option<PtyRequest>) -> Result<i32, SkiffError> {
     let (user, host) = split_destination(&args.destination);
     let command = args.command.join(" ");
     let dest = Destination {
@@ -102,22 +103,6 @@ async fn exec_main(args: ExecArgs) -> Result<i32, SkiffError> {
     let env = remote_env(&settings);
 
     let stdin_tty = std::io::stdin().is_terminal();
-    let pty = match args.tty {
-        0 => None,
-        1 if !stdin_tty => {
-            eprintln!("Pseudo-terminal will not be allocated because stdin is not a terminal.");
-            None
-        }
-        _ => {
-            let (cols, rows) = terminal::window_size().unwrap_or((80, 24));
-            Some(PtyRequest {
-                term: std::env::var("TERM").unwrap_or_else(|_| "xterm".into()),
-                cols,
-                rows,
-                required: args.tty >= 2,
-            })
-        }
-    };
     // Raw mode while a remote terminal is attached; restored on drop.
     let _raw = if pty.is_some() && stdin_tty {
         terminal::RawMode::enter()
@@ -155,13 +140,12 @@ async fn exec_main(args: ExecArgs) -> Result<i32, SkiffError> {
 /// Whether this invocation may use the agent.
 fn agent_wanted(args: &ExecArgs) -> bool {
     let off = std::env::var("SKIFF_AGENT").is_ok_and(|v| matches!(v.as_str(), "off" | "no" | "0"));
-    // Terminals stay on the direct path for now (window changes are not relayed yet).
-    !args.no_agent && !off && args.tty == 0
+    !args.no_agent && !off
 }
 
 /// Runs the command through the agent (starting one if needed). `None`
 /// means: do it directly (no agent, or a person has to decide something).
-fn via_agent(args: &ExecArgs) -> Option<i32> {
+fn via_agent(args: &ExecArgs, pty: Option<PtyRequest>) -> Option<i32> {
     use skiff_proto::agent_wire::{ExecWire, Reply};
     if !agent_wanted(args) {
         return None;
@@ -206,10 +190,26 @@ fn via_agent(args: &ExecArgs) -> Option<i32> {
         command: args.command.join(" "),
         env: remote_env(&settings),
         client_env: skiff_engine::settings::ClientEnv::from_process().vars,
-        pty: None,
+        pty: pty.map(|p| skiff_proto::agent_wire::PtyWire {
+            term: p.term,
+            cols: p.cols,
+            rows: p.rows,
+            required: p.required,
+        }),
         no_stdin: args.no_stdin,
     };
-    match skiff_agent::client::exec(wire, true) {
+    // Raw mode while a remote terminal is attached; restored on drop.
+    let _raw = if wire.pty.is_some() && std::io::stdin().is_terminal() {
+        terminal::RawMode::enter()
+    } else {
+        None
+    };
+    let mut poll_resize: Box<dyn FnMut() -> Option<(u32, u32)>> = if wire.pty.is_some() {
+        Box::new(terminal::install_winch_flag())
+    } else {
+        Box::new(|| None)
+    };
+    match skiff_agent::client::exec(wire, true, &mut *poll_resize) {
         skiff_agent::client::Outcome::Reply(Reply::Exit { code }) => Some(code),
         skiff_agent::client::Outcome::Reply(Reply::Failed { message, .. }) => {
             eprintln!("skiff: {message}");
@@ -226,6 +226,26 @@ fn via_agent(args: &ExecArgs) -> Option<i32> {
         skiff_agent::client::Outcome::Unavailable(why) => {
             tracing::debug!("not using the agent: {why}");
             None
+        }
+    }
+}
+
+/// The terminal to ask for: `-t` with a local terminal, or `-tt` always.
+fn pty_request(args: &ExecArgs) -> Option<PtyRequest> {
+    match args.tty {
+        0 => None,
+        1 if !std::io::stdin().is_terminal() => {
+            eprintln!("Pseudo-terminal will not be allocated because stdin is not a terminal.");
+            None
+        }
+        _ => {
+            let (cols, rows) = terminal::window_size().unwrap_or((80, 24));
+            Some(PtyRequest {
+                term: std::env::var("TERM").unwrap_or_else(|_| "xterm".into()),
+                cols,
+                rows,
+                required: args.tty >= 2,
+            })
         }
     }
 }

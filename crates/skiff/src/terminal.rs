@@ -64,3 +64,25 @@ pub fn watch_resize() -> Option<tokio::sync::mpsc::Receiver<WindowSize>> {
     });
     Some(rx)
 }
+
+static WINCH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_winch(_: libc::c_int) {
+    WINCH.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// For blocking code (the agent client): a SIGWINCH handler that only sets a
+/// flag, and a poll that returns the new size once per change.
+pub fn install_winch_flag() -> impl FnMut() -> Option<(u32, u32)> {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGWINCH, on_winch as *const () as libc::sighandler_t);
+    }
+    || {
+        if WINCH.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            window_size()
+        } else {
+            None
+        }
+    }
+}

@@ -355,6 +355,40 @@ fn killing_the_cli_ends_its_remote_command() {
     out.expect_code(0, &c).expect_stdout("still-here\n", &c);
 }
 
+/// `-tt` through the agent: the remote command gets a terminal and TERM;
+/// a key with `no-pty` makes the forced terminal fail cleanly, as directly.
+#[test]
+fn forced_terminal_through_the_agent() {
+    let Some((fx, [no_pty], d)) = skiffd_with_keys([("no_pty", "no-pty")]) else {
+        return;
+    };
+    let ah = AgentHome::new();
+    trust(&ah, &d, &fx);
+    let c = ctx(&d, "-tt through the agent");
+    let out = ah
+        .exec(d.port(), &fx.client_key)
+        .flag("-tt")
+        .env("TERM", "xterm")
+        .cmd("tty; echo term=$TERM")
+        .run();
+    out.expect_code(0, &c);
+    let text = out.stdout_str().replace('\r', "");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines.len() == 2 && is_pts_path(lines[0]),
+        "{c}: a pty path first\n{out}"
+    );
+    assert_eq!(lines[1], "term=xterm", "{c}\n{out}");
+    assert_eq!(ah.agent_pids().len(), 1, "{c}: it went through the agent");
+    let out = ah
+        .exec(d.port(), &no_pty)
+        .opt("IdentitiesOnly=yes")
+        .flag("-tt")
+        .cmd("echo ran")
+        .run();
+    out.expect_skiff_failure(&["PTY allocation request failed"], &c);
+}
+
 #[test]
 fn idle_agent_exits_on_its_own() {
     if !require_openssh() {
