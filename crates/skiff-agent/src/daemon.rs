@@ -332,9 +332,7 @@ fn failed(e: skiff_engine::SkiffError) -> Reply {
         ErrorKind::ChannelRefused => 6,
     };
     // A person could settle these: the CLI retries directly, where it may ask.
-    let needs_user = (e.kind == ErrorKind::HostKey && e.message.contains("BatchMode"))
-        || (e.kind == ErrorKind::Auth && e.message.contains("passphrase"));
-    if needs_user {
+    if e.needs_person {
         Reply::NeedsUser { message: e.message }
     } else {
         Reply::Failed {

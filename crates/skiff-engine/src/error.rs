@@ -26,6 +26,10 @@ pub enum ErrorKind {
 pub struct SkiffError {
     pub kind: ErrorKind,
     pub message: String,
+    /// A person could settle this (an unknown host key to confirm, a key
+    /// passphrase to type) where it was refused only for lack of one
+    /// (BatchMode). The agent hands such calls back to the CLI.
+    pub needs_person: bool,
 }
 
 impl SkiffError {
@@ -33,7 +37,14 @@ impl SkiffError {
         SkiffError {
             kind,
             message: message.into(),
+            needs_person: false,
         }
+    }
+
+    /// Marks the error as one a person could settle (see [`SkiffError::needs_person`]).
+    pub fn needing_person(mut self) -> Self {
+        self.needs_person = true;
+        self
     }
 }
 

@@ -99,7 +99,8 @@ impl KnownHosts {
                         "host key for {} is not known and BatchMode is on ({}); add it to known_hosts or use -o StrictHostKeyChecking=accept-new",
                         known_hosts::host_port_name(host, port),
                         known_hosts::fingerprint_sha256(&blob)
-                    )));
+                    ))
+                    .needing_person());
                 }
                 let prompt = known_hosts::ask_prompt(&status, host, port, &key_type, &blob);
                 if ask_on_terminal(&prompt, &blob)? {

@@ -70,7 +70,14 @@ pub async fn authenticate<H: Handler>(
     let mut candidates = Vec::new();
     let mut files_left = Vec::new();
     for path in &settings.identity_files {
-        match file_public_key(path) {
+        // A file's public half matters only to match it with an agent key;
+        // without agent keys, skip reading (or decoding) it on every connect.
+        let public = if agent_keys.is_empty() {
+            None
+        } else {
+            file_public_key(path)
+        };
+        match public {
             Some(pk) if agent_keys.iter().any(|a| a.key_data() == pk.key_data()) => {
                 candidates.push(Candidate::Agent(pk))
             }
@@ -98,6 +105,8 @@ pub async fn authenticate<H: Handler>(
     };
     let mut tried = Vec::new();
     let mut notes = Vec::new();
+    // Set when a key was skipped only because nobody may type its passphrase.
+    let mut needs_person = false;
     for cand in candidates {
         match cand {
             Candidate::Agent(key) => {
@@ -128,8 +137,9 @@ pub async fn authenticate<H: Handler>(
                 let key = match load_private_key(&path, settings) {
                     Ok(Some(k)) => k,
                     Ok(None) => continue,
-                    Err(note) => {
-                        notes.push(note);
+                    Err(unusable) => {
+                        needs_person |= unusable.needs_person;
+                        notes.push(unusable.note);
                         continue;
                     }
                 };
@@ -178,7 +188,12 @@ pub async fn authenticate<H: Handler>(
         msg.push_str(n);
     }
     msg.push_str("; check the key is in the account's authorized_keys, or pass -i KEY");
-    Err(SkiffError::new(ErrorKind::Auth, msg))
+    let err = SkiffError::new(ErrorKind::Auth, msg);
+    Err(if needs_person {
+        err.needing_person()
+    } else {
+        err
+    })
 }
 
 /// The hash to sign with for a key of this algorithm (only RSA has a choice),
@@ -195,9 +210,28 @@ fn signature_hash(
     }
 }
 
+/// Why a key file could not be used, for the failure summary.
+struct Unusable {
+    note: String,
+    /// Only because BatchMode forbids asking for its passphrase.
+    needs_person: bool,
+}
+
+impl From<String> for Unusable {
+    fn from(note: String) -> Self {
+        Unusable {
+            note,
+            needs_person: false,
+        }
+    }
+}
+
 /// Loads a private key file. `Ok(None)`: the file does not exist (a default
-/// identity). `Err(note)`: it cannot be used, with the reason for the summary.
-fn load_private_key(path: &Path, settings: &ConnectSettings) -> Result<Option<PrivateKey>, String> {
+/// identity). `Err`: it cannot be used, with the reason for the summary.
+fn load_private_key(
+    path: &Path,
+    settings: &ConnectSettings,
+) -> Result<Option<PrivateKey>, Unusable> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -209,23 +243,23 @@ fn load_private_key(path: &Path, settings: &ConnectSettings) -> Result<Option<Pr
             }
             return Ok(None);
         }
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display()).into()),
     };
     match russh::keys::decode_secret_key(&text, None) {
         Ok(k) => return Ok(Some(k)),
         Err(russh::keys::Error::KeyIsEncrypted) => {}
         Err(e) => {
-            return Err(format!(
-                "{} is not a usable private key: {e}",
-                path.display()
-            ))
+            return Err(format!("{} is not a usable private key: {e}", path.display()).into())
         }
     }
     if settings.batch_mode {
-        return Err(format!(
-            "{} needs a passphrase and BatchMode is on (add it to ssh-agent with ssh-add)",
-            path.display()
-        ));
+        return Err(Unusable {
+            note: format!(
+                "{} needs a passphrase and BatchMode is on (add it to ssh-agent with ssh-add)",
+                path.display()
+            ),
+            needs_person: true,
+        });
     }
     for attempt in 0..3 {
         let prompt = format!("Enter passphrase for key '{}': ", path.display());
@@ -235,7 +269,8 @@ fn load_private_key(path: &Path, settings: &ConnectSettings) -> Result<Option<Pr
                 return Err(format!(
                     "{} needs a passphrase and none could be read: {e}",
                     path.display()
-                ))
+                )
+                .into())
             }
         };
         if pass.is_empty() && attempt == 0 {
@@ -247,7 +282,7 @@ fn load_private_key(path: &Path, settings: &ConnectSettings) -> Result<Option<Pr
             Err(_) => eprintln!("Bad passphrase, try again for {}", path.display()),
         }
     }
-    Err(format!("wrong passphrase for {}", path.display()))
+    Err(format!("wrong passphrase for {}", path.display()).into())
 }
 
 fn is_default_identity(path: &Path) -> bool {

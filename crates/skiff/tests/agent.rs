@@ -389,6 +389,43 @@ fn forced_terminal_through_the_agent() {
     out.expect_skiff_failure(&["PTY allocation request failed"], &c);
 }
 
+/// A decision only a person can make (an unknown host under
+/// StrictHostKeyChecking=ask) is never taken by the agent: it hands the call
+/// back and the CLI asks itself. With no terminal here the CLI then refuses,
+/// with its own message (the agent's would name BatchMode), and nothing is
+/// recorded.
+#[test]
+fn agent_hands_person_decisions_back_to_the_cli() {
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let ah = AgentHome::new();
+    let c = ctx(&d, "unknown host under ask, through the agent");
+    let out = ah
+        .exec(d.port(), &fx.client_key)
+        .interactive()
+        .opt("StrictHostKeyChecking=ask")
+        .cmd("echo ran")
+        .run();
+    out.expect_skiff_failure(&["no terminal to ask"], &c);
+    assert!(
+        !out.stderr.contains("BatchMode"),
+        "{c}: the CLI, not the agent, answered\n{out}"
+    );
+    assert_eq!(
+        ah.agent_pids().len(),
+        1,
+        "{c}: the call went to the agent first"
+    );
+    assert!(
+        !ah.home.known_hosts().exists()
+            || std::fs::read_to_string(ah.home.known_hosts())
+                .unwrap()
+                .is_empty(),
+        "{c}: nothing may be recorded without a person's yes"
+    );
+}
+
 #[test]
 fn idle_agent_exits_on_its_own() {
     if !require_openssh() {
