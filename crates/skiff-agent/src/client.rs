@@ -23,17 +23,12 @@ pub enum Outcome {
 /// How long a first call waits for a freshly spawned agent to listen.
 const SPAWN_WAIT: Duration = Duration::from_secs(5);
 
-fn connect(path: &Path) -> std::io::Result<UnixStream> {
-    let s = UnixStream::connect(path)?;
-    Ok(s)
-}
-
 /// Connects to the running agent, starting one (exactly one, under a lock)
 /// when `spawn` is set and none answers.
 pub fn connect_or_spawn(spawn: bool) -> Result<UnixStream, String> {
     let dir = socket::agent_dir().map_err(|e| e.to_string())?;
     let path = socket::socket_path(&dir);
-    if let Ok(s) = connect(&path) {
+    if let Ok(s) = UnixStream::connect(&path) {
         return Ok(s);
     }
     if !spawn {
@@ -41,13 +36,13 @@ pub fn connect_or_spawn(spawn: bool) -> Result<UnixStream, String> {
     }
     let _lock = socket::lock_spawn(&dir, SPAWN_WAIT).map_err(|e| e.to_string())?;
     // Another first call may have started it while we waited for the lock.
-    if let Ok(s) = connect(&path) {
+    if let Ok(s) = UnixStream::connect(&path) {
         return Ok(s);
     }
     spawn_agent(&dir)?;
     let deadline = Instant::now() + SPAWN_WAIT;
     loop {
-        match connect(&path) {
+        match UnixStream::connect(&path) {
             Ok(s) => return Ok(s),
             Err(e) if Instant::now() >= deadline => {
                 return Err(format!(

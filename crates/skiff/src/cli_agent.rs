@@ -36,10 +36,14 @@ pub enum AgentAction {
 }
 
 pub fn run(args: AgentArgs) -> i32 {
-    crate::init_logging(
+    // A foreground agent (the auto-spawned one writes this to its log file)
+    // logs at least at debug level; client actions log as asked.
+    let verbose = if args.foreground {
+        args.verbose.max(1)
+    } else {
         args.verbose
-            .max(u8::from(args.foreground && args.verbose == 0)),
-    );
+    };
+    crate::init_logging(verbose);
     let request = match &args.action {
         None => return start(&args),
         Some(AgentAction::Status) => Request::Status,

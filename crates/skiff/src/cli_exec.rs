@@ -56,8 +56,18 @@ pub fn split_destination(dest: &str) -> (Option<String>, String) {
 
 pub fn run(args: ExecArgs) -> i32 {
     crate::init_logging(args.verbose);
+    let dest = destination(&args);
+    // Resolved once, for both paths: a bad config fails fast, and the
+    // environment to send is the CLI's own (SendEnv/SetEnv).
+    let settings = match skiff_engine::settings::resolve(&dest) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("skiff: {e}");
+            return 255;
+        }
+    };
     let pty = pty_request(&args);
-    if let Some(code) = via_agent(&args, pty.clone()) {
+    if let Some(code) = via_agent(&args, &dest, &settings, pty.clone()) {
         return code;
     }
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -70,7 +80,7 @@ pub fn run(args: ExecArgs) -> i32 {
             return 255;
         }
     };
-    match runtime.block_on(exec_main(args, pty)) {
+    match runtime.block_on(exec_main(args, settings, pty)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("skiff: {e}");
@@ -79,18 +89,25 @@ pub fn run(args: ExecArgs) -> i32 {
     }
 }
 
-async fn exec_main(args: ExecArgs, pty: Option<PtyRequest>) -> Result<i32, SkiffError> {
+/// The destination as the command line gives it.
+fn destination(args: &ExecArgs) -> Destination {
     let (user, host) = split_destination(&args.destination);
-    let command = args.command.join(" ");
-    let dest = Destination {
+    Destination {
         host,
         user: args.login.clone().or(user),
         port: args.port,
         identity_files: args.identity.clone(),
         config_file: args.config.clone(),
         options: args.options.clone(),
-    };
-    let settings = skiff_engine::settings::resolve(&dest)?;
+    }
+}
+
+async fn exec_main(
+    args: ExecArgs,
+    settings: skiff_engine::ConnectSettings,
+    pty: Option<PtyRequest>,
+) -> Result<i32, SkiffError> {
+    let command = args.command.join(" ");
     tracing::debug!(
         "connecting to {}@{} port {} (StrictHostKeyChecking={})",
         settings.user,
@@ -145,29 +162,16 @@ fn agent_wanted(args: &ExecArgs) -> bool {
 
 /// Runs the command through the agent (starting one if needed). `None`
 /// means: do it directly (no agent, or a person has to decide something).
-fn via_agent(args: &ExecArgs, pty: Option<PtyRequest>) -> Option<i32> {
+fn via_agent(
+    args: &ExecArgs,
+    dest: &Destination,
+    settings: &skiff_engine::ConnectSettings,
+    pty: Option<PtyRequest>,
+) -> Option<i32> {
     use skiff_proto::agent_wire::{ExecWire, Reply};
     if !agent_wanted(args) {
         return None;
     }
-    let (user, host) = split_destination(&args.destination);
-    let dest = Destination {
-        host: host.clone(),
-        user: args.login.clone().or(user.clone()),
-        port: args.port,
-        identity_files: args.identity.clone(),
-        config_file: args.config.clone(),
-        options: args.options.clone(),
-    };
-    // Settings are resolved here too: a bad config fails fast, and the
-    // environment to send is the CLI's own (SendEnv/SetEnv).
-    let settings = match skiff_engine::settings::resolve(&dest) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("skiff: {e}");
-            return Some(255);
-        }
-    };
     let abs = |p: &std::path::PathBuf| {
         std::path::absolute(p)
             .unwrap_or_else(|_| p.clone())
@@ -175,7 +179,7 @@ fn via_agent(args: &ExecArgs, pty: Option<PtyRequest>) -> Option<i32> {
             .to_string()
     };
     let wire = ExecWire {
-        host,
+        host: dest.host.clone(),
         user: dest.user.clone(),
         port: args.port,
         identity_files: args.identity.iter().map(abs).collect(),
@@ -188,7 +192,7 @@ fn via_agent(args: &ExecArgs, pty: Option<PtyRequest>) -> Option<i32> {
         }),
         options: args.options.clone(),
         command: args.command.join(" "),
-        env: remote_env(&settings),
+        env: remote_env(settings),
         client_env: skiff_engine::settings::ClientEnv::from_process().vars,
         pty: pty.map(|p| skiff_proto::agent_wire::PtyWire {
             term: p.term,
