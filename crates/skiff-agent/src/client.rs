@@ -90,6 +90,7 @@ fn spawn_agent(dir: &Path) -> Result<(), String> {
         .arg("--foreground")
         .arg("--dir")
         .arg(dir)
+        .arg("--spawned-under-lock")
         .stdin(std::process::Stdio::null())
         .stdout(log_file)
         .stderr(log_err);

@@ -21,7 +21,9 @@ use tokio::io::AsyncWriteExt;
 
 use crate::socket;
 
-/// How long the agent lives with no command running (ControlPersist-like).
+/// How long an unused connection stays open (unless the host's
+/// ControlPersist says otherwise), and how long the agent lives with no
+/// command running and no connection left.
 pub const DEFAULT_PERSIST: Duration = Duration::from_secs(600);
 
 /// Shared daemon state.
@@ -33,11 +35,28 @@ struct Agent {
     stop: tokio::sync::Notify,
 }
 
+/// How long a hand-started agent waits for a starting one to finish binding.
+const BIND_LOCK_WAIT: Duration = Duration::from_secs(5);
+
 /// Runs the agent on `dir` until it is stopped or idle for `persist`.
-pub fn run(dir: &Path, persist: Duration) -> Result<(), socket::SocketError> {
+/// `parent_holds_lock` is set when the `skiff` that spawned us holds the
+/// spawn lock; otherwise (a hand-started agent) we take it ourselves around
+/// binding, so that two starting agents never both judge the socket stale.
+pub fn run(
+    dir: &Path,
+    persist: Duration,
+    parent_holds_lock: bool,
+) -> Result<(), socket::SocketError> {
     socket::ensure_private_dir(dir)?;
     let path = socket::socket_path(dir);
-    let listener = socket::bind_private(&path)?;
+    let listener = {
+        let _lock = if parent_holds_lock {
+            None
+        } else {
+            Some(socket::lock_spawn(dir, BIND_LOCK_WAIT)?)
+        };
+        socket::bind_private(&path)?
+    };
     listener
         .set_nonblocking(true)
         .map_err(|e| io_err(&path, e))?;
@@ -76,7 +95,11 @@ async fn serve(
         path.display(),
         std::process::id()
     );
-    let mut idle_check = tokio::time::interval(Duration::from_secs(1).min(persist));
+    let tick = Duration::from_secs(1)
+        .min(persist)
+        .max(Duration::from_millis(100));
+    let mut idle_check = tokio::time::interval(tick);
+    idle_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -96,8 +119,13 @@ async fn serve(
                 });
             }
             _ = idle_check.tick() => {
+                agent.pool.close_idle(persist).await;
                 let idle_for = agent.last_activity.lock().expect("not poisoned").elapsed();
-                if agent.active.load(Ordering::SeqCst) == 0 && idle_for >= persist {
+                // Connections kept by a longer ControlPersist keep the agent too.
+                if agent.active.load(Ordering::SeqCst) == 0
+                    && agent.pool.is_empty()
+                    && idle_for >= persist
+                {
                     tracing::info!("idle for {}s: exiting", idle_for.as_secs());
                     return Ok(());
                 }
@@ -245,10 +273,13 @@ fn status_text(agent: &Agent) -> String {
     }
     for c in conns {
         text.push_str(&format!(
-            "{}  age {}s  open channels {}{}\n",
+            "{}  age {}s  open channels {}{}{}\n",
             c.destination,
             c.age.as_secs(),
             c.open_channels,
+            c.idle
+                .map(|i| format!("  idle {}s", i.as_secs()))
+                .unwrap_or_default(),
             c.learned_limit
                 .map(|l| format!("  (server limit {l})"))
                 .unwrap_or_default()

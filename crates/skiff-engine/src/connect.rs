@@ -22,6 +22,9 @@ const WINDOW_SIZE: u32 = 2 * 1024 * 1024;
 pub struct Connection {
     pub(crate) handle: Handle<ClientHandler>,
     pub settings: ConnectSettings,
+    /// Warnings from connecting that the person should see, such as
+    /// "Permanently added ..." for a newly recorded host key.
+    pub notices: Vec<String>,
 }
 
 /// russh client callbacks: host-key verification.
@@ -188,7 +191,7 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
     let refusal = Arc::new(Mutex::new(None));
     let handler = ClientHandler {
         settings: settings.clone(),
-        known_hosts,
+        known_hosts: known_hosts.clone(),
         refusal: refusal.clone(),
     };
     // Key exchange must also finish in bounded time: a server that accepts TCP
@@ -242,5 +245,6 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
     Ok(Connection {
         handle,
         settings: settings.clone(),
+        notices: known_hosts.take_notices(),
     })
 }

@@ -19,6 +19,10 @@ pub struct KnownHosts {
     files: Vec<KnownHostsFile>,
     /// Where new keys are recorded: the first user file.
     record_to: Option<PathBuf>,
+    /// Warnings for the person who ran the command ("Permanently added ...").
+    /// Collected rather than printed: the agent and the fan-out runner
+    /// deliver them to the right terminal or host record.
+    notices: std::sync::Mutex<Vec<String>>,
 }
 
 impl KnownHosts {
@@ -46,7 +50,17 @@ impl KnownHosts {
         KnownHosts {
             files,
             record_to: settings.user_known_hosts.first().cloned(),
+            notices: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// The warnings gathered so far, emptying the list.
+    pub fn take_notices(&self) -> Vec<String> {
+        std::mem::take(&mut *self.notices.lock().expect("not poisoned"))
+    }
+
+    fn notice(&self, text: String) {
+        self.notices.lock().expect("not poisoned").push(text);
     }
 
     /// Key types already recorded for this host, most trusted first, so the
@@ -83,7 +97,7 @@ impl KnownHosts {
         ) {
             Decision::Accept => Ok(()),
             Decision::AcceptWithWarning(w) => {
-                eprintln!("{w}");
+                self.notice(w);
                 Ok(())
             }
             Decision::Refuse(detail) => {
@@ -136,18 +150,16 @@ impl KnownHosts {
             salt.as_ref(),
         );
         match append_line(path, &line) {
-            Ok(()) => {
-                eprintln!(
-                    "Warning: Permanently added '{}' ({}) to the list of known hosts.",
-                    known_hosts::host_port_name(&settings.hostname, settings.port),
-                    known_hosts::key_type_label(key_type)
-                );
-            }
+            Ok(()) => self.notice(format!(
+                "Warning: Permanently added '{}' ({}) to the list of known hosts.",
+                known_hosts::host_port_name(&settings.hostname, settings.port),
+                known_hosts::key_type_label(key_type)
+            )),
             // Not being able to record is not a reason to refuse a key the policy accepts.
-            Err(e) => eprintln!(
+            Err(e) => self.notice(format!(
                 "skiff: warning: could not add the host key to {}: {e}",
                 path.display()
-            ),
+            )),
         }
         Ok(())
     }

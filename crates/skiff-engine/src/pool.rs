@@ -6,19 +6,22 @@
 //! the pool that connection's limit, and the command moves to another
 //! connection, opened on demand. Dead connections are dropped and replaced.
 //! Only channel opens are retried: once a command has started it is never
-//! run twice.
+//! run twice. A connection with no channels for its persist time (the host's
+//! `ControlPersist`, else the pool's default) is closed by [`Pool::close_idle`].
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use crate::connect::{connect, Connection};
 use crate::error::{ErrorKind, SkiffError};
 use crate::exec::{open_session, run_session, ExecRequest, ExitOutcome, OpenSession, WindowSize};
 use crate::settings::ConnectSettings;
+use skiff_proto::ssh_config::ControlPersist;
 
 /// Most connections the pool opens to one destination.
 pub const MAX_CONNECTIONS_PER_HOST: usize = 64;
@@ -65,13 +68,56 @@ struct Member {
     open: AtomicUsize,
     /// Channels the server allows at once, learned from a refusal.
     limit: AtomicUsize,
-    opened_at: std::time::Instant,
+    opened_at: Instant,
+    /// When the last channel closed; None while channels are open.
+    idle_since: Mutex<Option<Instant>>,
+    /// How long it may stay idle: `None` means the pool's default,
+    /// `Some(None)` forever (`ControlPersist yes`).
+    persist: Option<Option<Duration>>,
 }
 
 impl Member {
+    fn new(conn: Connection) -> Self {
+        let persist = match conn.settings.control_persist {
+            None => None,
+            Some(ControlPersist::No) => Some(Some(Duration::ZERO)),
+            Some(ControlPersist::Yes) => Some(None),
+            Some(ControlPersist::Duration(secs)) => Some(Some(Duration::from_secs(secs))),
+        };
+        Member {
+            conn,
+            open: AtomicUsize::new(1),
+            limit: AtomicUsize::new(usize::MAX),
+            opened_at: Instant::now(),
+            idle_since: Mutex::new(None),
+            persist,
+        }
+    }
+
     fn has_room(&self) -> bool {
         !self.conn.handle.is_closed()
             && self.open.load(Ordering::SeqCst) < self.limit.load(Ordering::SeqCst)
+    }
+
+    /// Takes a channel slot; the caller holds the destination's member lock,
+    /// so an idle check cannot close the connection in between.
+    fn take_slot(&self) {
+        self.open.fetch_add(1, Ordering::SeqCst);
+        *self.idle_since.lock().expect("not poisoned") = None;
+    }
+
+    /// Whether it has been idle longer than it may be, at `now`.
+    fn expired(&self, now: Instant, default_persist: Duration) -> bool {
+        if self.open.load(Ordering::SeqCst) != 0 {
+            return false;
+        }
+        let Some(since) = *self.idle_since.lock().expect("not poisoned") else {
+            return false;
+        };
+        match self.persist.unwrap_or(Some(default_persist)) {
+            None => false,
+            Some(limit) => now.saturating_duration_since(since) >= limit,
+        }
     }
 }
 
@@ -89,7 +135,7 @@ impl Destination {
         let mut members = self.members.lock().expect("not poisoned");
         members.retain(|m| !m.conn.handle.is_closed());
         let m = members.iter().find(|m| m.has_room())?.clone();
-        m.open.fetch_add(1, Ordering::SeqCst);
+        m.take_slot();
         Some(m)
     }
 
@@ -103,7 +149,10 @@ struct Slot(Arc<Member>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::SeqCst);
+        let mut idle_since = self.0.idle_since.lock().expect("not poisoned");
+        if self.0.open.fetch_sub(1, Ordering::SeqCst) == 1 {
+            *idle_since = Some(Instant::now());
+        }
     }
 }
 
@@ -113,7 +162,9 @@ pub struct ConnectionInfo {
     pub destination: String,
     pub open_channels: usize,
     pub learned_limit: Option<usize>,
-    pub age: std::time::Duration,
+    pub age: Duration,
+    /// How long it has had no channels; None while in use.
+    pub idle: Option<Duration>,
 }
 
 /// The pool. Cheap to share behind an `Arc`.
@@ -154,6 +205,11 @@ impl Pool {
                     open_channels: m.open.load(Ordering::SeqCst),
                     learned_limit: (limit != usize::MAX).then_some(limit),
                     age: m.opened_at.elapsed(),
+                    idle: m
+                        .idle_since
+                        .lock()
+                        .expect("not poisoned")
+                        .map(|t| t.elapsed()),
                 });
             }
         }
@@ -168,11 +224,67 @@ impl Pool {
         before - map.len()
     }
 
+    /// Number of pooled connections, all destinations together.
+    pub fn len(&self) -> usize {
+        let map = self.destinations.lock().expect("not poisoned");
+        map.values().map(|d| d.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Closes connections that have had no channels for longer than their
+    /// persist time (`default_persist` unless the host's ControlPersist says
+    /// otherwise) and connections that died. Returns how many were closed.
+    pub async fn close_idle(&self, default_persist: Duration) -> usize {
+        let now = Instant::now();
+        let mut closing = Vec::new();
+        {
+            let map = self.destinations.lock().expect("not poisoned");
+            for dest in map.values() {
+                let mut members = dest.members.lock().expect("not poisoned");
+                members.retain(|m| {
+                    let dead = m.conn.handle.is_closed();
+                    if dead || m.expired(now, default_persist) {
+                        closing.push(m.clone());
+                        false
+                    } else {
+                        true
+                    }
+                });
+            }
+        }
+        let count = closing.len();
+        for m in closing {
+            if !m.conn.handle.is_closed() {
+                tracing::info!(
+                    "closing idle connection to {}@{}:{}",
+                    m.conn.settings.user,
+                    m.conn.settings.hostname,
+                    m.conn.settings.port
+                );
+                let _ = m
+                    .conn
+                    .handle
+                    .disconnect(russh::Disconnect::ByApplication, "idle", "en")
+                    .await;
+            }
+        }
+        count
+    }
+
     /// Opens a session channel to the destination, on a pooled connection
-    /// when one has room, otherwise on a new one.
-    async fn open(&self, settings: &ConnectSettings) -> Result<(OpenSession, Slot), SkiffError> {
+    /// when one has room, otherwise on a new one. Also returns the notices of
+    /// a connection opened for it (a newly recorded host key, say), which
+    /// belong to this command's user.
+    async fn open(
+        &self,
+        settings: &ConnectSettings,
+    ) -> Result<(OpenSession, Slot, Vec<String>), SkiffError> {
         let dest = self.destination(PoolKey::of(settings));
         let mut last_err = None;
+        let mut notices = Vec::new();
         for _ in 0..MAX_OPEN_ATTEMPTS {
             let member = match dest.reserve() {
                 Some(m) => m,
@@ -193,13 +305,9 @@ impl Pool {
                                     )
                                 }));
                             }
-                            let conn = connect(settings).await?;
-                            let m = Arc::new(Member {
-                                conn,
-                                open: AtomicUsize::new(1),
-                                limit: AtomicUsize::new(usize::MAX),
-                                opened_at: std::time::Instant::now(),
-                            });
+                            let mut conn = connect(settings).await?;
+                            notices.append(&mut conn.notices);
+                            let m = Arc::new(Member::new(conn));
                             dest.members.lock().expect("not poisoned").push(m.clone());
                             m
                         }
@@ -208,7 +316,7 @@ impl Pool {
             };
             let slot = Slot(member.clone());
             match open_session(&member.conn).await {
-                Ok(session) => return Ok((session, slot)),
+                Ok(session) => return Ok((session, slot, notices)),
                 Err(e) if e.kind == ErrorKind::ChannelRefused => {
                     // The server's limit is what is open right now (not counting us).
                     let others = member.open.load(Ordering::SeqCst).saturating_sub(1).max(1);
@@ -239,6 +347,7 @@ impl Pool {
     }
 
     /// Runs one command through the pool (see [`crate::exec::exec`]).
+    /// Notices from a connection opened for it are written to `stderr` first.
     pub async fn exec<I, O, E>(
         &self,
         settings: &ConnectSettings,
@@ -253,7 +362,15 @@ impl Pool {
         O: AsyncWrite + Unpin,
         E: AsyncWrite + Unpin,
     {
-        let (session, _slot) = self.open(settings).await?;
+        let (session, _slot, notices) = self.open(settings).await?;
+        let mut stderr = stderr;
+        if !notices.is_empty() {
+            // A terminal in raw mode needs the carriage return.
+            let eol = if req.pty.is_some() { "\r\n" } else { "\n" };
+            let text: String = notices.iter().map(|n| format!("{n}{eol}")).collect();
+            let _ = stderr.write_all(text.as_bytes()).await;
+            let _ = stderr.flush().await;
+        }
         run_session(session, req, stdin, stdout, stderr, resize).await
     }
 }

@@ -50,6 +50,8 @@ pub struct ConnectSettings {
     pub batch_mode: bool,
     pub send_env: Vec<String>,
     pub set_env: Vec<(String, String)>,
+    /// How long a pooled connection may stay idle (None: the agent's default).
+    pub control_persist: Option<skiff_proto::ssh_config::ControlPersist>,
     /// Keywords skiff accepts but does not act on, with where they were set (for -v).
     pub ignored: Vec<(String, String)>,
 }
@@ -366,6 +368,7 @@ fn settle(
         batch_mode: cfg.batch_mode.unwrap_or(false),
         send_env: cfg.send_env.clone(),
         set_env: cfg.set_env.clone(),
+        control_persist: cfg.control_persist,
         ignored: cfg.ignored.clone(),
     })
 }

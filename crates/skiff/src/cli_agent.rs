@@ -15,9 +15,14 @@ pub struct AgentArgs {
     /// Socket directory (default: $XDG_RUNTIME_DIR/skiff, else /tmp/skiff-UID).
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
-    /// Exit after this many seconds with no command running (default 600).
+    /// Close a connection after this many seconds without commands, unless
+    /// the host's ControlPersist says otherwise; exit when none is left
+    /// (default 600).
     #[arg(long, value_name = "SECS")]
     pub persist: Option<u64>,
+    /// Set by the `skiff` that starts the agent while it holds the spawn lock.
+    #[arg(long, hide = true)]
+    pub spawned_under_lock: bool,
     /// More logging.
     #[arg(short = 'v', action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -101,7 +106,7 @@ fn start(args: &AgentArgs) -> i32 {
             return 1;
         }
     };
-    match skiff_agent::daemon::run(&dir, persist) {
+    match skiff_agent::daemon::run(&dir, persist, args.spawned_under_lock) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("skiff agent: {e}");

@@ -80,7 +80,11 @@ pub fn run(args: ExecArgs) -> i32 {
             return 255;
         }
     };
-    match runtime.block_on(exec_main(args, settings, pty)) {
+    let result = runtime.block_on(exec_main(args, settings, pty));
+    // A read of a terminal stdin may still be blocked in tokio's blocking
+    // pool; waiting for it would hang until the user pressed a key.
+    runtime.shutdown_background();
+    match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("skiff: {e}");
@@ -116,6 +120,9 @@ async fn exec_main(
         skiff_engine::hostkeys::policy_name(settings.strict_host_key_checking)
     );
     let conn = skiff_engine::connect(&settings).await?;
+    for notice in &conn.notices {
+        eprintln!("{notice}");
+    }
 
     let env = remote_env(&settings);
 

@@ -459,3 +459,278 @@ fn idle_agent_exits_on_its_own() {
         "socket removed on exit"
     );
 }
+
+/// Starts `skiff agent --foreground --persist SECS` on this test's directory
+/// by hand (as a user would) and waits until it listens.
+fn start_agent_by_hand(ah: &AgentHome, persist_secs: u32) -> std::process::Child {
+    std::fs::create_dir_all(ah.agent_dir()).expect("mkdir");
+    std::fs::set_permissions(ah.agent_dir(), std::fs::Permissions::from_mode(0o700))
+        .expect("chmod");
+    let child = Command::new(skiff_bin())
+        .args(["agent", "--foreground", "--persist"])
+        .arg(persist_secs.to_string())
+        .arg("--dir")
+        .arg(ah.agent_dir())
+        .env("HOME", ah.home.path())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn agent");
+    let sock = ah.agent_dir().join("agent.sock");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "agent did not listen within 10 s"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// Polls `skiff agent status` until `done(stdout)` or the time is up.
+fn wait_for_status(ah: &AgentHome, within: Duration, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let status = ah.agent_cmd(&["status"]).stdout_str();
+        if done(&status) || Instant::now() >= deadline {
+            return status;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn idle_connection_closes_after_the_hosts_control_persist() {
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let ah = AgentHome::new();
+    trust(&ah, &d, &fx);
+    let c = ctx(&d, "ControlPersist 1 under an agent persisting 60 s");
+    let mut agent = start_agent_by_hand(&ah, 60);
+    ah.exec(d.port(), &fx.client_key)
+        .opt("ControlPersist=1")
+        .cmd("echo one")
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout("one\n", &c);
+    let dest = format!("127.0.0.1:{}", d.port());
+    let status = ah.agent_cmd(&["status"]).stdout_str();
+    assert!(status.contains(&dest), "{c}: connection pooled\n{status}");
+    let status = wait_for_status(&ah, Duration::from_secs(10), |s| {
+        s.contains("no connections")
+    });
+    assert!(
+        status.contains("no connections"),
+        "{c}: the idle connection must be closed after about 1 s\n{status}"
+    );
+    assert!(
+        agent.try_wait().expect("wait").is_none(),
+        "{c}: the agent itself persists 60 s"
+    );
+    // The next call simply reconnects.
+    ah.exec(d.port(), &fx.client_key)
+        .cmd("echo two")
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout("two\n", &c);
+}
+
+#[test]
+fn control_persist_yes_keeps_the_connection_and_the_agent() {
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let ah = AgentHome::new();
+    trust(&ah, &d, &fx);
+    let c = ctx(&d, "ControlPersist yes under an agent persisting 1 s");
+    let mut agent = start_agent_by_hand(&ah, 1);
+    ah.exec(d.port(), &fx.client_key)
+        .opt("ControlPersist=yes")
+        .cmd("echo kept")
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout("kept\n", &c);
+    thread::sleep(Duration::from_secs(3));
+    assert!(
+        agent.try_wait().expect("wait").is_none(),
+        "{c}: an agent holding a ControlPersist=yes connection must not exit"
+    );
+    let status = ah.agent_cmd(&["status"]).stdout_str();
+    assert!(
+        status.contains(&format!("127.0.0.1:{}", d.port())) && status.contains("idle"),
+        "{c}: the idle connection is kept and shown as idle\n{status}"
+    );
+}
+
+#[test]
+fn first_time_host_key_notice_reaches_the_callers_terminal() {
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let ah = AgentHome::new();
+    let c = ctx(&d, "accept-new through the agent");
+    let out = ah
+        .exec(d.port(), &fx.client_key)
+        .opt("StrictHostKeyChecking=accept-new")
+        .cmd("echo hi")
+        .run();
+    out.expect_code(0, &c).expect_stdout("hi\n", &c);
+    assert!(
+        out.stderr.contains("Permanently added")
+            && out.stderr.contains(&known_hosts_name(d.port())),
+        "{c}: the caller must see that the key was recorded\n{out}"
+    );
+    assert_eq!(ah.agent_pids().len(), 1, "{c}: it went through the agent");
+    assert_eq!(
+        known_hosts_lookup(&ah.home.known_hosts(), d.port()).len(),
+        1,
+        "{c}: the key was recorded once"
+    );
+    // The second call is warm and silent.
+    let out = ah.exec(d.port(), &fx.client_key).cmd("echo again").run();
+    out.expect_code(0, &c).expect_stdout("again\n", &c);
+    assert_eq!(
+        out.stderr, "",
+        "{c}: nothing to report the second time\n{out}"
+    );
+}
+
+/// A private tmux server (its own socket), killed on drop.
+struct Tmux {
+    dir: tempfile::TempDir,
+}
+
+impl Tmux {
+    fn new() -> Self {
+        Tmux { dir: tempdir() }
+    }
+
+    fn cmd(&self, args: &[&str]) -> CmdOutput {
+        Run::new("tmux")
+            .arg("-S")
+            .arg(self.dir.path().join("sock"))
+            .arg("-f")
+            .arg("/dev/null")
+            .args(args)
+            .timeout(Duration::from_secs(10))
+            .run()
+    }
+
+    /// "ROWS COLS" of the only pane.
+    fn pane_size(&self) -> String {
+        let out = self.cmd(&["display-message", "-p", "#{pane_height} #{pane_width}"]);
+        out.expect_code(0, "tmux display-message");
+        out.stdout_str().trim().to_string()
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]);
+    }
+}
+
+/// Waits for `path` to hold a line starting with `prefix` and returns the rest.
+fn wait_for_line(path: &Path, prefix: &str, within: Duration) -> Option<String> {
+    let deadline = Instant::now() + within;
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.starts_with(prefix)) {
+            return Some(
+                line[prefix.len()..]
+                    .trim_end_matches('\r')
+                    .trim()
+                    .to_string(),
+            );
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Resizes a real terminal (a tmux pane) while `skiff exec -tt` runs and
+/// checks that the remote pty follows, directly and through the agent.
+#[test]
+fn window_changes_reach_the_remote_terminal() {
+    if !require_tool("tmux", "tmux") {
+        return;
+    }
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    for through_agent in [false, true] {
+        let ah = AgentHome::new();
+        trust(&ah, &d, &fx);
+        let c = ctx(
+            &d,
+            &format!("window change, through the agent: {through_agent}"),
+        );
+        let work = tempdir();
+        let out = work.path().join("out");
+        let rc = work.path().join("rc");
+        // The remote side reports its size, waits (bounded) for it to change,
+        // and reports it again.
+        let remote = "a=$(stty size); echo \"first $a\"; i=0; \
+             while [ \"$(stty size)\" = \"$a\" ] && [ $i -lt 150 ]; do sleep 0.1; i=$((i+1)); done; \
+             echo \"second $(stty size)\"";
+        let script = work.path().join("run.sh");
+        let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+        let text = format!(
+            "#!/bin/sh\nexport HOME={home} XDG_RUNTIME_DIR={rt} XDG_STATE_HOME={home}/state \
+             SKIFF_AGENT={agent} TERM=xterm\nunset SSH_AUTH_SOCK\n\
+             {skiff} exec -F /dev/null -o BatchMode=yes -i {key} -p {port} -tt {user}@127.0.0.1 {remote} >{out} 2>&1\n\
+             echo $? >{rc}\n",
+            home = quote(&ah.home.path().display().to_string()),
+            rt = quote(&ah.runtime.path().display().to_string()),
+            agent = if through_agent { "on" } else { "off" },
+            skiff = quote(skiff_bin()),
+            key = quote(&fx.client_key.private.display().to_string()),
+            port = d.port(),
+            user = user(),
+            remote = quote(remote),
+            out = quote(&out.display().to_string()),
+            rc = quote(&rc.display().to_string()),
+        );
+        write_file(&script, text, 0o700);
+        let tmux = Tmux::new();
+        tmux.cmd(&[
+            "new-session",
+            "-d",
+            "-x",
+            "100",
+            "-y",
+            "30",
+            &format!("sh {}", script.display()),
+        ])
+        .expect_code(0, &c);
+        let before = tmux.pane_size();
+        let first = wait_for_line(&out, "first ", Duration::from_secs(20));
+        assert_eq!(
+            first.as_deref(),
+            Some(before.as_str()),
+            "{c}: the remote pty starts at the pane's size\n{}",
+            std::fs::read_to_string(&out).unwrap_or_default()
+        );
+        tmux.cmd(&["resize-window", "-x", "120", "-y", "40"])
+            .expect_code(0, &c);
+        let after = tmux.pane_size();
+        assert_ne!(before, after, "{c}: tmux resized the pane");
+        let second = wait_for_line(&out, "second ", Duration::from_secs(20));
+        assert_eq!(
+            second.as_deref(),
+            Some(after.as_str()),
+            "{c}: the remote pty follows the resize\n{}",
+            std::fs::read_to_string(&out).unwrap_or_default()
+        );
+        let code = wait_for_line(&rc, "", Duration::from_secs(10));
+        assert_eq!(code.as_deref(), Some("0"), "{c}: skiff exits 0");
+        assert_eq!(
+            ah.agent_pids().len(),
+            usize::from(through_agent),
+            "{c}: the agent is used exactly when asked"
+        );
+    }
+}

@@ -113,6 +113,21 @@ pub fn require_openssh() -> bool {
 }
 
 /// True when the tests run as root (uid 0).
+/// Whether `tool` is on PATH. Under CI a missing tool is a failure (the
+/// test would otherwise pass without testing anything); elsewhere it prints
+/// a notice and returns `false` so the caller can return.
+pub fn require_tool(tool: &str, package: &str) -> bool {
+    if on_path(tool) {
+        return true;
+    }
+    let msg = format!("test needs {tool} (apt-get install -y {package})");
+    if in_ci() {
+        panic!("{msg}; CI=true so this test refuses to skip");
+    }
+    eprintln!("NOTICE: skipping test: {msg}");
+    false
+}
+
 pub fn is_root() -> bool {
     static ROOT: OnceLock<bool> = OnceLock::new();
     *ROOT.get_or_init(|| {
