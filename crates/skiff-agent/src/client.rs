@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use skiff_proto::agent_wire::{self, ExecWire, Reply, Request};
+use skiff_proto::agent_wire::{self, ExecWire, Reply, Request, RunWire};
 
 use crate::socket;
 
@@ -184,4 +184,59 @@ pub fn exec(
             message: e,
         }),
     }
+}
+
+/// Runs a fan-out through the agent (`stream` from [`connect_or_spawn`]):
+/// sends `wire`, then hands every reply
+/// to `on_reply` as it arrives, until the final `Done` (or `Failed`), which
+/// is returned. `on_reply` returning false stops early (the socket is then
+/// closed and the agent stops the remaining commands).
+pub fn run(
+    mut stream: UnixStream,
+    wire: RunWire,
+    on_reply: &mut dyn FnMut(Reply) -> bool,
+) -> Result<Reply, RunError> {
+    let frame = agent_wire::encode_request(&Request::Run(wire));
+    stream
+        .write_all(&frame)
+        .map_err(|e| RunError::Unavailable(format!("cannot talk to the agent: {e}")))?;
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let mut used = 0;
+        while let Some((reply, n)) = agent_wire::decode_reply(&buf[used..])
+            .map_err(|e| RunError::Lost(format!("bad reply from the agent: {e}")))?
+        {
+            used += n;
+            match reply {
+                Reply::Done | Reply::Failed { .. } => return Ok(reply),
+                other => {
+                    if !on_reply(other) {
+                        return Ok(Reply::Done);
+                    }
+                }
+            }
+        }
+        buf.drain(..used);
+        let n = match stream.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(RunError::Lost(format!("lost the agent: {e}"))),
+        };
+        if n == 0 {
+            return Err(RunError::Lost(
+                "the agent went away before the run finished (it may have been killed)".into(),
+            ));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Why a fan-out through the agent did not complete.
+#[derive(Debug)]
+pub enum RunError {
+    /// No agent could be reached or started; nothing ran.
+    Unavailable(String),
+    /// The agent went away mid-run; some commands may have run.
+    Lost(String),
 }

@@ -14,10 +14,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use skiff_engine::settings::{resolve_for, ClientEnv};
-use skiff_engine::{Destination, ErrorKind, ExecRequest, Pool, PtyRequest};
-use skiff_proto::agent_wire::{self, ExecWire, Reply, Request};
-use tokio::io::AsyncWriteExt;
+use skiff_engine::fanout::{self, FanoutOptions, RunEvent, Stream};
+use skiff_engine::settings::{resolve_for, ClientEnv, Resolver};
+use skiff_engine::{Destination, ExecRequest, ExitOutcome, Pool, PtyRequest};
+use skiff_proto::agent_wire::{self, ExecWire, HostEnd, Reply, Request, RunWire};
+use skiff_proto::nodeset;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::socket;
 
@@ -28,7 +30,7 @@ pub const DEFAULT_PERSIST: Duration = Duration::from_secs(600);
 
 /// Shared daemon state.
 struct Agent {
-    pool: Pool,
+    pool: Arc<Pool>,
     active: AtomicUsize,
     last_activity: std::sync::Mutex<Instant>,
     started: Instant,
@@ -84,7 +86,7 @@ async fn serve(
 ) -> Result<(), socket::SocketError> {
     let listener = tokio::net::UnixListener::from_std(listener).map_err(|e| io_err(path, e))?;
     let agent = Arc::new(Agent {
-        pool: Pool::new(),
+        pool: Arc::new(Pool::new()),
         active: AtomicUsize::new(0),
         last_activity: std::sync::Mutex::new(Instant::now()),
         started: Instant::now(),
@@ -197,6 +199,19 @@ async fn client(agent: Arc<Agent>, stream: tokio::net::UnixStream) -> std::io::R
             kind: 5,
             message: "window change without a session".into(),
         },
+        Request::Run(wire) => {
+            agent.active.fetch_add(1, Ordering::SeqCst);
+            let reply = run_fanout(&agent, wire, &mut stream).await;
+            agent.active.fetch_sub(1, Ordering::SeqCst);
+            *agent.last_activity.lock().expect("not poisoned") = Instant::now();
+            match reply {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::info!("fan-out client went away ({e}); its commands were stopped");
+                    return Ok(());
+                }
+            }
+        }
         Request::Exec(wire) => {
             agent.active.fetch_add(1, Ordering::SeqCst);
             // The CLI sends nothing more; EOF on its socket means it is gone
@@ -331,6 +346,7 @@ async fn exec(
             rows: p.rows,
             required: p.required,
         }),
+        timeout: None,
     };
     let stdout = tokio::fs::File::from_std(std::fs::File::from(stdout_fd));
     let stderr = tokio::fs::File::from_std(std::fs::File::from(stderr_fd));
@@ -354,22 +370,126 @@ async fn exec(
 }
 
 fn failed(e: skiff_engine::SkiffError) -> Reply {
-    let kind = match e.kind {
-        ErrorKind::Config => 1,
-        ErrorKind::Connect => 2,
-        ErrorKind::HostKey => 3,
-        ErrorKind::Auth => 4,
-        ErrorKind::Protocol => 5,
-        ErrorKind::ChannelRefused => 6,
-    };
     // A person could settle these: the CLI retries directly, where it may ask.
     if e.needs_person {
         Reply::NeedsUser { message: e.message }
     } else {
         Reply::Failed {
-            kind,
+            kind: crate::wire_kind(e.kind),
             message: e.message,
         }
+    }
+}
+
+/// Runs a fan-out on the pool, streaming each host's output and end to the
+/// client as they happen, and answers `Done` at the end. An error means the
+/// client went away; dropping the fan-out then closes every running command.
+async fn run_fanout(
+    agent: &Arc<Agent>,
+    wire: RunWire,
+    stream: &mut tokio::net::UnixStream,
+) -> std::io::Result<Reply> {
+    let hosts = match nodeset::parse(&wire.hosts, &|_| None) {
+        Ok(h) => h,
+        Err(e) => {
+            return Ok(Reply::Failed {
+                kind: crate::wire_kind(skiff_engine::ErrorKind::Config),
+                message: e.to_string(),
+            })
+        }
+    };
+    let base = &wire.base;
+    let env = ClientEnv {
+        vars: base.client_env.clone(),
+    };
+    let mut options = vec!["BatchMode=yes".to_string()];
+    options.extend(base.options.iter().cloned());
+    let config_file = base.config_file.as_ref().map(PathBuf::from);
+    let resolver = match Resolver::new(config_file.as_deref(), &options, &env) {
+        Ok(r) => r,
+        Err(e) => return Ok(failed(e)),
+    };
+    let targets = hosts
+        .iter()
+        .map(|h| fanout::Target {
+            label: h.to_string(),
+            settings: resolver.resolve(&Destination {
+                host: h.host.clone(),
+                user: h.user.clone().or_else(|| base.user.clone()),
+                port: h.port.or(base.port),
+                identity_files: base.identity_files.iter().map(PathBuf::from).collect(),
+                config_file: config_file.clone(),
+                options: options.clone(),
+            }),
+        })
+        .collect();
+    let opts = FanoutOptions {
+        parallel: (wire.parallel as usize).max(1),
+        connect_rate: (wire.rate_milli > 0).then(|| f64::from(wire.rate_milli) / 1000.0),
+        request: ExecRequest {
+            command: base.command.clone(),
+            env: base.env.clone(),
+            pty: None,
+            timeout: (wire.timeout_ms > 0).then(|| Duration::from_millis(wire.timeout_ms)),
+        },
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::channel(256);
+    let run = fanout::fan_out(targets, opts, Some(agent.pool.clone()), tx);
+    tokio::pin!(run);
+    let (mut from_client, mut to_client) = stream.split();
+    let mut finished = false;
+    let mut probe = [0u8; 64];
+    loop {
+        tokio::select! {
+            _ = &mut run, if !finished => finished = true,
+            event = rx.recv() => match event {
+                Some(event) => {
+                    to_client
+                        .write_all(&agent_wire::encode_reply(&event_reply(event)))
+                        .await?
+                }
+                None => break,
+            },
+            // The client sends nothing during a run: data or EOF means it is gone.
+            _ = from_client.read(&mut probe) => {
+                return Err(std::io::Error::other("client closed the socket"));
+            }
+        }
+    }
+    Ok(Reply::Done)
+}
+
+fn event_reply(event: RunEvent) -> Reply {
+    match event {
+        RunEvent::Output { host, stream, data } => Reply::RunOutput {
+            host: host as u32,
+            stream: match stream {
+                Stream::Stdout => 1,
+                Stream::Stderr => 2,
+            },
+            data,
+        },
+        RunEvent::Notice { host, text } => Reply::RunNotice {
+            host: host as u32,
+            text,
+        },
+        RunEvent::Done {
+            host,
+            result,
+            duration,
+        } => Reply::RunDone {
+            host: host as u32,
+            end: match result {
+                Ok(ExitOutcome::Status(code)) => HostEnd::Status(code),
+                Ok(ExitOutcome::Signal { name, .. }) => HostEnd::Signal(name),
+                Ok(ExitOutcome::Unknown) => HostEnd::Unknown,
+                Err(e) => HostEnd::Failed {
+                    kind: crate::wire_kind(e.kind),
+                    message: e.message,
+                },
+            },
+            duration_us: u64::try_from(duration.as_micros()).unwrap_or(u64::MAX),
+        },
     }
 }
 

@@ -19,6 +19,23 @@ pub enum ErrorKind {
     /// The server refused to open another session channel on this connection
     /// (e.g. OpenSSH's MaxSessions); another connection may succeed.
     ChannelRefused,
+    /// The command ran longer than its time limit and was stopped.
+    Timeout,
+}
+
+impl ErrorKind {
+    /// A short lowercase name, for summaries and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::Config => "config",
+            ErrorKind::Connect => "unreachable",
+            ErrorKind::HostKey => "host-key",
+            ErrorKind::Auth => "auth",
+            ErrorKind::Protocol => "protocol",
+            ErrorKind::ChannelRefused => "channel-refused",
+            ErrorKind::Timeout => "timeout",
+        }
+    }
 }
 
 /// A user-facing error.

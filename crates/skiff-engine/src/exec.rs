@@ -24,6 +24,9 @@ pub struct ExecRequest {
     pub command: String,
     pub env: Vec<(String, String)>,
     pub pty: Option<PtyRequest>,
+    /// Stop the command after this long: the remote command is sent TERM,
+    /// the channel is closed, and the result is an [`ErrorKind::Timeout`].
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// How the remote command ended.
@@ -166,9 +169,25 @@ where
     let mut outcome = ExitOutcome::Unknown;
     let mut closed = false;
     let mut exec_refused = false;
+    let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
     loop {
         let msg = tokio::select! {
             msg = reader.wait() => msg,
+            _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
+                // Ask the command to stop, then hang up: skiffd also sends
+                // SIGHUP to what is left when the channel closes.
+                close_guard.disarm();
+                let _ = writer.signal(russh::Sig::TERM).await;
+                let _ = writer.close().await;
+                input.abort();
+                return Err(SkiffError::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "{host}: command timed out after {}s; sent TERM and closed the channel",
+                        req.timeout.unwrap_or_default().as_secs_f64()
+                    ),
+                ));
+            }
             Some(ws) = async { match resize.as_mut() { Some(r) => r.recv().await, None => std::future::pending().await } } => {
                 let _ = writer.window_change(ws.cols, ws.rows, 0, 0).await;
                 continue;

@@ -1,10 +1,22 @@
 //! Host-key verification against OpenSSH known_hosts files: lookup through the
 //! sans-IO index in skiff-proto, the StrictHostKeyChecking policy, the
 //! interactive question for `ask`, and safe appends of newly accepted keys.
+//!
+//! Parsed files are cached for the whole process (the agent, or one fan-out
+//! run making thousands of connections): each connection only `stat`s the
+//! files, a line we append ourselves is added to the cached copy, and the
+//! index remembers which hashed lines each host name matched. Only a change
+//! made by someone else makes us read a file again.
 
+use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{
+    Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use russh::keys::PublicKey;
 use skiff_proto::known_hosts::{
@@ -14,9 +26,222 @@ use skiff_proto::known_hosts::{
 use crate::error::{ErrorKind, SkiffError};
 use crate::settings::ConnectSettings;
 
-/// Loaded known_hosts files for one connection attempt.
+/// What `stat` says about a file, enough to tell that its content changed:
+/// a rewrite in place changes the times (and usually the size), a
+/// replacement by rename changes the inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    /// Modification time, seconds and nanoseconds.
+    pub mtime: (i64, i64),
+    /// Status change time, which no one can set back by hand.
+    pub ctime: (i64, i64),
+}
+
+impl FileStamp {
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        FileStamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// True when the file changed so shortly before `now` that another change
+    /// within the same timestamp tick could leave the stamp as it is.
+    fn racy(&self, now: SystemTime) -> bool {
+        let whole_seconds = self.mtime.1 == 0 && self.ctime.1 == 0;
+        let window = if whole_seconds {
+            Duration::from_secs(2)
+        } else {
+            RACY_WINDOW
+        };
+        let latest = self.mtime.max(self.ctime);
+        let changed = Duration::new(
+            u64::try_from(latest.0).unwrap_or(0),
+            u32::try_from(latest.1).unwrap_or(0),
+        );
+        now.duration_since(UNIX_EPOCH)
+            .map_or(true, |now| now < changed + window)
+    }
+}
+
+/// A file read less than this long after it was last changed (on file
+/// systems with sub-second timestamps) is read again at the next connection
+/// even if its stamp looks the same, because a second change within the
+/// same kernel timestamp tick and of the same size would not show in `stat`.
+pub const RACY_WINDOW: Duration = Duration::from_millis(50);
+
+/// One known_hosts file as cached for the process.
+struct CachedFile {
+    state: RwLock<CachedState>,
+}
+
+struct CachedState {
+    /// What `stat` said about the content in `file`; `None`: no such file.
+    stamp: Option<FileStamp>,
+    /// Read too soon after a change to trust `stamp` (see [`RACY_WINDOW`]).
+    racy: bool,
+    file: KnownHostsFile,
+}
+
+impl CachedFile {
+    // Writers only add whole parsed lines; a panic cannot leave half of one.
+    fn read(&self) -> RwLockReadGuard<'_, CachedState> {
+        self.state.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, CachedState> {
+        self.state.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The cache entry for one path.
+#[derive(Default)]
+struct Slot {
+    /// The newest reading of the file. Held while checking and (re)reading
+    /// it, so that concurrent connections read a changed file once (other
+    /// paths are not held up), and across our own append and its addition
+    /// to the cached copy, so that neither another connection's check nor
+    /// this process's other appends can come in between and take our line
+    /// for someone else's change.
+    current: Mutex<Option<Arc<CachedFile>>>,
+    /// The stamp right after our last append. A file whose stamp is this
+    /// last changed by our own hand, with content we know, so reading it
+    /// soon after is not racy. Held only briefly, nothing taken inside it.
+    own_append: Mutex<Option<FileStamp>>,
+    /// How many times the file was read and parsed whole.
+    parses: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section here leaves its data whole (plain assignments,
+    // or whole parsed lines added), so a panic elsewhere cannot corrupt it.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Path -> slot. The map lock is only held to find a slot.
+fn slot(path: &Path) -> Arc<Slot> {
+    static CACHE: OnceLock<Mutex<HashMap<PathBuf, Arc<Slot>>>> = OnceLock::new();
+    let mut map = lock(CACHE.get_or_init(Default::default));
+    map.entry(path.to_path_buf()).or_default().clone()
+}
+
+/// How many times this process has read and parsed `path` whole (lines it
+/// appended itself are not counted: they are added to the cached copy).
+pub fn known_hosts_parses(path: &Path) -> u64 {
+    slot(path).parses.load(Ordering::Relaxed)
+}
+
+/// The cached reading of `path`, read again if the file changed since.
+/// A missing file is cached as empty; an unreadable one is skipped with a
+/// warning and not cached.
+fn cached(path: &Path) -> Option<Arc<CachedFile>> {
+    let slot = slot(path);
+    let mut current = lock(&slot.current);
+    let stamp = match std::fs::metadata(path) {
+        Ok(meta) => Some(FileStamp::of(&meta)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            tracing::warn!("cannot read {}: {e}", path.display());
+            return None;
+        }
+    };
+    if let Some(c) = current.as_ref() {
+        let state = c.read();
+        if state.stamp == stamp && !state.racy {
+            return Some(c.clone());
+        }
+    }
+    let label = path.display().to_string();
+    let state = match read_whole(path) {
+        Ok(Some((stamp, text, steady))) => {
+            slot.parses.fetch_add(1, Ordering::Relaxed);
+            let (file, warnings) = known_hosts::parse(&label, &text);
+            for w in warnings {
+                tracing::warn!("{w}");
+            }
+            let ours = *lock(&slot.own_append) == Some(stamp);
+            CachedState {
+                stamp: Some(stamp),
+                racy: !steady || (!ours && stamp.racy(SystemTime::now())),
+                file,
+            }
+        }
+        Ok(None) => CachedState {
+            stamp: None,
+            racy: false,
+            file: KnownHostsFile::new(&label),
+        },
+        Err(e) => {
+            tracing::warn!("cannot read {}: {e}", path.display());
+            *current = None;
+            return None;
+        }
+    };
+    let fresh = Arc::new(CachedFile {
+        state: RwLock::new(state),
+    });
+    *current = Some(fresh.clone());
+    Some(fresh)
+}
+
+/// The file's text, the stamp of what was read, and whether the two surely
+/// belong together (the file did not change while it was read); `None`
+/// when there is no such file.
+fn read_whole(path: &Path) -> std::io::Result<Option<(FileStamp, String, bool)>> {
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let before = FileStamp::of(&file.metadata()?);
+    let mut text = String::with_capacity(usize::try_from(before.size).unwrap_or(0));
+    file.read_to_string(&mut text)?;
+    let after = FileStamp::of(&file.metadata()?);
+    let steady = before == after && u64::try_from(text.len()).is_ok_and(|n| n == after.size);
+    Ok(Some((after, text, steady)))
+}
+
+/// Appends `line` (see [`append_line`]) and adds it to the cached copy, if
+/// the cache held exactly the content the line was appended to and nothing
+/// else was written meanwhile; otherwise (or after a racy read) the next
+/// connection reads the file again. `written_for` is the lookup name the
+/// line records.
+fn append_and_note(path: &Path, line: &str, written_for: &str) -> std::io::Result<()> {
+    let slot = slot(path);
+    let current = lock(&slot.current);
+    let appended = append_line(path, line)?;
+    let (before, after) = (appended.before, appended.after);
+    *lock(&slot.own_append) = Some(after);
+    let Some(c) = current.as_ref() else {
+        return Ok(());
+    };
+    let mut state = c.write();
+    let had_before = match state.stamp {
+        Some(stamp) => stamp == before,
+        // Missing when last looked at; created (empty) since.
+        None => before.size == 0,
+    };
+    let only_ours = (after.dev, after.ino) == (before.dev, before.ino)
+        && u64::try_from(appended.text.len()).is_ok_and(|n| before.size + n == after.size);
+    if had_before && only_ours && !state.racy {
+        for w in state.file.extend(&appended.text, Some(written_for)) {
+            tracing::warn!("{w}");
+        }
+        state.stamp = Some(after);
+    }
+    Ok(())
+}
+
+/// The known_hosts files for one connection attempt: shared, cached
+/// readings (see the module documentation).
 pub struct KnownHosts {
-    files: Vec<KnownHostsFile>,
+    files: Vec<Arc<CachedFile>>,
     /// Where new keys are recorded: the first user file.
     record_to: Option<PathBuf>,
     /// Warnings for the person who ran the command ("Permanently added ...").
@@ -25,33 +250,51 @@ pub struct KnownHosts {
     notices: std::sync::Mutex<Vec<String>>,
 }
 
+/// What to do after looking the key up, once the files are released.
+enum Next {
+    Done(Result<(), SkiffError>),
+    Record,
+    Ask(String),
+}
+
 impl KnownHosts {
-    /// Reads every configured file; missing files count as empty, malformed
-    /// lines are skipped with a warning naming file:line.
+    /// The configured files as this process last read them, reading a file
+    /// again only if it changed (a `stat` per file otherwise). Missing files
+    /// count as empty; malformed lines are skipped with a warning naming
+    /// file:line, when the file is read.
     pub fn load(settings: &ConnectSettings) -> Self {
-        let mut files = Vec::new();
-        for path in settings
+        let files = settings
             .user_known_hosts
             .iter()
             .chain(&settings.global_known_hosts)
-        {
-            match std::fs::read_to_string(path) {
-                Ok(text) => {
-                    let (file, warnings) = known_hosts::parse(&path.display().to_string(), &text);
-                    for w in warnings {
-                        tracing::warn!("{w}");
-                    }
-                    files.push(file);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => tracing::warn!("cannot read {}: {e}", path.display()),
-            }
-        }
+            .filter_map(|path| cached(path))
+            .collect();
         KnownHosts {
             files,
             record_to: settings.user_known_hosts.first().cloned(),
             notices: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Runs `f` on the files, in configured order, read-locked; the locks
+    /// are released after. They are taken in one order for the whole
+    /// process (by address), each once even if a file is configured twice,
+    /// so that connections holding several while others append can never
+    /// wait on each other in a circle.
+    fn with_files<R>(&self, f: impl FnOnce(&[&KnownHostsFile]) -> R) -> R {
+        let mut order: Vec<&Arc<CachedFile>> = self.files.iter().collect();
+        order.sort_by_key(|c| Arc::as_ptr(c));
+        order.dedup_by_key(|c| Arc::as_ptr(c));
+        let guards: Vec<_> = order.iter().map(|c| (Arc::as_ptr(c), c.read())).collect();
+        let files: Vec<&KnownHostsFile> = self
+            .files
+            .iter()
+            .filter_map(|c| {
+                let guard = guards.iter().find(|(p, _)| *p == Arc::as_ptr(c));
+                guard.map(|(_, g)| &g.file)
+            })
+            .collect();
+        f(&files)
     }
 
     /// The warnings gathered so far, emptying the list.
@@ -66,13 +309,15 @@ impl KnownHosts {
     /// Key types already recorded for this host, most trusted first, so the
     /// key exchange can prefer a host key we can verify (as ssh does).
     pub fn known_key_types(&self, host: &str, port: u16) -> Vec<String> {
-        let mut types: Vec<String> = Vec::new();
-        for found in known_hosts::lookup(&self.files, host, port) {
-            if found.entry.marker.is_none() && !types.contains(&found.entry.key_type) {
-                types.push(found.entry.key_type.clone());
+        self.with_files(|files| {
+            let mut types: Vec<String> = Vec::new();
+            for found in known_hosts::lookup(files, host, port) {
+                if found.entry.marker.is_none() && !types.contains(&found.entry.key_type) {
+                    types.push(found.entry.key_type.clone());
+                }
             }
-        }
-        types
+            types
+        })
     }
 
     /// Applies the policy to the key the server presented.
@@ -85,38 +330,46 @@ impl KnownHosts {
         })?;
         let key_type = key.algorithm().as_str().to_string();
         let (host, port) = (settings.hostname.as_str(), settings.port);
-        let status = known_hosts::check(&self.files, host, port, &key_type, &blob);
         let refuse = |msg: String| SkiffError::new(ErrorKind::HostKey, msg);
-        match known_hosts::decide(
-            &status,
-            settings.strict_host_key_checking,
-            host,
-            port,
-            &key_type,
-            &blob,
-        ) {
-            Decision::Accept => Ok(()),
-            Decision::AcceptWithWarning(w) => {
-                self.notice(w);
-                Ok(())
-            }
-            Decision::Refuse(detail) => {
-                tracing::debug!("{detail}");
-                Err(refuse(one_line_refusal(
-                    &status, settings, &key_type, &blob,
-                )))
-            }
-            Decision::AcceptAndRecord => self.record(settings, &key_type, &blob),
-            Decision::AskUser => {
-                if settings.batch_mode {
-                    return Err(refuse(format!(
-                        "host key for {} is not known and BatchMode is on ({}); add it to known_hosts or use -o StrictHostKeyChecking=accept-new",
-                        known_hosts::host_port_name(host, port),
-                        known_hosts::fingerprint_sha256(&blob)
-                    ))
-                    .needing_person());
+        // Decide with the files read-locked; record (which takes a write
+        // lock) and ask (which waits for a person) after releasing them.
+        let next = self.with_files(|files| {
+            let status = known_hosts::check(files, host, port, &key_type, &blob);
+            match known_hosts::decide(
+                &status,
+                settings.strict_host_key_checking,
+                host,
+                port,
+                &key_type,
+                &blob,
+            ) {
+                Decision::Accept => Next::Done(Ok(())),
+                Decision::AcceptWithWarning(w) => {
+                    self.notice(w);
+                    Next::Done(Ok(()))
                 }
-                let prompt = known_hosts::ask_prompt(&status, host, port, &key_type, &blob);
+                Decision::Refuse(detail) => {
+                    tracing::debug!("{detail}");
+                    Next::Done(Err(refuse(one_line_refusal(
+                        &status, settings, &key_type, &blob,
+                    ))))
+                }
+                Decision::AcceptAndRecord => Next::Record,
+                Decision::AskUser if settings.batch_mode => Next::Done(Err(refuse(format!(
+                    "host key for {} is not known and BatchMode is on ({}); add it to known_hosts or use -o StrictHostKeyChecking=accept-new",
+                    known_hosts::host_port_name(host, port),
+                    known_hosts::fingerprint_sha256(&blob)
+                ))
+                .needing_person())),
+                Decision::AskUser => Next::Ask(known_hosts::ask_prompt(
+                    &status, host, port, &key_type, &blob,
+                )),
+            }
+        });
+        match next {
+            Next::Done(result) => result,
+            Next::Record => self.record(settings, &key_type, &blob),
+            Next::Ask(prompt) => {
                 if ask_on_terminal(&prompt, &blob)? {
                     self.record(settings, &key_type, &blob)
                 } else {
@@ -149,10 +402,10 @@ impl KnownHosts {
             blob,
             salt.as_ref(),
         );
-        match append_line(path, &line) {
+        let name = known_hosts::host_port_name(&settings.hostname, settings.port);
+        match append_and_note(path, &line, &name) {
             Ok(()) => self.notice(format!(
-                "Warning: Permanently added '{}' ({}) to the list of known hosts.",
-                known_hosts::host_port_name(&settings.hostname, settings.port),
+                "Warning: Permanently added '{name}' ({}) to the list of known hosts.",
                 known_hosts::key_type_label(key_type)
             )),
             // Not being able to record is not a reason to refuse a key the policy accepts.
@@ -165,10 +418,20 @@ impl KnownHosts {
     }
 }
 
+/// What [`append_line`] did: the file's stamp just before and just after the
+/// write, and the exact text written (the line, plus a newline in front when
+/// the file did not end with one).
+#[derive(Debug, Clone)]
+pub struct Appended {
+    pub before: FileStamp,
+    pub after: FileStamp,
+    pub text: String,
+}
+
 /// Appends one line with a single write, creating the file 0600 (and its
 /// directory 0700) when missing and adding a newline first if the file
 /// does not end with one. Existing content is never rewritten.
-pub fn append_line(path: &Path, line: &str) -> std::io::Result<()> {
+pub fn append_line(path: &Path, line: &str) -> std::io::Result<Appended> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         if !dir.exists() {
             std::fs::DirBuilder::new()
@@ -183,7 +446,8 @@ pub fn append_line(path: &Path, line: &str) -> std::io::Result<()> {
         .create(true)
         .mode(0o600)
         .open(path)?;
-    let len = file.metadata()?.len();
+    let before = FileStamp::of(&file.metadata()?);
+    let len = before.size;
     let mut text = String::with_capacity(line.len() + 1);
     if len > 0 {
         let mut last = [0u8; 1];
@@ -198,7 +462,13 @@ pub fn append_line(path: &Path, line: &str) -> std::io::Result<()> {
         text.push('\n');
     }
     file.write_all(text.as_bytes())?;
-    file.sync_data()
+    file.sync_data()?;
+    let after = FileStamp::of(&file.metadata()?);
+    Ok(Appended {
+        before,
+        after,
+        text,
+    })
 }
 
 /// Asks the yes/no/fingerprint question on the controlling terminal.
@@ -273,6 +543,27 @@ pub fn policy_name(p: StrictHostKeyChecking) -> &'static str {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn recently_changed_files_are_racy() {
+        let at = |secs: i64, nanos: i64| FileStamp {
+            dev: 1,
+            ino: 2,
+            size: 3,
+            mtime: (secs - 100, nanos),
+            ctime: (secs, nanos),
+        };
+        let now = UNIX_EPOCH + Duration::new(1_000_000, 500_000_000);
+        assert!(at(1_000_000, 480_000_000).racy(now));
+        assert!(!at(1_000_000, 400_000_000).racy(now));
+        assert!(!at(999_999, 1).racy(now));
+        // Whole-second timestamps: the file system may round by a second or two.
+        assert!(at(999_999, 0).racy(now));
+        assert!(!at(999_997, 0).racy(now));
+        // A clock before the epoch or a stamp from the future: never trusted.
+        assert!(at(1_000_001, 0).racy(now));
+        assert!(at(5, 5).racy(UNIX_EPOCH - Duration::from_secs(1)));
+    }
 
     #[test]
     fn append_creates_private_file_and_repairs_missing_newline() {

@@ -8,6 +8,7 @@
 pub mod connect;
 pub mod error;
 pub mod exec;
+pub mod fanout;
 pub mod hostkeys;
 mod identity;
 pub mod pool;

@@ -226,33 +226,69 @@ pub fn resolve(dest: &Destination) -> Result<ConnectSettings, SkiffError> {
 
 /// Like [`resolve`], for a client whose environment is `env`.
 pub fn resolve_for(dest: &Destination, env: &ClientEnv) -> Result<ConnectSettings, SkiffError> {
-    let home = env.get("HOME").map_or_else(home_dir, PathBuf::from);
-    let mut files = vec![ssh_config::parse_options(&dest.options).map_err(config_error)?];
-    match &dest.config_file {
-        Some(p) if p.as_os_str() == "none" => {}
-        Some(p) => files.push(read_config(p)?.ok_or_else(|| {
-            SkiffError::new(
-                ErrorKind::Config,
-                format!("cannot read config file {}: no such file", p.display()),
-            )
-        })?),
-        None => {
-            files.extend(read_config(&home.join(".ssh/config"))?);
-            files.extend(read_config(Path::new("/etc/ssh/ssh_config"))?);
+    Resolver::new(dest.config_file.as_deref(), &dest.options, env)?.resolve(dest)
+}
+
+/// Settings for many destinations that share the configuration files and
+/// `-o` options (a fan-out): the files are read and parsed once.
+pub struct Resolver {
+    files: Vec<ConfigFile>,
+    options: Vec<String>,
+    config_file: Option<PathBuf>,
+    home: PathBuf,
+    local_user: String,
+    env: ClientEnv,
+}
+
+impl Resolver {
+    /// Reads `config_file` (or ~/.ssh/config and /etc/ssh/ssh_config) and
+    /// parses `options`.
+    pub fn new(
+        config_file: Option<&Path>,
+        options: &[String],
+        env: &ClientEnv,
+    ) -> Result<Self, SkiffError> {
+        let home = env.get("HOME").map_or_else(home_dir, PathBuf::from);
+        let mut files = vec![ssh_config::parse_options(options).map_err(config_error)?];
+        match config_file {
+            Some(p) if p.as_os_str() == "none" => {}
+            Some(p) => files.push(read_config(p)?.ok_or_else(|| {
+                SkiffError::new(
+                    ErrorKind::Config,
+                    format!("cannot read config file {}: no such file", p.display()),
+                )
+            })?),
+            None => {
+                files.extend(read_config(&home.join(".ssh/config"))?);
+                files.extend(read_config(Path::new("/etc/ssh/ssh_config"))?);
+            }
         }
+        Ok(Resolver {
+            files,
+            options: options.to_vec(),
+            config_file: config_file.map(Path::to_path_buf),
+            home,
+            local_user: local_user(),
+            env: env.clone(),
+        })
     }
-    let local_user = local_user();
-    let ctx = MatchContext {
-        original_host: dest.host.to_ascii_lowercase(),
-        host: dest.host.to_ascii_lowercase(),
-        remote_user: dest.user.clone(),
-        local_user: local_user.clone(),
-    };
-    let cfg = ssh_config::resolve(&files, &ctx, &mut |arg, from| {
-        include_files(arg, from, &home)
-    })
-    .map_err(config_error)?;
-    settle(dest, cfg, &home, &local_user, env)
+
+    /// The settings for `dest`, whose `config_file` and `options` must be
+    /// the ones this resolver was made with.
+    pub fn resolve(&self, dest: &Destination) -> Result<ConnectSettings, SkiffError> {
+        debug_assert!(dest.options == self.options && dest.config_file == self.config_file);
+        let ctx = MatchContext {
+            original_host: dest.host.to_ascii_lowercase(),
+            host: dest.host.to_ascii_lowercase(),
+            remote_user: dest.user.clone(),
+            local_user: self.local_user.clone(),
+        };
+        let cfg = ssh_config::resolve(&self.files, &ctx, &mut |arg, from| {
+            include_files(arg, from, &self.home)
+        })
+        .map_err(config_error)?;
+        settle(dest, cfg, &self.home, &self.local_user, &self.env)
+    }
 }
 
 fn settle(

@@ -15,7 +15,9 @@
 //! * strings are a `u32` byte length followed by that many bytes of UTF-8;
 //! * `Option<T>` is one byte, `0` (absent) or `1` (present, then `T`);
 //! * `Vec<T>` is a `u32` item count followed by the items;
-//! * a pair `(A, B)` is `A` then `B`.
+//! * a pair `(A, B)` is `A` then `B`;
+//! * `bytes` are a `u32` length followed by that many raw bytes; `u64` is
+//!   big-endian.
 //!
 //! A body longer than [`MAX_FRAME`] is refused with [`WireError::TooLarge`] as
 //! soon as the length prefix is seen, before waiting for the rest, so a
@@ -27,8 +29,12 @@
 //! back exactly the same bytes.
 //!
 //! Request tags: `1` Hello, `2` Exec, `3` WindowChange, `4` Status, `5` Stop,
-//! `6` Forget. Reply tags: `1` Hello, `2` Exit, `3` Failed, `4` NeedsUser,
-//! `5` Status, `6` Done.
+//! `6` Forget, `7` Run. Reply tags: `1` Hello, `2` Exit, `3` Failed, `4`
+//! NeedsUser, `5` Status, `6` Done, `7` RunOutput, `8` RunNotice, `9` RunDone.
+//!
+//! A `Run` is answered by any number of `RunOutput`/`RunNotice` frames and
+//! one `RunDone` per host (hosts numbered in the order the node set expands
+//! to), then `Done`.
 
 /// The largest frame body (the bytes after the 4-byte length prefix) a
 /// decoder accepts.
@@ -80,6 +86,35 @@ pub struct PtyWire {
     pub required: bool,
 }
 
+/// A fan-out (`skiff run`): one command on every host of a node set.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RunWire {
+    /// Everything but the host: user, port, identities, config, options,
+    /// command, environment. `host` is empty; `pty` is None; `no_stdin` true.
+    pub base: ExecWire,
+    /// The hosts as one folded node set (with `user@`/`:port` per host).
+    pub hosts: String,
+    /// Hosts in progress at once.
+    pub parallel: u32,
+    /// New connections per second, in thousandths (0: unlimited).
+    pub rate_milli: u32,
+    /// Per-command time limit in milliseconds (0: none).
+    pub timeout_ms: u64,
+}
+
+/// How one host of a fan-out ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostEnd {
+    /// The command exited with this status.
+    Status(u32),
+    /// The command was killed by this signal (name without SIG).
+    Signal(String),
+    /// The channel closed without a status.
+    Unknown,
+    /// skiff-level failure, with the same kinds as [`Reply::Failed`].
+    Failed { kind: u8, message: String },
+}
+
 /// CLI -> agent. `Exec` travels with three file descriptors (stdin, stdout, stderr) attached by the transport.
 // `Exec` is much bigger than the rest, but requests are few and short-lived;
 // boxing it would only make every construction and match noisier.
@@ -98,6 +133,8 @@ pub enum Request {
     Stop,
     /// Drop any cached connection to `host`.
     Forget { host: String },
+    /// Run a command on many hosts; the answer streams back.
+    Run(RunWire),
 }
 
 /// agent -> CLI.
@@ -107,14 +144,28 @@ pub enum Reply {
     Hello { version: u32, pid: u32 },
     /// The command ended: the exit code the CLI should exit with (already 128+N for signals).
     Exit { code: i32 },
-    /// skiff-level failure. kind: 1 config, 2 connect, 3 host key, 4 auth, 5 protocol, 6 channel refused.
+    /// skiff-level failure. kind: 1 config, 2 connect, 3 host key, 4 auth, 5 protocol, 6 channel refused, 7 timeout.
     Failed { kind: u8, message: String },
     /// A person must decide (unknown host key under `ask`, a passphrase): the CLI should connect directly.
     NeedsUser { message: String },
     /// Answer to `Request::Status`.
     Status { text: String },
-    /// Answer to `Request::Stop` / `Request::Forget`: done.
+    /// Answer to `Request::Stop` / `Request::Forget`, and the end of a `Run`.
     Done,
+    /// Output of host number `host` of a `Run`; `stream` 1 stdout, 2 stderr.
+    RunOutput {
+        host: u32,
+        stream: u8,
+        data: Vec<u8>,
+    },
+    /// A message for the person about host number `host`.
+    RunNotice { host: u32, text: String },
+    /// Host number `host` of a `Run` has finished.
+    RunDone {
+        host: u32,
+        end: HostEnd,
+        duration_us: u64,
+    },
 }
 
 /// Why a buffer could not be decoded. Any of these means the stream is
@@ -148,6 +199,7 @@ const RQ_WINDOW_CHANGE: u8 = 3;
 const RQ_STATUS: u8 = 4;
 const RQ_STOP: u8 = 5;
 const RQ_FORGET: u8 = 6;
+const RQ_RUN: u8 = 7;
 
 // Reply tags.
 const RP_HELLO: u8 = 1;
@@ -156,6 +208,15 @@ const RP_FAILED: u8 = 3;
 const RP_NEEDS_USER: u8 = 4;
 const RP_STATUS: u8 = 5;
 const RP_DONE: u8 = 6;
+const RP_RUN_OUTPUT: u8 = 7;
+const RP_RUN_NOTICE: u8 = 8;
+const RP_RUN_DONE: u8 = 9;
+
+// HostEnd tags.
+const END_STATUS: u8 = 0;
+const END_SIGNAL: u8 = 1;
+const END_UNKNOWN: u8 = 2;
+const END_FAILED: u8 = 3;
 
 // ---------------------------------------------------------------------------
 // Encoding
@@ -187,6 +248,15 @@ impl Writer {
 
     fn i32(&mut self, v: i32) {
         self.buf.extend_from_slice(&v.to_be_bytes());
+    }
+
+    fn u64(&mut self, v: u64) {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+    }
+
+    fn bytes(&mut self, b: &[u8]) {
+        self.len(b.len());
+        self.buf.extend_from_slice(b);
     }
 
     fn bool(&mut self, v: bool) {
@@ -252,32 +322,16 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
         }
         Request::Exec(e) => {
             let mut w = Writer::new(RQ_EXEC);
-            w.str(&e.host);
-            w.opt_str(e.user.as_deref());
-            match e.port {
-                None => w.u8(0),
-                Some(p) => {
-                    w.u8(1);
-                    w.u16(p);
-                }
-            }
-            w.strs(&e.identity_files);
-            w.opt_str(e.config_file.as_deref());
-            w.strs(&e.options);
-            w.str(&e.command);
-            w.pairs(&e.env);
-            w.pairs(&e.client_env);
-            match &e.pty {
-                None => w.u8(0),
-                Some(p) => {
-                    w.u8(1);
-                    w.str(&p.term);
-                    w.u32(p.cols);
-                    w.u32(p.rows);
-                    w.bool(p.required);
-                }
-            }
-            w.bool(e.no_stdin);
+            encode_exec(&mut w, e);
+            w.finish()
+        }
+        Request::Run(r) => {
+            let mut w = Writer::new(RQ_RUN);
+            encode_exec(&mut w, &r.base);
+            w.str(&r.hosts);
+            w.u32(r.parallel);
+            w.u32(r.rate_milli);
+            w.u64(r.timeout_ms);
             w.finish()
         }
         Request::WindowChange { cols, rows } => {
@@ -294,6 +348,36 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
             w.finish()
         }
     }
+}
+
+/// The fields of an [`ExecWire`], in order.
+fn encode_exec(w: &mut Writer, e: &ExecWire) {
+    w.str(&e.host);
+    w.opt_str(e.user.as_deref());
+    match e.port {
+        None => w.u8(0),
+        Some(p) => {
+            w.u8(1);
+            w.u16(p);
+        }
+    }
+    w.strs(&e.identity_files);
+    w.opt_str(e.config_file.as_deref());
+    w.strs(&e.options);
+    w.str(&e.command);
+    w.pairs(&e.env);
+    w.pairs(&e.client_env);
+    match &e.pty {
+        None => w.u8(0),
+        Some(p) => {
+            w.u8(1);
+            w.str(&p.term);
+            w.u32(p.cols);
+            w.u32(p.rows);
+            w.bool(p.required);
+        }
+    }
+    w.bool(e.no_stdin);
 }
 
 /// Encodes a reply as a whole frame (length prefix included).
@@ -330,6 +414,45 @@ pub fn encode_reply(rep: &Reply) -> Vec<u8> {
             w.finish()
         }
         Reply::Done => Writer::new(RP_DONE).finish(),
+        Reply::RunOutput { host, stream, data } => {
+            let mut w = Writer::new(RP_RUN_OUTPUT);
+            w.u32(*host);
+            w.u8(*stream);
+            w.bytes(data);
+            w.finish()
+        }
+        Reply::RunNotice { host, text } => {
+            let mut w = Writer::new(RP_RUN_NOTICE);
+            w.u32(*host);
+            w.str(text);
+            w.finish()
+        }
+        Reply::RunDone {
+            host,
+            end,
+            duration_us,
+        } => {
+            let mut w = Writer::new(RP_RUN_DONE);
+            w.u32(*host);
+            match end {
+                HostEnd::Status(code) => {
+                    w.u8(END_STATUS);
+                    w.u32(*code);
+                }
+                HostEnd::Signal(name) => {
+                    w.u8(END_SIGNAL);
+                    w.str(name);
+                }
+                HostEnd::Unknown => w.u8(END_UNKNOWN),
+                HostEnd::Failed { kind, message } => {
+                    w.u8(END_FAILED);
+                    w.u8(*kind);
+                    w.str(message);
+                }
+            }
+            w.u64(*duration_us);
+            w.finish()
+        }
     }
 }
 
@@ -375,6 +498,15 @@ impl<'a> Reader<'a> {
 
     fn i32(&mut self) -> Result<i32, WireError> {
         Ok(i32::from_be_bytes(self.array()?))
+    }
+
+    fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_be_bytes(self.array()?))
+    }
+
+    fn bytes(&mut self) -> Result<Vec<u8>, WireError> {
+        let n = self.u32()? as usize;
+        Ok(self.take(n)?.to_vec())
     }
 
     fn bool(&mut self, what: &'static str) -> Result<bool, WireError> {
@@ -487,6 +619,13 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Request, usize)>, WireError>
         RQ_STATUS => Request::Status,
         RQ_STOP => Request::Stop,
         RQ_FORGET => Request::Forget { host: r.str()? },
+        RQ_RUN => Request::Run(RunWire {
+            base: decode_exec(&mut r)?,
+            hosts: r.str()?,
+            parallel: r.u32()?,
+            rate_milli: r.u32()?,
+            timeout_ms: r.u64()?,
+        }),
         tag => return Err(WireError::UnknownTag(tag)),
     };
     r.end()?;
@@ -556,6 +695,29 @@ pub fn decode_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, WireError> {
         RP_NEEDS_USER => Reply::NeedsUser { message: r.str()? },
         RP_STATUS => Reply::Status { text: r.str()? },
         RP_DONE => Reply::Done,
+        RP_RUN_OUTPUT => Reply::RunOutput {
+            host: r.u32()?,
+            stream: r.u8()?,
+            data: r.bytes()?,
+        },
+        RP_RUN_NOTICE => Reply::RunNotice {
+            host: r.u32()?,
+            text: r.str()?,
+        },
+        RP_RUN_DONE => Reply::RunDone {
+            host: r.u32()?,
+            end: match r.u8()? {
+                END_STATUS => HostEnd::Status(r.u32()?),
+                END_SIGNAL => HostEnd::Signal(r.str()?),
+                END_UNKNOWN => HostEnd::Unknown,
+                END_FAILED => HostEnd::Failed {
+                    kind: r.u8()?,
+                    message: r.str()?,
+                },
+                _ => return Err(WireError::BadValue("host end tag")),
+            },
+            duration_us: r.u64()?,
+        },
         tag => return Err(WireError::UnknownTag(tag)),
     };
     r.end()?;
@@ -636,6 +798,14 @@ mod tests {
             Request::Forget {
                 host: String::new(),
             },
+            Request::Run(RunWire::default()),
+            Request::Run(RunWire {
+                base: full_exec(),
+                hosts: "root@web[01-20]:2222,db1".into(),
+                parallel: 256,
+                rate_milli: 2500,
+                timeout_ms: u64::MAX,
+            }),
             Request::Forget {
                 host: "日本.example:2222".into(),
             },
@@ -682,6 +852,43 @@ mod tests {
                 text: String::new(),
             },
             Reply::Done,
+            Reply::RunOutput {
+                host: 0,
+                stream: 1,
+                data: Vec::new(),
+            },
+            Reply::RunOutput {
+                host: u32::MAX,
+                stream: 2,
+                data: vec![0, 0xff, b'\n', 0x80],
+            },
+            Reply::RunNotice {
+                host: 7,
+                text: "Warning: Permanently added 'x'".into(),
+            },
+            Reply::RunDone {
+                host: 1,
+                end: HostEnd::Status(3),
+                duration_us: 12_345,
+            },
+            Reply::RunDone {
+                host: 2,
+                end: HostEnd::Signal("KILL".into()),
+                duration_us: 0,
+            },
+            Reply::RunDone {
+                host: 3,
+                end: HostEnd::Unknown,
+                duration_us: u64::MAX,
+            },
+            Reply::RunDone {
+                host: 4,
+                end: HostEnd::Failed {
+                    kind: 7,
+                    message: "timed out".into(),
+                },
+                duration_us: 1,
+            },
         ]
     }
 
@@ -892,7 +1099,7 @@ mod tests {
 
     #[test]
     fn unknown_tags() {
-        for tag in [0u8, 7, 200, 255] {
+        for tag in [0u8, 10, 200, 255] {
             assert_eq!(
                 decode_request(&frame(&[tag])),
                 Err(WireError::UnknownTag(tag))
@@ -902,6 +1109,17 @@ mod tests {
                 Err(WireError::UnknownTag(tag))
             );
         }
+    }
+
+    #[test]
+    fn bad_host_end_tag_is_refused() {
+        let mut body = vec![RP_RUN_DONE];
+        body.extend_from_slice(&1u32.to_be_bytes());
+        body.push(9);
+        assert_eq!(
+            decode_reply(&frame(&body)),
+            Err(WireError::BadValue("host end tag"))
+        );
     }
 
     #[test]

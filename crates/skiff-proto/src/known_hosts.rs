@@ -22,13 +22,22 @@
 //! [`format_entry`]. Randomness (the salt for hashed names) comes from the
 //! caller. Malformed lines never abort parsing: they are skipped and reported
 //! as [`ParseWarning`]s, as ssh does.
+//!
+//! A parsed [`KnownHostsFile`] is meant to be kept and shared by a process
+//! that connects to many hosts: lookups are indexed, hashed lookups are
+//! remembered per name (in memory only), and a line the caller appended to
+//! the file can be added with [`KnownHostsFile::extend`] instead of parsing
+//! the whole file again.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, STANDARD_PAD_INDIFFERENT};
 use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
+use sha1::block_api::compress as sha1_compress;
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
 
@@ -177,16 +186,29 @@ pub struct ParseWarning {
 /// A parsed known_hosts file with a lookup index.
 ///
 /// The index is built from `entries` when the file is parsed (or by
-/// [`KnownHostsFile::from_entries`]); changing `entries` afterwards does not
-/// update it, so rebuild with `from_entries` if you modify them.
+/// [`KnownHostsFile::from_entries`]) and kept up to date by
+/// [`KnownHostsFile::extend`]; changing `entries` directly does not update
+/// it, so rebuild with `from_entries` if you modify them.
+///
+/// Lookups take `&self` and may be made from several threads at once: the
+/// per-name memo of hashed-entry matches (see [`KnownHostsFile::matching`])
+/// has its own lock.
 #[derive(Debug, Clone, Default)]
 pub struct KnownHostsFile {
     /// Path or other label used in messages (`file:line`).
     pub label: String,
     /// The valid entries in file order.
     pub entries: Vec<Entry>,
+    /// Newline characters in the text seen so far: an appended line starts
+    /// on line `newlines + 1`.
+    newlines: usize,
     index: HostIndex,
 }
+
+/// At most this many names are remembered per file (see [`HashedMemo`]);
+/// reaching it starts the memo afresh, so that a long-lived process asked
+/// about ever new names keeps bounded memory.
+const MEMO_LIMIT: usize = 1 << 16;
 
 /// Lookup structure over the entries of one file.
 ///
@@ -197,10 +219,15 @@ pub struct KnownHostsFile {
 ///   pattern list (including any `!negations`) is still checked afterwards.
 /// * Entries with at least one positive wildcard pattern are in `scan` and
 ///   matched linearly; in practice this list is short.
-/// * Hashed entries are grouped by salt: one HMAC per distinct salt per lookup
-///   (normally one per hashed entry, since ssh picks a fresh salt per line).
-///   Caching the HMAC results per host across lookups within one run is the
-///   next step if large hashed files show up in profiles.
+/// * Hashed entries are grouped by salt, and each group keeps HMAC-SHA1
+///   already keyed with its salt ([`KeyedSha1`]), so testing a name costs
+///   two SHA-1 compressions per distinct salt (normally one per hashed
+///   line, since ssh picks a fresh salt per line) instead of four. There is
+///   no way to find a hashed line without hashing the name with its salt,
+///   so the result of that scan is remembered per name in `memo`: a file's
+///   first lookup of a name costs one scan, later ones (the same
+///   connection's second lookup, or the next connection to that host in a
+///   long-lived process) none.
 #[derive(Debug, Clone, Default)]
 struct HostIndex {
     /// Lowercased literal name -> entry indices (ascending, no duplicates).
@@ -209,53 +236,229 @@ struct HostIndex {
     scan: Vec<usize>,
     /// Lowercased pattern lists, parallel to `entries` (empty for hashed).
     lowered: Vec<Vec<String>>,
-    /// Hashed entries grouped by salt.
+    /// Hashed entries grouped by salt, in order of first appearance.
     hashed: Vec<SaltGroup>,
+    /// Salt -> position in `hashed`.
+    salt_pos: HashMap<[u8; SHA1_LEN], usize>,
+    /// Lookup name -> indices of the hashed entries it matches.
+    memo: HashedMemo,
 }
 
-#[derive(Debug, Clone)]
+/// A hashed entry just added: `(index, salt, hash)`.
+type NewHashed = (usize, [u8; SHA1_LEN], [u8; SHA1_LEN]);
+
+/// A SHA-1 chaining state (five big-endian words of the digest).
+type Sha1State = [u32; 5];
+
+/// SHA-1's initial state (FIPS 180-4, 5.3.1).
+const SHA1_INIT: Sha1State = [
+    0x6745_2301,
+    0xefcd_ab89,
+    0x98ba_dcfe,
+    0x1032_5476,
+    0xc3d2_e1f0,
+];
+
+/// SHA-1 block size, which is also HMAC's padded key length.
+const SHA1_BLOCK: usize = 64;
+
+/// HMAC-SHA1 (RFC 2104) with a 20-byte key already absorbed: the SHA-1
+/// states after the key block XOR ipad and XOR opad. Computing a MAC from
+/// here takes two compressions for names up to 55 bytes (a full HMAC takes
+/// four, two of them for the key).
+#[derive(Clone, Copy)]
+struct KeyedSha1 {
+    inner: Sha1State,
+    outer: Sha1State,
+}
+
+impl KeyedSha1 {
+    fn new(key: &[u8; SHA1_LEN]) -> Self {
+        let mut ipad = [0x36u8; SHA1_BLOCK];
+        let mut opad = [0x5cu8; SHA1_BLOCK];
+        for (i, k) in key.iter().enumerate() {
+            ipad[i] ^= k;
+            opad[i] ^= k;
+        }
+        let mut inner = SHA1_INIT;
+        sha1_compress(&mut inner, &[ipad]);
+        let mut outer = SHA1_INIT;
+        sha1_compress(&mut outer, &[opad]);
+        KeyedSha1 { inner, outer }
+    }
+
+    /// HMAC-SHA1(key, name), as state words.
+    fn mac(&self, name: &PaddedName) -> Sha1State {
+        let mut inner = self.inner;
+        sha1_compress(&mut inner, &name.blocks);
+        // The outer message is the 20-byte inner digest, after one key block.
+        let mut block = [0u8; SHA1_BLOCK];
+        for (bytes, word) in block.chunks_exact_mut(4).zip(inner) {
+            bytes.copy_from_slice(&word.to_be_bytes());
+        }
+        block[SHA1_LEN] = 0x80;
+        block[SHA1_BLOCK - 8..]
+            .copy_from_slice(&(((SHA1_BLOCK + SHA1_LEN) as u64) * 8).to_be_bytes());
+        let mut outer = self.outer;
+        sha1_compress(&mut outer, &[block]);
+        outer
+    }
+}
+
+/// A lookup name as the SHA-1 blocks that follow one key block: the name,
+/// `0x80`, zeros and the bit length of key block plus name. Made once per
+/// lookup and hashed with every salt.
+struct PaddedName {
+    blocks: Vec<[u8; SHA1_BLOCK]>,
+}
+
+impl PaddedName {
+    fn new(name: &str) -> Self {
+        let name = name.as_bytes();
+        let count = (name.len() + 9).div_ceil(SHA1_BLOCK);
+        let mut blocks = vec![[0u8; SHA1_BLOCK]; count];
+        let mut put = |at: usize, byte: u8| blocks[at / SHA1_BLOCK][at % SHA1_BLOCK] = byte;
+        for (i, &b) in name.iter().enumerate() {
+            put(i, b);
+        }
+        put(name.len(), 0x80);
+        let bits = ((SHA1_BLOCK + name.len()) as u64).wrapping_mul(8);
+        for (i, b) in bits.to_be_bytes().into_iter().enumerate() {
+            put(count * SHA1_BLOCK - 8 + i, b);
+        }
+        PaddedName { blocks }
+    }
+}
+
+/// A 20-byte digest as SHA-1 state words.
+fn sha1_words(digest: &[u8; SHA1_LEN]) -> Sha1State {
+    let mut words = [0u32; 5];
+    for (w, bytes) in words.iter_mut().zip(digest.chunks_exact(4)) {
+        *w = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    }
+    words
+}
+
+/// Hashed entries sharing one salt (normally just one entry).
+#[derive(Clone)]
 struct SaltGroup {
-    salt: Vec<u8>,
-    /// (expected hash, entry index)
-    members: Vec<(Vec<u8>, usize)>,
+    key: KeyedSha1,
+    /// (expected hash as state words, entry index) of the first entry...
+    first: (Sha1State, usize),
+    /// ...and of any others with this salt.
+    more: Vec<(Sha1State, usize)>,
+}
+
+impl SaltGroup {
+    fn members(&self) -> impl Iterator<Item = &(Sha1State, usize)> {
+        std::iter::once(&self.first).chain(&self.more)
+    }
+}
+
+impl fmt::Debug for SaltGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let members: Vec<usize> = self.members().map(|&(_, i)| i).collect();
+        f.debug_struct("SaltGroup")
+            .field("entries", &members)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Remembered results of scanning the hashed entries, per lowercased lookup
+/// name (entry indices, ascending; empty when none matched). Only in memory:
+/// writing names or their hashes anywhere would undo what HashKnownHosts
+/// is for.
+#[derive(Default)]
+struct HashedMemo(Mutex<HashMap<String, Vec<usize>>>);
+
+impl HashedMemo {
+    fn map(&self) -> MutexGuard<'_, HashMap<String, Vec<usize>>> {
+        // Every update is a single insert, so a panic elsewhere cannot leave
+        // the map half-changed.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn get(&self, name: &str) -> Option<Vec<usize>> {
+        self.map().get(name).cloned()
+    }
+
+    fn insert(&self, name: &str, hits: Vec<usize>) {
+        let mut map = self.map();
+        if map.len() >= MEMO_LIMIT {
+            map.clear();
+        }
+        map.insert(name.to_string(), hits);
+    }
+}
+
+impl Clone for HashedMemo {
+    fn clone(&self) -> Self {
+        HashedMemo(Mutex::new(self.map().clone()))
+    }
+}
+
+impl fmt::Debug for HashedMemo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HashedMemo({} names)", self.map().len())
+    }
 }
 
 impl HostIndex {
     fn build(entries: &[Entry]) -> Self {
         let mut index = HostIndex::default();
-        let mut salt_pos: HashMap<&[u8], usize> = HashMap::new();
         for (i, entry) in entries.iter().enumerate() {
-            match &entry.hosts {
-                HostField::Patterns(pats) => {
-                    let lowered: Vec<String> =
-                        pats.iter().map(|p| p.to_ascii_lowercase()).collect();
-                    let positives = || lowered.iter().filter(|p| !p.starts_with('!'));
-                    if positives().any(|p| has_wildcard(p)) {
-                        index.scan.push(i);
-                    } else {
-                        for p in positives() {
-                            let slot = index.exact.entry(p.clone()).or_default();
-                            if slot.last() != Some(&i) {
-                                slot.push(i);
-                            }
-                        }
-                    }
-                    index.lowered.push(lowered);
-                }
-                HostField::Hashed { salt, hash } => {
-                    let g = *salt_pos.entry(salt.as_slice()).or_insert_with(|| {
-                        index.hashed.push(SaltGroup {
-                            salt: salt.clone(),
-                            members: Vec::new(),
-                        });
-                        index.hashed.len() - 1
-                    });
-                    index.hashed[g].members.push((hash.clone(), i));
-                    index.lowered.push(Vec::new());
-                }
-            }
+            index.add(i, entry);
         }
         index
+    }
+
+    /// Indexes `entry`, which is `entries[i]`; entries are added in order.
+    /// Leaves the memo alone (see [`HostIndex::remember_new_hashed`]).
+    fn add(&mut self, i: usize, entry: &Entry) {
+        match &entry.hosts {
+            HostField::Patterns(pats) => {
+                let lowered: Vec<String> = pats.iter().map(|p| p.to_ascii_lowercase()).collect();
+                let positives = || lowered.iter().filter(|p| !p.starts_with('!'));
+                if positives().any(|p| has_wildcard(p)) {
+                    self.scan.push(i);
+                } else {
+                    for p in positives() {
+                        let slot = self.exact.entry(p.clone()).or_default();
+                        if slot.last() != Some(&i) {
+                            slot.push(i);
+                        }
+                    }
+                }
+                self.lowered.push(lowered);
+            }
+            HostField::Hashed { salt, hash } => {
+                // The parser only accepts 20-byte salts and hashes.
+                let (Ok(salt), Ok(hash)) = (
+                    <[u8; SHA1_LEN]>::try_from(salt.as_slice()),
+                    <[u8; SHA1_LEN]>::try_from(hash.as_slice()),
+                ) else {
+                    self.lowered.push(Vec::new());
+                    return;
+                };
+                let member = (sha1_words(&hash), i);
+                match self
+                    .salt_pos
+                    .get(&salt)
+                    .and_then(|&g| self.hashed.get_mut(g))
+                {
+                    Some(group) => group.more.push(member),
+                    None => {
+                        self.salt_pos.insert(salt, self.hashed.len());
+                        self.hashed.push(SaltGroup {
+                            key: KeyedSha1::new(&salt),
+                            first: member,
+                            more: Vec::new(),
+                        });
+                    }
+                }
+                self.lowered.push(Vec::new());
+            }
+        }
     }
 
     /// Indices of entries that apply to the lowercased lookup `name`, ascending.
@@ -270,19 +473,66 @@ impl HostIndex {
                 .copied()
                 .filter(|&i| self.patterns_match(i, name)),
         );
-        for group in &self.hashed {
-            let mac = hmac_sha1(&group.salt, name.as_bytes());
-            out.extend(
-                group
-                    .members
-                    .iter()
-                    .filter(|(h, _)| h[..] == mac[..])
-                    .map(|&(_, i)| i),
-            );
+        if !self.hashed.is_empty() {
+            let hits = self.memo.get(name).unwrap_or_else(|| {
+                let hits = self.scan_hashed(name);
+                self.memo.insert(name, hits.clone());
+                hits
+            });
+            out.extend(hits);
         }
         out.sort_unstable();
         out.dedup();
         out
+    }
+
+    /// The hashed entries that `name` matches, ascending, without the memo.
+    fn scan_hashed(&self, name: &str) -> Vec<usize> {
+        let padded = PaddedName::new(name);
+        let mut hits = Vec::new();
+        for group in &self.hashed {
+            let mac = group.key.mac(&padded);
+            hits.extend(group.members().filter(|(h, _)| *h == mac).map(|&(_, i)| i));
+        }
+        hits.sort_unstable();
+        hits
+    }
+
+    /// Brings the memo up to date after the hashed entries `new` were added
+    /// (`(index, salt, hash)`, ascending by index, all after every older
+    /// entry). `written_for`, when given, is the lowercased name the new
+    /// lines are believed to hash: it is checked, and an entry that hashes it
+    /// can match no other name (that would take an HMAC-SHA1 collision), so
+    /// only that name's memo changes. Entries that do not hash it are tested
+    /// against every remembered name.
+    fn remember_new_hashed(&mut self, new: &[NewHashed], written_for: Option<&str>) {
+        let memo = self
+            .memo
+            .0
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        if memo.is_empty() {
+            return;
+        }
+        for &(i, salt, hash) in new {
+            let Some(group) = self.salt_pos.get(&salt).and_then(|&g| self.hashed.get(g)) else {
+                continue;
+            };
+            let hash = sha1_words(&hash);
+            let hashes = |name: &str| group.key.mac(&PaddedName::new(name)) == hash;
+            // Pushing keeps the lists ascending: new entries come last.
+            if let Some(name) = written_for.filter(|n| hashes(n)) {
+                if let Some(hits) = memo.get_mut(name) {
+                    hits.push(i);
+                }
+                continue;
+            }
+            for (name, hits) in memo.iter_mut() {
+                if hashes(name) {
+                    hits.push(i);
+                }
+            }
+        }
     }
 
     fn patterns_match(&self, i: usize, name: &str) -> bool {
@@ -298,11 +548,14 @@ impl KnownHostsFile {
         Self::from_entries(label, Vec::new())
     }
 
-    /// Builds a file (and its index) from already-parsed entries.
+    /// Builds a file (and its index) from already-parsed entries. Lines
+    /// added later by [`KnownHostsFile::extend`] are numbered from the last
+    /// entry's line on.
     pub fn from_entries(label: &str, entries: Vec<Entry>) -> Self {
         let index = HostIndex::build(&entries);
         KnownHostsFile {
             label: label.to_string(),
+            newlines: entries.last().map_or(0, |e| e.line),
             entries,
             index,
         }
@@ -310,6 +563,9 @@ impl KnownHostsFile {
 
     /// All entries (any marker) that apply to `name`, a lookup name as
     /// produced by [`host_port_name`], in file order.
+    ///
+    /// Which hashed entries match is remembered per name (in memory only),
+    /// so only the first lookup of a name hashes it with every salt.
     pub fn matching(&self, name: &str) -> Vec<&Entry> {
         let name = name.to_ascii_lowercase();
         self.index
@@ -317,6 +573,41 @@ impl KnownHostsFile {
             .into_iter()
             .filter_map(|i| self.entries.get(i))
             .collect()
+    }
+
+    /// Adds the lines in `text`, which was appended to the file after the text
+    /// parsed so far (for example a line from [`format_entry`], with a newline
+    /// in front if the file did not end with one), without re-reading the
+    /// rest. Line numbers continue the file's; malformed lines are skipped
+    /// with a warning, as by [`parse`].
+    ///
+    /// `written_for` is the lookup name ([`host_port_name`]) the new lines
+    /// were written for, if known: a hashed line is then checked against that
+    /// one name only when updating the memo of hashed lookups, instead of
+    /// against every name looked up so far. A wrong hint costs time, never a
+    /// wrong answer.
+    pub fn extend(&mut self, text: &str, written_for: Option<&str>) -> Vec<ParseWarning> {
+        let first = self.entries.len();
+        let mut warnings = Vec::new();
+        self.newlines += parse_lines(
+            &self.label,
+            text,
+            self.newlines,
+            &mut self.entries,
+            &mut warnings,
+        );
+        let mut new_hashed: Vec<NewHashed> = Vec::new();
+        for (i, entry) in self.entries.iter().enumerate().skip(first) {
+            self.index.add(i, entry);
+            if let HostField::Hashed { salt, hash } = &entry.hosts {
+                if let (Ok(salt), Ok(hash)) = (salt[..].try_into(), hash[..].try_into()) {
+                    new_hashed.push((i, salt, hash));
+                }
+            }
+        }
+        let hint = written_for.map(str::to_ascii_lowercase);
+        self.index.remember_new_hashed(&new_hashed, hint.as_deref());
+        warnings
     }
 }
 
@@ -329,8 +620,25 @@ pub fn parse(label: &str, text: &str) -> (KnownHostsFile, Vec<ParseWarning>) {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut entries = Vec::new();
     let mut warnings = Vec::new();
+    let newlines = parse_lines(label, text, 0, &mut entries, &mut warnings);
+    let mut file = KnownHostsFile::from_entries(label, entries);
+    file.newlines = newlines;
+    (file, warnings)
+}
+
+/// Parses the lines of `text`, numbering them from `after + 1`, into
+/// `entries` and `warnings`; returns the number of newlines in `text`.
+fn parse_lines(
+    label: &str,
+    text: &str,
+    after: usize,
+    entries: &mut Vec<Entry>,
+    warnings: &mut Vec<ParseWarning>,
+) -> usize {
+    let mut newlines = 0;
     for (idx, raw) in text.split('\n').enumerate() {
-        let line_no = idx + 1;
+        newlines = idx;
+        let line_no = after + idx + 1;
         let line = raw.strip_suffix('\r').unwrap_or(raw);
         match parse_line(line, line_no) {
             Ok(Some(entry)) => entries.push(entry),
@@ -342,7 +650,7 @@ pub fn parse(label: &str, text: &str) -> (KnownHostsFile, Vec<ParseWarning>) {
             }),
         }
     }
-    (KnownHostsFile::from_entries(label, entries), warnings)
+    newlines
 }
 
 /// Splits off the next whitespace-delimited token: `(token, rest)`.
@@ -518,11 +826,20 @@ fn offered_type<'b>(key_type: &'b str, key_blob: &'b [u8]) -> &'b str {
 
 /// All entries (any marker) in `files` that apply to `host`/`port`, in file
 /// order, files in the given order.
-pub fn lookup<'a>(files: &'a [KnownHostsFile], host: &str, port: u16) -> Vec<Found<'a>> {
+///
+/// Here and in [`check`], [`cert_authorities`] and [`revoked`], `files` may
+/// hold the files themselves (`&[KnownHostsFile]`) or references to them
+/// (`&[&KnownHostsFile]`, e.g. files shared between connections behind locks).
+pub fn lookup<'a, F: Borrow<KnownHostsFile>>(
+    files: &'a [F],
+    host: &str,
+    port: u16,
+) -> Vec<Found<'a>> {
     let name = host_port_name(host, port);
     files
         .iter()
-        .flat_map(|file| {
+        .map(Borrow::borrow)
+        .flat_map(|file: &'a KnownHostsFile| {
             file.matching(&name).into_iter().map(move |entry| Found {
                 file: &file.label,
                 line: entry.line,
@@ -543,8 +860,8 @@ pub fn lookup<'a>(files: &'a [KnownHostsFile], host: &str, port: u16) -> Vec<Fou
 /// `@cert-authority` entries are not host keys and are ignored here; see
 /// [`cert_authorities`]. Keys are compared by their blobs; `key_type` is only
 /// used for the family when the blob does not name its type.
-pub fn check<'a>(
-    files: &'a [KnownHostsFile],
+pub fn check<'a, F: Borrow<KnownHostsFile>>(
+    files: &'a [F],
     host: &str,
     port: u16,
     key_type: &str,
@@ -587,7 +904,11 @@ pub fn check<'a>(
 
 /// `@cert-authority` entries that apply to `host`/`port`, in order. Used to
 /// validate host certificates.
-pub fn cert_authorities<'a>(files: &'a [KnownHostsFile], host: &str, port: u16) -> Vec<Found<'a>> {
+pub fn cert_authorities<'a, F: Borrow<KnownHostsFile>>(
+    files: &'a [F],
+    host: &str,
+    port: u16,
+) -> Vec<Found<'a>> {
     lookup(files, host, port)
         .into_iter()
         .filter(|f| f.entry.marker == Some(Marker::CertAuthority))
@@ -596,8 +917,8 @@ pub fn cert_authorities<'a>(files: &'a [KnownHostsFile], host: &str, port: u16) 
 
 /// The `@revoked` entry for exactly this key blob that applies to
 /// `host`/`port`, if any (e.g. to check a certificate's CA key).
-pub fn revoked<'a>(
-    files: &'a [KnownHostsFile],
+pub fn revoked<'a, F: Borrow<KnownHostsFile>>(
+    files: &'a [F],
     host: &str,
     port: u16,
     key_blob: &[u8],
@@ -1480,7 +1801,7 @@ mod tests {
         ));
         assert_eq!(lookup(&files, "h", 22).len(), 2);
         assert_eq!(
-            check(&[], "h", 22, "ssh-ed25519", &k1),
+            check::<KnownHostsFile>(&[], "h", 22, "ssh-ed25519", &k1),
             HostKeyStatus::Unknown
         );
     }
@@ -1615,10 +1936,222 @@ mod tests {
         );
         let f = parse_ok("kh", &text);
         assert_eq!(f.index.hashed.len(), 2);
-        assert_eq!(f.index.hashed[0].members.len(), 2);
+        assert_eq!(f.index.hashed[0].members().count(), 2);
         assert_eq!(f.index.lookup("b"), [1]);
         assert_eq!(f.index.lookup("c"), [2]);
         assert!(f.index.lookup("d").is_empty());
+    }
+
+    #[test]
+    fn keyed_sha1_is_hmac_sha1() {
+        let mut rng = TestRng(7);
+        for len in (0..=140).chain([200, 1000]) {
+            let name: String = (0..len)
+                .map(|i| char::from(b'a' + (i % 26) as u8))
+                .collect();
+            let salt = rng.salt();
+            let expected = hmac_sha1(&salt, name.as_bytes());
+            let got = KeyedSha1::new(&salt).mac(&PaddedName::new(&name));
+            assert_eq!(got, sha1_words(&expected), "length {len}");
+        }
+    }
+
+    /// Deterministic pseudo-random bytes for the tests below.
+    struct TestRng(u64);
+
+    impl TestRng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn salt(&mut self) -> [u8; 20] {
+            let mut s = [0u8; 20];
+            for b in &mut s {
+                *b = self.next() as u8;
+            }
+            s
+        }
+    }
+
+    /// Matching entries found by testing every entry on its own: no index,
+    /// no memo.
+    fn brute_force(f: &KnownHostsFile, name: &str) -> Vec<usize> {
+        let name = name.to_ascii_lowercase();
+        f.entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.hosts.matches(&name))
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    #[test]
+    fn memoized_hashed_lookups_match_unmemoized() {
+        let mut rng = TestRng(0x9e37_79b9_7f4a_7c15);
+        let mut text = String::new();
+        let names: Vec<String> = (0..60)
+            .map(|i| match i % 3 {
+                0 => format!("h{i}.example"),
+                1 => format!("[h{i}.example]:2222"),
+                _ => format!("10.0.{i}.1"),
+            })
+            .collect();
+        for (i, name) in names.iter().enumerate() {
+            let salt = rng.salt();
+            // Some names twice (two keys), one pair of lines sharing a salt.
+            let shared = [7u8; 20];
+            let salt = if i < 2 { &shared } else { &salt };
+            text.push_str(&format!(
+                "{} ssh-ed25519 {}\n",
+                hash_name(name, salt),
+                b64(&ed(i as u8))
+            ));
+            if i % 5 == 0 {
+                text.push_str(&format!(
+                    "{} ssh-rsa {}\n",
+                    hash_name(name, &rng.salt()),
+                    b64(&rsa(i as u8))
+                ));
+            }
+        }
+        text.push_str(&line("plain.example,h3.example", &ed(200)));
+        text.push_str(&line("*.example", &ed(201)));
+        let f = parse_ok("kh", &text);
+        let mut probes: Vec<String> = names.clone();
+        probes.extend((0..40).map(|i| format!("other{}.example", rng.next() % 1000 + i)));
+        probes.push("H3.EXAMPLE".into());
+        probes.push("plain.example".into());
+        for round in 0..2 {
+            for name in &probes {
+                let lower = name.to_ascii_lowercase();
+                let expected = brute_force(&f, name);
+                assert_eq!(f.index.lookup(&lower), expected, "{name} round {round}");
+                let memoized = f.index.memo.get(&lower).expect("remembered");
+                assert_eq!(memoized, f.index.scan_hashed(&lower), "{name}");
+            }
+        }
+        let distinct: std::collections::HashSet<String> =
+            probes.iter().map(|p| p.to_ascii_lowercase()).collect();
+        assert_eq!(f.index.memo.map().len(), distinct.len());
+        // Two hashed lines and *.example.
+        assert_eq!(f.matching("h0.example").len(), 3);
+        // A clone answers the same, memo included.
+        let g = f.clone();
+        assert_eq!(g.index.memo.map().len(), f.index.memo.map().len());
+        assert_eq!(g.matching("[h1.example]:2222")[0].line, 3);
+    }
+
+    #[test]
+    fn extend_continues_line_numbers() {
+        let k = ed(50);
+        // File ending without a newline: the caller adds one before its line.
+        let mut f = parse_ok("kh", &format!("# c\n{}", line("a", &k).trim_end()));
+        assert_eq!(f.entries[0].line, 2);
+        let w = f.extend(&format!("\n{}", line("b", &k)), Some("b"));
+        assert!(w.is_empty());
+        assert_eq!(f.matching("b")[0].line, 3);
+        let w = f.extend(&format!("{}bad line\n", line("c", &k)), None);
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].line, 5);
+        assert_eq!(w[0].file, "kh");
+        assert_eq!(f.matching("c")[0].line, 4);
+        // Same as parsing everything at once.
+        let whole = format!(
+            "# c\n{}\n{}{}bad line\n",
+            line("a", &k).trim_end(),
+            line("b", &k),
+            line("c", &k)
+        );
+        let (g, _) = parse("kh", &whole);
+        assert_eq!(f.entries, g.entries);
+        // An empty file and from_entries.
+        let mut e = KnownHostsFile::new("e");
+        e.extend(&line("x", &k), None);
+        assert_eq!(e.matching("x")[0].line, 1);
+        let mut h = KnownHostsFile::from_entries("h", g.entries.clone());
+        h.extend(&line("y", &k), None);
+        assert_eq!(h.matching("y")[0].line, 5);
+    }
+
+    #[test]
+    fn extend_updates_memo() {
+        let mut rng = TestRng(42);
+        let mut text = String::new();
+        for i in 0..50 {
+            let salt = if i == 0 { [1; 20] } else { rng.salt() };
+            text.push_str(&format_entry(
+                &format!("old{i}"),
+                22,
+                "ssh-ed25519",
+                &ed(i),
+                Some(&salt),
+            ));
+        }
+        let mut f = parse_ok("kh", &text);
+        let names = [
+            "new1",
+            "new2",
+            "[new3]:2200",
+            "new4",
+            "new6",
+            "old7",
+            "nobody",
+        ];
+        for n in names {
+            f.matching(n);
+        }
+        // Hint right, hint wrong, no hint, and a plain line.
+        f.extend(
+            &format_entry("new1", 22, "ssh-ed25519", &ed(101), Some(&rng.salt())),
+            Some("NEW1"),
+        );
+        f.extend(
+            &format_entry("new2", 22, "ssh-ed25519", &ed(102), Some(&rng.salt())),
+            Some("new1"),
+        );
+        f.extend(
+            &format!(
+                "{}{}",
+                format_entry("new3", 2200, "ssh-ed25519", &ed(103), Some(&rng.salt())),
+                format_entry("old7", 22, "ssh-rsa", &rsa(7), Some(&rng.salt())),
+            ),
+            None,
+        );
+        f.extend(
+            &format_entry("new4", 22, "ssh-ed25519", &ed(104), None),
+            None,
+        );
+        // A salt some older line already uses.
+        f.extend(
+            &format_entry("new6", 22, "ssh-ed25519", &ed(106), Some(&[1; 20])),
+            Some("new6"),
+        );
+        assert_eq!(f.index.hashed[0].members().count(), 2);
+        for n in names.iter().chain(&["new5", "old8", "old0"]) {
+            let lower = n.to_ascii_lowercase();
+            assert_eq!(f.index.lookup(&lower), brute_force(&f, n), "{n}");
+            assert_eq!(
+                f.index.memo.get(&lower),
+                Some(f.index.scan_hashed(&lower)),
+                "{n}"
+            );
+        }
+        assert_eq!(f.matching("new1")[0].line, 51);
+        assert_eq!(f.matching("new2")[0].line, 52);
+        assert_eq!(f.matching("[new3]:2200")[0].line, 53);
+        let old7: Vec<usize> = f.matching("old7").iter().map(|e| e.line).collect();
+        assert_eq!(old7, [8, 54]);
+        assert_eq!(f.matching("new4")[0].line, 55);
+        assert_eq!(f.matching("new6")[0].line, 56);
+        assert!(f.matching("nobody").is_empty());
+        let files = [&f];
+        assert!(matches!(
+            check(&files, "new2", 22, "ssh-ed25519", &ed(102)),
+            HostKeyStatus::Known(found) if found.line == 52
+        ));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 pub mod agent_wire;
 pub mod authorized_keys;
 pub mod known_hosts;
+pub mod nodeset;
 pub mod pattern;
 pub mod signals;
 pub mod ssh_config;

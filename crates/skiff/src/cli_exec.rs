@@ -2,43 +2,24 @@
 //! host. Exit status is the remote command's; 255 means skiff itself failed.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
 
 use clap::Args;
 use skiff_engine::{Destination, ExecRequest, PtyRequest, SkiffError, WindowSize};
 
+use crate::cli_connect::ConnectArgs;
 use crate::terminal;
 
 #[derive(Args, Debug, Clone)]
 #[command(trailing_var_arg = true)]
 pub struct ExecArgs {
-    /// Port to connect to on the remote host.
-    #[arg(short = 'p', value_name = "PORT")]
-    pub port: Option<u16>,
-    /// User to log in as.
-    #[arg(short = 'l', value_name = "USER")]
-    pub login: Option<String>,
-    /// Identity (private key) file; repeatable, tried in order.
-    #[arg(short = 'i', value_name = "KEY")]
-    pub identity: Vec<PathBuf>,
-    /// Client configuration file instead of ~/.ssh/config (system config is then skipped).
-    #[arg(short = 'F', value_name = "CONFIG")]
-    pub config: Option<PathBuf>,
-    /// ssh_config option, e.g. -o StrictHostKeyChecking=yes; repeatable.
-    #[arg(short = 'o', value_name = "Keyword=Value")]
-    pub options: Vec<String>,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
     /// Read stdin from /dev/null.
     #[arg(short = 'n')]
     pub no_stdin: bool,
     /// Allocate a pseudo-terminal; twice forces it even without a local terminal.
     #[arg(short = 't', action = clap::ArgAction::Count)]
     pub tty: u8,
-    /// More diagnostics on stderr (repeatable).
-    #[arg(short = 'v', action = clap::ArgAction::Count)]
-    pub verbose: u8,
-    /// Connect directly instead of through the agent (also SKIFF_AGENT=off).
-    #[arg(long = "no-agent")]
-    pub no_agent: bool,
     /// [user@]host
     pub destination: String,
     /// Command and arguments, joined with spaces as ssh does.
@@ -55,7 +36,7 @@ pub fn split_destination(dest: &str) -> (Option<String>, String) {
 }
 
 pub fn run(args: ExecArgs) -> i32 {
-    crate::init_logging(args.verbose);
+    crate::init_logging(args.conn.verbose);
     let dest = destination(&args);
     // Resolved once, for both paths: a bad config fails fast, and the
     // environment to send is the CLI's own (SendEnv/SetEnv).
@@ -98,11 +79,11 @@ fn destination(args: &ExecArgs) -> Destination {
     let (user, host) = split_destination(&args.destination);
     Destination {
         host,
-        user: args.login.clone().or(user),
-        port: args.port,
-        identity_files: args.identity.clone(),
-        config_file: args.config.clone(),
-        options: args.options.clone(),
+        user: args.conn.login.clone().or(user),
+        port: args.conn.port,
+        identity_files: args.conn.identity.clone(),
+        config_file: args.conn.config.clone(),
+        options: args.conn.options.clone(),
     }
 }
 
@@ -138,7 +119,12 @@ async fn exec_main(
     } else {
         None
     };
-    let req = ExecRequest { command, env, pty };
+    let req = ExecRequest {
+        command,
+        env,
+        pty,
+        timeout: None,
+    };
     let stdin = (!args.no_stdin).then(tokio::io::stdin);
     let outcome = skiff_engine::exec(
         &conn,
@@ -161,12 +147,6 @@ async fn exec_main(
     Ok(outcome.exit_code())
 }
 
-/// Whether this invocation may use the agent.
-fn agent_wanted(args: &ExecArgs) -> bool {
-    let off = std::env::var("SKIFF_AGENT").is_ok_and(|v| matches!(v.as_str(), "off" | "no" | "0"));
-    !args.no_agent && !off
-}
-
 /// Runs the command through the agent (starting one if needed). `None`
 /// means: do it directly (no agent, or a person has to decide something).
 fn via_agent(
@@ -176,28 +156,16 @@ fn via_agent(
     pty: Option<PtyRequest>,
 ) -> Option<i32> {
     use skiff_proto::agent_wire::{ExecWire, Reply};
-    if !agent_wanted(args) {
+    if !args.conn.agent_enabled() {
         return None;
     }
-    let abs = |p: &std::path::PathBuf| {
-        std::path::absolute(p)
-            .unwrap_or_else(|_| p.clone())
-            .display()
-            .to_string()
-    };
     let wire = ExecWire {
         host: dest.host.clone(),
         user: dest.user.clone(),
-        port: args.port,
-        identity_files: args.identity.iter().map(abs).collect(),
-        config_file: args.config.as_ref().map(|p| {
-            if p.as_os_str() == "none" {
-                "none".into()
-            } else {
-                abs(p)
-            }
-        }),
-        options: args.options.clone(),
+        port: args.conn.port,
+        identity_files: args.conn.identity_for_agent(),
+        config_file: args.conn.config_for_agent(),
+        options: args.conn.options.clone(),
         command: args.command.join(" "),
         env: remote_env(settings),
         client_env: skiff_engine::settings::ClientEnv::from_process().vars,

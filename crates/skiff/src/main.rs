@@ -2,8 +2,11 @@
 //! and the user's ~/.ssh (config, keys, ssh-agent, known_hosts).
 
 mod cli_agent;
+mod cli_connect;
 mod cli_exec;
+mod cli_run;
 mod demo;
+mod run_output;
 mod terminal;
 
 use clap::{Parser, Subcommand};
@@ -23,6 +26,8 @@ struct Cli {
 enum Command {
     /// Run a command on one host (like `ssh host command`).
     Exec(cli_exec::ExecArgs),
+    /// Run a command on many hosts at once (node sets like web[01-20], @group).
+    Run(cli_run::RunArgs),
     /// Start a throwaway skiffd on loopback and run a few timed commands against it.
     Demo(demo::DemoArgs),
     /// The per-user agent that keeps connections warm (started automatically).
@@ -33,6 +38,7 @@ fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Exec(args) => cli_exec::run(args),
+        Command::Run(args) => cli_run::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Agent(args) => cli_agent::run(args),
     };

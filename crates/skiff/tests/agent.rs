@@ -9,85 +9,13 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::server_context as ctx;
 use common::*;
-
-/// A private runtime directory (XDG_RUNTIME_DIR) for one test's agent; the
-/// agent is stopped, and if need be killed, on drop.
-struct AgentHome {
-    runtime: tempfile::TempDir,
-    home: ClientHome,
-}
-
-impl AgentHome {
-    fn new() -> Self {
-        let runtime = tempfile::Builder::new()
-            .prefix("skiff-rt-")
-            .tempdir()
-            .expect("tempdir");
-        std::fs::set_permissions(runtime.path(), std::fs::Permissions::from_mode(0o700))
-            .expect("chmod");
-        AgentHome {
-            runtime,
-            home: ClientHome::new(),
-        }
-    }
-
-    fn agent_dir(&self) -> PathBuf {
-        self.runtime.path().join("skiff")
-    }
-
-    /// `skiff exec` through this test's agent.
-    fn exec(&self, port: u16, key: &Key) -> SkiffExec {
-        skiff_exec(&self.home, port, user(), Some(key))
-            .env("SKIFF_AGENT", "on")
-            .env("XDG_RUNTIME_DIR", self.runtime.path())
-            .env("XDG_STATE_HOME", self.home.path().join("state"))
-    }
-
-    /// `skiff agent ARGS` for this test's agent.
-    fn agent_cmd(&self, args: &[&str]) -> CmdOutput {
-        Run::new(skiff_bin())
-            .arg("agent")
-            .args(args)
-            .env("HOME", self.home.path())
-            .env("XDG_RUNTIME_DIR", self.runtime.path())
-            .timeout(Duration::from_secs(20))
-            .run()
-    }
-
-    /// PIDs of agent processes serving this test's directory.
-    fn agent_pids(&self) -> Vec<u32> {
-        let pattern = format!("agent --foreground --dir {}", self.agent_dir().display());
-        let out = Command::new("pgrep")
-            .args(["-f", &pattern])
-            .output()
-            .expect("pgrep");
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect()
-    }
-}
-
-impl Drop for AgentHome {
-    fn drop(&mut self) {
-        let _ = self.agent_cmd(&["stop"]);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !self.agent_pids().is_empty() && Instant::now() < deadline {
-            thread::sleep(Duration::from_millis(50));
-        }
-        for pid in self.agent_pids() {
-            // SAFETY: kill(2) on a leftover agent of this test.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        }
-    }
-}
 
 fn trust(ah: &AgentHome, server: &dyn Daemon, fx: &Fixture) {
     ah.home.trust(server.port(), &fx.host_key);

@@ -5,7 +5,7 @@
 //! built from this package. Nothing is mocked.
 //!
 //! Rules the harness follows so that tests can run in parallel threads:
-//! * network traffic only ever goes to 127.0.0.1;
+//! * network traffic only ever goes to loopback (127.0.0.0/8);
 //! * daemons listen on a fresh free port and are polled (bounded) until they
 //!   accept connections;
 //! * every wait is bounded, every spawned process is killed and reaped on
@@ -1482,6 +1482,9 @@ pub struct SkiffdOptions {
     /// Content of the `--config` file, if any.
     pub config: Option<String>,
     pub verbose: bool,
+    /// More addresses to listen on, with the same port as 127.0.0.1 (on
+    /// Linux every 127.x.y.z is a local address).
+    pub also_listen: Vec<std::net::Ipv4Addr>,
 }
 
 impl SkiffdOptions {
@@ -1491,7 +1494,13 @@ impl SkiffdOptions {
             authorized_keys: authorized_keys.to_path_buf(),
             config: None,
             verbose: true,
+            also_listen: Vec::new(),
         }
+    }
+
+    pub fn also_listen(mut self, addrs: impl IntoIterator<Item = std::net::Ipv4Addr>) -> Self {
+        self.also_listen.extend(addrs);
+        self
     }
 
     pub fn config(mut self, text: &str) -> Self {
@@ -1566,6 +1575,10 @@ impl Launch for Skiffd {
             .arg(format!("127.0.0.1:{}", self.core.port))
             .arg("--authorized-keys")
             .arg(&self.opts.authorized_keys);
+        for addr in &self.opts.also_listen {
+            cmd.arg("--listen")
+                .arg(format!("{addr}:{}", self.core.port));
+        }
         for k in &self.opts.host_keys {
             cmd.arg("--host-key").arg(k);
         }
@@ -1871,5 +1884,81 @@ impl Fixture {
 impl Default for Fixture {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The agent
+// ---------------------------------------------------------------------------
+
+/// A private runtime directory (XDG_RUNTIME_DIR) for one test's agent; the
+/// agent is stopped, and if need be killed, on drop.
+pub struct AgentHome {
+    pub runtime: tempfile::TempDir,
+    pub home: ClientHome,
+}
+
+impl AgentHome {
+    pub fn new() -> Self {
+        let runtime = tempfile::Builder::new()
+            .prefix("skiff-rt-")
+            .tempdir()
+            .expect("tempdir");
+        std::fs::set_permissions(runtime.path(), std::fs::Permissions::from_mode(0o700))
+            .expect("chmod");
+        AgentHome {
+            runtime,
+            home: ClientHome::new(),
+        }
+    }
+
+    pub fn agent_dir(&self) -> PathBuf {
+        self.runtime.path().join("skiff")
+    }
+
+    /// `skiff exec` through this test's agent.
+    pub fn exec(&self, port: u16, key: &Key) -> SkiffExec {
+        skiff_exec(&self.home, port, user(), Some(key))
+            .env("SKIFF_AGENT", "on")
+            .env("XDG_RUNTIME_DIR", self.runtime.path())
+            .env("XDG_STATE_HOME", self.home.path().join("state"))
+    }
+
+    /// `skiff agent ARGS` for this test's agent.
+    pub fn agent_cmd(&self, args: &[&str]) -> CmdOutput {
+        Run::new(skiff_bin())
+            .arg("agent")
+            .args(args)
+            .env("HOME", self.home.path())
+            .env("XDG_RUNTIME_DIR", self.runtime.path())
+            .timeout(Duration::from_secs(20))
+            .run()
+    }
+
+    /// PIDs of agent processes serving this test's directory.
+    pub fn agent_pids(&self) -> Vec<u32> {
+        let pattern = format!("agent --foreground --dir {}", self.agent_dir().display());
+        let out = Command::new("pgrep")
+            .args(["-f", &pattern])
+            .output()
+            .expect("pgrep");
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    }
+}
+
+impl Drop for AgentHome {
+    fn drop(&mut self) {
+        let _ = self.agent_cmd(&["stop"]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.agent_pids().is_empty() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(50));
+        }
+        for pid in self.agent_pids() {
+            // SAFETY: kill(2) on a leftover agent of this test.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
     }
 }

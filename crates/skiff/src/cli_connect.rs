@@ -1,0 +1,62 @@
+//! Command-line options shared by every command that connects somewhere
+//! (`skiff exec`, `skiff run`): ssh's -p -l -i -F -o, -v, and whether to
+//! go through the agent.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+#[derive(Args, Debug, Clone)]
+pub struct ConnectArgs {
+    /// Port to connect to (for `run`, a host's own `:port` wins).
+    #[arg(short = 'p', value_name = "PORT")]
+    pub port: Option<u16>,
+    /// User to log in as (for `run`, a host's own `user@` wins).
+    #[arg(short = 'l', value_name = "USER")]
+    pub login: Option<String>,
+    /// Identity (private key) file; repeatable, tried in order.
+    #[arg(short = 'i', value_name = "KEY")]
+    pub identity: Vec<PathBuf>,
+    /// Client configuration file instead of ~/.ssh/config (system config is then skipped).
+    #[arg(short = 'F', value_name = "CONFIG")]
+    pub config: Option<PathBuf>,
+    /// ssh_config option, e.g. -o StrictHostKeyChecking=yes; repeatable.
+    #[arg(short = 'o', value_name = "Keyword=Value")]
+    pub options: Vec<String>,
+    /// More diagnostics on stderr (repeatable).
+    #[arg(short = 'v', action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Connect directly instead of through the agent (also SKIFF_AGENT=off).
+    #[arg(long = "no-agent")]
+    pub no_agent: bool,
+}
+
+impl ConnectArgs {
+    /// Whether to go through the agent: not with `--no-agent` or SKIFF_AGENT=off.
+    pub fn agent_enabled(&self) -> bool {
+        let off =
+            std::env::var("SKIFF_AGENT").is_ok_and(|v| matches!(v.as_str(), "off" | "no" | "0"));
+        !self.no_agent && !off
+    }
+
+    /// `-i` files as the agent (another process, another working directory) must see them.
+    pub fn identity_for_agent(&self) -> Vec<String> {
+        self.identity.iter().map(|p| absolute(p)).collect()
+    }
+
+    /// `-F` as the agent must see it.
+    pub fn config_for_agent(&self) -> Option<String> {
+        self.config.as_deref().map(absolute)
+    }
+}
+
+/// A path made absolute (`none` stays `none`).
+fn absolute(p: &std::path::Path) -> String {
+    if p.as_os_str() == "none" {
+        return "none".into();
+    }
+    std::path::absolute(p)
+        .unwrap_or_else(|_| p.to_path_buf())
+        .display()
+        .to_string()
+}

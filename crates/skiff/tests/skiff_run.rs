@@ -1,0 +1,487 @@
+//! `skiff run` against real servers: 200 simulated hosts answered by one
+//! skiffd listening on 127.0.0.1 … 127.0.0.200 (every 127.x.y.z is local on
+//! Linux), named node001 … node200 through a generated ssh_config, plus
+//! unreachable names. Checks streamed, grouped (-b) and JSON output, the
+//! summary, exit codes, timeouts that end the remote command, concurrent
+//! known_hosts recording, per-host output files, bad node sets, and the
+//! same fan-out against OpenSSH sshd.
+
+mod common;
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::server_context as ctx;
+use common::*;
+
+const HOSTS: u32 = 200;
+
+/// `skiff run` with a private HOME and the given ssh_config.
+fn skiff_run(home: &ClientHome, config: &Path, args: &[&str]) -> Run {
+    Run::new(skiff_bin())
+        .env("SKIFF_AGENT", "off")
+        .env_remove("SSH_AUTH_SOCK")
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .arg("run")
+        .arg("-F")
+        .arg(config)
+        .args(args)
+        .timeout(Duration::from_secs(120))
+}
+
+/// An ssh_config naming node001… after 127.0.0.1…, and node201… after
+/// addresses where nothing listens.
+fn write_config(dir: &Path, port: u16, key: &Key, policy: &str) -> PathBuf {
+    let mut text = String::new();
+    for n in 1..=HOSTS {
+        text.push_str(&format!("Host node{n:03}\n  HostName 127.0.0.{n}\n"));
+    }
+    for n in 201..=205 {
+        text.push_str(&format!(
+            "Host node{n:03}\n  HostName 127.0.1.{}\n",
+            n - 200
+        ));
+    }
+    text.push_str(&format!(
+        "Host *\n  Port {port}\n  User {user}\n  IdentityFile {key}\n  IdentitiesOnly yes\n  \
+         StrictHostKeyChecking {policy}\n  ConnectTimeout 90\n",
+        user = user(),
+        key = key.private.display(),
+    ));
+    let path = dir.join("ssh_config");
+    write_file(&path, text, 0o644);
+    path
+}
+
+fn skiffd_for_many(fx: &Fixture) -> Skiffd {
+    let opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys)
+        .config("MaxStartups 1000\n")
+        .also_listen((2..=HOSTS).map(|n| Ipv4Addr::new(127, 0, 0, n as u8)));
+    Skiffd::start_with(opts)
+}
+
+/// Keys, a skiffd answering 127.0.0.1-200, a client HOME and its ssh_config.
+fn many_hosts() -> Option<(Fixture, Skiffd, ClientHome, PathBuf)> {
+    if !require_openssh() {
+        return None;
+    }
+    let fx = Fixture::new();
+    let d = skiffd_for_many(&fx);
+    let home = ClientHome::new();
+    let cfg = write_config(home.path(), d.port(), &fx.client_key, "accept-new");
+    Some((fx, d, home, cfg))
+}
+
+/// Like [`many_hosts`], with a private agent home instead.
+fn many_hosts_with_agent() -> Option<(Fixture, Skiffd, AgentHome, PathBuf)> {
+    if !require_openssh() {
+        return None;
+    }
+    let fx = Fixture::new();
+    let d = skiffd_for_many(&fx);
+    let ah = AgentHome::new();
+    let cfg = write_config(ah.home.path(), d.port(), &fx.client_key, "accept-new");
+    Some((fx, d, ah, cfg))
+}
+
+/// Exits 1 on 127.0.0.10-19, hangs on 127.0.0.70-79, else prints ok.
+const MIXED: &str = "set -- $SSH_CONNECTION; case $3 in \
+     127.0.0.1?) echo fail; exit 1;; \
+     127.0.0.7?) exec sleep 31.5;; \
+     *) echo ok;; esac";
+
+/// The `skiff:` lines and the summary of a run's stderr, for failure messages.
+fn errors(out: &CmdOutput) -> String {
+    out.stderr
+        .lines()
+        .filter(|l| l.contains("skiff"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn fan_out_to_two_hundred_hosts_with_mixed_outcomes() {
+    let Some((_fx, d, home, cfg)) = many_hosts() else {
+        return;
+    };
+    let c = ctx(&d, "skiff run over 205 hosts");
+
+    let out = skiff_run(
+        &home,
+        &cfg,
+        // Debug builds on a loaded 2-core CI machine: keep handshakes few at once.
+        &["-j", "40", "--timeout", "3", "node[001-205]", "--", MIXED],
+    )
+    .run();
+    out.expect_code(255, &c);
+    let stdout = out.stdout_str();
+    let mut ok = 0;
+    for n in 1..=HOSTS {
+        let line = match n {
+            10..=19 => format!("node{n:03}: fail"),
+            70..=79 => continue,
+            _ => format!("node{n:03}: ok"),
+        };
+        assert!(
+            stdout.lines().any(|l| l == line),
+            "{c}: missing {line:?}; errors:\n{}",
+            errors(&out)
+        );
+        ok += 1;
+    }
+    assert_eq!(
+        stdout.lines().count(),
+        ok,
+        "{c}: one line per answering host\n{out}"
+    );
+    for expected in [
+        "skiff run: 205 hosts: 180 ok, 10 failed, 15 with errors",
+        "  exit 1 (10): node[010-019]",
+        "  timeout (10): node[070-079]",
+        "  unreachable (5): node[201-205]",
+    ] {
+        assert!(
+            out.stderr.lines().any(|l| l == expected),
+            "{c}: summary line {expected:?} missing\n{out}"
+        );
+    }
+    // Every reachable host's key was recorded exactly once, by concurrent appends.
+    let kh = std::fs::read_to_string(home.known_hosts()).expect("known_hosts");
+    assert_eq!(
+        kh.lines().count(),
+        HOSTS as usize,
+        "{c}: one line per host\n{kh}"
+    );
+    for n in 1..=HOSTS {
+        let name = format!("[127.0.0.{n}]:{} ", d.port());
+        assert_eq!(
+            kh.lines().filter(|l| l.starts_with(&name)).count(),
+            1,
+            "{c}: {name} recorded once"
+        );
+    }
+    // The timed-out commands were stopped, not left running.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = std::process::Command::new("pgrep")
+            .args(["-f", "sleep 31.5"])
+            .output()
+            .expect("pgrep");
+        if left.stdout.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{c}: timed-out remote commands still run: {}",
+            String::from_utf8_lossy(&left.stdout)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn grouped_json_and_outdir_output() {
+    let Some((_fx, d, home, cfg)) = many_hosts() else {
+        return;
+    };
+    let c = ctx(&d, "skiff run -b / --json / --outdir");
+
+    let out = skiff_run(&home, &cfg, &["-b", "node[001-030]", MIXED]).run();
+    out.expect_code(1, &c);
+    let expected = "---------------------\nnode[001-009,020-030]\n---------------------\nok\n\
+                    ---------------\nnode[010-019]\n---------------\nfail\n";
+    assert_eq!(out.stdout_str(), expected, "{c}\n{out}");
+
+    let out = skiff_run(
+        &home,
+        &cfg,
+        &[
+            "--json",
+            "-x",
+            "node[003-200]",
+            "node[001-005],node201",
+            "echo out; echo err >&2; exit 4",
+        ],
+    )
+    .run();
+    out.expect_code(255, &c);
+    let mut hosts = Vec::new();
+    for line in out.stdout_str().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("valid JSON line");
+        hosts.push(v["host"].as_str().unwrap().to_string());
+        if v["host"] == "node201" {
+            assert!(v["exit_code"].is_null(), "{c}: {line}");
+            assert_eq!(v["error"]["kind"], "unreachable", "{c}: {line}");
+        } else {
+            assert_eq!(v["exit_code"], 4, "{c}: {line}");
+            assert_eq!(v["stdout"], "out\n", "{c}: {line}");
+            assert_eq!(v["stderr"], "err\n", "{c}: {line}");
+            assert!(v["error"].is_null(), "{c}: {line}");
+            assert!(v["duration_ms"].as_f64().unwrap() > 0.0, "{c}: {line}");
+        }
+    }
+    hosts.sort();
+    assert_eq!(
+        hosts,
+        ["node001", "node002", "node201"],
+        "{c}: -x applied\n{out}"
+    );
+
+    let dir = home.path().join("outdir");
+    let out = skiff_run(
+        &home,
+        &cfg,
+        &[
+            "--outdir",
+            dir.to_str().unwrap(),
+            "-q",
+            "node[001-003]",
+            "echo from; echo e >&2",
+        ],
+    )
+    .run();
+    out.expect_code(0, &c);
+    let mut err_lines: Vec<&str> = out.stderr.lines().collect();
+    err_lines.sort();
+    assert_eq!(
+        err_lines,
+        ["node001: e", "node002: e", "node003: e"],
+        "{c}: -q leaves only the hosts' stderr\n{out}"
+    );
+    for n in 1..=3 {
+        let o = std::fs::read_to_string(dir.join(format!("node00{n}.out"))).expect("out file");
+        assert_eq!(o, "from\n", "{c}");
+        let e = std::fs::read_to_string(dir.join(format!("node00{n}.err"))).expect("err file");
+        assert_eq!(e, "e\n", "{c}");
+    }
+}
+
+#[test]
+fn bad_host_sets_are_refused_with_a_pointer() {
+    let home = ClientHome::new();
+    let cfg = home.path().join("empty_config");
+    write_file(&cfg, "", 0o644);
+    let out = skiff_run(&home, &cfg, &["web[1-", "true"]).run();
+    out.expect_code(255, "unbalanced bracket");
+    assert!(
+        out.stderr.contains("web[1-") && out.stderr.contains('^'),
+        "the error shows the set and points into it\n{out}"
+    );
+    let out = skiff_run(&home, &cfg, &["-x", "a[1-3]", "a[1-3]", "true"]).run();
+    out.expect_code(255, "empty set");
+    assert!(out.stderr.contains("empty"), "{out}");
+    let out = skiff_run(&home, &cfg, &["@nosuchgroup", "true"]).run();
+    out.expect_code(255, "unknown group");
+    assert!(out.stderr.contains("nosuchgroup"), "{out}");
+}
+
+#[test]
+fn groups_file_and_hosts_file() {
+    let Some((_fx, d, home, cfg)) = many_hosts() else {
+        return;
+    };
+    let c = ctx(&d, "groups and hosts files");
+    let groups = home.path().join("config/skiff/groups");
+    std::fs::create_dir_all(groups.parent().unwrap()).unwrap();
+    write_file(
+        &groups,
+        "# racks\nweb: node[001-003]\ndb: node[010-011]\n",
+        0o644,
+    );
+    let out = skiff_run(&home, &cfg, &["-q", "@web,@db", "echo hi"]).run();
+    out.expect_code(0, &c);
+    let stdout = out.stdout_str();
+    let mut lines: Vec<&str> = stdout.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            "node001: hi",
+            "node002: hi",
+            "node003: hi",
+            "node010: hi",
+            "node011: hi"
+        ],
+        "{c}\n{out}"
+    );
+    let list = home.path().join("hosts");
+    write_file(
+        &list,
+        "# two hosts\nnode004\n\nnode[005]  # trailing comment\n",
+        0o644,
+    );
+    let out = skiff_run(
+        &home,
+        &cfg,
+        &["-q", "-f", list.to_str().unwrap(), "echo hi"],
+    )
+    .run();
+    out.expect_code(0, &c);
+    assert_eq!(out.stdout_str().lines().count(), 2, "{c}\n{out}");
+    write_file(&list, "node004\nnode[7-\n", 0o644);
+    let out = skiff_run(&home, &cfg, &["-f", list.to_str().unwrap(), "echo hi"]).run();
+    out.expect_code(255, &c);
+    assert!(
+        out.stderr.contains(":2"),
+        "{c}: names the file and line\n{out}"
+    );
+}
+
+#[test]
+fn fan_out_against_openssh_sshd() {
+    let Some((fx, sshd)) = sshd_setup(&[]) else {
+        return;
+    };
+    let home = ClientHome::new();
+    home.trust(sshd.port(), &fx.host_key);
+    let mut text = String::new();
+    for n in 1..=6 {
+        text.push_str(&format!("Host h{n}\n  HostName 127.0.0.1\n"));
+    }
+    text.push_str(&format!(
+        "Host *\n  Port {}\n  User {}\n  IdentityFile {}\n  StrictHostKeyChecking yes\n",
+        sshd.port(),
+        user(),
+        fx.client_key.private.display()
+    ));
+    let cfg = home.path().join("ssh_config");
+    write_file(&cfg, text, 0o644);
+    let c = ctx(&sshd, "skiff run against sshd");
+    // sshd's default MaxStartups (10:30:100) may drop bursts; stay below it.
+    let out = skiff_run(
+        &home,
+        &cfg,
+        &["-j", "5", "-b", "h[1-6]", "echo same; exit 2"],
+    )
+    .run();
+    out.expect_code(2, &c);
+    assert!(
+        out.stdout_str().contains("h[1-6]\n---------------\nsame\n"),
+        "{c}\n{out}"
+    );
+    assert!(
+        out.stderr.lines().any(|l| l == "  exit 2 (6): h[1-6]"),
+        "{c}\n{out}"
+    );
+}
+
+/// `skiff run` through this test's own agent.
+fn run_via_agent(ah: &AgentHome, config: &Path, args: &[&str]) -> Run {
+    skiff_run(&ah.home, config, args)
+        .env("SKIFF_AGENT", "on")
+        .env("XDG_RUNTIME_DIR", ah.runtime.path())
+        .env("XDG_STATE_HOME", ah.home.path().join("state"))
+}
+
+fn pooled_connections(ah: &AgentHome, port: u16) -> usize {
+    let status = ah.agent_cmd(&["status"]).stdout_str();
+    status
+        .lines()
+        .filter(|l| l.contains(&format!(":{port} ")))
+        .count()
+}
+
+#[test]
+fn fan_out_through_the_agent_reuses_warm_connections() {
+    let Some((_fx, d, ah, cfg)) = many_hosts_with_agent() else {
+        return;
+    };
+    let c = ctx(&d, "skiff run through the agent");
+
+    let out = run_via_agent(
+        &ah,
+        &cfg,
+        &["-j", "40", "--timeout", "3", "node[001-100]", MIXED],
+    )
+    .run();
+    out.expect_code(124, &c);
+    let stdout = out.stdout_str();
+    for (host, line) in [("node001", "ok"), ("node015", "fail"), ("node100", "ok")] {
+        assert!(
+            stdout.lines().any(|l| l == format!("{host}: {line}")),
+            "{c}: {host} {line}\n{}",
+            errors(&out)
+        );
+    }
+    assert!(
+        out.stderr
+            .lines()
+            .any(|l| l == "  timeout (10): node[070-079]"),
+        "{c}\n{}",
+        errors(&out)
+    );
+    assert!(
+        out.stderr.contains("node001: Warning: Permanently added"),
+        "{c}: first-time keys are reported per host\n{}",
+        errors(&out)
+    );
+    assert_eq!(ah.agent_pids().len(), 1, "{c}: it went through the agent");
+    let before = pooled_connections(&ah, d.port());
+    assert!(
+        before >= 100,
+        "{c}: the agent keeps the connections ({before})"
+    );
+
+    let out = run_via_agent(&ah, &cfg, &["--json", "node[001-100]", "echo hi"]).run();
+    out.expect_code(0, &c);
+    let lines: Vec<serde_json::Value> = out
+        .stdout_str()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 100, "{c}\n{out}");
+    assert!(
+        lines
+            .iter()
+            .all(|v| v["exit_code"] == 0 && v["stdout"] == "hi\n"),
+        "{c}\n{out}"
+    );
+    assert_eq!(
+        pooled_connections(&ah, d.port()),
+        before,
+        "{c}: the second run used the warm connections"
+    );
+    assert!(
+        !out.stderr.contains("Permanently added"),
+        "{c}: nothing new to record\n{out}"
+    );
+}
+
+#[test]
+fn fan_out_reports_every_host_when_the_agent_dies() {
+    let Some((_fx, d, ah, cfg)) = many_hosts_with_agent() else {
+        return;
+    };
+    let c = ctx(&d, "agent killed during skiff run");
+    let run = run_via_agent(&ah, &cfg, &["node[001-010]", "sleep 20; echo late"]);
+    let handle = std::thread::spawn(move || run.run());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while pooled_connections(&ah, d.port()) < 10 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{c}: connections never opened"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for pid in ah.agent_pids() {
+        // SAFETY: kill(2) on this test's agent.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    let started = std::time::Instant::now();
+    let out = handle.join().expect("thread");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{c}: skiff run must not wait for commands the agent can no longer report"
+    );
+    out.expect_code(255, &c);
+    assert!(!out.stdout_str().contains("late"), "{c}\n{out}");
+    assert!(
+        out.stderr
+            .lines()
+            .any(|l| l.starts_with("  protocol (10): node[001-010]")),
+        "{c}: every host is accounted for\n{out}"
+    );
+    assert!(out.stderr.contains("agent went away"), "{c}\n{out}");
+}
