@@ -8,7 +8,6 @@
 //! connects directly that first time.
 
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -37,6 +36,9 @@ struct Agent {
     stop: tokio::sync::Notify,
 }
 
+/// Commands that may read stdin at once through the agent.
+const MAX_STDIN_PUMPS: usize = 4096;
+
 /// How long a hand-started agent waits for a starting one to finish binding.
 const BIND_LOCK_WAIT: Duration = Duration::from_secs(5);
 
@@ -64,10 +66,15 @@ pub fn run(
         .map_err(|e| io_err(&path, e))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        // One per running command with stdin (each stays until its command
+        // ends), so the ceiling must sit far above any realistic concurrency.
+        .max_blocking_threads(MAX_STDIN_PUMPS)
         .enable_all()
         .build()
         .map_err(|e| io_err(&path, e))?;
     let result = rt.block_on(serve(listener, &path, persist));
+    // Stdin pumps end when their commands are dropped; never wait long on one.
+    rt.shutdown_timeout(Duration::from_secs(2));
     let _ = std::fs::remove_file(&path);
     result
 }
@@ -140,8 +147,13 @@ async fn serve(
     }
 }
 
-/// Reads one request (with any attached fds) from a client.
-fn read_request(std_stream: &UnixStream) -> std::io::Result<(Request, Vec<OwnedFd>)> {
+/// How long a client has to send its whole request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reads one request (with any attached fds) from a client, without
+/// leaving the runtime: the socket is non-blocking and `recvmsg` runs when
+/// it is readable.
+async fn read_request(stream: &tokio::net::UnixStream) -> std::io::Result<(Request, Vec<OwnedFd>)> {
     let mut buf = Vec::new();
     let mut fds = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];
@@ -149,7 +161,11 @@ fn read_request(std_stream: &UnixStream) -> std::io::Result<(Request, Vec<OwnedF
         if let Some((req, _)) = agent_wire::decode_request(&buf).map_err(std::io::Error::other)? {
             return Ok((req, fds));
         }
-        let (n, mut got) = socket::recv_with_fds(std_stream, &mut chunk, 3)?;
+        let (n, mut got) = stream
+            .async_io(tokio::io::Interest::READABLE, || {
+                socket::recv_with_fds(stream, &mut chunk, 3)
+            })
+            .await?;
         if n == 0 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
@@ -161,22 +177,19 @@ fn read_request(std_stream: &UnixStream) -> std::io::Result<(Request, Vec<OwnedF
     }
 }
 
-async fn client(agent: Arc<Agent>, stream: tokio::net::UnixStream) -> std::io::Result<()> {
-    let std_stream = stream.into_std()?;
-    std_stream.set_nonblocking(false)?;
-    if let Err(e) = socket::check_peer(&std_stream) {
+async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::io::Result<()> {
+    if let Err(e) = socket::check_peer(&stream) {
         tracing::warn!("refused a client: {e}");
         return Ok(());
     }
-    std_stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let (request, fds, std_stream) = tokio::task::spawn_blocking(move || {
-        read_request(&std_stream).map(|(r, f)| (r, f, std_stream))
-    })
-    .await
-    .map_err(std::io::Error::other)??;
-    std_stream.set_read_timeout(None)?;
-    std_stream.set_nonblocking(true)?;
-    let mut stream = tokio::net::UnixStream::from_std(std_stream)?;
+    let (request, fds) = tokio::time::timeout(REQUEST_TIMEOUT, read_request(&stream))
+        .await
+        .map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "client sent no complete request in time",
+            )
+        })??;
     let reply = match request {
         Request::Hello { .. } => Reply::Hello {
             version: agent_wire::PROTOCOL_VERSION,
@@ -350,7 +363,9 @@ async fn exec(
     };
     let stdout = tokio::fs::File::from_std(std::fs::File::from(stdout_fd));
     let stderr = tokio::fs::File::from_std(std::fs::File::from(stderr_fd));
-    let (stdin, cancel) = if wire.no_stdin {
+    // A client whose stdin is /dev/null needs no pump: the command gets EOF
+    // at once either way.
+    let (stdin, cancel) = if wire.no_stdin || is_dev_null(&stdin_fd) {
         (None, None)
     } else {
         let (reader, cancel) = stdin_pump(stdin_fd);
@@ -493,6 +508,14 @@ fn event_reply(event: RunEvent) -> Reply {
     }
 }
 
+/// True when `fd` is the null device (`< /dev/null`, `-n`, hyperfine, cron).
+fn is_dev_null(fd: &OwnedFd) -> bool {
+    match nix::sys::stat::fstat(fd) {
+        Ok(st) => (st.st_mode & libc::S_IFMT) == libc::S_IFCHR && st.st_rdev == libc::makedev(1, 3),
+        Err(_) => false,
+    }
+}
+
 /// Ends the stdin pump when dropped: the pump stops reading at once, so the
 /// agent never consumes input meant for whatever reads that fd next.
 pub struct CancelPump {
@@ -506,7 +529,8 @@ fn stdin_pump(fd: OwnedFd) -> (tokio::io::DuplexStream, CancelPump) {
     let (reader, mut writer) = tokio::io::duplex(256 * 1024);
     let (cancel_r, cancel_w) = nix::unistd::pipe().expect("pipe for the stdin pump");
     let handle = tokio::runtime::Handle::current();
-    std::thread::spawn(move || {
+    // A pooled blocking thread: no thread is created per command once warm.
+    tokio::task::spawn_blocking(move || {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             let mut fds = [

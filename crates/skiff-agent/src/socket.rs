@@ -27,7 +27,7 @@ use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, IoSlice};
 use std::mem;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -335,7 +335,7 @@ fn remove_stale_socket(path: &Path) -> Result<(), SocketError> {
 
 /// The connecting process's uid, via `SO_PEERCRED` (the credentials of the
 /// peer at the time it called `connect`/`socketpair`).
-pub fn peer_uid(stream: &UnixStream) -> Result<u32, SocketError> {
+pub fn peer_uid<S: AsFd>(stream: &S) -> Result<u32, SocketError> {
     socket::getsockopt(stream, sockopt::PeerCredentials)
         .map(|cred| cred.uid())
         .map_err(|e| SocketError::PeerCred(e.into()))
@@ -343,7 +343,7 @@ pub fn peer_uid(stream: &UnixStream) -> Result<u32, SocketError> {
 
 /// Fails with [`SocketError::PeerUid`] unless the peer's uid equals our
 /// effective uid.
-pub fn check_peer(stream: &UnixStream) -> Result<(), SocketError> {
+pub fn check_peer<S: AsFd>(stream: &S) -> Result<(), SocketError> {
     let got = peer_uid(stream)?;
     let expected = euid();
     if got == expected {
@@ -415,8 +415,8 @@ pub fn send_with_fds(stream: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) 
 /// extra ones are closed (by the kernel when they do not fit the control
 /// buffer, by us otherwise). 0 bytes means end of file. `buf` must not be
 /// empty (a 0-byte read could not be told apart from end of file).
-pub fn recv_with_fds(
-    stream: &UnixStream,
+pub fn recv_with_fds<S: AsRawFd>(
+    stream: &S,
     buf: &mut [u8],
     max_fds: usize,
 ) -> io::Result<(usize, Vec<OwnedFd>)> {

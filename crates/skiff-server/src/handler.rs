@@ -318,7 +318,7 @@ async fn run_session_io(
 /// meanwhile. When the connection lets go of the session (channel closed or
 /// connection gone) while the process runs, its process group gets SIGHUP.
 async fn supervise(
-    child: &mut tokio::process::Child,
+    child: &mut crate::spawn::ChildProcess,
     output: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
     control: &mut tokio::sync::mpsc::UnboundedReceiver<Control>,
     pty: bool,
@@ -348,17 +348,13 @@ async fn supervise(
                 output_done = true;
             }
             msg = control.recv(), if connected => {
-                // child.id() is None once reaped: a reused pid is never signalled.
-                let Some(pid) = child.id().map(|p| p as i32) else { continue };
+                // Signals reach only our own, not yet reaped, child (or the
+                // process group it leads): a reused pid is never signalled.
                 match msg {
-                    Some(Control::Signal(sig)) => {
-                        // SAFETY: kill(2) on our own, not yet reaped, child.
-                        unsafe { libc::kill(pid, sig) };
-                    }
+                    Some(Control::Signal(sig)) => child.signal(sig, false),
                     None => {
                         connected = false;
-                        // SAFETY: kill(2) on the process group our child leads (setsid).
-                        unsafe { libc::kill(-pid, libc::SIGHUP) };
+                        child.signal(libc::SIGHUP, true);
                     }
                 }
             }

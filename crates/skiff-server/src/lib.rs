@@ -4,7 +4,8 @@
 //! [`serve`] binds the listeners and runs until the process ends. The pieces:
 //! [`config`] (settings and their file format), [`hostkey`] (host keys),
 //! [`account`] (who may log in), `handler` (authentication and sessions) and
-//! `process` (starting commands as the account, with pipes or a pty).
+//! `process` (starting commands as the account, with pipes or a pty), on top
+//! of `spawn` (a vfork-style process start that can drop privileges).
 
 pub mod account;
 pub mod config;
@@ -12,6 +13,7 @@ mod handler;
 pub mod hostkey;
 mod listener;
 mod process;
+mod spawn;
 
 pub use handler::authorized_keys_path;
 pub use listener::{russh_config, serve, serve_listeners};

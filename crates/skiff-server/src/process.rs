@@ -1,20 +1,22 @@
 //! Starting a session's command as the account: a clean environment, the
 //! account's shell, the home directory, privileges dropped in the child
-//! (setgroups, setgid, setuid) and either pipes or a pseudo-terminal.
+//! (setgroups, setgid, setuid) and either pipes or a pseudo-terminal. The
+//! low-level start (clone, credentials, exec) is in [`crate::spawn`].
 
+use std::ffi::OsStr;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::process::Stdio;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use nix::pty::{openpty, Winsize};
 use nix::sys::termios::{self, SetArg};
 use tokio::io::unix::AsyncFd;
-use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::net::unix::pipe;
 
 use skiff_proto::signals;
 
 use crate::account::Account;
+use crate::spawn::{self, ChildProcess};
 
 /// What the client asked for with `pty-req`.
 #[derive(Debug, Clone)]
@@ -39,16 +41,16 @@ pub struct SpawnRequest<'a> {
 /// The child's standard streams.
 pub enum ChildIo {
     Pipes {
-        stdin: ChildStdin,
-        stdout: ChildStdout,
-        stderr: ChildStderr,
+        stdin: pipe::Sender,
+        stdout: pipe::Receiver,
+        stderr: pipe::Receiver,
     },
     Pty(Arc<PtyMaster>),
 }
 
 /// A started session process.
 pub struct Spawned {
-    pub child: Child,
+    pub child: ChildProcess,
     pub pid: i32,
     pub io: ChildIo,
 }
@@ -56,94 +58,72 @@ pub struct Spawned {
 /// Starts the process. Must be called from within a tokio runtime.
 pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
     let acct = req.account;
-    let mut cmd = Command::new(&acct.shell);
-    match req.command {
-        Some(c) => {
-            cmd.arg("-c").arg(c);
-        }
+    let login_name;
+    let args: Vec<&OsStr> = match req.command {
+        Some(c) => vec![acct.shell.as_os_str(), OsStr::new("-c"), OsStr::new(c)],
         None => {
             let base = acct
                 .shell
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "sh".into());
-            cmd.arg0(format!("-{base}"));
+            login_name = format!("-{base}");
+            vec![OsStr::new(&login_name)]
         }
-    }
-    cmd.env_clear().envs(req.env.iter().map(|(k, v)| (k, v)));
+    };
     let home_ok = acct.home.is_dir();
-    cmd.current_dir(if home_ok {
+    let cwd = if home_ok {
         acct.home.as_path()
     } else {
         std::path::Path::new("/")
-    });
-    cmd.kill_on_drop(false);
-
-    let pty = match req.pty {
-        Some(spec) => Some(open_pty(spec)?),
-        None => None,
     };
-    if let Some((_, slave)) = &pty {
-        cmd.stdin(Stdio::from(slave.try_clone()?))
-            .stdout(Stdio::from(slave.try_clone()?))
-            .stderr(Stdio::from(slave.try_clone()?));
-    } else {
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-    }
-
-    let drop_privileges = nix::unistd::Uid::effective().is_root();
-    let (uid, gid) = (acct.uid, acct.gid);
-    let groups: Vec<libc::gid_t> = acct.groups.clone();
-    let with_tty = pty.is_some();
-    // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe system calls; `groups` was allocated before the fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            // Descriptors the server inherited or opened must not reach the
-            // command: mark everything above stderr close-on-exec.
-            libc::syscall(
-                libc::SYS_close_range,
-                3u32,
-                u32::MAX,
-                libc::CLOSE_RANGE_CLOEXEC,
-            );
-            if libc::setsid() < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if with_tty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if drop_privileges {
-                if libc::setgroups(groups.len(), groups.as_ptr()) < 0
-                    || libc::setgid(gid) < 0
-                    || libc::setuid(uid) < 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
-                // Defence in depth: regaining root must be impossible now.
-                if uid != 0 && libc::setuid(0) == 0 {
-                    return Err(io::Error::from_raw_os_error(libc::EPERM));
-                }
-            }
-            Ok(())
+    let credentials = nix::unistd::Uid::effective()
+        .is_root()
+        .then(|| spawn::Credentials {
+            uid: acct.uid,
+            gid: acct.gid,
+            groups: acct.groups.clone(),
         });
-    }
-
-    let mut child = cmd.spawn()?;
-    let pid = child.id().map(|p| p as i32).unwrap_or(-1);
-    let io = match pty {
-        Some((master, slave)) => {
-            drop(slave); // only the child holds the terminal now, so EOF shows as EIO
-            ChildIo::Pty(Arc::new(PtyMaster::new(master)?))
-        }
-        None => ChildIo::Pipes {
-            stdin: child.stdin.take().expect("piped stdin"),
-            stdout: child.stdout.take().expect("piped stdout"),
-            stderr: child.stderr.take().expect("piped stderr"),
-        },
+    let plan = |stdio: [RawFd; 3], controlling_tty: bool| spawn::Plan {
+        program: &acct.shell,
+        args: args.clone(),
+        env: req
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect(),
+        cwd,
+        stdio,
+        controlling_tty,
+        credentials: credentials.clone(),
     };
+
+    let (child, io) = match req.pty {
+        Some(spec) => {
+            let (master, slave) = open_pty(spec)?;
+            let fd = slave.as_raw_fd();
+            let child = spawn::spawn(plan([fd, fd, fd], true))?;
+            drop(slave); // only the child holds the terminal now, so EOF shows as EIO
+            (child, ChildIo::Pty(Arc::new(PtyMaster::new(master)?)))
+        }
+        None => {
+            let (in_r, in_w) = spawn::pipe()?;
+            let (out_r, out_w) = spawn::pipe()?;
+            let (err_r, err_w) = spawn::pipe()?;
+            let child = spawn::spawn(plan(
+                [in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+                false,
+            ))?;
+            drop((in_r, out_w, err_w));
+            let io = ChildIo::Pipes {
+                stdin: pipe::Sender::from_owned_fd(in_w)?,
+                stdout: pipe::Receiver::from_owned_fd(out_r)?,
+                stderr: pipe::Receiver::from_owned_fd(err_r)?,
+            };
+            (child, io)
+        }
+    };
+    let pid = child.id().map(|p| p as i32).unwrap_or(-1);
     if !home_ok {
         tracing::warn!(user = %acct.name, "home directory {} missing; starting in /", acct.home.display());
     }
