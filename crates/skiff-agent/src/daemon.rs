@@ -301,10 +301,12 @@ fn status_text(agent: &Agent) -> String {
     }
     for c in conns {
         text.push_str(&format!(
-            "{}  age {}s  open channels {}{}{}\n",
+            "{}  age {}s  open channels {}  received {}  sent {}{}{}\n",
             c.destination,
             c.age.as_secs(),
             c.open_channels,
+            human_bytes(c.bytes_received),
+            human_bytes(c.bytes_sent),
             c.idle
                 .map(|i| format!("  idle {}s", i.as_secs()))
                 .unwrap_or_default(),
@@ -314,6 +316,22 @@ fn status_text(agent: &Agent) -> String {
         ));
     }
     text
+}
+
+/// `1234` → `1.2 KiB`, for status lines.
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
 }
 
 /// Runs one command for a client, using the client's stdio fds.
@@ -575,4 +593,18 @@ fn stdin_pump(fd: OwnedFd) -> (tokio::io::DuplexStream, CancelPump) {
             _write_end: cancel_w,
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_bytes;
+
+    #[test]
+    fn byte_counts_read_as_people_write_them() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1024), "1.0 KiB");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(5 * 1024 * 1024 * 1024), "5.0 GiB");
+    }
 }

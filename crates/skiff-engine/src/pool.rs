@@ -11,11 +11,13 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::connect::{connect, Connection};
 use crate::error::{ErrorKind, SkiffError};
@@ -74,6 +76,9 @@ struct Member {
     /// How long it may stay idle: `None` means the pool's default,
     /// `Some(None)` forever (`ControlPersist yes`).
     persist: Option<Option<Duration>>,
+    /// Command output received and input sent over it, in bytes.
+    received: AtomicU64,
+    sent: AtomicU64,
 }
 
 impl Member {
@@ -91,6 +96,8 @@ impl Member {
             opened_at: Instant::now(),
             idle_since: Mutex::new(None),
             persist,
+            received: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
         }
     }
 
@@ -165,6 +172,10 @@ pub struct ConnectionInfo {
     pub age: Duration,
     /// How long it has had no channels; None while in use.
     pub idle: Option<Duration>,
+    /// Command output received over it, in bytes.
+    pub bytes_received: u64,
+    /// Command input sent over it, in bytes.
+    pub bytes_sent: u64,
 }
 
 /// The pool. Cheap to share behind an `Arc`.
@@ -210,6 +221,8 @@ impl Pool {
                         .lock()
                         .expect("not poisoned")
                         .map(|t| t.elapsed()),
+                    bytes_received: m.received.load(Ordering::Relaxed),
+                    bytes_sent: m.sent.load(Ordering::Relaxed),
                 });
             }
         }
@@ -362,8 +375,11 @@ impl Pool {
         O: AsyncWrite + Unpin,
         E: AsyncWrite + Unpin,
     {
-        let (session, _slot, notices) = self.open(settings).await?;
-        let mut stderr = stderr;
+        let (session, slot, notices) = self.open(settings).await?;
+        let member = &slot.0;
+        let stdout = Counted::new(stdout, member);
+        let mut stderr = Counted::new(stderr, member);
+        let stdin = stdin.map(|i| Counted::new(i, member));
         if !notices.is_empty() {
             // A terminal in raw mode needs the carriage return.
             let eol = if req.pty.is_some() { "\r\n" } else { "\n" };
@@ -372,5 +388,59 @@ impl Pool {
             let _ = stderr.flush().await;
         }
         run_session(session, req, stdin, stdout, stderr, resize).await
+    }
+}
+
+/// A command's stream that adds what passes through it to its connection's
+/// byte counters (output written: received; input read: sent).
+struct Counted<T> {
+    inner: T,
+    member: Arc<Member>,
+}
+
+impl<T> Counted<T> {
+    fn new(inner: T, member: &Arc<Member>) -> Self {
+        Counted {
+            inner,
+            member: member.clone(),
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = &polled {
+            self.member.received.fetch_add(*n as u64, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = &polled {
+            let n = buf.filled().len() - before;
+            self.member.sent.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        polled
     }
 }

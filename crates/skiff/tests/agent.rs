@@ -73,13 +73,23 @@ fn ten_simultaneous_first_calls_start_exactly_one_agent() {
         0o600,
         "agent socket mode"
     );
+    // Input through the agent counts as sent, output as received.
+    ah.exec(d.port(), &fx.client_key)
+        .cmd("cat >/dev/null")
+        .input(Input::Bytes(vec![b'x'; 2048]))
+        .run()
+        .expect_code(0, &c);
     let status = ah.agent_cmd(&["status"]);
     status.expect_code(0, &c);
+    let text = status.stdout_str();
     assert!(
-        status
-            .stdout_str()
-            .contains(&format!("127.0.0.1:{}", d.port())),
+        text.contains(&format!("127.0.0.1:{}", d.port())),
         "{c}: status lists the connection\n{status}"
+    );
+    // Ten outputs of "call-N\n", seven bytes each.
+    assert!(
+        text.contains("received 70 B  sent 2.0 KiB"),
+        "{c}: status counts the bytes each way\n{status}"
     );
 }
 
@@ -122,7 +132,7 @@ fn many_sequential_and_concurrent_warm_calls() {
     let ah = AgentHome::new();
     trust(&ah, &d, &fx);
     let c = ctx(&d, "warm calls");
-    for i in 0..300 {
+    for i in 0..1000 {
         let out = ah
             .exec(d.port(), &fx.client_key)
             .cmd(&format!("echo seq-{i}"))
