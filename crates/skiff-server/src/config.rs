@@ -31,6 +31,10 @@ pub struct Settings {
     /// Interval of server keepalives to detect dead clients; `None` disables them.
     pub client_alive_interval: Option<Duration>,
     pub client_alive_count_max: usize,
+    /// Command line (run through the account's shell, like `exec`) that
+    /// serves the `sftp` subsystem; `None` refuses the subsystem. skiffd
+    /// sets it to its own `--sftp-server` mode before reading `--config`.
+    pub sftp_command: Option<String>,
 }
 
 impl Default for Settings {
@@ -47,6 +51,7 @@ impl Default for Settings {
             max_sessions: 256,
             client_alive_interval: Some(Duration::from_secs(60)),
             client_alive_count_max: 3,
+            sftp_command: None,
         }
     }
 }
@@ -132,6 +137,24 @@ pub fn apply_config_text(
             }
             "clientalivecountmax" => {
                 settings.client_alive_count_max = parse_count(one()?).map_err(err)?
+            }
+            "subsystem" => {
+                // `Subsystem sftp COMMAND...`: the rest of the line is the
+                // command, as in sshd_config; `none` turns SFTP off.
+                let Some((name, command)) = rest.split_once(char::is_whitespace) else {
+                    return Err(err("Subsystem needs a name and a command".into()));
+                };
+                if name != "sftp" {
+                    return Err(err(format!(
+                        "unsupported subsystem {name:?}: only sftp can be configured"
+                    )));
+                }
+                let command = command.trim();
+                settings.sftp_command = match command {
+                    "" => return Err(err("Subsystem needs a name and a command".into())),
+                    "none" => None,
+                    c => Some(c.to_string()),
+                };
             }
             _ => return Err(err(format!("unknown keyword {keyword:?}"))),
         }
@@ -238,6 +261,30 @@ mod tests {
         assert!(e.to_string().contains("bad listen address"));
         let e = apply_config_text(&mut s, "c", "HostKey").unwrap_err();
         assert_eq!(e.to_string(), "c:1: HostKey needs a value");
+    }
+
+    #[test]
+    fn subsystem_sftp() {
+        let mut s = Settings {
+            sftp_command: Some("builtin".into()),
+            ..Settings::default()
+        };
+        apply_config_text(
+            &mut s,
+            "c",
+            "Subsystem  sftp  '/opt/my skiffd' --sftp-server\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.sftp_command.as_deref(),
+            Some("'/opt/my skiffd' --sftp-server")
+        );
+        apply_config_text(&mut s, "c", "subsystem=sftp none").unwrap();
+        assert_eq!(s.sftp_command, None);
+        let e = apply_config_text(&mut s, "c", "Subsystem sftp").unwrap_err();
+        assert_eq!(e.to_string(), "c:1: Subsystem needs a name and a command");
+        let e = apply_config_text(&mut s, "c", "Subsystem other /bin/x").unwrap_err();
+        assert!(e.to_string().contains("only sftp"), "{e}");
     }
 
     #[test]

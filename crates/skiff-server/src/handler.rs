@@ -1,6 +1,7 @@
 //! The per-connection SSH handler: public-key authentication against the
 //! account's authorized_keys (options enforced), then session channels
-//! (`exec`, `shell`, `pty-req`, `env`, `signal`, `window-change`).
+//! (`exec`, `shell`, `subsystem` sftp, `pty-req`, `env`, `signal`,
+//! `window-change`).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -606,8 +607,20 @@ impl russh::server::Handler for ConnectionHandler {
         name: &str,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        tracing::info!(peer = %self.peer, "subsystem {name:?} is not available");
-        session.channel_failure(channel)
+        // Like sshd, a subsystem is a command run as the account (the SFTP
+        // server never runs inside skiffd); a forced command replaces it and
+        // sees it in SSH_ORIGINAL_COMMAND.
+        match (name, &self.state.settings.sftp_command) {
+            ("sftp", Some(command)) => {
+                tracing::debug!(peer = %self.peer, "subsystem sftp: {command}");
+                let command = command.clone();
+                self.start(channel, Some(command), session)
+            }
+            _ => {
+                tracing::info!(peer = %self.peer, "subsystem {name:?} is not available");
+                session.channel_failure(channel)
+            }
+        }
     }
 
     async fn window_change_request(

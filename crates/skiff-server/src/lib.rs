@@ -6,6 +6,8 @@
 //! [`account`] (who may log in), `handler` (authentication and sessions) and
 //! `process` (starting commands as the account, with pipes or a pty), on top
 //! of `spawn` (a vfork-style process start that can drop privileges).
+//! [`sftp`] is the file server that the `sftp` subsystem runs as the account
+//! (`skiffd --sftp-server`), never inside the server process.
 
 pub mod account;
 pub mod config;
@@ -13,6 +15,7 @@ mod handler;
 pub mod hostkey;
 mod listener;
 mod process;
+pub mod sftp;
 mod spawn;
 
 pub use handler::authorized_keys_path;

@@ -30,10 +30,22 @@ struct Args {
     /// More logging (-v: debug, -vv: trace). Logs go to stderr.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
+    /// Serve SFTP on stdin/stdout and exit at end of input: what skiffd runs,
+    /// as the account, for the `sftp` subsystem.
+    #[arg(long = "sftp-server", hide = true)]
+    sftp_server: bool,
 }
 
 fn main() {
     let args = Args::parse();
+    if args.sftp_server {
+        // No logging: stderr goes to the client's terminal.
+        if let Err(e) = skiff_server::sftp::serve_stdio() {
+            eprintln!("skiffd --sftp-server: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     init_logging(args.verbose);
     if let Err(e) = run(args) {
         eprintln!("skiffd: {e:#}");
@@ -61,6 +73,22 @@ fn init_logging(verbose: u8) {
 
 fn run(args: Args) -> Result<()> {
     let mut settings = Settings::default();
+    // The sftp subsystem runs this executable as the account, unless the
+    // config file names another command (`Subsystem sftp ...`).
+    match std::env::current_exe() {
+        Ok(exe) => {
+            settings.sftp_command = skiff_server::sftp::subsystem_command(&exe);
+            if settings.sftp_command.is_none() {
+                tracing::warn!(
+                    "{} is not UTF-8: sftp needs a Subsystem line in the config",
+                    exe.display()
+                );
+            }
+        }
+        Err(e) => tracing::warn!(
+            "cannot find skiffd's own executable ({e}): sftp needs a Subsystem line in the config"
+        ),
+    }
     if let Some(path) = &args.config {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
