@@ -421,11 +421,15 @@ mod tests {
         }
     }
 
-    fn output_of(args: &[&str]) -> (String, ExitStatus) {
-        let rt = tokio::runtime::Builder::new_current_thread()
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .unwrap();
+            .unwrap()
+    }
+
+    fn output_of(args: &[&str]) -> (String, ExitStatus) {
+        let rt = runtime();
         rt.block_on(async {
             let (out_r, out_w) = pipe().unwrap();
             let null = std::fs::File::open("/dev/null").unwrap();
@@ -489,10 +493,7 @@ mod tests {
 
     #[test]
     fn signals_and_exit_by_signal() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         rt.block_on(async {
             let null = std::fs::File::open("/dev/null").unwrap();
             let n = null.as_raw_fd();
@@ -508,10 +509,7 @@ mod tests {
 
     #[test]
     fn a_missing_program_is_an_error_not_a_child() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         rt.block_on(async {
             let null = std::fs::File::open("/dev/null").unwrap();
             let n = null.as_raw_fd();
@@ -529,10 +527,7 @@ mod tests {
 
     #[test]
     fn dropping_an_unreaped_child_reaps_it() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let pid = rt.block_on(async {
             let null = std::fs::File::open("/dev/null").unwrap();
             let n = null.as_raw_fd();
