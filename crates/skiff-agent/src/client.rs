@@ -186,6 +186,24 @@ pub fn exec(
     }
 }
 
+/// Starts a subsystem (`wire.subsystem`) through the agent with `io` as the
+/// channel's stdin and stdout and this process's stderr as its stderr: the
+/// caller speaks the subsystem's protocol on the other end of `io` (how
+/// `skiff cp` uses the agent's warm connection). Blocks until the channel
+/// ends; the reply is `Exit`, or `Failed` when the server refused the
+/// subsystem.
+pub fn subsystem(stream: UnixStream, wire: ExecWire, io: BorrowedFd<'_>) -> Outcome {
+    let stderr = std::io::stderr();
+    let fds = [io, io, stderr.as_fd()];
+    match request_with(stream, &Request::Exec(wire), &fds, &mut || None) {
+        Ok(reply) => Outcome::Reply(reply),
+        Err(e) => Outcome::Reply(Reply::Failed {
+            kind: 2,
+            message: e,
+        }),
+    }
+}
+
 /// Runs a fan-out through the agent (`stream` from [`connect_or_spawn`]):
 /// sends `wire`, then hands every reply
 /// to `on_reply` as it arrives, until the final `Done` (or `Failed`), which

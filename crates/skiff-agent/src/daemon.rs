@@ -370,6 +370,7 @@ async fn exec(
     };
     let req = ExecRequest {
         command: wire.command.clone(),
+        subsystem: wire.subsystem,
         env: wire.env.clone(),
         pty: wire.pty.as_ref().map(|p| PtyRequest {
             term: p.term.clone(),
@@ -464,6 +465,7 @@ async fn run_fanout(
             env: base.env.clone(),
             pty: None,
             timeout: (wire.timeout_ms > 0).then(|| Duration::from_millis(wire.timeout_ms)),
+            subsystem: false,
         },
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel(256);

@@ -15,8 +15,18 @@ use crate::hostkeys::KnownHosts;
 use crate::identity;
 use crate::settings::ConnectSettings;
 
-/// Receive window advertised on channels (russh's default; tuned in the bulk-data work).
-const WINDOW_SIZE: u32 = 2 * 1024 * 1024;
+/// Largest channel data packet we accept: large packets cost fewer
+/// messages per byte (russh warns above 65535).
+const MAX_PACKET: u32 = 65535;
+
+/// The cap on channel receive windows: `SKIFF_MAX_WINDOW` (e.g. `128M`),
+/// else 64 MiB.
+fn max_window() -> u32 {
+    std::env::var("SKIFF_MAX_WINDOW")
+        .ok()
+        .and_then(|v| skiff_proto::window::parse_size(&v))
+        .unwrap_or(skiff_proto::window::DEFAULT_MAX_WINDOW)
+}
 
 /// An authenticated connection.
 pub struct Connection {
@@ -25,11 +35,18 @@ pub struct Connection {
     /// Warnings from connecting that the person should see, such as
     /// "Permanently added ..." for a newly recorded host key.
     pub notices: Vec<String>,
+    /// The server address the connection reached (where data-plane
+    /// streams go).
+    pub peer_addr: Option<std::net::SocketAddr>,
 }
 
-/// russh client callbacks: host-key verification.
+/// russh client callbacks: host-key verification, and receive windows
+/// that grow with the path's bandwidth-delay product.
 pub struct ClientHandler {
     settings: ConnectSettings,
+    /// A second handle on the socket, for the kernel's RTT estimate.
+    socket: Option<std::os::fd::OwnedFd>,
+    windows: skiff_proto::window::WindowGrowth,
     known_hosts: Arc<KnownHosts>,
     /// Why the host key was refused, for the error message.
     refusal: Arc<Mutex<Option<SkiffError>>>,
@@ -37,6 +54,11 @@ pub struct ClientHandler {
 
 impl client::Handler for ClientHandler {
     type Error = russh::Error;
+
+    fn adjust_window(&mut self, channel: russh::ChannelId, window: u32) -> u32 {
+        let socket = self.socket.as_ref();
+        skiff_dataplane::tcp::next_window(&mut self.windows, socket, channel.into(), window)
+    }
 
     async fn check_server_key(
         &mut self,
@@ -136,7 +158,8 @@ pub fn russh_config(settings: &ConnectSettings, known_types: &[String]) -> clien
             env!("CARGO_PKG_VERSION")
         ))),
         preferred,
-        window_size: WINDOW_SIZE,
+        window_size: skiff_proto::window::INITIAL_WINDOW,
+        maximum_packet_size: MAX_PACKET,
         keepalive_interval: settings.server_alive_interval,
         keepalive_max: settings.server_alive_count_max,
         inactivity_timeout: None,
@@ -188,9 +211,12 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
     let known_types = known_hosts.known_key_types(&settings.hostname, settings.port);
     let config = Arc::new(russh_config(settings, &known_types));
     let stream = tcp_connect(settings).await?;
+    let peer_addr = stream.peer_addr().ok();
     let refusal = Arc::new(Mutex::new(None));
     let handler = ClientHandler {
         settings: settings.clone(),
+        socket: std::os::fd::AsFd::as_fd(&stream).try_clone_to_owned().ok(),
+        windows: skiff_proto::window::WindowGrowth::new(max_window()),
         known_hosts: known_hosts.clone(),
         refusal: refusal.clone(),
     };
@@ -246,5 +272,6 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
         handle,
         settings: settings.clone(),
         notices: known_hosts.take_notices(),
+        peer_addr,
     })
 }

@@ -21,7 +21,10 @@ pub struct PtyRequest {
 /// What to run.
 #[derive(Debug, Clone, Default)]
 pub struct ExecRequest {
+    /// The command line, or the subsystem's name when `subsystem` is set.
     pub command: String,
+    /// Start the subsystem named by `command` (such as `sftp`) instead.
+    pub subsystem: bool,
     pub env: Vec<(String, String)>,
     pub pty: Option<PtyRequest>,
     /// Stop the command after this long: the remote command is sent TERM,
@@ -67,6 +70,14 @@ pub struct WindowSize {
 pub struct OpenSession {
     channel: russh::Channel<russh::client::Msg>,
     host: String,
+}
+
+impl OpenSession {
+    /// The opened channel, for callers that start something other than a
+    /// command on it (a subsystem such as `sftp`).
+    pub(crate) fn into_channel(self) -> russh::Channel<russh::client::Msg> {
+        self.channel
+    }
 }
 
 /// Opens a session channel. Nothing has run on the server yet, so a caller
@@ -144,10 +155,17 @@ where
         pending_replies.push_back(Request::Pty);
     }
     pending_replies.push_back(Request::Exec);
-    channel
-        .exec(true, req.command.as_bytes())
-        .await
-        .map_err(|e| lost(&e))?;
+    if req.subsystem {
+        channel
+            .request_subsystem(true, &req.command)
+            .await
+            .map_err(|e| lost(&e))?;
+    } else {
+        channel
+            .exec(true, req.command.as_bytes())
+            .await
+            .map_err(|e| lost(&e))?;
+    }
     let (mut reader, writer) = channel.split();
 
     // stdin -> channel, respecting the remote window; EOF when stdin ends.
@@ -249,7 +267,14 @@ where
                     )
                     .await;
                 }
-                _ => exec_refused = true,
+                _ => {
+                    // Like ssh: a refused exec (or subsystem) ends the
+                    // session; the server need not close the channel.
+                    exec_refused = true;
+                    closed = true;
+                    let _ = writer.close().await;
+                    break;
+                }
             },
             ChannelMsg::Close => {
                 closed = true;
@@ -272,7 +297,11 @@ where
     if exec_refused && outcome == ExitOutcome::Unknown {
         return Err(SkiffError::new(
             ErrorKind::Protocol,
-            format!("{host}: the server refused to run the command"),
+            if req.subsystem {
+                format!("{host}: the server refused the {} subsystem", req.command)
+            } else {
+                format!("{host}: the server refused to run the command")
+            },
         ));
     }
     Ok(outcome)

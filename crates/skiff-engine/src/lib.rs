@@ -6,6 +6,7 @@
 //! fan-out scheduler reuse the same pieces.
 
 pub mod connect;
+pub mod copy;
 pub mod error;
 pub mod exec;
 pub mod fanout;

@@ -36,15 +36,12 @@
 //! one `RunDone` per host (hosts numbered in the order the node set expands
 //! to), then `Done`.
 
-/// The largest frame body (the bytes after the 4-byte length prefix) a
-/// decoder accepts.
-pub const MAX_FRAME: usize = 1 << 20;
+pub use crate::frame::WireError;
+pub use crate::frame::MAX_FRAME;
+use crate::frame::{split_frame, Reader, Writer};
 
 /// The protocol version exchanged in `Hello`.
-pub const PROTOCOL_VERSION: u32 = 1;
-
-/// Length of the frame header (the big-endian body length).
-const HEADER: usize = 4;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Everything the agent needs to run one command on a remote host.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -71,6 +68,9 @@ pub struct ExecWire {
     pub pty: Option<PtyWire>,
     /// `-n`: do not read stdin.
     pub no_stdin: bool,
+    /// `command` names a subsystem (`sftp`, `transfer@skiff`) to start
+    /// instead of a command: how `skiff cp` uses the agent's connection.
+    pub subsystem: bool,
 }
 
 /// A pseudo-terminal request.
@@ -168,30 +168,6 @@ pub enum Reply {
     },
 }
 
-/// Why a buffer could not be decoded. Any of these means the stream is
-/// unusable: the reader should drop the connection.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum WireError {
-    /// A field runs past the end of its (complete) frame, or the frame body is empty.
-    #[error("malformed agent frame: a field runs past the end of the frame")]
-    Truncated,
-    /// A declared frame body length exceeds [`MAX_FRAME`].
-    #[error("agent frame too large: {0} bytes (limit {MAX_FRAME})")]
-    TooLarge(usize),
-    /// The message tag is not known.
-    #[error("unknown agent message tag {0}")]
-    UnknownTag(u8),
-    /// A string field is not valid UTF-8.
-    #[error("agent frame holds a string that is not valid UTF-8")]
-    BadUtf8,
-    /// Bytes were left in the frame after its last field.
-    #[error("agent frame has {0} trailing bytes after its fields")]
-    Trailing(usize),
-    /// A field holds a value outside its domain (e.g. a bool that is not 0 or 1).
-    #[error("agent frame holds an invalid {0}")]
-    BadValue(&'static str),
-}
-
 // Request tags.
 const RQ_HELLO: u8 = 1;
 const RQ_EXEC: u8 = 2;
@@ -220,93 +196,6 @@ const END_FAILED: u8 = 3;
 
 // ---------------------------------------------------------------------------
 // Encoding
-
-/// Builds one frame: reserves the length prefix and patches it at the end.
-struct Writer {
-    buf: Vec<u8>,
-}
-
-impl Writer {
-    fn new(tag: u8) -> Self {
-        let mut buf = Vec::with_capacity(64);
-        buf.extend_from_slice(&[0; HEADER]);
-        buf.push(tag);
-        Writer { buf }
-    }
-
-    fn u8(&mut self, v: u8) {
-        self.buf.push(v);
-    }
-
-    fn u16(&mut self, v: u16) {
-        self.buf.extend_from_slice(&v.to_be_bytes());
-    }
-
-    fn u32(&mut self, v: u32) {
-        self.buf.extend_from_slice(&v.to_be_bytes());
-    }
-
-    fn i32(&mut self, v: i32) {
-        self.buf.extend_from_slice(&v.to_be_bytes());
-    }
-
-    fn u64(&mut self, v: u64) {
-        self.buf.extend_from_slice(&v.to_be_bytes());
-    }
-
-    fn bytes(&mut self, b: &[u8]) {
-        self.len(b.len());
-        self.buf.extend_from_slice(b);
-    }
-
-    fn bool(&mut self, v: bool) {
-        self.u8(u8::from(v));
-    }
-
-    /// A length or count. Anything that does not fit in a u32 cannot fit in a
-    /// frame either; it is clamped and the decoder will refuse the frame.
-    fn len(&mut self, n: usize) {
-        self.u32(u32::try_from(n).unwrap_or(u32::MAX));
-    }
-
-    fn str(&mut self, s: &str) {
-        self.len(s.len());
-        self.buf.extend_from_slice(s.as_bytes());
-    }
-
-    fn opt_str(&mut self, s: Option<&str>) {
-        match s {
-            None => self.u8(0),
-            Some(s) => {
-                self.u8(1);
-                self.str(s);
-            }
-        }
-    }
-
-    fn strs(&mut self, v: &[String]) {
-        self.len(v.len());
-        for s in v {
-            self.str(s);
-        }
-    }
-
-    fn pairs(&mut self, v: &[(String, String)]) {
-        self.len(v.len());
-        for (a, b) in v {
-            self.str(a);
-            self.str(b);
-        }
-    }
-
-    /// Patches the length prefix and returns the frame.
-    fn finish(mut self) -> Vec<u8> {
-        let body = self.buf.len() - HEADER;
-        let n = u32::try_from(body).unwrap_or(u32::MAX);
-        self.buf[..HEADER].copy_from_slice(&n.to_be_bytes());
-        self.buf
-    }
-}
 
 /// Encodes a request as a whole frame (length prefix included).
 ///
@@ -378,6 +267,7 @@ fn encode_exec(w: &mut Writer, e: &ExecWire) {
         }
     }
     w.bool(e.no_stdin);
+    w.bool(e.subsystem);
 }
 
 /// Encodes a reply as a whole frame (length prefix included).
@@ -459,146 +349,6 @@ pub fn encode_reply(rep: &Reply) -> Vec<u8> {
 // ---------------------------------------------------------------------------
 // Decoding
 
-/// Reads fields from one complete frame body.
-struct Reader<'a> {
-    buf: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    fn remaining(&self) -> usize {
-        self.buf.len()
-    }
-
-    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
-        if n > self.buf.len() {
-            return Err(WireError::Truncated);
-        }
-        let (head, rest) = self.buf.split_at(n);
-        self.buf = rest;
-        Ok(head)
-    }
-
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
-        let mut out = [0u8; N];
-        out.copy_from_slice(self.take(N)?);
-        Ok(out)
-    }
-
-    fn u8(&mut self) -> Result<u8, WireError> {
-        Ok(self.array::<1>()?[0])
-    }
-
-    fn u16(&mut self) -> Result<u16, WireError> {
-        Ok(u16::from_be_bytes(self.array()?))
-    }
-
-    fn u32(&mut self) -> Result<u32, WireError> {
-        Ok(u32::from_be_bytes(self.array()?))
-    }
-
-    fn i32(&mut self) -> Result<i32, WireError> {
-        Ok(i32::from_be_bytes(self.array()?))
-    }
-
-    fn u64(&mut self) -> Result<u64, WireError> {
-        Ok(u64::from_be_bytes(self.array()?))
-    }
-
-    fn bytes(&mut self) -> Result<Vec<u8>, WireError> {
-        let n = self.u32()? as usize;
-        Ok(self.take(n)?.to_vec())
-    }
-
-    fn bool(&mut self, what: &'static str) -> Result<bool, WireError> {
-        match self.u8()? {
-            0 => Ok(false),
-            1 => Ok(true),
-            _ => Err(WireError::BadValue(what)),
-        }
-    }
-
-    /// An Option's presence flag.
-    fn present(&mut self, what: &'static str) -> Result<bool, WireError> {
-        self.bool(what)
-    }
-
-    fn str(&mut self) -> Result<String, WireError> {
-        let n = self.u32()? as usize;
-        let bytes = self.take(n)?;
-        std::str::from_utf8(bytes)
-            .map(str::to_owned)
-            .map_err(|_| WireError::BadUtf8)
-    }
-
-    fn opt_str(&mut self, what: &'static str) -> Result<Option<String>, WireError> {
-        if self.present(what)? {
-            Ok(Some(self.str()?))
-        } else {
-            Ok(None)
-        }
-    }
-
-    /// Reads a count of items that each take at least `min_item` bytes, and
-    /// refuses counts the rest of the frame cannot possibly hold.
-    fn count(&mut self, min_item: usize) -> Result<usize, WireError> {
-        let n = self.u32()? as usize;
-        if n > self.remaining() / min_item {
-            return Err(WireError::Truncated);
-        }
-        Ok(n)
-    }
-
-    fn strs(&mut self) -> Result<Vec<String>, WireError> {
-        let n = self.count(4)?;
-        let mut v = Vec::with_capacity(n);
-        for _ in 0..n {
-            v.push(self.str()?);
-        }
-        Ok(v)
-    }
-
-    fn pairs(&mut self) -> Result<Vec<(String, String)>, WireError> {
-        let n = self.count(8)?;
-        let mut v = Vec::with_capacity(n);
-        for _ in 0..n {
-            let a = self.str()?;
-            let b = self.str()?;
-            v.push((a, b));
-        }
-        Ok(v)
-    }
-
-    /// Fails if anything is left in the frame.
-    fn end(&self) -> Result<(), WireError> {
-        match self.remaining() {
-            0 => Ok(()),
-            n => Err(WireError::Trailing(n)),
-        }
-    }
-}
-
-/// Splits off one complete frame body from the front of `buf`.
-///
-/// `Ok(None)`: more bytes are needed. `Ok(Some((body, consumed)))`: the body
-/// (tag and fields) and the frame's total size. The size limit is checked as
-/// soon as the prefix is available.
-fn split_frame(buf: &[u8]) -> Result<Option<(&[u8], usize)>, WireError> {
-    let Some(prefix) = buf.get(..HEADER) else {
-        return Ok(None);
-    };
-    let mut len = [0u8; HEADER];
-    len.copy_from_slice(prefix);
-    let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_FRAME {
-        return Err(WireError::TooLarge(len));
-    }
-    let total = HEADER + len;
-    match buf.get(HEADER..total) {
-        None => Ok(None),
-        Some(body) => Ok(Some((body, total))),
-    }
-}
-
 /// Decodes one request from the front of `buf`, which may hold a partial
 /// frame or several frames.
 ///
@@ -657,6 +407,7 @@ fn decode_exec(r: &mut Reader<'_>) -> Result<ExecWire, WireError> {
         None
     };
     let no_stdin = r.bool("no_stdin flag")?;
+    let subsystem = r.bool("subsystem flag")?;
     Ok(ExecWire {
         host,
         user,
@@ -669,6 +420,7 @@ fn decode_exec(r: &mut Reader<'_>) -> Result<ExecWire, WireError> {
         client_env,
         pty,
         no_stdin,
+        subsystem,
     })
 }
 
@@ -753,6 +505,7 @@ mod tests {
                 required: true,
             }),
             no_stdin: true,
+            subsystem: false,
         }
     }
 
@@ -940,11 +693,12 @@ mod tests {
             [0, 0, 0, 9, 3, 0, 0, 0, 80, 0, 0, 0, 24]
         );
         // Default Exec: host "", user None, port None, ids [], config None,
-        // options [], command "", env [], client_env [], pty None, no_stdin false.
+        // options [], command "", env [], client_env [], pty None, no_stdin false,
+        // subsystem false.
         assert_eq!(
             encode_request(&Request::Exec(ExecWire::default())),
-            // tag, then 4+1+1+4+1+4+4+4+4+1+1 = 29 zero bytes.
-            frame(&[[RQ_EXEC].as_slice(), &[0; 29]].concat())
+            // tag, then 4+1+1+4+1+4+4+4+4+1+1+1 = 30 zero bytes.
+            frame(&[[RQ_EXEC].as_slice(), &[0; 30]].concat())
         );
         assert_eq!(
             encode_reply(&Reply::Exit { code: -2 }),
@@ -1225,18 +979,20 @@ mod tests {
     #[test]
     fn bad_flags() {
         // Default Exec body layout: tag(1) host(4) user(1) port(1) ids(4)
-        // config(1) options(4) command(4) env(4) client_env(4) pty(1) no_stdin(1).
-        let cases: [(usize, &str); 5] = [
+        // config(1) options(4) command(4) env(4) client_env(4) pty(1) no_stdin(1)
+        // subsystem(1).
+        let cases: [(usize, &str); 6] = [
             (5, "user presence flag"),
             (6, "port presence flag"),
             (11, "config_file presence flag"),
             (28, "pty presence flag"),
             (29, "no_stdin flag"),
+            (30, "subsystem flag"),
         ];
         for (at, what) in cases {
             for bad in [2u8, 0xff] {
                 let mut body = default_exec_body();
-                assert_eq!(body.len(), 30);
+                assert_eq!(body.len(), 31);
                 body[at] = bad;
                 assert_eq!(
                     decode_request(&frame(&body)),
@@ -1257,7 +1013,8 @@ mod tests {
         };
         let mut f = encode_request(&Request::Exec(e));
         let n = f.len();
-        f[n - 2] = 7;
+        // ... required, no_stdin, subsystem.
+        f[n - 3] = 7;
         assert_eq!(
             decode_request(&f),
             Err(WireError::BadValue("pty required flag"))
@@ -1272,7 +1029,8 @@ mod tests {
         assert_eq!(decode_request(&frame(&body)), Err(WireError::Truncated));
         // env count just above what the remaining bytes could hold.
         let mut body = default_exec_body();
-        // env count at 20..24; 6 bytes remain after it (client_env 4, pty 1, no_stdin 1).
+        // env count at 20..24; 7 bytes remain after it (client_env 4, pty 1,
+        // no_stdin 1, subsystem 1): too few for one pair.
         body[20..24].copy_from_slice(&1u32.to_be_bytes());
         assert_eq!(decode_request(&frame(&body)), Err(WireError::Truncated));
         // options count plausible but the items are missing.
@@ -1299,19 +1057,19 @@ mod tests {
     fn error_messages() {
         assert_eq!(
             WireError::TooLarge(5_000_000).to_string(),
-            "agent frame too large: 5000000 bytes (limit 1048576)"
+            "frame too large: 5000000 bytes (limit 1048576)"
         );
         assert_eq!(
             WireError::UnknownTag(9).to_string(),
-            "unknown agent message tag 9"
+            "unknown message tag 9"
         );
         assert_eq!(
             WireError::Trailing(2).to_string(),
-            "agent frame has 2 trailing bytes after its fields"
+            "frame has 2 trailing bytes after its fields"
         );
         assert_eq!(
             WireError::BadValue("no_stdin flag").to_string(),
-            "agent frame holds an invalid no_stdin flag"
+            "frame holds an invalid no_stdin flag"
         );
         assert!(WireError::Truncated.to_string().contains("past the end"));
         assert!(WireError::BadUtf8.to_string().contains("UTF-8"));

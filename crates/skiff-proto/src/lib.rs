@@ -6,8 +6,11 @@
 
 pub mod agent_wire;
 pub mod authorized_keys;
+pub mod dataplane;
+pub mod frame;
 pub mod known_hosts;
 pub mod nodeset;
 pub mod pattern;
 pub mod signals;
 pub mod ssh_config;
+pub mod window;

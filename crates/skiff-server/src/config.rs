@@ -35,6 +35,50 @@ pub struct Settings {
     /// serves the `sftp` subsystem; `None` refuses the subsystem. skiffd
     /// sets it to its own `--sftp-server` mode before reading `--config`.
     pub sftp_command: Option<String>,
+    /// Command line that serves the skiff data plane (`transfer@skiff`
+    /// subsystem); `None` refuses it. skiffd sets it to its own
+    /// `--transfer-server` mode before reading `--config`.
+    pub transfer_command: Option<String>,
+    /// Whether skiff clients may use the data plane at all (`DataPlane`).
+    pub data_plane: bool,
+    /// Where the data plane may run without encryption (`integrity` and
+    /// `none` modes) when a client asks (`DataPlaneUnencrypted`).
+    pub unencrypted_data_plane: UnencryptedPolicy,
+    /// The largest receive window a channel may grow to (`MaxChannelWindow`).
+    pub max_channel_window: u32,
+}
+
+/// Where skiffd lets a client turn data-plane encryption off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnencryptedPolicy {
+    /// Only when both ends of the connection are loopback addresses.
+    Loopback,
+    /// On any network (for trusted networks only).
+    Any,
+    /// Never.
+    Never,
+}
+
+impl UnencryptedPolicy {
+    /// Whether this policy allows turning encryption off on a connection
+    /// between these addresses.
+    pub fn allows(self, peer: std::net::IpAddr, local: std::net::IpAddr) -> bool {
+        match self {
+            UnencryptedPolicy::Any => true,
+            UnencryptedPolicy::Never => false,
+            UnencryptedPolicy::Loopback => is_loopback(peer) && is_loopback(local),
+        }
+    }
+}
+
+/// Loopback, counting IPv4-mapped IPv6 loopback addresses too.
+fn is_loopback(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.is_loopback(),
+        std::net::IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
 }
 
 impl Default for Settings {
@@ -52,6 +96,10 @@ impl Default for Settings {
             client_alive_interval: Some(Duration::from_secs(60)),
             client_alive_count_max: 3,
             sftp_command: None,
+            transfer_command: None,
+            data_plane: true,
+            unencrypted_data_plane: UnencryptedPolicy::Loopback,
+            max_channel_window: skiff_proto::window::DEFAULT_MAX_WINDOW,
         }
     }
 }
@@ -144,16 +192,43 @@ pub fn apply_config_text(
                 let Some((name, command)) = rest.split_once(char::is_whitespace) else {
                     return Err(err("Subsystem needs a name and a command".into()));
                 };
-                if name != "sftp" {
-                    return Err(err(format!(
-                        "unsupported subsystem {name:?}: only sftp can be configured"
-                    )));
-                }
-                let command = command.trim();
-                settings.sftp_command = match command {
+                let command = match command.trim() {
                     "" => return Err(err("Subsystem needs a name and a command".into())),
                     "none" => None,
                     c => Some(c.to_string()),
+                };
+                match name {
+                    "sftp" => settings.sftp_command = command,
+                    skiff_proto::dataplane::SUBSYSTEM => settings.transfer_command = command,
+                    _ => {
+                        return Err(err(format!(
+                            "unsupported subsystem {name:?}: only sftp and {} can be configured",
+                            skiff_proto::dataplane::SUBSYSTEM
+                        )))
+                    }
+                }
+            }
+            "maxchannelwindow" => {
+                let v = one()?;
+                settings.max_channel_window = skiff_proto::window::parse_size(v)
+                    .filter(|&n| n >= skiff_proto::window::INITIAL_WINDOW)
+                    .ok_or_else(|| {
+                        err(format!(
+                            "MaxChannelWindow must be a size from 2M to 4095M (e.g. 64M), not {v:?}"
+                        ))
+                    })?;
+            }
+            "dataplane" => settings.data_plane = parse_yes_no(one()?).map_err(err)?,
+            "dataplaneunencrypted" => {
+                settings.unencrypted_data_plane = match one()?.to_ascii_lowercase().as_str() {
+                    "loopback" => UnencryptedPolicy::Loopback,
+                    "yes" => UnencryptedPolicy::Any,
+                    "no" => UnencryptedPolicy::Never,
+                    v => {
+                        return Err(err(format!(
+                            "DataPlaneUnencrypted must be loopback, yes or no, not {v:?}"
+                        )))
+                    }
                 };
             }
             _ => return Err(err(format!("unknown keyword {keyword:?}"))),
@@ -285,6 +360,38 @@ mod tests {
         assert_eq!(e.to_string(), "c:1: Subsystem needs a name and a command");
         let e = apply_config_text(&mut s, "c", "Subsystem other /bin/x").unwrap_err();
         assert!(e.to_string().contains("only sftp"), "{e}");
+        apply_config_text(&mut s, "c", "Subsystem transfer@skiff /x --transfer-server").unwrap();
+        assert_eq!(s.transfer_command.as_deref(), Some("/x --transfer-server"));
+    }
+
+    #[test]
+    fn data_plane_policy() {
+        let mut s = Settings::default();
+        assert!(s.data_plane);
+        assert_eq!(s.unencrypted_data_plane, UnencryptedPolicy::Loopback);
+        let lo: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let lo6: std::net::IpAddr = "::ffff:127.0.0.2".parse().unwrap();
+        let lan: std::net::IpAddr = "10.1.2.3".parse().unwrap();
+        assert!(UnencryptedPolicy::Loopback.allows(lo, lo6));
+        assert!(!UnencryptedPolicy::Loopback.allows(lan, lo));
+        assert!(!UnencryptedPolicy::Loopback.allows(lo, lan));
+        assert!(UnencryptedPolicy::Any.allows(lan, lan));
+        assert!(!UnencryptedPolicy::Never.allows(lo, lo));
+        apply_config_text(&mut s, "c", "DataPlane no\nDataPlaneUnencrypted yes\n").unwrap();
+        assert!(!s.data_plane);
+        assert_eq!(s.unencrypted_data_plane, UnencryptedPolicy::Any);
+        apply_config_text(&mut s, "c", "MaxChannelWindow 128M").unwrap();
+        assert_eq!(s.max_channel_window, 128 << 20);
+        let e = apply_config_text(&mut s, "g", "MaxChannelWindow 1M").unwrap_err();
+        assert!(
+            e.to_string().starts_with("g:1: MaxChannelWindow must be"),
+            "{e}"
+        );
+        let e = apply_config_text(&mut s, "f", "DataPlaneUnencrypted maybe").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "f:1: DataPlaneUnencrypted must be loopback, yes or no, not \"maybe\""
+        );
     }
 
     #[test]

@@ -21,6 +21,8 @@ use crate::process::{self, ChildIo, PtySpec, SpawnRequest};
 /// State shared by every connection of one server.
 pub struct ServerState {
     pub settings: Settings,
+    /// Outstanding data-plane stream tokens.
+    pub registry: crate::dataplane::Registry,
 }
 
 /// The outcome of a successful authentication.
@@ -66,6 +68,9 @@ pub struct ConnectionHandler {
     candidate: Option<(String, Option<UserKeys>)>,
     auth: Option<Authenticated>,
     channels: HashMap<ChannelId, SessionChannel>,
+    /// A second handle on the socket, for the kernel's RTT estimate.
+    socket: Option<std::os::fd::OwnedFd>,
+    windows: skiff_proto::window::WindowGrowth,
 }
 
 impl ConnectionHandler {
@@ -76,14 +81,22 @@ impl ConnectionHandler {
         authenticated_flag: tokio::sync::watch::Sender<bool>,
     ) -> Self {
         ConnectionHandler {
-            state,
             peer,
             local,
             authenticated_flag,
             candidate: None,
             auth: None,
             channels: HashMap::new(),
+            socket: None,
+            windows: skiff_proto::window::WindowGrowth::new(state.settings.max_channel_window),
+            state,
         }
+    }
+
+    /// Lets channel windows grow with the connection's round-trip time.
+    pub fn with_socket(mut self, socket: std::os::fd::OwnedFd) -> Self {
+        self.socket = Some(socket);
+        self
     }
 
     /// Loads (once per user name) the account and its authorized keys.
@@ -186,6 +199,7 @@ impl ConnectionHandler {
         id: ChannelId,
         requested: Option<String>,
         session: &mut Session,
+        extra: Option<&std::os::fd::OwnedFd>,
     ) -> Result<(), russh::Error> {
         let Some(auth) = self.auth.as_ref() else {
             return session.channel_failure(id);
@@ -207,6 +221,7 @@ impl ConnectionHandler {
             command: command.as_deref(),
             env,
             pty: chan.pty.as_ref(),
+            extra: extra.map(std::os::fd::AsRawFd::as_raw_fd),
         });
         let spawned = match spawned {
             Ok(s) => s,
@@ -232,6 +247,42 @@ impl ConnectionHandler {
             control_rx,
         ));
         chan.running = Some(Running { control, task, pty });
+        Ok(())
+    }
+
+    /// Starts the transfer process for the skiff data plane: skiffd's own
+    /// `--transfer-server` run as the account (never inside the server),
+    /// with a socket to skiffd as its fd 3 for tokens and streams. Refused
+    /// (so the client falls back to SFTP) when the data plane is off, under
+    /// a forced command (which must run instead, as for any subsystem), and
+    /// on a channel with a pty.
+    fn start_transfer(&mut self, id: ChannelId, session: &mut Session) -> Result<(), russh::Error> {
+        let settings = &self.state.settings;
+        let forced = self
+            .auth
+            .as_ref()
+            .is_some_and(|a| a.options.command.is_some());
+        let has_pty = self.channels.get(&id).is_some_and(|c| c.pty.is_some());
+        let command = match &settings.transfer_command {
+            Some(c) if settings.data_plane && !forced && !has_pty => c.clone(),
+            _ => {
+                tracing::info!(peer = %self.peer, "data plane refused (off, forced command or pty)");
+                return session.channel_failure(id);
+            }
+        };
+        let (ours, theirs) = match crate::dataplane::relay_pair() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, "data plane: cannot make a socket pair: {e}");
+                return session.channel_failure(id);
+            }
+        };
+        tracing::debug!(peer = %self.peer, "subsystem {}: {command}", skiff_proto::dataplane::SUBSYSTEM);
+        self.start(id, Some(command), session, Some(&theirs))?;
+        drop(theirs);
+        if self.channels.get(&id).is_some_and(|c| c.running.is_some()) {
+            crate::dataplane::spawn_relay(self.state.clone(), ours, self.peer, self.local);
+        }
         Ok(())
     }
 }
@@ -522,7 +573,13 @@ impl russh::server::Handler for ConnectionHandler {
     ) -> Result<(), Self::Error> {
         // Dropping the session's control sender hangs up a command that still runs.
         self.channels.remove(&channel);
+        self.windows.closed(channel.into());
         Ok(())
+    }
+
+    fn adjust_window(&mut self, channel: ChannelId, current: u32) -> u32 {
+        let socket = self.socket.as_ref();
+        skiff_dataplane::tcp::next_window(&mut self.windows, socket, channel.into(), current)
     }
 
     async fn pty_request(
@@ -590,7 +647,7 @@ impl russh::server::Handler for ConnectionHandler {
         session: &mut Session,
     ) -> Result<(), Self::Error> {
         let command = String::from_utf8_lossy(data).into_owned();
-        self.start(channel, Some(command), session)
+        self.start(channel, Some(command), session, None)
     }
 
     async fn shell_request(
@@ -598,7 +655,7 @@ impl russh::server::Handler for ConnectionHandler {
         channel: ChannelId,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        self.start(channel, None, session)
+        self.start(channel, None, session, None)
     }
 
     async fn subsystem_request(
@@ -614,8 +671,9 @@ impl russh::server::Handler for ConnectionHandler {
             ("sftp", Some(command)) => {
                 tracing::debug!(peer = %self.peer, "subsystem sftp: {command}");
                 let command = command.clone();
-                self.start(channel, Some(command), session)
+                self.start(channel, Some(command), session, None)
             }
+            (skiff_proto::dataplane::SUBSYSTEM, _) => self.start_transfer(channel, session),
             _ => {
                 tracing::info!(peer = %self.peer, "subsystem {name:?} is not available");
                 session.channel_failure(channel)

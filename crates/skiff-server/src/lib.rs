@@ -11,12 +11,14 @@
 
 pub mod account;
 pub mod config;
+mod dataplane;
 mod handler;
 pub mod hostkey;
 mod listener;
 mod process;
 pub mod sftp;
 mod spawn;
+pub mod transfer;
 
 pub use handler::authorized_keys_path;
 pub use listener::{russh_config, serve, serve_listeners};

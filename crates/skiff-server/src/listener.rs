@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +13,7 @@ use russh::{cipher, kex, mac, Preferred, SshId};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::Settings;
+use crate::dataplane::Sniffed;
 use crate::handler::{ConnectionHandler, ServerState};
 
 /// The russh server configuration for these settings and host keys.
@@ -78,6 +79,9 @@ pub fn russh_config(settings: &Settings, host_keys: Vec<PrivateKey>) -> russh::s
         // sshd does not. One more keeps MaxAuthTries meaning what sshd means.
         max_auth_attempts: settings.max_auth_tries + 1,
         inactivity_timeout: None,
+        window_size: skiff_proto::window::INITIAL_WINDOW,
+        // Large packets cost fewer messages per byte (russh warns above 65535).
+        maximum_packet_size: 65535,
         keepalive_interval: settings.client_alive_interval,
         keepalive_max: settings.client_alive_count_max,
         nodelay: true,
@@ -106,7 +110,10 @@ pub async fn serve_listeners(
 ) -> Result<()> {
     anyhow::ensure!(!host_keys.is_empty(), "no host key");
     let config = Arc::new(russh_config(&settings, host_keys));
-    let state = Arc::new(ServerState { settings });
+    let state = Arc::new(ServerState {
+        settings,
+        registry: Default::default(),
+    });
     let unauthenticated = Arc::new(AtomicUsize::new(0));
     let mut loops = tokio::task::JoinSet::new();
     for listener in listeners {
@@ -184,11 +191,30 @@ async fn handle_connection(
     let grace = state.settings.login_grace_time;
     let deadline = tokio::time::Instant::now() + grace;
     let (auth_tx, mut auth_rx) = tokio::sync::watch::channel(false);
-    let handler = ConnectionHandler::new(state, peer, local, auth_tx);
-    let session =
-        tokio::time::timeout_at(deadline, russh::server::run_stream(config, stream, handler))
-            .await
-            .map_err(|_| anyhow::anyhow!("no SSH identification within LoginGraceTime"))??;
+    let handler = ConnectionHandler::new(state.clone(), peer, local, auth_tx)
+        .with_socket(socket.try_clone()?);
+    // Data-plane streams share the port: the sniffer sees their magic
+    // before SSH would, and the socket is then served from `socket`.
+    let data_plane = Arc::new(AtomicBool::new(false));
+    let sniffed = Sniffed::new(stream, data_plane.clone());
+    let started = tokio::time::timeout_at(
+        deadline,
+        russh::server::run_stream(config, sniffed, handler),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("no SSH identification within LoginGraceTime"))?;
+    let session = match started {
+        Ok(session) => session,
+        Err(_) if data_plane.load(Ordering::SeqCst) => {
+            guard.release();
+            let std_stream = std::net::TcpStream::from(socket);
+            std_stream.set_nonblocking(true)?;
+            let stream = TcpStream::from_std(std_stream)?;
+            crate::dataplane::accept_stream(&state.registry, stream, peer).await;
+            return Ok(());
+        }
+        Err(e) => return Err(e.into()),
+    };
     tokio::pin!(session);
     // Ok(true): authenticated. Ok(false): the connection ended first. Err: grace expired.
     let authed = tokio::select! {

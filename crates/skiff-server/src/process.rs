@@ -36,6 +36,8 @@ pub struct SpawnRequest<'a> {
     pub command: Option<&'a str>,
     pub env: Vec<(String, String)>,
     pub pty: Option<&'a PtySpec>,
+    /// Becomes the child's fd 3 (the transfer process's socket to skiffd).
+    pub extra: Option<RawFd>,
 }
 
 /// The child's standard streams.
@@ -94,6 +96,7 @@ pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
             .collect(),
         cwd,
         stdio,
+        extra: req.extra,
         controlling_tty,
         credentials: credentials.clone(),
     };

@@ -46,6 +46,9 @@ pub struct Plan<'a> {
     pub cwd: &'a Path,
     /// Descriptors that become the child's 0, 1 and 2.
     pub stdio: [RawFd; 3],
+    /// A descriptor that becomes the child's 3 (the transfer process's
+    /// socket to skiffd); every other descriptor is closed.
+    pub extra: Option<RawFd>,
     /// Start a new session (always) and make fd 0 its controlling terminal.
     pub controlling_tty: bool,
     /// `None` keeps the server's own credentials.
@@ -61,6 +64,7 @@ struct Prepared {
     envp_ptrs: Vec<*const libc::c_char>,
     cwd: CString,
     stdio: [RawFd; 3],
+    extra: Option<RawFd>,
     controlling_tty: bool,
     credentials: Option<Credentials>,
     /// Set by the child before it exits on failure: (step, errno).
@@ -109,6 +113,7 @@ impl Prepared {
             envp_ptrs: Vec::new(),
             cwd,
             stdio: plan.stdio,
+            extra: plan.extra,
             controlling_tty: plan.controlling_tty,
             credentials: plan.credentials,
             failure: [0, 0],
@@ -179,24 +184,25 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 8usize,
             );
         }
-        // Move the stdio sources above 2 first, so that dup2 onto 0..2 can
-        // never clobber one we still need.
-        let mut high = [0 as RawFd; 3];
-        for (i, fd) in p.stdio.iter().enumerate() {
-            high[i] = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 3);
+        // Move the sources above 3 first, so that dup2 onto 0..3 can never
+        // clobber one we still need.
+        let mut high = [-1 as RawFd; 4];
+        for (i, fd) in p.stdio.iter().chain(p.extra.iter()).enumerate() {
+            high[i] = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 4);
             if high[i] < 0 {
                 return fail(p, 1);
             }
         }
         for (i, fd) in high.iter().enumerate() {
-            if libc::dup2(*fd, i as RawFd) < 0 {
+            if *fd >= 0 && libc::dup2(*fd, i as RawFd) < 0 {
                 return fail(p, 1);
             }
         }
-        // Nothing the server holds reaches the command.
+        // Nothing else the server holds reaches the command.
+        let first_closed: u32 = if p.extra.is_some() { 4 } else { 3 };
         libc::syscall(
             libc::SYS_close_range,
-            3u32,
+            first_closed,
             u32::MAX,
             libc::CLOSE_RANGE_CLOEXEC,
         );
@@ -416,6 +422,7 @@ mod tests {
             env: vec![("SKIFF_SPAWN_TEST", "value 1")],
             cwd: Path::new("/"),
             stdio,
+            extra: None,
             controlling_tty: false,
             credentials: None,
         }

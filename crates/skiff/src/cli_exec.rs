@@ -124,6 +124,7 @@ async fn exec_main(
         env,
         pty,
         timeout: None,
+        subsystem: false,
     };
     let stdin = (!args.no_stdin).then(tokio::io::stdin);
     let outcome = skiff_engine::exec(
@@ -176,6 +177,7 @@ fn via_agent(
             required: p.required,
         }),
         no_stdin: args.no_stdin,
+        subsystem: false,
     };
     // Raw mode while a remote terminal is attached; restored on drop.
     let _raw = if wire.pty.is_some() && std::io::stdin().is_terminal() {

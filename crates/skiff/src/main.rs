@@ -3,6 +3,7 @@
 
 mod cli_agent;
 mod cli_connect;
+mod cli_cp;
 mod cli_exec;
 mod cli_run;
 mod demo;
@@ -28,6 +29,8 @@ enum Command {
     Exec(cli_exec::ExecArgs),
     /// Run a command on many hosts at once (node sets like web[01-20], @group).
     Run(cli_run::RunArgs),
+    /// Copy files to or from a host (scp syntax: [user@]host:path).
+    Cp(cli_cp::CpArgs),
     /// Start a throwaway skiffd on loopback and run a few timed commands against it.
     Demo(demo::DemoArgs),
     /// The per-user agent that keeps connections warm (started automatically).
@@ -39,6 +42,7 @@ fn main() {
     let code = match cli.command {
         Command::Exec(args) => cli_exec::run(args),
         Command::Run(args) => cli_run::run(args),
+        Command::Cp(args) => cli_cp::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Agent(args) => cli_agent::run(args),
     };

@@ -10,8 +10,7 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::Path;
 
 use common::server_context as ctx;
 use common::*;
@@ -23,32 +22,6 @@ fn require_clients() -> bool {
     require_openssh()
         && require_tool("sftp", "openssh-client")
         && require_tool("scp", "openssh-client")
-}
-
-/// True when every directory above `path` lets others through and `path`
-/// lets others run it: the test account can then start this skiffd.
-fn runnable_by_others(path: &Path) -> bool {
-    let mode = |p: &Path| fs::metadata(p).map(|m| m.mode()).unwrap_or(0);
-    mode(path) & 0o005 == 0o005 && path.ancestors().skip(1).all(|d| mode(d) & 0o001 != 0)
-}
-
-/// The skiffd the test account can run: the one under test, or (when a
-/// directory above it is closed to others, a checkout under a private home
-/// say) a copy in a directory it can reach.
-fn account_skiffd() -> &'static Path {
-    static EXE: OnceLock<(Option<TempDir>, PathBuf)> = OnceLock::new();
-    let (_, path) = EXE.get_or_init(|| {
-        let bin = PathBuf::from(skiffd_bin());
-        if !is_root() || runnable_by_others(&bin) {
-            return (None, bin);
-        }
-        let dir = tempdir();
-        let copy = dir.path().join("skiffd");
-        fs::copy(&bin, &copy).expect("copy skiffd");
-        fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).expect("chmod skiffd copy");
-        (Some(dir), copy)
-    });
-    path
 }
 
 /// The `--config` text skiffd needs to serve SFTP here: nothing when the

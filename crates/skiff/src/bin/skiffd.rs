@@ -34,6 +34,11 @@ struct Args {
     /// as the account, for the `sftp` subsystem.
     #[arg(long = "sftp-server", hide = true)]
     sftp_server: bool,
+    /// Serve the skiff data plane (stdin/stdout plus the socket skiffd
+    /// passes as fd 3): what skiffd runs, as the account, for the
+    /// `transfer@skiff` subsystem.
+    #[arg(long = "transfer-server", hide = true)]
+    transfer_server: bool,
 }
 
 fn main() {
@@ -42,6 +47,13 @@ fn main() {
         // No logging: stderr goes to the client's terminal.
         if let Err(e) = skiff_server::sftp::serve_stdio() {
             eprintln!("skiffd --sftp-server: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if args.transfer_server {
+        if let Err(e) = skiff_server::transfer::serve_stdio() {
+            eprintln!("skiffd --transfer-server: {e:#}");
             std::process::exit(1);
         }
         return;
@@ -78,6 +90,9 @@ fn run(args: Args) -> Result<()> {
     match std::env::current_exe() {
         Ok(exe) => {
             settings.sftp_command = skiff_server::sftp::subsystem_command(&exe);
+            settings.transfer_command = exe
+                .to_str()
+                .map(|e| format!("{} --transfer-server", skiff_server::sftp::shell_quote(e)));
             if settings.sftp_command.is_none() {
                 tracing::warn!(
                     "{} is not UTF-8: sftp needs a Subsystem line in the config",

@@ -1553,6 +1553,12 @@ impl Skiffd {
     pub fn restart(&mut self) {
         self.relaunch();
     }
+
+    /// Kills skiffd (SIGKILL) and reaps it; its session processes live on
+    /// until their connections end, as with sshd.
+    pub fn kill(&mut self) {
+        self.core.proc.take();
+    }
 }
 
 impl Launch for Skiffd {
@@ -1961,4 +1967,35 @@ impl Drop for AgentHome {
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// skiffd helper modes run as the test account
+// ---------------------------------------------------------------------------
+
+/// True when every directory above `path` lets others through and `path`
+/// lets others run it: the test account can then start this skiffd.
+pub fn runnable_by_others(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let mode = |p: &Path| fs::metadata(p).map(|m| m.mode()).unwrap_or(0);
+    mode(path) & 0o005 == 0o005 && path.ancestors().skip(1).all(|d| mode(d) & 0o001 != 0)
+}
+
+/// The skiffd the test account can run: the one under test, or (when a
+/// directory above it is closed to others, a checkout under a private home
+/// say) a copy in a directory it can reach.
+pub fn account_skiffd() -> &'static Path {
+    static EXE: OnceLock<(Option<TempDir>, PathBuf)> = OnceLock::new();
+    let (_, path) = EXE.get_or_init(|| {
+        let bin = PathBuf::from(skiffd_bin());
+        if !is_root() || runnable_by_others(&bin) {
+            return (None, bin);
+        }
+        let dir = tempdir();
+        let copy = dir.path().join("skiffd");
+        fs::copy(&bin, &copy).expect("copy skiffd");
+        fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).expect("chmod skiffd copy");
+        (Some(dir), copy)
+    });
+    path
 }

@@ -1,0 +1,329 @@
+//! One data-plane stream: a TCP connection carrying sealed records in each
+//! direction, and the client's opening of it (magic, token, the server's
+//! SSH banner to skip, then the server's authenticated acknowledgement).
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::FileExt;
+use std::time::Duration;
+
+use skiff_proto::dataplane::{
+    Chunk, Keys, Mode, Opener, RecordError, RecordKind, Sealer, Side, CHUNK_HEADER, MAGIC,
+    MAX_RECORD, RECORD_HEADER, TAG_LEN, TOKEN_LEN,
+};
+
+/// Bytes of file data in one record.
+pub const CHUNK_DATA: usize = MAX_RECORD - CHUNK_HEADER;
+
+const ABORTED: &str = "transfer aborted";
+
+/// Why a stream failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("data stream {stream}: {source}")]
+    Io { stream: u32, source: io::Error },
+    #[error("data stream {stream}: {source}")]
+    Record { stream: u32, source: RecordError },
+    #[error("data stream {stream}: {what}")]
+    Protocol { stream: u32, what: String },
+}
+
+impl StreamError {
+    fn io(stream: u32, source: io::Error) -> StreamError {
+        StreamError::Io { stream, source }
+    }
+
+    fn protocol(stream: u32, what: impl Into<String>) -> StreamError {
+        StreamError::Protocol {
+            stream,
+            what: what.into(),
+        }
+    }
+
+    /// True when the peer altered or forged a record.
+    pub fn is_integrity(&self) -> bool {
+        matches!(
+            self,
+            StreamError::Record {
+                source: RecordError::BadTag,
+                ..
+            }
+        )
+    }
+
+    /// A stream that stopped because another one failed (the transfer was
+    /// aborted), rather than the failure itself.
+    pub fn is_consequence(&self) -> bool {
+        matches!(self, StreamError::Protocol { what, .. } if what == ABORTED)
+    }
+
+    pub(crate) fn aborted(stream: u32) -> StreamError {
+        StreamError::protocol(stream, ABORTED)
+    }
+}
+
+/// The sending half of a stream.
+pub struct RecordWriter {
+    sock: TcpStream,
+    sealer: Sealer,
+    stream: u32,
+    buf: Vec<u8>,
+}
+
+impl RecordWriter {
+    pub fn new(sock: TcpStream, keys: &Keys, side: Side, mode: Mode, stream: u32) -> Self {
+        RecordWriter {
+            sock,
+            sealer: Sealer::new(keys, side, mode, stream),
+            stream,
+            buf: vec![0u8; RECORD_HEADER + MAX_RECORD + TAG_LEN],
+        }
+    }
+
+    fn send(&mut self, kind: RecordKind, payload_len: usize) -> Result<(), StreamError> {
+        let n = self
+            .sealer
+            .seal(kind, &mut self.buf, payload_len)
+            .map_err(|source| StreamError::Record {
+                stream: self.stream,
+                source,
+            })?;
+        self.sock
+            .write_all(&self.buf[..n])
+            .map_err(|e| StreamError::io(self.stream, e))
+    }
+
+    /// Reads `len` bytes of `file` at `offset` straight into the record
+    /// buffer and sends them as one record. A file that became shorter is an
+    /// `UnexpectedEof` error (for that file, not the stream).
+    pub fn send_chunk(
+        &mut self,
+        file_id: u32,
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+    ) -> Result<(), ChunkError> {
+        assert!(len <= CHUNK_DATA);
+        let mut head = [0u8; CHUNK_HEADER];
+        Chunk {
+            file: file_id,
+            offset,
+        }
+        .encode(&mut head);
+        let start = RECORD_HEADER + CHUNK_HEADER;
+        self.buf[RECORD_HEADER..start].copy_from_slice(&head);
+        file.read_exact_at(&mut self.buf[start..start + len], offset)
+            .map_err(ChunkError::File)?;
+        self.send(RecordKind::Data, CHUNK_HEADER + len)
+            .map_err(ChunkError::Stream)
+    }
+
+    /// The authenticated end of this direction.
+    pub fn send_end(&mut self) -> Result<(), StreamError> {
+        self.send(RecordKind::End, 0)?;
+        let _ = self.sock.flush();
+        Ok(())
+    }
+
+    pub fn send_ack(&mut self) -> Result<(), StreamError> {
+        self.send(RecordKind::Ack, 0)
+    }
+
+    pub fn stream(&self) -> u32 {
+        self.stream
+    }
+}
+
+/// Sending a chunk failed: reading the file (that file fails) or the stream
+/// (the transfer fails).
+#[derive(Debug)]
+pub enum ChunkError {
+    File(io::Error),
+    Stream(StreamError),
+}
+
+/// A record as received.
+#[derive(Debug)]
+pub enum Record<'a> {
+    Data(Chunk, &'a [u8]),
+    End,
+    Ack,
+}
+
+/// The receiving half of a stream.
+pub struct RecordReader {
+    sock: TcpStream,
+    opener: Opener,
+    stream: u32,
+    buf: Vec<u8>,
+}
+
+impl RecordReader {
+    pub fn new(sock: TcpStream, keys: &Keys, sender: Side, mode: Mode, stream: u32) -> Self {
+        RecordReader {
+            sock,
+            opener: Opener::new(keys, sender, mode, stream),
+            stream,
+            buf: vec![0u8; RECORD_HEADER + MAX_RECORD + TAG_LEN],
+        }
+    }
+
+    /// The next record. A connection that ends before an `End` record is an
+    /// error: truncation never passes for a complete transfer.
+    pub fn next_record(&mut self) -> Result<Record<'_>, StreamError> {
+        let stream = self.stream;
+        let mut head = [0u8; RECORD_HEADER];
+        self.sock.read_exact(&mut head).map_err(|e| {
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                StreamError::protocol(stream, "connection closed before the end-of-stream record")
+            } else {
+                StreamError::io(stream, e)
+            }
+        })?;
+        let header = self
+            .opener
+            .header(&head)
+            .map_err(|source| StreamError::Record { stream, source })?;
+        let total = RECORD_HEADER + header.payload_len + self.opener.tag_len();
+        self.buf[..RECORD_HEADER].copy_from_slice(&head);
+        self.sock
+            .read_exact(&mut self.buf[RECORD_HEADER..total])
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::UnexpectedEof => {
+                    StreamError::protocol(stream, "connection closed in the middle of a record")
+                }
+                _ => StreamError::io(stream, e),
+            })?;
+        let (header, payload) = self
+            .opener
+            .open(&mut self.buf[..total])
+            .map_err(|source| StreamError::Record { stream, source })?;
+        Ok(match header.kind {
+            RecordKind::End => Record::End,
+            RecordKind::Ack => Record::Ack,
+            RecordKind::Data => {
+                let (chunk, bytes) = Chunk::decode(payload).ok_or_else(|| {
+                    StreamError::protocol(stream, "data record shorter than its chunk header")
+                })?;
+                Record::Data(chunk, bytes)
+            }
+        })
+    }
+
+    pub fn stream(&self) -> u32 {
+        self.stream
+    }
+}
+
+/// How long the client waits for a stream's acknowledgement.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A stream connected and presented, not yet acknowledged.
+pub struct Dialed {
+    sock: TcpStream,
+    index: u32,
+    /// How long the TCP handshake took: one round trip to the server.
+    pub connect_time: Duration,
+}
+
+/// Opens stream `index` to a skiffd at `addr`: sends the magic and token,
+/// skips the SSH identification line skiffd writes on every connection, and
+/// waits for the server's acknowledgement record (which proves the server
+/// holds the session keys). Returns the two halves.
+pub fn connect_stream(
+    addr: SocketAddr,
+    token: &[u8; TOKEN_LEN],
+    keys: &Keys,
+    mode: Mode,
+    index: u32,
+) -> Result<(RecordWriter, RecordReader), StreamError> {
+    dial(addr, token, index)?.finish(keys, mode)
+}
+
+/// The first half of [`connect_stream`]: connects and presents the token.
+pub fn dial(addr: SocketAddr, token: &[u8; TOKEN_LEN], index: u32) -> Result<Dialed, StreamError> {
+    let io = |e| StreamError::io(index, e);
+    let started = std::time::Instant::now();
+    let sock = TcpStream::connect_timeout(&addr, OPEN_TIMEOUT).map_err(io)?;
+    let connect_time = started.elapsed();
+    sock.set_nodelay(true).map_err(io)?;
+    let mut hello = [0u8; MAGIC.len() + TOKEN_LEN];
+    hello[..MAGIC.len()].copy_from_slice(&MAGIC);
+    hello[MAGIC.len()..].copy_from_slice(token);
+    (&sock).write_all(&hello).map_err(io)?;
+    Ok(Dialed {
+        sock,
+        index,
+        connect_time,
+    })
+}
+
+impl Dialed {
+    /// The second half of [`connect_stream`]: waits for the acknowledgement.
+    pub fn finish(
+        self,
+        keys: &Keys,
+        mode: Mode,
+    ) -> Result<(RecordWriter, RecordReader), StreamError> {
+        let Dialed { sock, index, .. } = self;
+        let io = |e| StreamError::io(index, e);
+        sock.set_read_timeout(Some(OPEN_TIMEOUT)).map_err(io)?;
+        skip_banner(&sock).map_err(|e| match e.kind() {
+            io::ErrorKind::InvalidData => StreamError::protocol(index, e.to_string()),
+            _ => io(e),
+        })?;
+        let mut reader = RecordReader::new(
+            sock.try_clone().map_err(io)?,
+            keys,
+            Side::Server,
+            mode,
+            index,
+        );
+        match reader.next_record() {
+            Ok(Record::Ack) => {}
+            Ok(_) => {
+                return Err(StreamError::protocol(
+                    index,
+                    "the server did not acknowledge the stream",
+                ))
+            }
+            Err(StreamError::Protocol { .. }) => return Err(StreamError::protocol(
+                index,
+                "the server refused the stream (unknown, used or expired token, or another peer)",
+            )),
+            Err(e) => return Err(e),
+        }
+        sock.set_read_timeout(None).map_err(io)?;
+        let writer = RecordWriter::new(sock, keys, Side::Client, mode, index);
+        Ok((writer, reader))
+    }
+}
+
+/// Reads and discards skiffd's `SSH-...\r\n` identification line, byte by
+/// byte so nothing after it is consumed (it is short and sent once).
+fn skip_banner(mut sock: &TcpStream) -> io::Result<()> {
+    let mut line = Vec::with_capacity(64);
+    loop {
+        let mut b = [0u8; 1];
+        if sock.read(&mut b)? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed before the server's identification",
+            ));
+        }
+        if b[0] == b'\n' {
+            break;
+        }
+        line.push(b[0]);
+        if line.len() > 255 {
+            break;
+        }
+    }
+    if !line.starts_with(b"SSH-") || line.len() > 255 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the server did not identify as an SSH server",
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,1224 @@
+//! The SFTP backend of `skiff cp`: works with any SSH server that has the
+//! `sftp` subsystem (stock OpenSSH, skiffd).
+//!
+//! * Pipelined: up to [`REQUESTS_PER_FILE`] reads or writes of up to 256 KiB
+//!   (or the server's `limits@openssh.com` values) are outstanding per file,
+//!   and up to [`FILES_AT_ONCE`] files move at once, so throughput is not
+//!   bound by round trips.
+//! * Atomic on both sides: a remote file is written under a temporary name
+//!   in its target directory (`.<name>.skiff-<random>`), fsynced when the
+//!   server offers `fsync@openssh.com`, and renamed over the final name with
+//!   `posix-rename@openssh.com` (plain rename otherwise); local files are
+//!   written through [`skiff_files::AtomicFile`]. An interrupted copy never
+//!   leaves a truncated file under the final name.
+//! * scp's semantics: target placement, `-r`, `-p` (mode and times; SFTP
+//!   carries whole seconds), symlinks followed, relative remote paths
+//!   relative to the login directory, `~/` accepted.
+//! * Errors: a file that fails is reported (one line naming it) and the
+//!   rest goes on; a lost connection or SFTP session ends the copy with an
+//!   error.
+
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use russh::ChannelMsg;
+use russh_sftp::client::error::Error as SftpError;
+use russh_sftp::client::{Config, RawSftpSession};
+use russh_sftp::protocol::{FileAttributes, OpenFlags, Packet, Status, StatusCode};
+use skiff_files::{AtomicFile, Entry, EntryKind, FileError, Placement, Times};
+
+use super::{CopyJob, CopyReport, Direction, Progress};
+use crate::connect::Connection;
+use crate::error::{ErrorKind, SkiffError};
+
+/// Largest read or write request (OpenSSH's sftp-server allows 256 KiB
+/// packets and says so through `limits@openssh.com`).
+const MAX_CHUNK: u32 = 256 * 1024;
+/// Write size for servers that do not state their limits (SFTP servers
+/// must accept 32 KiB).
+const SAFE_WRITE_CHUNK: u32 = 32 * 1024;
+/// Read size for servers that do not state their limits (a server may
+/// answer with less; short reads are handled).
+const SAFE_READ_CHUNK: u32 = 64 * 1024;
+/// Outstanding read or write requests per file.
+pub const REQUESTS_PER_FILE: usize = 64;
+/// Files copied at the same time (small files are round-trip bound).
+pub const FILES_AT_ONCE: usize = 4;
+/// Chunks read ahead from a local file, or queued for writing to one.
+const LOCAL_QUEUE: usize = 16;
+/// How long one SFTP request may take (an fsync of a large file is slow; a
+/// dead peer is caught sooner by the connection's keepalives).
+const REQUEST_TIMEOUT_SECS: u64 = 300;
+/// Largest SFTP packet accepted from the server.
+const MAX_INCOMING_PACKET: u32 = 1024 * 1024 + 1024;
+/// Longest part of a name kept in a temporary name.
+const MAX_NAME_IN_TEMP: usize = 200;
+
+const POSIX_RENAME: &str = "posix-rename@openssh.com";
+
+/// Copies `job` over SFTP on `conn`.
+pub async fn copy(
+    conn: &Connection,
+    job: &CopyJob,
+    progress: &dyn Progress,
+) -> Result<CopyReport, SkiffError> {
+    let sftp = Sftp::open(conn).await?;
+    run(sftp, job, progress).await
+}
+
+/// Copies `job` over an SFTP subsystem already started on `stream` (a
+/// channel the agent holds, say). `host` names the server in messages.
+pub async fn copy_on<S>(
+    stream: S,
+    host: &str,
+    job: &CopyJob,
+    progress: &dyn Progress,
+) -> Result<CopyReport, SkiffError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let sftp = Sftp::start(stream, host.to_string(), None).await?;
+    run(sftp, job, progress).await
+}
+
+async fn run(
+    sftp: Sftp<'_>,
+    job: &CopyJob,
+    progress: &dyn Progress,
+) -> Result<CopyReport, SkiffError> {
+    let result = match &job.direction {
+        Direction::Upload { sources, target } => sftp.upload(sources, target, job, progress).await,
+        Direction::Download { sources, target } => {
+            sftp.download(sources, target, job, progress).await
+        }
+    };
+    let _ = sftp.raw.close_session();
+    result
+}
+
+/// How one operation failed.
+enum Fail {
+    /// This file or directory failed (a line naming it); the copy goes on.
+    File(String),
+    /// The connection or the SFTP session is gone; the copy ends.
+    Fatal(SkiffError),
+}
+
+/// What a remote path is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RemoteKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+fn kind_of(attrs: &FileAttributes) -> RemoteKind {
+    match attrs.permissions.map(|p| p & 0o170000) {
+        // A server that sends no permissions sends no type either: a file.
+        None | Some(0o100000) => RemoteKind::File,
+        Some(0o040000) => RemoteKind::Dir,
+        Some(0o120000) => RemoteKind::Symlink,
+        Some(_) => RemoteKind::Other,
+    }
+}
+
+/// One entry of a remote source tree (see [`skiff_files::Entry`]).
+#[derive(Debug, Clone)]
+struct RemoteEntry {
+    path: String,
+    rel: PathBuf,
+    kind: EntryKind,
+    size: u64,
+    mode: u32,
+    atime: u32,
+    mtime: u32,
+}
+
+impl RemoteEntry {
+    fn new(path: String, rel: PathBuf, kind: EntryKind, attrs: &FileAttributes) -> Self {
+        RemoteEntry {
+            path,
+            rel,
+            kind,
+            size: if kind == EntryKind::File {
+                attrs.size.unwrap_or(0)
+            } else {
+                0
+            },
+            mode: attrs
+                .permissions
+                .map_or(if kind == EntryKind::Dir { 0o755 } else { 0o644 }, |p| {
+                    p & 0o7777
+                }),
+            atime: attrs.atime.or(attrs.mtime).unwrap_or(0),
+            mtime: attrs.mtime.unwrap_or(0),
+        }
+    }
+
+    fn times(&self) -> Times {
+        Times {
+            atime: self.atime as i64,
+            atime_nsec: 0,
+            mtime: self.mtime as i64,
+            mtime_nsec: 0,
+        }
+    }
+}
+
+/// SFTP v3 carries times as unsigned 32-bit seconds.
+fn wire_time(secs: i64) -> u32 {
+    secs.clamp(0, u32::MAX as i64) as u32
+}
+
+/// `base` joined with a relative path, as a remote path string.
+fn remote_join(base: &str, rel: &Path) -> Result<String, String> {
+    let rel = rel.to_str().ok_or_else(|| {
+        format!(
+            "{}: file name is not UTF-8; SFTP cannot carry it",
+            rel.display()
+        )
+    })?;
+    Ok(if base.is_empty() || base == "." {
+        rel.to_string()
+    } else if base.ends_with('/') {
+        format!("{base}{rel}")
+    } else {
+        format!("{base}/{rel}")
+    })
+}
+
+/// A placement's path for `rel`, as a remote path string.
+fn remote_path_for(placement: &Placement, rel: &Path) -> Result<String, String> {
+    let p = placement.path_for(rel);
+    p.to_str().map(str::to_string).ok_or_else(|| {
+        format!(
+            "{}: file name is not UTF-8; SFTP cannot carry it",
+            p.display()
+        )
+    })
+}
+
+/// The temporary name an upload to `path` is written under: in the same
+/// directory, `.<name>.skiff-<random>`.
+fn remote_temp_name(path: &str) -> String {
+    let (dir, name) = match path.rfind('/') {
+        Some(i) => path.split_at(i + 1),
+        None => ("", path),
+    };
+    let mut cut = name.len().min(MAX_NAME_IN_TEMP);
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let mut random = [0u8; 6];
+    rand::fill(&mut random);
+    let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{dir}.{}{}{hex}", &name[..cut], skiff_files::TEMP_MARKER)
+}
+
+/// The last component of a remote path, if it names something by itself.
+fn remote_last_component(path: &str) -> Option<&str> {
+    let trimmed = path.trim_end_matches('/');
+    let last = trimmed.rsplit('/').next().unwrap_or(trimmed);
+    (!last.is_empty() && last != "." && last != ".." && last != "~").then_some(last)
+}
+
+/// SSH wire strings, for extension requests.
+fn ssh_strings(parts: &[&str]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for p in parts {
+        out.extend_from_slice(&(p.len() as u32).to_be_bytes());
+        out.extend_from_slice(p.as_bytes());
+    }
+    out
+}
+
+fn status_text(s: &Status) -> String {
+    if s.error_message.trim().is_empty() {
+        s.status_code.to_string()
+    } else {
+        s.error_message.trim().to_string()
+    }
+}
+
+fn is_under(rel: &Path, failed: &[PathBuf]) -> bool {
+    failed.iter().any(|f| rel.starts_with(f))
+}
+
+/// An SFTP session on a connection, with what the server offers.
+struct Sftp<'a> {
+    /// The connection, when this process holds it (not through the agent).
+    conn: Option<&'a Connection>,
+    raw: RawSftpSession,
+    host: String,
+    read_len: u32,
+    write_len: u32,
+    posix_rename: bool,
+    fsync: bool,
+    expand_path: bool,
+}
+
+impl<'a> Sftp<'a> {
+    /// Opens a session channel, starts the `sftp` subsystem and negotiates.
+    async fn open(conn: &'a Connection) -> Result<Sftp<'a>, SkiffError> {
+        // Paths are shown as `host:path` with the host as typed.
+        let host = conn.settings.original_host.clone();
+        let lost = |e: &dyn std::fmt::Display| {
+            SkiffError::new(ErrorKind::Connect, format!("{host}: connection lost: {e}"))
+        };
+        let mut channel = crate::exec::open_session(conn).await?.into_channel();
+        channel
+            .request_subsystem(true, "sftp")
+            .await
+            .map_err(|e| lost(&e))?;
+        loop {
+            match channel.wait().await {
+                Some(ChannelMsg::Success) => break,
+                Some(ChannelMsg::Failure) => {
+                    let why = "the server refused the sftp subsystem (is SFTP enabled there?)";
+                    return Err(SkiffError::new(
+                        ErrorKind::Protocol,
+                        format!("{host}: {why}"),
+                    ));
+                }
+                Some(ChannelMsg::Close) | Some(ChannelMsg::Eof) | None => {
+                    return Err(lost(&"the channel closed before SFTP started"))
+                }
+                Some(_) => {}
+            }
+        }
+        Self::start(channel.into_stream(), host, Some(conn)).await
+    }
+
+    /// Negotiates SFTP on a stream where the subsystem has started.
+    async fn start<S>(
+        stream: S,
+        host: String,
+        conn: Option<&'a Connection>,
+    ) -> Result<Sftp<'a>, SkiffError>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let config = Config {
+            max_packet_len: MAX_INCOMING_PACKET,
+            request_timeout_secs: REQUEST_TIMEOUT_SECS,
+            ..Config::default()
+        };
+        let mut raw = RawSftpSession::new_with_config(stream, config);
+        let sftp_failed = |e: SftpError| {
+            SkiffError::new(
+                ErrorKind::Protocol,
+                format!("{host}: SFTP session failed to start: {e}"),
+            )
+        };
+        let version = raw.init().await.map_err(sftp_failed)?;
+        let has = |name: &str| version.extensions.contains_key(name);
+        let (mut read_len, mut write_len) = (SAFE_READ_CHUNK, SAFE_WRITE_CHUNK);
+        if has(russh_sftp::extensions::LIMITS) {
+            let limits = raw.limits().await.map_err(sftp_failed)?;
+            // Leave room for the request header within the packet limit.
+            let by_packet = (limits.max_packet_len > 1024).then(|| limits.max_packet_len - 1024);
+            let cap = |stated: u64| {
+                let mut n = MAX_CHUNK as u64;
+                if stated > 0 {
+                    n = n.min(stated);
+                }
+                if let Some(p) = by_packet {
+                    n = n.min(p);
+                }
+                n.max(1024) as u32
+            };
+            read_len = cap(limits.max_read_len);
+            write_len = cap(limits.max_write_len);
+            raw.set_limits(limits.into());
+        }
+        tracing::debug!(
+            "sftp: version {}, read {read_len} B, write {write_len} B, extensions {:?}",
+            version.version,
+            version.extensions.keys().collect::<Vec<_>>()
+        );
+        Ok(Sftp {
+            conn,
+            raw,
+            read_len,
+            write_len,
+            posix_rename: has(POSIX_RENAME),
+            fsync: has(russh_sftp::extensions::FSYNC),
+            expand_path: has(russh_sftp::extensions::EXPAND_PATH),
+            host,
+        })
+    }
+
+    /// Sorts an SFTP error on `path` into a per-file failure or the end of the session.
+    fn fail(&self, path: &str, e: SftpError) -> Fail {
+        match e {
+            SftpError::Status(s)
+                if !matches!(
+                    s.status_code,
+                    StatusCode::NoConnection | StatusCode::ConnectionLost
+                ) =>
+            {
+                Fail::File(format!("{}:{path}: {}", self.host, status_text(&s)))
+            }
+            SftpError::Limited(m) => Fail::File(format!("{}:{path}: {m}", self.host)),
+            other => Fail::Fatal(self.lost(&other)),
+        }
+    }
+
+    fn lost(&self, e: &dyn std::fmt::Display) -> SkiffError {
+        let message = if self.conn.is_none_or(|c| c.handle.is_closed()) {
+            format!(
+                "{}: connection lost during the copy; files not complete were not written",
+                self.host
+            )
+        } else {
+            format!("{}: SFTP session failed: {e}", self.host)
+        };
+        SkiffError::new(ErrorKind::Connect, message)
+    }
+
+    /// A remote path as typed, made ready for the server: empty is the login
+    /// directory, `~/x` is `x` there, `~user/x` is expanded when the server can.
+    async fn remote_path(&self, typed: &str) -> Result<String, SkiffError> {
+        if typed.is_empty() || typed == "~" {
+            return Ok(".".into());
+        }
+        if let Some(rest) = typed.strip_prefix("~/") {
+            let rest = rest.trim_start_matches('/');
+            return Ok(if rest.is_empty() {
+                ".".into()
+            } else {
+                rest.into()
+            });
+        }
+        if typed.starts_with('~') && self.expand_path {
+            match self.raw.expand_path(typed).await {
+                Ok(name) => {
+                    if let Some(f) = name.files.first() {
+                        return Ok(f.filename.clone());
+                    }
+                }
+                Err(SftpError::Status(_)) => {}
+                Err(e) => return Err(self.lost(&e)),
+            }
+        }
+        Ok(typed.to_string())
+    }
+
+    /// `stat` (following symlinks): `Ok(None)` when the server says it cannot.
+    async fn stat(&self, path: &str) -> Result<Result<FileAttributes, String>, SkiffError> {
+        match self.raw.stat(path).await {
+            Ok(a) => Ok(Ok(a.attrs)),
+            Err(e) => match self.fail(path, e) {
+                Fail::File(m) => Ok(Err(m)),
+                Fail::Fatal(e) => Err(e),
+            },
+        }
+    }
+
+    // -----------------------------------------------------------------
+    // Upload
+    // -----------------------------------------------------------------
+
+    async fn upload(
+        &self,
+        sources: &[PathBuf],
+        target: &str,
+        job: &CopyJob,
+        progress: &dyn Progress,
+    ) -> Result<CopyReport, SkiffError> {
+        let mut report = CopyReport::default();
+        let (recursive, list) = (job.recursive, sources.to_vec());
+        let walked = tokio::task::spawn_blocking(move || {
+            list.iter()
+                .flat_map(|s| skiff_files::walk(s, recursive))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .map_err(|e| SkiffError::new(ErrorKind::Protocol, format!("walking sources: {e}")))?;
+        let mut entries: Vec<Entry> = Vec::new();
+        for item in walked {
+            match item {
+                Ok(e) => entries.push(e),
+                Err(e) => report.failures.push(e.to_string()),
+            }
+        }
+        progress.add_total(
+            entries
+                .iter()
+                .filter(|e| e.kind == EntryKind::File)
+                .map(|e| e.size)
+                .sum(),
+        );
+
+        let target = self.remote_path(target).await?;
+        let target_is_dir = match self.stat(&target).await? {
+            Ok(attrs) => Some(kind_of(&attrs) == RemoteKind::Dir),
+            Err(_) => None,
+        };
+        let placement = match skiff_files::place(Path::new(&target), target_is_dir, sources.len()) {
+            Ok(p) => p,
+            Err(e) => {
+                report.failures.push(format!("{}:{e}", self.host));
+                return Ok(report);
+            }
+        };
+
+        // Directories first, in walk order (parents before children).
+        let mut failed: Vec<PathBuf> = Vec::new();
+        let mut made: Vec<(String, &Entry)> = Vec::new();
+        for e in entries.iter().filter(|e| e.kind == EntryKind::Dir) {
+            if is_under(&e.rel, &failed) {
+                continue;
+            }
+            let outcome = match remote_path_for(&placement, &e.rel) {
+                Ok(remote) => self.make_remote_dir(&remote, e.mode).await.map(|()| remote),
+                Err(m) => Err(Fail::File(m)),
+            };
+            match outcome {
+                Ok(remote) => {
+                    report.dirs += 1;
+                    made.push((remote, e));
+                }
+                Err(Fail::File(m)) => {
+                    report.failures.push(m);
+                    failed.push(e.rel.clone());
+                }
+                Err(Fail::Fatal(err)) => return Err(err),
+            }
+        }
+
+        let mut files = Vec::new();
+        for e in entries.iter().filter(|e| e.kind == EntryKind::File) {
+            if is_under(&e.rel, &failed) {
+                continue;
+            }
+            match remote_path_for(&placement, &e.rel) {
+                Ok(remote) => files.push((e, remote)),
+                Err(m) => report.failures.push(m),
+            }
+        }
+        let mut running = futures::stream::iter(files.into_iter().map(|(e, remote)| async move {
+            let r = self.upload_file(e, &remote, job.preserve, progress).await;
+            (remote, r)
+        }))
+        .buffer_unordered(FILES_AT_ONCE);
+        while let Some((remote, result)) = running.next().await {
+            match result {
+                Ok(n) => {
+                    report.files += 1;
+                    report.bytes += n;
+                    progress.file_done(&format!("{}:{remote}", self.host));
+                }
+                Err(Fail::File(m)) => report.failures.push(m),
+                Err(Fail::Fatal(err)) => return Err(err),
+            }
+        }
+        drop(running);
+
+        if job.preserve {
+            // Deepest first, so setting a parent's time is not undone by its children.
+            for (remote, e) in made.iter().rev() {
+                let attrs = FileAttributes {
+                    permissions: Some(e.mode & 0o7777),
+                    atime: Some(wire_time(e.atime)),
+                    mtime: Some(wire_time(e.mtime)),
+                    ..FileAttributes::empty()
+                };
+                if let Err(err) = self.raw.setstat(remote.as_str(), attrs).await {
+                    match self.fail(remote, err) {
+                        Fail::File(m) => report.failures.push(m),
+                        Fail::Fatal(err) => return Err(err),
+                    }
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Creates a remote directory for a copied tree (fine if one is there).
+    async fn make_remote_dir(&self, remote: &str, mode: u32) -> Result<(), Fail> {
+        let attrs = FileAttributes {
+            permissions: Some((mode & 0o777) | 0o700),
+            ..FileAttributes::empty()
+        };
+        let err = match self.raw.mkdir(remote, attrs).await {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        let first = self.fail(remote, err);
+        if let Fail::Fatal(_) = first {
+            return Err(first);
+        }
+        match self.stat(remote).await {
+            Ok(Ok(a)) if kind_of(&a) == RemoteKind::Dir => Ok(()),
+            Ok(Ok(_)) => Err(Fail::File(format!(
+                "{}:{remote}: exists and is not a directory",
+                self.host
+            ))),
+            Ok(Err(_)) => Err(first),
+            Err(e) => Err(Fail::Fatal(e)),
+        }
+    }
+
+    /// Uploads one file to a temporary name beside `remote`, then renames it
+    /// into place. Returns the bytes sent.
+    async fn upload_file(
+        &self,
+        e: &Entry,
+        remote: &str,
+        preserve: bool,
+        progress: &dyn Progress,
+    ) -> Result<u64, Fail> {
+        let local_fail = |err: io::Error| Fail::File(FileError::io(&e.source, &err).to_string());
+        let file = std::fs::File::open(&e.source).map_err(local_fail)?;
+        let temp = remote_temp_name(remote);
+        let attrs = FileAttributes {
+            permissions: Some(e.mode & 0o777),
+            ..FileAttributes::empty()
+        };
+        let flags = OpenFlags::WRITE | OpenFlags::CREATE | OpenFlags::EXCLUDE;
+        let handle = match self.raw.open(temp.as_str(), flags, attrs).await {
+            Ok(h) => h.handle,
+            Err(err) => return Err(self.fail(remote, err)),
+        };
+        let mut closed = false;
+        let result = self
+            .send_file(
+                file,
+                &handle,
+                &mut closed,
+                e,
+                &temp,
+                remote,
+                preserve,
+                progress,
+            )
+            .await;
+        if let Err(Fail::File(_)) = &result {
+            // Best effort: nothing may remain under the temporary name.
+            if !closed {
+                let _ = self.raw.close(handle.as_str()).await;
+            }
+            let _ = self.raw.remove(temp.as_str()).await;
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn send_file(
+        &self,
+        mut file: std::fs::File,
+        handle: &str,
+        closed: &mut bool,
+        e: &Entry,
+        temp: &str,
+        remote: &str,
+        preserve: bool,
+        progress: &dyn Progress,
+    ) -> Result<u64, Fail> {
+        let local_fail = |err: io::Error| Fail::File(FileError::io(&e.source, &err).to_string());
+        // A thread reads the local file ahead of the network.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<io::Result<(u64, Vec<u8>)>>(LOCAL_QUEUE);
+        let chunk = self.write_len as usize;
+        let reader = tokio::task::spawn_blocking(move || {
+            let mut offset = 0u64;
+            loop {
+                let mut buf = vec![0u8; chunk];
+                let mut filled = 0;
+                while filled < chunk {
+                    match file.read(&mut buf[filled..]) {
+                        Ok(0) => break,
+                        Ok(n) => filled += n,
+                        Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                        Err(err) => {
+                            let _ = tx.blocking_send(Err(err));
+                            return;
+                        }
+                    }
+                }
+                if filled == 0 {
+                    return;
+                }
+                buf.truncate(filled);
+                if tx.blocking_send(Ok((offset, buf))).is_err() {
+                    return;
+                }
+                offset += filled as u64;
+                if filled < chunk {
+                    return;
+                }
+            }
+        });
+
+        let mut inflight = FuturesUnordered::new();
+        let mut eof = false;
+        let mut sent = 0u64;
+        loop {
+            tokio::select! {
+                biased;
+                Some(done) = inflight.next(), if !inflight.is_empty() => {
+                    let done: Result<u64, SftpError> = done;
+                    let n = done.map_err(|err| self.fail(remote, err))?;
+                    sent += n;
+                    progress.advance(n);
+                }
+                msg = rx.recv(), if !eof && inflight.len() < REQUESTS_PER_FILE => match msg {
+                    None => eof = true,
+                    Some(Err(err)) => return Err(local_fail(err)),
+                    Some(Ok((offset, data))) => {
+                        let n = data.len() as u64;
+                        let raw = &self.raw;
+                        inflight.push(async move { raw.write(handle, offset, data).await.map(|_| n) });
+                    }
+                },
+                else => break,
+            }
+        }
+        let _ = reader.await;
+
+        if preserve {
+            let attrs = FileAttributes {
+                permissions: Some(e.mode & 0o7777),
+                atime: Some(wire_time(e.atime)),
+                mtime: Some(wire_time(e.mtime)),
+                ..FileAttributes::empty()
+            };
+            self.raw
+                .fsetstat(handle, attrs)
+                .await
+                .map_err(|err| self.fail(remote, err))?;
+        }
+        if self.fsync {
+            match self.raw.fsync(handle).await {
+                Ok(_) => {}
+                Err(SftpError::Status(s)) if s.status_code == StatusCode::OpUnsupported => {}
+                Err(err) => return Err(self.fail(remote, err)),
+            }
+        }
+        *closed = true;
+        self.raw
+            .close(handle)
+            .await
+            .map_err(|err| self.fail(remote, err))?;
+        self.rename_over(temp, remote).await?;
+        Ok(sent)
+    }
+
+    /// Renames `temp` over `target`, replacing it atomically where the server can.
+    async fn rename_over(&self, temp: &str, target: &str) -> Result<(), Fail> {
+        if self.posix_rename {
+            let reply = self
+                .raw
+                .extended(POSIX_RENAME, ssh_strings(&[temp, target]))
+                .await;
+            return match reply {
+                Ok(Packet::Status(s)) if s.status_code == StatusCode::Ok => Ok(()),
+                Ok(Packet::Status(s)) => Err(self.fail(target, SftpError::Status(s))),
+                Ok(_) => Err(self.fail(target, SftpError::UnexpectedPacket)),
+                Err(err) => Err(self.fail(target, err)),
+            };
+        }
+        // SFTP v3 rename refuses an existing target: make room first.
+        match self.raw.rename(temp, target).await {
+            Ok(_) => Ok(()),
+            Err(SftpError::Status(first)) => {
+                if let Ok(Ok(attrs)) = self.stat(target).await {
+                    if kind_of(&attrs) != RemoteKind::Dir && self.raw.remove(target).await.is_ok() {
+                        return self
+                            .raw
+                            .rename(temp, target)
+                            .await
+                            .map(|_| ())
+                            .map_err(|err| self.fail(target, err));
+                    }
+                }
+                Err(self.fail(target, SftpError::Status(first)))
+            }
+            Err(err) => Err(self.fail(target, err)),
+        }
+    }
+
+    // -----------------------------------------------------------------
+    // Download
+    // -----------------------------------------------------------------
+
+    async fn download(
+        &self,
+        sources: &[String],
+        target: &Path,
+        job: &CopyJob,
+        progress: &dyn Progress,
+    ) -> Result<CopyReport, SkiffError> {
+        let mut report = CopyReport::default();
+        let placement = match skiff_files::resolve_target(target, sources.len()) {
+            Ok(p) => p,
+            Err(e) => {
+                report.failures.push(e.to_string());
+                return Ok(report);
+            }
+        };
+        let mut entries = Vec::new();
+        for source in sources {
+            self.walk_remote(source, job.recursive, &mut entries, &mut report.failures)
+                .await?;
+        }
+        progress.add_total(
+            entries
+                .iter()
+                .filter(|e| e.kind == EntryKind::File)
+                .map(|e| e.size)
+                .sum(),
+        );
+
+        let mut failed: Vec<PathBuf> = Vec::new();
+        let mut made: Vec<(PathBuf, &RemoteEntry)> = Vec::new();
+        for e in entries.iter().filter(|e| e.kind == EntryKind::Dir) {
+            if is_under(&e.rel, &failed) {
+                continue;
+            }
+            let local = placement.path_for(&e.rel);
+            match skiff_files::make_dir(&local, e.mode) {
+                Ok(()) => {
+                    report.dirs += 1;
+                    made.push((local, e));
+                }
+                Err(err) => {
+                    report.failures.push(err.to_string());
+                    failed.push(e.rel.clone());
+                }
+            }
+        }
+
+        let files: Vec<(&RemoteEntry, PathBuf)> = entries
+            .iter()
+            .filter(|e| e.kind == EntryKind::File && !is_under(&e.rel, &failed))
+            .map(|e| (e, placement.path_for(&e.rel)))
+            .collect();
+        let mut running = futures::stream::iter(files.into_iter().map(|(e, local)| async move {
+            let r = self.download_file(e, &local, job.preserve, progress).await;
+            (local, r)
+        }))
+        .buffer_unordered(FILES_AT_ONCE);
+        while let Some((local, result)) = running.next().await {
+            match result {
+                Ok(n) => {
+                    report.files += 1;
+                    report.bytes += n;
+                    progress.file_done(&local.display().to_string());
+                }
+                Err(Fail::File(m)) => report.failures.push(m),
+                Err(Fail::Fatal(err)) => return Err(err),
+            }
+        }
+        drop(running);
+
+        if job.preserve {
+            for (local, e) in made.iter().rev() {
+                if let Err(err) = skiff_files::finish_dir(local, e.mode, Some(e.times())) {
+                    report.failures.push(err.to_string());
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Lists one remote source into `out` (a directory before its contents;
+    /// symlinks followed, loops reported). Per-path problems go to `failures`.
+    async fn walk_remote(
+        &self,
+        typed: &str,
+        recursive: bool,
+        out: &mut Vec<RemoteEntry>,
+        failures: &mut Vec<String>,
+    ) -> Result<(), SkiffError> {
+        let path = self.remote_path(typed).await?;
+        let attrs = match self.stat(&path).await? {
+            Ok(a) => a,
+            Err(m) => {
+                failures.push(m);
+                return Ok(());
+            }
+        };
+        let name = match remote_last_component(&path) {
+            Some(n) => n.to_string(),
+            None => match self.raw.realpath(path.as_str()).await {
+                Ok(n) => match n
+                    .files
+                    .first()
+                    .and_then(|f| remote_last_component(&f.filename))
+                {
+                    Some(n) => n.to_string(),
+                    None => {
+                        failures.push(format!(
+                            "{}:{typed}: cannot copy a file system root by name",
+                            self.host
+                        ));
+                        return Ok(());
+                    }
+                },
+                Err(e) => {
+                    match self.fail(&path, e) {
+                        Fail::File(m) => failures.push(m),
+                        Fail::Fatal(e) => return Err(e),
+                    }
+                    return Ok(());
+                }
+            },
+        };
+        if let Err(e) = skiff_files::safe_name(&name) {
+            failures.push(format!("{}:{e}", self.host));
+            return Ok(());
+        }
+        match kind_of(&attrs) {
+            RemoteKind::File => {
+                out.push(RemoteEntry::new(path, name.into(), EntryKind::File, &attrs));
+                Ok(())
+            }
+            RemoteKind::Dir if !recursive => {
+                failures.push(format!("{}:{path}: is a directory (use -r)", self.host));
+                Ok(())
+            }
+            RemoteKind::Dir => {
+                self.walk_remote_dir(path, name.into(), attrs, out, failures)
+                    .await
+            }
+            _ => {
+                failures.push(format!("{}:{path}: not a regular file", self.host));
+                Ok(())
+            }
+        }
+    }
+
+    async fn walk_remote_dir(
+        &self,
+        root: String,
+        root_rel: PathBuf,
+        root_attrs: FileAttributes,
+        out: &mut Vec<RemoteEntry>,
+        failures: &mut Vec<String>,
+    ) -> Result<(), SkiffError> {
+        struct Pending {
+            path: String,
+            rel: PathBuf,
+            attrs: FileAttributes,
+            /// Canonical paths of the directories above it.
+            ancestors: Vec<String>,
+        }
+        let mut stack = vec![Pending {
+            path: root,
+            rel: root_rel,
+            attrs: root_attrs,
+            ancestors: Vec::new(),
+        }];
+        while let Some(dir) = stack.pop() {
+            let canonical = match self.raw.realpath(dir.path.as_str()).await {
+                Ok(n) => n.files.first().map(|f| f.filename.clone()),
+                Err(e) => match self.fail(&dir.path, e) {
+                    Fail::File(m) => {
+                        failures.push(m);
+                        continue;
+                    }
+                    Fail::Fatal(e) => return Err(e),
+                },
+            };
+            let canonical = canonical.unwrap_or_else(|| dir.path.clone());
+            if dir.ancestors.contains(&canonical) {
+                failures.push(format!(
+                    "{}:{}: directory loop (the same directory as {canonical}); not followed",
+                    self.host, dir.path
+                ));
+                continue;
+            }
+            let listing = match self.list_dir(&dir.path).await? {
+                Ok(l) => l,
+                Err(m) => {
+                    failures.push(m);
+                    continue;
+                }
+            };
+            out.push(RemoteEntry::new(
+                dir.path.clone(),
+                dir.rel.clone(),
+                EntryKind::Dir,
+                &dir.attrs,
+            ));
+            let mut ancestors = dir.ancestors.clone();
+            ancestors.push(canonical);
+            let mut subdirs = Vec::new();
+            for (name, mut attrs) in listing {
+                let child = match remote_join(&dir.path, Path::new(&name)) {
+                    Ok(c) => c,
+                    Err(m) => {
+                        failures.push(format!("{}:{m}", self.host));
+                        continue;
+                    }
+                };
+                if kind_of(&attrs) == RemoteKind::Symlink {
+                    attrs = match self.stat(&child).await? {
+                        Ok(a) => a,
+                        Err(m) => {
+                            failures.push(m);
+                            continue;
+                        }
+                    };
+                }
+                let rel = dir.rel.join(&name);
+                match kind_of(&attrs) {
+                    RemoteKind::File => {
+                        out.push(RemoteEntry::new(child, rel, EntryKind::File, &attrs))
+                    }
+                    RemoteKind::Dir => subdirs.push(Pending {
+                        path: child,
+                        rel,
+                        attrs,
+                        ancestors: ancestors.clone(),
+                    }),
+                    _ => failures.push(format!("{}:{child}: not a regular file", self.host)),
+                }
+            }
+            // Popped in name order.
+            stack.extend(subdirs.into_iter().rev());
+        }
+        Ok(())
+    }
+
+    /// The names (checked, sorted, without `.` and `..`) and attributes in a
+    /// remote directory.
+    async fn list_dir(
+        &self,
+        path: &str,
+    ) -> Result<Result<Vec<(String, FileAttributes)>, String>, SkiffError> {
+        let handle = match self.raw.opendir(path).await {
+            Ok(h) => h.handle,
+            Err(e) => {
+                return match self.fail(path, e) {
+                    Fail::File(m) => Ok(Err(m)),
+                    Fail::Fatal(e) => Err(e),
+                }
+            }
+        };
+        let mut names = Vec::new();
+        let mut problem = None;
+        loop {
+            match self.raw.readdir(handle.as_str()).await {
+                Ok(batch) => {
+                    for f in batch.files {
+                        if f.filename == "." || f.filename == ".." {
+                            continue;
+                        }
+                        match skiff_files::safe_name(&f.filename) {
+                            Ok(_) => names.push((f.filename, f.attrs)),
+                            Err(e) => problem = Some(format!("{}:{path}: {e}", self.host)),
+                        }
+                    }
+                }
+                Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => break,
+                Err(e) => match self.fail(path, e) {
+                    Fail::File(m) => {
+                        problem = Some(m);
+                        break;
+                    }
+                    Fail::Fatal(e) => return Err(e),
+                },
+            }
+        }
+        let _ = self.raw.close(handle.as_str()).await;
+        if let Some(m) = problem {
+            return Ok(Err(m));
+        }
+        names.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(Ok(names))
+    }
+
+    /// Downloads one file into an [`AtomicFile`] for `local`. Returns the
+    /// bytes received.
+    async fn download_file(
+        &self,
+        e: &RemoteEntry,
+        local: &Path,
+        preserve: bool,
+        progress: &dyn Progress,
+    ) -> Result<u64, Fail> {
+        let local_fail = |err: FileError| Fail::File(err.to_string());
+        let handle = match self
+            .raw
+            .open(e.path.as_str(), OpenFlags::READ, FileAttributes::empty())
+            .await
+        {
+            Ok(h) => h.handle,
+            Err(err) => return Err(self.fail(&e.path, err)),
+        };
+        let result = match AtomicFile::create(local) {
+            Ok(atomic) => {
+                self.receive_file(&handle, e, atomic, preserve, progress)
+                    .await
+            }
+            Err(err) => Err(local_fail(err)),
+        };
+        if !matches!(result, Err(Fail::Fatal(_))) {
+            let _ = self.raw.close(handle.as_str()).await;
+        }
+        result
+    }
+
+    async fn receive_file(
+        &self,
+        handle: &str,
+        e: &RemoteEntry,
+        atomic: AtomicFile,
+        preserve: bool,
+        progress: &dyn Progress,
+    ) -> Result<u64, Fail> {
+        let local = atomic.final_path().to_path_buf();
+        let local_fail = |err: io::Error| Fail::File(FileError::io(&local, &err).to_string());
+        let file = atomic.file().try_clone().map_err(local_fail)?;
+        // A thread writes what arrives, at its offset.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Vec<u8>)>(LOCAL_QUEUE);
+        let writer = tokio::task::spawn_blocking(move || -> io::Result<()> {
+            while let Some((offset, data)) = rx.blocking_recv() {
+                file.write_all_at(&data, offset)?;
+            }
+            Ok(())
+        });
+
+        let chunk = self.read_len;
+        let size = e.size;
+        let mut next = 0u64; // next offset to ask for below `size`
+        let mut again: std::collections::VecDeque<(u64, u32)> = Default::default();
+        let mut probe_at = size; // reading on past the expected end, one request at a time
+        let mut probing = false;
+        let mut eof_at: Option<u64> = None;
+        let mut received = 0u64;
+        let mut inflight = FuturesUnordered::new();
+        let raw = &self.raw;
+        let read = |offset: u64, len: u32, probe: bool| async move {
+            (offset, len, probe, raw.read(handle, offset, len).await)
+        };
+        let mut writer_gone = false;
+        loop {
+            while inflight.len() < REQUESTS_PER_FILE {
+                let limit = eof_at.unwrap_or(u64::MAX);
+                if let Some(pos) = again.iter().position(|(o, _)| *o < limit) {
+                    let (o, l) = again.remove(pos).expect("position is valid");
+                    inflight.push(read(o, l, false));
+                } else if eof_at.is_none() && next < size {
+                    let len = (size - next).min(chunk as u64) as u32;
+                    inflight.push(read(next, len, false));
+                    next += len as u64;
+                } else if eof_at.is_none() && !probing {
+                    inflight.push(read(probe_at, chunk, true));
+                    probing = true;
+                } else {
+                    break;
+                }
+            }
+            let Some((offset, len, probe, reply)) = inflight.next().await else {
+                break;
+            };
+            if probe {
+                probing = false;
+            }
+            match reply {
+                Ok(data) if !data.data.is_empty() => {
+                    let n = data.data.len() as u64;
+                    if tx.send((offset, data.data)).await.is_err() {
+                        writer_gone = true;
+                        break;
+                    }
+                    received += n;
+                    progress.advance(n);
+                    if probe {
+                        probe_at = offset + n;
+                    } else if n < len as u64 {
+                        again.push_back((offset + n, len - n as u32));
+                    }
+                }
+                Ok(_) => eof_at = Some(eof_at.map_or(offset, |x| x.min(offset))),
+                Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => {
+                    eof_at = Some(eof_at.map_or(offset, |x| x.min(offset)));
+                }
+                Err(err) => return Err(self.fail(&e.path, err)),
+            }
+        }
+        drop(tx);
+        let wrote = writer.await.unwrap_or_else(|j| Err(io::Error::other(j)));
+        if let Err(err) = wrote {
+            return Err(local_fail(err));
+        }
+        if writer_gone {
+            return Err(local_fail(io::Error::other("writer stopped")));
+        }
+        let mode = if preserve {
+            e.mode & 0o7777
+        } else {
+            skiff_files::apply_umask(e.mode)
+        };
+        let times = preserve.then(|| e.times());
+        let committed = tokio::task::spawn_blocking(move || atomic.commit(mode, times))
+            .await
+            .unwrap_or_else(|j| Err(FileError::new(&local, j.to_string())));
+        committed.map_err(|err| Fail::File(err.to_string()))?;
+        Ok(received)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temp_names_sit_beside_the_target() {
+        let t = remote_temp_name("dir/sub/file.txt");
+        assert!(t.starts_with("dir/sub/.file.txt.skiff-"), "{t}");
+        assert_eq!(t.len(), "dir/sub/.file.txt.skiff-".len() + 12);
+        let t = remote_temp_name("file");
+        assert!(t.starts_with(".file.skiff-"), "{t}");
+        let t = remote_temp_name("/abs/x");
+        assert!(t.starts_with("/abs/.x.skiff-"), "{t}");
+        let long = "é".repeat(150);
+        let t = remote_temp_name(&long);
+        assert!(t.len() < 240, "{}", t.len());
+        assert_ne!(remote_temp_name("a"), remote_temp_name("a"));
+    }
+
+    #[test]
+    fn joins_and_last_components() {
+        assert_eq!(remote_join(".", Path::new("a/b")).unwrap(), "a/b");
+        assert_eq!(remote_join("", Path::new("a")).unwrap(), "a");
+        assert_eq!(remote_join("/", Path::new("a")).unwrap(), "/a");
+        assert_eq!(remote_join("x/y", Path::new("a")).unwrap(), "x/y/a");
+        assert_eq!(remote_last_component("a/b/"), Some("b"));
+        assert_eq!(remote_last_component("b"), Some("b"));
+        assert_eq!(remote_last_component("/"), None);
+        assert_eq!(remote_last_component("."), None);
+        assert_eq!(remote_last_component("a/.."), None);
+    }
+
+    #[test]
+    fn kinds_from_mode_bits() {
+        let attrs = |p: Option<u32>| FileAttributes {
+            permissions: p,
+            ..FileAttributes::empty()
+        };
+        assert_eq!(kind_of(&attrs(Some(0o100644))), RemoteKind::File);
+        assert_eq!(kind_of(&attrs(Some(0o040755))), RemoteKind::Dir);
+        assert_eq!(kind_of(&attrs(Some(0o120777))), RemoteKind::Symlink);
+        assert_eq!(kind_of(&attrs(Some(0o140755))), RemoteKind::Other); // socket
+        assert_eq!(kind_of(&attrs(Some(0o010644))), RemoteKind::Other); // fifo
+        assert_eq!(kind_of(&attrs(None)), RemoteKind::File);
+    }
+
+    #[test]
+    fn wire_encoding() {
+        assert_eq!(
+            ssh_strings(&["ab", ""]),
+            [0, 0, 0, 2, b'a', b'b', 0, 0, 0, 0]
+        );
+        assert_eq!(wire_time(-5), 0);
+        assert_eq!(wire_time(1 << 40), u32::MAX);
+        assert_eq!(wire_time(1_700_000_000), 1_700_000_000);
+    }
+}

@@ -1,0 +1,20 @@
+//! Local files for `skiff cp`, whatever carries the bytes (SFTP or the skiff
+//! data plane): walking a source tree the way scp does, deciding where
+//! sources land, writing files so that an interrupted copy never leaves a
+//! truncated file under its final name, creating directories and applying
+//! modes and times, and checking relative paths received from a peer.
+//!
+//! Blocking std I/O throughout: async callers use `spawn_blocking` (or call
+//! it directly for cheap operations such as a `stat`).
+
+mod atomic;
+mod error;
+mod names;
+mod target;
+mod walk;
+
+pub use atomic::{apply_umask, finish_dir, make_dir, umask, AtomicFile, Times, TEMP_MARKER};
+pub use error::FileError;
+pub use names::{safe_name, safe_relative};
+pub use target::{place, resolve_target, Placement};
+pub use walk::{walk, Entry, EntryKind, Walk};

@@ -1,0 +1,372 @@
+//! skiffd's side of the data plane, in the server process: telling data-plane
+//! connections apart from SSH on the shared port ([`Sniffed`]), the relay
+//! with each transfer process (policy, stream tokens), and handing an
+//! accepted stream's socket to the transfer process that owns its token.
+//!
+//! The transfer process itself (running as the account, doing the file I/O
+//! and the record crypto) is `crate::transfer`.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{self, ControlMessage, MsgFlags};
+use skiff_proto::dataplane::{self as dp, RelayMsg, Sniff, MAGIC, TOKEN_LEN};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::handler::ServerState;
+
+/// How long a stream token stays valid.
+const TOKEN_LIFETIME: Duration = Duration::from_secs(30);
+
+/// Most streams one transfer may open.
+pub const MAX_STREAMS: u32 = 16;
+
+/// How long a data-plane connection may take to present its token.
+const TOKEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A token waiting for its stream.
+struct Pending {
+    index: u32,
+    peer: IpAddr,
+    expires: Instant,
+    relay: Arc<AsyncFd<OwnedFd>>,
+}
+
+/// Outstanding stream tokens of every transfer on this server.
+#[derive(Default)]
+pub struct Registry {
+    tokens: Mutex<HashMap<[u8; TOKEN_LEN], Pending>>,
+}
+
+impl Registry {
+    fn issue(
+        &self,
+        count: u32,
+        peer: IpAddr,
+        relay: &Arc<AsyncFd<OwnedFd>>,
+    ) -> Vec<[u8; TOKEN_LEN]> {
+        let now = Instant::now();
+        let mut map = self.tokens.lock().expect("registry lock");
+        map.retain(|_, p| p.expires > now);
+        (0..count)
+            .map(|index| {
+                let mut token = [0u8; TOKEN_LEN];
+                rand::fill(&mut token);
+                map.insert(
+                    token,
+                    Pending {
+                        index,
+                        peer,
+                        expires: now + TOKEN_LIFETIME,
+                        relay: relay.clone(),
+                    },
+                );
+                token
+            })
+            .collect()
+    }
+
+    /// Takes a token (single use): its stream index and relay, if it is
+    /// known, unexpired and was issued to a session from `peer`.
+    fn redeem(
+        &self,
+        token: &[u8; TOKEN_LEN],
+        peer: IpAddr,
+    ) -> Result<(u32, Arc<AsyncFd<OwnedFd>>), &'static str> {
+        let pending = self.tokens.lock().expect("registry lock").remove(token);
+        match pending {
+            None => Err("unknown or already used token"),
+            Some(p) if p.expires <= Instant::now() => Err("expired token"),
+            Some(p) if p.peer != peer => Err("token issued to another peer"),
+            Some(p) => Ok((p.index, p.relay)),
+        }
+    }
+
+    fn forget(&self, relay: &Arc<AsyncFd<OwnedFd>>) {
+        self.tokens
+            .lock()
+            .expect("registry lock")
+            .retain(|_, p| !Arc::ptr_eq(&p.relay, relay));
+    }
+}
+
+/// A socketpair for a transfer process: (skiffd's end, the child's end).
+pub fn relay_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (a, b) = socket::socketpair(
+        socket::AddressFamily::Unix,
+        socket::SockType::SeqPacket,
+        None,
+        socket::SockFlag::SOCK_CLOEXEC | socket::SockFlag::SOCK_NONBLOCK,
+    )?;
+    Ok((a, b))
+}
+
+/// Serves one transfer process's requests until it exits: applies the
+/// server's policy to the mode the client asked for and issues tokens.
+pub fn spawn_relay(state: Arc<ServerState>, ours: OwnedFd, peer: SocketAddr, local: SocketAddr) {
+    tokio::spawn(async move {
+        let (settings, registry) = (&state.settings, &state.registry);
+        // SAFETY: the AsyncFd owns the descriptor for as long as it is registered.
+        let relay = match unsafe { AsyncFd::register(ours) } {
+            Ok(fd) => Arc::new(fd),
+            Err(e) => {
+                tracing::warn!(%peer, "data plane relay: {e}");
+                return;
+            }
+        };
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let n = match relay.readable().await {
+                Ok(mut guard) => match guard.try_io(|fd| {
+                    socket::recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty())
+                        .map_err(io::Error::from)
+                }) {
+                    Ok(Ok(n)) => n,
+                    Ok(Err(_)) => break,
+                    Err(_would_block) => continue,
+                },
+                Err(_) => break,
+            };
+            if n == 0 {
+                break; // the transfer process exited
+            }
+            let reply = match dp::decode_relay(&buf[..n]) {
+                Ok(RelayMsg::Request { mode, streams }) => {
+                    if !(1..=MAX_STREAMS).contains(&streams) {
+                        RelayMsg::Denied {
+                            reason: format!(
+                                "{streams} streams asked; skiffd allows 1 to {MAX_STREAMS}"
+                            ),
+                        }
+                    } else if !settings.data_plane {
+                        RelayMsg::Denied {
+                            reason: "the data plane is turned off on this server (DataPlane no)"
+                                .into(),
+                        }
+                    } else if mode != dp::Mode::Aead
+                        && !settings
+                            .unencrypted_data_plane
+                            .allows(peer.ip(), local.ip())
+                    {
+                        tracing::info!(%peer, "data plane: {mode} refused by DataPlaneUnencrypted policy");
+                        RelayMsg::Denied {
+                            reason: format!(
+                                "mode {mode} refused: skiffd's policy (DataPlaneUnencrypted {}) does not allow unencrypted transfers between {} and {}",
+                                match settings.unencrypted_data_plane {
+                                    crate::config::UnencryptedPolicy::Loopback => "loopback",
+                                    crate::config::UnencryptedPolicy::Any => "yes",
+                                    crate::config::UnencryptedPolicy::Never => "no",
+                                },
+                                peer.ip(),
+                                local.ip()
+                            ),
+                        }
+                    } else {
+                        tracing::debug!(%peer, "data plane: {streams} streams, mode {mode}");
+                        RelayMsg::Granted {
+                            tokens: registry.issue(streams, peer.ip(), &relay),
+                        }
+                    }
+                }
+                Ok(other) => {
+                    tracing::warn!(%peer, "data plane relay: unexpected {other:?}");
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(%peer, "data plane relay: {e}");
+                    break;
+                }
+            };
+            if send_relay(&relay, &reply, None).await.is_err() {
+                break;
+            }
+        }
+        registry.forget(&relay);
+    });
+}
+
+/// Sends one relay message, with a socket passed alongside when given.
+async fn send_relay(relay: &AsyncFd<OwnedFd>, msg: &RelayMsg, fd: Option<RawFd>) -> io::Result<()> {
+    let bytes = dp::encode_relay(msg);
+    loop {
+        let mut guard = relay.writable().await?;
+        let result = guard.try_io(|inner| {
+            let iov = [io::IoSlice::new(&bytes)];
+            let fds = fd.map(|f| [f]);
+            let cmsgs: Vec<ControlMessage<'_>> = fds
+                .as_ref()
+                .map(|f| ControlMessage::ScmRights(f))
+                .into_iter()
+                .collect();
+            socket::sendmsg::<()>(
+                inner.as_raw_fd(),
+                &iov,
+                &cmsgs,
+                MsgFlags::MSG_NOSIGNAL,
+                None,
+            )
+            .map_err(io::Error::from)
+        });
+        match result {
+            Ok(r) => return r.map(|_| ()),
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+/// Serves a connection that began with the data-plane magic: reads its
+/// token and hands the socket to the transfer process that owns the token.
+/// Anything wrong closes the connection.
+pub async fn accept_stream(registry: &Registry, mut stream: TcpStream, peer: SocketAddr) {
+    let mut token = [0u8; TOKEN_LEN];
+    match tokio::time::timeout(TOKEN_TIMEOUT, stream.read_exact(&mut token)).await {
+        Ok(Ok(_)) => {}
+        _ => {
+            tracing::info!(%peer, "data-plane connection closed: no token within {}s", TOKEN_TIMEOUT.as_secs());
+            return;
+        }
+    }
+    let (index, relay) = match registry.redeem(&token, peer.ip()) {
+        Ok(x) => x,
+        Err(why) => {
+            tracing::warn!(%peer, "data-plane connection refused: {why}");
+            return;
+        }
+    };
+    if let Err(e) = send_relay(
+        &relay,
+        &RelayMsg::Stream { index },
+        Some(stream.as_raw_fd()),
+    )
+    .await
+    {
+        tracing::info!(%peer, "data-plane stream {index}: the transfer process is gone: {e}");
+    }
+    // Our descriptor closes here; the transfer process holds its own.
+}
+
+/// A TCP connection whose first bytes are checked for the data-plane magic
+/// before SSH sees them. SSH clients (which begin with `SSH-`) pass through
+/// untouched, and the server's identification line is written as usual. A
+/// connection that begins with the magic makes the first read fail and
+/// raises `data_plane`, so the caller can take the socket over (the server
+/// has written only its identification line, which the client skips).
+pub struct Sniffed {
+    inner: TcpStream,
+    state: SniffState,
+    data_plane: Arc<AtomicBool>,
+}
+
+enum SniffState {
+    Sniffing(Vec<u8>),
+    Replaying(Vec<u8>, usize),
+    Passing,
+}
+
+impl Sniffed {
+    pub fn new(inner: TcpStream, data_plane: Arc<AtomicBool>) -> Sniffed {
+        Sniffed {
+            inner,
+            state: SniffState::Sniffing(Vec::with_capacity(MAGIC.len())),
+            data_plane,
+        }
+    }
+}
+
+impl AsyncRead for Sniffed {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        loop {
+            match &mut this.state {
+                SniffState::Sniffing(seen) => {
+                    // Never read past the magic: what follows belongs to
+                    // whoever takes the connection.
+                    let mut tmp = [0u8; MAGIC.len()];
+                    let want = MAGIC.len() - seen.len();
+                    let mut rb = ReadBuf::new(&mut tmp[..want]);
+                    match Pin::new(&mut this.inner).poll_read(cx, &mut rb) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Ready(Ok(())) => {}
+                    }
+                    let got = rb.filled();
+                    if got.is_empty() {
+                        let seen = std::mem::take(seen);
+                        this.state = SniffState::Replaying(seen, 0);
+                        continue;
+                    }
+                    seen.extend_from_slice(got);
+                    match dp::sniff(seen) {
+                        Sniff::Undecided => continue,
+                        Sniff::Other => {
+                            let seen = std::mem::take(seen);
+                            this.state = SniffState::Replaying(seen, 0);
+                        }
+                        Sniff::DataPlane => {
+                            this.data_plane.store(true, Ordering::SeqCst);
+                            return Poll::Ready(Err(io::Error::other("data-plane connection")));
+                        }
+                    }
+                }
+                SniffState::Replaying(bytes, pos) => {
+                    if *pos >= bytes.len() {
+                        let empty = bytes.is_empty();
+                        this.state = SniffState::Passing;
+                        if empty {
+                            return Poll::Ready(Ok(())); // EOF before anything
+                        }
+                        continue;
+                    }
+                    let n = (bytes.len() - *pos).min(out.remaining());
+                    out.put_slice(&bytes[*pos..*pos + n]);
+                    *pos += n;
+                    return Poll::Ready(Ok(()));
+                }
+                SniffState::Passing => return Pin::new(&mut this.inner).poll_read(cx, out),
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Sniffed {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}

@@ -1,0 +1,525 @@
+//! The transfer process: what skiffd runs as the account for the
+//! `transfer@skiff` subsystem (`skiffd --transfer-server`). Control messages
+//! come and go on stdin/stdout (the SSH channel); fd 3 is a socket to
+//! skiffd, which applies the server's policy, issues stream tokens, and
+//! passes each data-plane stream's socket once its token checks out. All
+//! file I/O and record crypto happen here, with the account's rights.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use nix::sys::socket::{self, ControlMessageOwned, MsgFlags};
+use skiff_dataplane::{
+    finish_dirs, prepare_entry, ChunkQueue, FileTable, Outgoing, PendingDir, Prepared,
+    RecordReader, RecordWriter, Settled,
+};
+use skiff_files::EntryKind;
+use skiff_proto::dataplane::{
+    self as dp, ClientMsg, EntryWire, Keys, Mode, RelayMsg, ServerMsg, Side, SECRET_LEN, VERSION,
+};
+
+/// The descriptor skiffd gives the transfer process.
+const RELAY_FD: RawFd = 3;
+
+/// How long the process waits for the client's streams to arrive.
+const STREAM_WAIT: Duration = Duration::from_secs(30);
+
+/// Chunks queued ahead of the senders.
+const QUEUE_CHUNKS: usize = 64;
+
+/// Control messages to the client, from any thread.
+#[derive(Clone)]
+struct Control(Arc<Mutex<io::Stdout>>);
+
+impl Control {
+    fn send(&self, msg: &ServerMsg) {
+        let bytes = dp::encode_server(msg);
+        let out = self.0.lock().expect("control lock");
+        let mut out = out.lock();
+        // If the client is gone, the next read of stdin ends the process.
+        let _ = out.write_all(&bytes).and_then(|_| out.flush());
+    }
+
+    fn fail(&self, id: u32, message: impl Into<String>) {
+        self.send(&ServerMsg::Failed {
+            id,
+            message: message.into(),
+        });
+    }
+}
+
+/// Client messages from stdin.
+struct Input {
+    stdin: io::Stdin,
+    buf: Vec<u8>,
+}
+
+impl Input {
+    fn next(&mut self) -> Result<Option<ClientMsg>> {
+        loop {
+            if let Some((msg, used)) =
+                dp::decode_client(&self.buf).context("bad control message from the client")?
+            {
+                self.buf.drain(..used);
+                return Ok(Some(msg));
+            }
+            let mut chunk = [0u8; 64 * 1024];
+            let n = self.stdin.lock().read(&mut chunk)?;
+            if n == 0 {
+                if self.buf.is_empty() {
+                    return Ok(None);
+                }
+                bail!("the client closed the channel in the middle of a message");
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// Once the client has said everything it will say, its channel closing
+/// means the SSH session is gone (the client quit, or skiffd died): the
+/// transfer stops with it. `on_leave` runs first (dropping temporaries);
+/// after `finished` is set, the process just exits normally.
+fn stop_when_client_leaves(
+    mut input: Input,
+    finished: Arc<std::sync::atomic::AtomicBool>,
+    on_leave: impl FnOnce() + Send + 'static,
+) {
+    std::thread::spawn(move || {
+        let _ = input.next(); // anything more, or the end
+        if finished.load(std::sync::atomic::Ordering::SeqCst) {
+            std::process::exit(0);
+        }
+        on_leave();
+        std::process::exit(1);
+    });
+}
+
+/// The socket to skiffd (fd 3), used blockingly.
+struct Relay(OwnedFd);
+
+impl Relay {
+    fn open() -> Result<Relay> {
+        let st = nix::sys::stat::fstat(unsafe { std::os::fd::BorrowedFd::borrow_raw(RELAY_FD) })
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "fd 3 is not open: this mode is run by skiffd for the {} subsystem",
+                    dp::SUBSYSTEM
+                )
+            })?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+            bail!(
+                "fd 3 is not skiffd's socket: this mode is run by skiffd for the {} subsystem",
+                dp::SUBSYSTEM
+            );
+        }
+        // SAFETY: fd 3 is open (checked) and nothing else in this process owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(RELAY_FD) };
+        set_blocking(fd.as_raw_fd())?;
+        Ok(Relay(fd))
+    }
+
+    fn send(&self, msg: &RelayMsg) -> Result<()> {
+        socket::send(
+            self.0.as_raw_fd(),
+            &dp::encode_relay(msg),
+            MsgFlags::MSG_NOSIGNAL,
+        )
+        .context("cannot reach skiffd")?;
+        Ok(())
+    }
+
+    /// The next message, with the socket passed alongside (if any).
+    fn recv(&self) -> Result<(RelayMsg, Option<OwnedFd>)> {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut space = nix::cmsg_space!([RawFd; 1]);
+        let (n, fd) = {
+            let mut iov = [io::IoSliceMut::new(&mut buf)];
+            let msg = socket::recvmsg::<()>(
+                self.0.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            )
+            .context("cannot hear from skiffd")?;
+            let mut fd = None;
+            for c in msg.cmsgs().context("bad control data from skiffd")? {
+                if let ControlMessageOwned::ScmRights(fds) = c {
+                    for raw in fds {
+                        // SAFETY: the kernel just gave us this descriptor.
+                        let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+                        fd.get_or_insert(owned);
+                    }
+                }
+            }
+            (msg.bytes, fd)
+        };
+        if n == 0 {
+            bail!("skiffd closed the relay");
+        }
+        Ok((
+            dp::decode_relay(&buf[..n]).context("bad message from skiffd")?,
+            fd,
+        ))
+    }
+}
+
+fn set_blocking(fd: RawFd) -> Result<()> {
+    // SAFETY: plain fcntl on a descriptor we hold.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) < 0 {
+            return Err(io::Error::last_os_error().into());
+        }
+    }
+    Ok(())
+}
+
+/// Runs the transfer process on stdin/stdout and fd 3. Returns when the
+/// transfer is over; an error is a transfer that failed as a whole.
+pub fn serve_stdio() -> Result<()> {
+    let relay = Relay::open()?;
+    let control = Control(Arc::new(Mutex::new(io::stdout())));
+    let mut input = Input {
+        stdin: io::stdin(),
+        buf: Vec::new(),
+    };
+    let Some(ClientMsg::Hello {
+        version,
+        mode,
+        streams,
+        secret,
+    }) = input.next()?
+    else {
+        bail!("the client did not start with Hello");
+    };
+    if version != VERSION {
+        control.send(&ServerMsg::Refused {
+            reason: format!(
+                "data plane version {version} is not supported (this skiffd speaks {VERSION})"
+            ),
+        });
+        return Ok(());
+    }
+    relay.send(&RelayMsg::Request { mode, streams })?;
+    let tokens = match relay.recv()?.0 {
+        RelayMsg::Granted { tokens } => tokens,
+        RelayMsg::Denied { reason } => {
+            control.send(&ServerMsg::Refused { reason });
+            return Ok(());
+        }
+        other => bail!("unexpected message from skiffd: {other:?}"),
+    };
+    let mut server_secret = [0u8; SECRET_LEN];
+    rand::fill(&mut server_secret);
+    let keys = Arc::new(dp::derive_keys(&secret, &server_secret, mode));
+    control.send(&ServerMsg::Welcome {
+        version: VERSION,
+        mode,
+        secret: server_secret,
+        tokens: tokens.clone(),
+    });
+    let plane = Plane {
+        relay,
+        keys,
+        mode,
+        streams: tokens.len() as u32,
+        control: control.clone(),
+    };
+    match input.next()? {
+        Some(ClientMsg::Put {
+            target,
+            sources,
+            recursive: _,
+            preserve,
+            streams,
+        }) => put(plane.opening(streams), input, &target, sources, preserve),
+        Some(ClientMsg::Get {
+            sources,
+            recursive,
+            preserve,
+            streams,
+        }) => get(plane.opening(streams), input, &sources, recursive, preserve),
+        Some(other) => bail!("unexpected control message {other:?}"),
+        None => Ok(()),
+    }
+}
+
+/// What every transfer needs once the data plane is set up.
+struct Plane {
+    relay: Relay,
+    keys: Arc<Keys>,
+    mode: Mode,
+    streams: u32,
+    control: Control,
+}
+
+impl Plane {
+    /// The client opens `streams` of the granted streams (at least one).
+    fn opening(mut self, streams: u32) -> Plane {
+        self.streams = streams.clamp(1, self.streams);
+        self
+    }
+
+    /// Takes the streams skiffd passes over, acknowledges each (proving we
+    /// hold the keys) and runs `serve` on a thread per stream. Returns the
+    /// threads once all streams arrived, or an error if they did not in time.
+    /// `on_error` runs if the streams cannot be taken, so the transfer
+    /// stops instead of waiting for bytes that will never come.
+    fn accept_streams<F, E>(self, serve: F, on_error: E) -> std::thread::JoinHandle<Result<()>>
+    where
+        F: Fn(RecordWriter, RecordReader) + Send + Sync + 'static,
+        E: FnOnce(&anyhow::Error) + Send + 'static,
+    {
+        let serve = Arc::new(serve);
+        std::thread::spawn(move || {
+            let result = self.take_streams(&serve);
+            if let Err(e) = &result {
+                on_error(e);
+            }
+            result
+        })
+    }
+
+    fn take_streams<F>(&self, serve: &Arc<F>) -> Result<()>
+    where
+        F: Fn(RecordWriter, RecordReader) + Send + Sync + 'static,
+    {
+        {
+            let timeout = nix::sys::time::TimeVal::new(STREAM_WAIT.as_secs() as i64, 0);
+            let _ = socket::setsockopt(&self.relay.0, socket::sockopt::ReceiveTimeout, &timeout);
+            let mut threads = Vec::new();
+            for _ in 0..self.streams {
+                let (msg, fd) = self
+                    .relay
+                    .recv()
+                    .context("waiting for the client's data streams")?;
+                let (RelayMsg::Stream { index }, Some(fd)) = (msg, fd) else {
+                    bail!("skiffd sent something other than a stream");
+                };
+                set_blocking(fd.as_raw_fd())?;
+                let sock = TcpStream::from(fd);
+                let mut writer = RecordWriter::new(
+                    sock.try_clone()?,
+                    &self.keys,
+                    Side::Server,
+                    self.mode,
+                    index,
+                );
+                writer.send_ack()?;
+                let reader = RecordReader::new(sock, &self.keys, Side::Client, self.mode, index);
+                let serve = serve.clone();
+                threads.push(std::thread::spawn(move || serve(writer, reader)));
+            }
+            for t in threads {
+                let _ = t.join();
+            }
+            Ok(())
+        }
+    }
+}
+
+/// An upload: announce-then-bytes for each entry, files committed as they
+/// complete, directories finished (with -p) once everything is in.
+fn put(plane: Plane, mut input: Input, target: &str, sources: u32, preserve: bool) -> Result<()> {
+    let control = plane.control.clone();
+    let target = if target.is_empty() { "." } else { target };
+    let placement = match skiff_files::resolve_target(Path::new(target), sources as usize) {
+        Ok(p) => p,
+        Err(e) => {
+            control.fail(u32::MAX, e.to_string());
+            control.send(&ServerMsg::Done);
+            return Ok(());
+        }
+    };
+    let reporter = control.clone();
+    let table = FileTable::new(move |s| match s {
+        Settled::Stored(id) => reporter.send(&ServerMsg::Stored { id }),
+        Settled::Failed(id, message) => reporter.fail(id, message),
+    });
+    control.send(&ServerMsg::Ready);
+    let receivers = {
+        let on_error = {
+            let (table, control) = (table.clone(), control.clone());
+            move |e: &anyhow::Error| {
+                table.abort();
+                control.fail(u32::MAX, format!("{e:#}"));
+            }
+        };
+        let (table, control) = (table.clone(), control.clone());
+        let serve = move |_writer, reader| {
+            if let Err(e) = table.run_receiver(reader, &|_| {}) {
+                // A stream stopped by another one's failure reports that failure.
+                let reason = table.abort_reason().unwrap_or_else(|| e.to_string());
+                fatal(&control, &table, reason);
+            }
+        };
+        plane.accept_streams(serve, on_error)
+    };
+    let mut dirs: Vec<PendingDir> = Vec::new();
+    loop {
+        match input.next() {
+            Ok(Some(ClientMsg::Entry(e))) => {
+                let prepared = prepare_entry(&table, &placement, &e, preserve, &mut dirs);
+                if let Prepared::Failed(message) = prepared {
+                    control.fail(e.id, message);
+                }
+            }
+            Ok(Some(ClientMsg::PutEnd)) => break,
+            Ok(Some(other)) => {
+                table.abort();
+                bail!("unexpected control message {other:?} during an upload");
+            }
+            Ok(None) => {
+                table.abort();
+                bail!("the client went away during the upload");
+            }
+            Err(e) => {
+                table.abort();
+                return Err(e);
+            }
+        }
+    }
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    stop_when_client_leaves(input, finished.clone(), {
+        let table = table.clone();
+        move || table.abort()
+    });
+    if !table.wait_settled() {
+        let reason = table
+            .abort_reason()
+            .unwrap_or_else(|| "upload aborted".into());
+        fatal(&control, &table, reason);
+    }
+    // Every file is in; let each stream read its end record before the
+    // process (and with it the sockets) goes away.
+    match receivers.join() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => bail!("{e:#}"),
+        Err(_) => bail!("a receiver thread panicked"),
+    }
+    for message in finish_dirs(&dirs) {
+        control.fail(u32::MAX, message);
+    }
+    finished.store(true, std::sync::atomic::Ordering::SeqCst);
+    control.send(&ServerMsg::Done);
+    Ok(())
+}
+
+/// Ends a failed upload, once, from whichever thread sees it first: the
+/// temporaries go, the client hears why, and the process exits.
+fn fatal(control: &Control, table: &FileTable, reason: String) -> ! {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        table.abort();
+        control.fail(u32::MAX, reason);
+        std::process::exit(1);
+    });
+    unreachable!("the first caller exits the process")
+}
+
+/// A download: walk each source, announce each entry, queue file chunks
+/// for the sender threads.
+fn get(
+    plane: Plane,
+    input: Input,
+    sources: &[String],
+    recursive: bool,
+    _preserve: bool,
+) -> Result<()> {
+    let control = plane.control.clone();
+    let queue = ChunkQueue::new(QUEUE_CHUNKS);
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    stop_when_client_leaves(input, finished.clone(), || {});
+    let senders = {
+        let on_error = {
+            let (queue, control) = (queue.clone(), control.clone());
+            move |e: &anyhow::Error| {
+                queue.abort();
+                control.fail(u32::MAX, format!("{e:#}"));
+            }
+        };
+        let (queue, control) = (queue.clone(), control.clone());
+        let serve = move |writer, _reader| {
+            let failed = |id: u32, e: io::Error| control.fail(id, format!("read failed: {e}"));
+            if let Err(e) = queue.run_sender(writer, &|_| {}, &failed) {
+                control.fail(u32::MAX, e.to_string());
+            }
+        };
+        plane.accept_streams(serve, on_error)
+    };
+    let mut next_id = 0u32;
+    'sources: for source in sources {
+        let path = if source.is_empty() {
+            "."
+        } else {
+            source.as_str()
+        };
+        for entry in skiff_files::walk(Path::new(path), recursive) {
+            let entry = match entry {
+                Ok(e) => e,
+                Err(e) => {
+                    control.fail(u32::MAX, e.to_string());
+                    continue;
+                }
+            };
+            let Some(rel) = entry.rel.to_str() else {
+                control.fail(
+                    u32::MAX,
+                    format!("{}: name is not UTF-8; not copied", entry.source.display()),
+                );
+                continue;
+            };
+            let id = next_id;
+            next_id += 1;
+            let is_dir = entry.kind == EntryKind::Dir;
+            let file = if is_dir {
+                None
+            } else {
+                match std::fs::File::open(&entry.source) {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        control.fail(
+                            u32::MAX,
+                            skiff_files::FileError::io(&entry.source, &e).to_string(),
+                        );
+                        continue;
+                    }
+                }
+            };
+            control.send(&ServerMsg::Entry(EntryWire {
+                id,
+                rel: rel.to_string(),
+                is_dir,
+                size: entry.size,
+                mode: entry.mode,
+                mtime: entry.mtime,
+                mtime_nsec: entry.mtime_nsec,
+                atime: entry.atime,
+                atime_nsec: entry.atime_nsec,
+            }));
+            if let Some(f) = file {
+                if !queue.push(Outgoing::new(id, f, entry.size)) {
+                    break 'sources;
+                }
+            }
+        }
+    }
+    queue.close();
+    control.send(&ServerMsg::Done);
+    let joined = senders.join();
+    finished.store(true, std::sync::atomic::Ordering::SeqCst);
+    match joined {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            queue.abort();
+            Err(e)
+        }
+        Err(_) => bail!("a sender thread panicked"),
+    }
+}

@@ -1,0 +1,698 @@
+//! `skiff cp`: copy files and directories to or from one host, with scp's
+//! syntax (`[user@]host:path`, `-r`, `-p`, `-P PORT`). Exit status: 0 when
+//! every file was copied, 1 when any failed (each named on stderr), 255 when
+//! skiff could not connect or authenticate.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use skiff_engine::copy::{CopyJob, CopyReport, Direction, NoProgress, Progress};
+use skiff_engine::{Connection, Destination, SkiffError};
+
+#[derive(Args, Debug, Clone)]
+#[command(override_usage = "skiff cp [OPTIONS] SRC... DST")]
+pub struct CpArgs {
+    /// Copy directories and their contents.
+    #[arg(short = 'r')]
+    pub recursive: bool,
+    /// Keep modes and access/modification times.
+    #[arg(short = 'p')]
+    pub preserve: bool,
+    /// Port to connect to (scp's -P).
+    #[arg(short = 'P', value_name = "PORT")]
+    pub port: Option<u16>,
+    /// Identity (private key) file; repeatable, tried in order.
+    #[arg(short = 'i', value_name = "KEY")]
+    pub identity: Vec<PathBuf>,
+    /// User to log in as (a `user@` in the remote path wins).
+    #[arg(short = 'l', value_name = "USER")]
+    pub login: Option<String>,
+    /// Client configuration file instead of ~/.ssh/config (system config is then skipped).
+    #[arg(short = 'F', value_name = "CONFIG")]
+    pub config: Option<PathBuf>,
+    /// ssh_config option, e.g. -o StrictHostKeyChecking=yes; repeatable.
+    #[arg(short = 'o', value_name = "Keyword=Value")]
+    pub options: Vec<String>,
+    /// More diagnostics on stderr (repeatable).
+    #[arg(short = 'v', action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// No progress bar.
+    #[arg(short = 'q')]
+    pub quiet: bool,
+    /// Parallel data-plane streams (skiffd only).
+    #[arg(long = "streams", value_name = "N", value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub streams: Option<u16>,
+    /// Data-plane protection (skiffd only; integrity and none need the server's consent).
+    #[arg(long = "cipher", value_enum, default_value_t = CipherMode::Aead)]
+    pub cipher: CipherMode,
+    /// Connect directly instead of through the agent (cp always does, for now).
+    #[arg(long = "no-agent")]
+    pub no_agent: bool,
+    /// SRC... DST: sources, then the target; one side is `[user@]host:path`.
+    #[arg(required = true, num_args = 2.., value_name = "PATH")]
+    pub paths: Vec<String>,
+}
+
+/// How data-plane records are protected (`--cipher`).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CipherMode {
+    /// Encrypted and authenticated (AES-GCM).
+    Aead,
+    /// Authenticated, not encrypted.
+    Integrity,
+    /// Neither (loopback or trusted networks, when the server allows it).
+    None,
+}
+
+/// The data-plane parameters of one copy.
+#[derive(Debug, Clone)]
+pub struct PlaneOptions {
+    pub streams: Option<u16>,
+    pub cipher: CipherMode,
+}
+
+/// One side of a copy as typed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Endpoint {
+    Local(PathBuf),
+    Remote {
+        user: Option<String>,
+        host: String,
+        path: String,
+    },
+}
+
+/// Where the colon separating host and path is, with scp's rule: none when
+/// the argument starts with `:` or has a `/` before any colon (so `./a:b`
+/// is local); `[v6addr]:path` and `user@[v6addr]:path` are remote.
+fn remote_colon(arg: &str) -> Option<usize> {
+    let b = arg.as_bytes();
+    if b.first() == Some(&b':') {
+        return None;
+    }
+    let mut bracket = b.first() == Some(&b'[');
+    for (i, &c) in b.iter().enumerate() {
+        let next = b.get(i + 1).copied();
+        if c == b'@' && next == Some(b'[') {
+            bracket = true;
+        }
+        if c == b']' && next == Some(b':') && bracket {
+            return Some(i + 1);
+        }
+        if c == b':' && !bracket {
+            return Some(i);
+        }
+        if c == b'/' {
+            return None;
+        }
+    }
+    None
+}
+
+fn parse_endpoint(arg: &str) -> Result<Endpoint, String> {
+    let Some(colon) = remote_colon(arg) else {
+        return Ok(Endpoint::Local(PathBuf::from(arg)));
+    };
+    let (user_host, path) = (&arg[..colon], &arg[colon + 1..]);
+    let (user, host) = match user_host.rsplit_once('@') {
+        Some((u, h)) => ((!u.is_empty()).then(|| u.to_string()), h),
+        None => (None, user_host),
+    };
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.is_empty() {
+        return Err(format!("{arg}: no host before the `:`"));
+    }
+    Ok(Endpoint::Remote {
+        user,
+        host: host.to_string(),
+        path: path.to_string(),
+    })
+}
+
+/// What the command line asks for: the job and where to connect.
+#[derive(Debug)]
+struct Plan {
+    job: CopyJob,
+    destination: Destination,
+}
+
+fn plan(args: &CpArgs) -> Result<Plan, String> {
+    let (target, sources) = args.paths.split_last().ok_or("no target given")?;
+    if sources.is_empty() {
+        return Err("usage: skiff cp [options] SRC... DST".into());
+    }
+    let target = parse_endpoint(target)?;
+    let sources: Vec<Endpoint> = sources
+        .iter()
+        .map(|s| parse_endpoint(s))
+        .collect::<Result<_, _>>()?;
+    let any_remote_source = sources.iter().any(|s| matches!(s, Endpoint::Remote { .. }));
+    let (direction, user, host) = match target {
+        Endpoint::Remote { user, host, path } => {
+            if any_remote_source {
+                return Err(
+                    "copying between two remote paths is not supported; one side must be local"
+                        .into(),
+                );
+            }
+            let local = sources
+                .into_iter()
+                .map(|s| match s {
+                    Endpoint::Local(p) => p,
+                    Endpoint::Remote { .. } => unreachable!("checked above"),
+                })
+                .collect();
+            (
+                Direction::Upload {
+                    sources: local,
+                    target: path,
+                },
+                user,
+                host,
+            )
+        }
+        Endpoint::Local(target) => {
+            if !any_remote_source {
+                return Err("all paths are local; use cp(1) to copy local files".into());
+            }
+            let mut remote: Option<(Option<String>, String)> = None;
+            let mut paths = Vec::new();
+            for s in sources {
+                match s {
+                    Endpoint::Local(p) => {
+                        return Err(format!(
+                            "{}: a local source cannot be copied together with remote ones",
+                            p.display()
+                        ))
+                    }
+                    Endpoint::Remote { user, host, path } => {
+                        match &remote {
+                            Some((u, h)) if *u != user || *h != host => {
+                                return Err(
+                                    "all remote sources must be on the same host (and user)".into(),
+                                )
+                            }
+                            Some(_) => {}
+                            None => remote = Some((user, host)),
+                        }
+                        paths.push(path);
+                    }
+                }
+            }
+            let (user, host) = remote.expect("at least one remote source");
+            (
+                Direction::Download {
+                    sources: paths,
+                    target,
+                },
+                user,
+                host,
+            )
+        }
+    };
+    Ok(Plan {
+        job: CopyJob {
+            direction,
+            recursive: args.recursive,
+            preserve: args.preserve,
+        },
+        destination: Destination {
+            host,
+            user: user.or_else(|| args.login.clone()),
+            port: args.port,
+            identity_files: args.identity.clone(),
+            config_file: args.config.clone(),
+            options: args.options.clone(),
+        },
+    })
+}
+
+/// Logging as for every command, except that without `-v` the SFTP
+/// client's own warnings stay quiet: when its channel closes under it,
+/// skiff says so itself, in one line.
+fn init_logging(verbose: u8) {
+    if verbose == 0 && std::env::var_os("SKIFF_LOG").is_none() {
+        let _ = tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .without_time()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("warn,russh_sftp=error"))
+            .try_init();
+        return;
+    }
+    crate::init_logging(verbose);
+}
+
+pub fn run(args: CpArgs) -> i32 {
+    init_logging(args.verbose);
+    let plan = match plan(&args) {
+        Ok(p) => p,
+        Err(message) => {
+            eprintln!("skiff: {message}");
+            return 255;
+        }
+    };
+    let settings = match skiff_engine::settings::resolve(&plan.destination) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("skiff: {e}");
+            return 255;
+        }
+    };
+    // Two workers: the SSH session's crypto runs beside the copy loop.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("skiff: cannot start the async runtime: {e}");
+            return 255;
+        }
+    };
+    let plane = PlaneOptions {
+        streams: args.streams,
+        cipher: args.cipher,
+    };
+    let show_bar = !args.quiet && std::io::stderr().is_terminal();
+    let use_agent = !args.no_agent
+        && !std::env::var("SKIFF_AGENT").is_ok_and(|v| matches!(v.as_str(), "off" | "no" | "0"));
+    let result = runtime.block_on(cp_main(&plan, settings, &plane, show_bar, use_agent));
+    runtime.shutdown_background();
+    match result {
+        Ok(Finish::Interrupted(signal)) => {
+            // Files not complete were never renamed into place, and their
+            // local temporaries are gone; remote ones may remain.
+            eprintln!("skiff: interrupted; files not yet complete were not written");
+            128 + signal
+        }
+        Ok(Finish::Done(report)) => {
+            tracing::debug!(
+                "copied {} files and {} directories, {} bytes; {} failed",
+                report.files,
+                report.dirs,
+                report.bytes,
+                report.failures.len()
+            );
+            for failure in &report.failures {
+                eprintln!("skiff: {failure}");
+            }
+            if report.failures.is_empty() {
+                0
+            } else {
+                1
+            }
+        }
+        Err(e) => {
+            eprintln!("skiff: {e}");
+            255
+        }
+    }
+}
+
+/// How a copy ended, short of an error.
+enum Finish {
+    Done(CopyReport),
+    /// Stopped by this signal (INT, TERM or HUP).
+    Interrupted(i32),
+}
+
+/// Waits for SIGINT, SIGTERM or SIGHUP and returns its number.
+async fn interrupted() -> i32 {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => libc::SIGINT,
+        _ = term.recv() => libc::SIGTERM,
+        _ = hup.recv() => libc::SIGHUP,
+    }
+}
+
+async fn cp_main(
+    plan: &Plan,
+    settings: skiff_engine::ConnectSettings,
+    plane: &PlaneOptions,
+    show_bar: bool,
+    use_agent: bool,
+) -> Result<Finish, SkiffError> {
+    let bar = show_bar.then(Bar::new);
+    let progress: &dyn Progress = match &bar {
+        Some(b) => b,
+        None => &NoProgress,
+    };
+    let finish = |report: Result<CopyReport, SkiffError>| {
+        if let Some(b) = &bar {
+            b.0.finish();
+        }
+        report.map(Finish::Done)
+    };
+    if use_agent {
+        // Stopping the copy drops it, which removes the temporaries of
+        // files not complete and closes the agent's channel.
+        let through_agent = tokio::select! {
+            r = via_agent(plan, &settings, plane, progress) => r,
+            signal = interrupted() => return Ok(Finish::Interrupted(signal)),
+        };
+        if let Some(report) = through_agent {
+            return finish(report);
+        }
+    }
+    tracing::debug!(
+        "connecting to {}@{} port {}",
+        settings.user,
+        settings.hostname,
+        settings.port
+    );
+    let conn = skiff_engine::connect(&settings).await?;
+    for notice in &conn.notices {
+        eprintln!("{notice}");
+    }
+    // Only once connected: a passphrase prompt keeps the default signal
+    // handling (and so its terminal restored).
+    tokio::select! {
+        report = copy_over(&conn, &plan.job, plane, progress) => finish(report),
+        signal = interrupted() => Ok(Finish::Interrupted(signal)),
+    }
+}
+
+/// The data-plane mode `--cipher` asks for.
+fn plane_options(plane: &PlaneOptions) -> skiff_engine::copy::dataplane::PlaneOptions {
+    let mode = match plane.cipher {
+        CipherMode::Aead => skiff_proto::dataplane::Mode::Aead,
+        CipherMode::Integrity => skiff_proto::dataplane::Mode::Integrity,
+        CipherMode::None => skiff_proto::dataplane::Mode::None,
+    };
+    skiff_engine::copy::dataplane::PlaneOptions {
+        mode,
+        streams: plane.streams.map(u32::from),
+    }
+}
+
+/// Copies through the agent's warm connection: the agent starts the
+/// subsystem (the data plane, else SFTP) on its connection and hands the
+/// channel over a socket pair; data-plane streams go straight to the
+/// server. `None`: no agent, or it defers to a direct connection (a person
+/// must confirm a host key or type a passphrase).
+async fn via_agent(
+    plan: &Plan,
+    settings: &skiff_engine::ConnectSettings,
+    plane: &PlaneOptions,
+    progress: &dyn Progress,
+) -> Option<Result<CopyReport, SkiffError>> {
+    let host = settings.original_host.clone();
+    for name in [skiff_proto::dataplane::SUBSYSTEM, "sftp"] {
+        let agent =
+            match tokio::task::spawn_blocking(|| skiff_agent::client::connect_or_spawn(true)).await
+            {
+                Ok(Ok(a)) => a,
+                Ok(Err(why)) => {
+                    tracing::debug!("not using the agent: {why}");
+                    return None;
+                }
+                Err(_) => return None,
+            };
+        let (ours, theirs) = match std::os::unix::net::UnixStream::pair() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!("not using the agent: socket pair: {e}");
+                return None;
+            }
+        };
+        let wire = agent_wire(&plan.destination, name);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            let outcome =
+                skiff_agent::client::subsystem(agent, wire, std::os::fd::AsFd::as_fd(&theirs));
+            drop(theirs);
+            let _ = tx.send(outcome);
+        });
+        let ours = match ours
+            .set_nonblocking(true)
+            .and_then(|_| tokio::net::UnixStream::from_std(ours))
+        {
+            Ok(s) => s,
+            Err(e) => {
+                return Some(Err(SkiffError::new(
+                    skiff_engine::ErrorKind::Protocol,
+                    format!("socket pair: {e}"),
+                )))
+            }
+        };
+        let copied = if name == "sftp" {
+            if plane.cipher != CipherMode::Aead {
+                eprintln!("skiff: {host} has no skiff data plane; copying over SFTP (encrypted)");
+            }
+            skiff_engine::copy::sftp::copy_on(ours, &host, &plan.job, progress).await
+        } else {
+            match server_address(settings).await {
+                Ok(addr) => {
+                    skiff_engine::copy::dataplane::copy_on(
+                        ours,
+                        &host,
+                        addr,
+                        &plan.job,
+                        &plane_options(plane),
+                        progress,
+                    )
+                    .await
+                }
+                Err(e) => Err(e),
+            }
+        };
+        // Our end is closed now: the channel ends and the agent answers.
+        let outcome = rx
+            .await
+            .unwrap_or(skiff_agent::client::Outcome::Unavailable(
+                "agent thread ended".into(),
+            ));
+        use skiff_agent::client::Outcome;
+        use skiff_proto::agent_wire::Reply;
+        match (copied, outcome) {
+            (Ok(report), _) => return Some(Ok(report)),
+            (Err(_), Outcome::Reply(Reply::NeedsUser { message })) => {
+                tracing::debug!("agent defers to a direct connection: {message}");
+                return None;
+            }
+            (Err(_), Outcome::Unavailable(why)) => {
+                tracing::debug!("not using the agent: {why}");
+                return None;
+            }
+            (Err(_), Outcome::Reply(Reply::Failed { message, .. }))
+                if message.contains("refused the") && name != "sftp" =>
+            {
+                tracing::debug!("{host}: no skiff data plane through the agent; using SFTP");
+                continue;
+            }
+            (Err(e), Outcome::Reply(Reply::Failed { message, kind }))
+                if e.message.contains("channel lost")
+                    || e.message.contains("SFTP session failed") =>
+            {
+                // The agent knows why the channel never worked.
+                let kind = skiff_agent::kind_from_wire(kind);
+                return Some(Err(SkiffError::new(kind, message)));
+            }
+            (Err(e), _) => return Some(Err(e)),
+        }
+    }
+    None
+}
+
+/// What the agent needs to reach the destination as this process would.
+fn agent_wire(dest: &Destination, subsystem: &str) -> skiff_proto::agent_wire::ExecWire {
+    let absolute = |p: &std::path::Path| {
+        if p.as_os_str() == "none" {
+            return "none".to_string();
+        }
+        std::path::absolute(p)
+            .unwrap_or_else(|_| p.to_path_buf())
+            .display()
+            .to_string()
+    };
+    skiff_proto::agent_wire::ExecWire {
+        host: dest.host.clone(),
+        user: dest.user.clone(),
+        port: dest.port,
+        identity_files: dest.identity_files.iter().map(|p| absolute(p)).collect(),
+        config_file: dest.config_file.as_deref().map(absolute),
+        options: dest.options.clone(),
+        command: subsystem.to_string(),
+        client_env: skiff_engine::settings::ClientEnv::from_process().vars,
+        subsystem: true,
+        ..Default::default()
+    }
+}
+
+/// Where data-plane streams go when the agent holds the SSH connection: the
+/// server's address, resolved here.
+async fn server_address(
+    settings: &skiff_engine::ConnectSettings,
+) -> Result<std::net::SocketAddr, SkiffError> {
+    let fail = |why: String| {
+        SkiffError::new(
+            skiff_engine::ErrorKind::Connect,
+            format!("cannot resolve {}: {why}", settings.hostname),
+        )
+    };
+    tokio::net::lookup_host((settings.hostname.as_str(), settings.port))
+        .await
+        .map_err(|e| fail(e.to_string()))?
+        .next()
+        .ok_or_else(|| fail("no addresses".into()))
+}
+
+/// Copies `job` on `conn`: over the skiff data plane when the server offers
+/// one, else over SFTP.
+async fn copy_over(
+    conn: &Connection,
+    job: &CopyJob,
+    plane: &PlaneOptions,
+    progress: &dyn Progress,
+) -> Result<CopyReport, SkiffError> {
+    let options = plane_options(plane);
+    if let Some(report) = skiff_engine::copy::dataplane::copy(conn, job, &options, progress).await?
+    {
+        return Ok(report);
+    }
+    tracing::debug!(
+        "{}: no skiff data plane; using SFTP",
+        conn.settings.hostname
+    );
+    if plane.cipher != CipherMode::Aead {
+        eprintln!(
+            "skiff: {} has no skiff data plane; copying over SFTP (encrypted)",
+            conn.settings.original_host
+        );
+    }
+    skiff_engine::copy::sftp::copy(conn, job, progress).await
+}
+
+/// A progress bar on stderr: bytes, rate and time left.
+struct Bar(indicatif::ProgressBar);
+
+impl Bar {
+    fn new() -> Bar {
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(0),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        let style = indicatif::ProgressStyle::with_template(
+            "{wide_msg} {bytes}/{total_bytes} [{bar:24}] {binary_bytes_per_sec} ETA {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> ");
+        bar.set_style(style);
+        Bar(bar)
+    }
+}
+
+impl Progress for Bar {
+    fn add_total(&self, bytes: u64) {
+        self.0.inc_length(bytes);
+    }
+
+    fn advance(&self, bytes: u64) {
+        self.0.inc(bytes);
+    }
+
+    fn file_done(&self, path: &str) {
+        self.0.set_message(path.to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn remote(user: Option<&str>, host: &str, path: &str) -> Endpoint {
+        Endpoint::Remote {
+            user: user.map(str::to_string),
+            host: host.into(),
+            path: path.into(),
+        }
+    }
+
+    #[test]
+    fn endpoints_follow_scp() {
+        let p = |s: &str| parse_endpoint(s).unwrap();
+        assert_eq!(p("host:path"), remote(None, "host", "path"));
+        assert_eq!(p("bob@host:/abs"), remote(Some("bob"), "host", "/abs"));
+        assert_eq!(p("host:"), remote(None, "host", ""));
+        assert_eq!(p("a@b@host:x"), remote(Some("a@b"), "host", "x"));
+        assert_eq!(p("[::1]:dir/f"), remote(None, "::1", "dir/f"));
+        assert_eq!(p("bob@[fe80::1]:f"), remote(Some("bob"), "fe80::1", "f"));
+        assert_eq!(p("host:a:b"), remote(None, "host", "a:b"));
+        assert_eq!(p("./a:b"), Endpoint::Local("./a:b".into()));
+        assert_eq!(p("/tmp/x:y"), Endpoint::Local("/tmp/x:y".into()));
+        assert_eq!(p(":odd"), Endpoint::Local(":odd".into()));
+        assert_eq!(p("plain"), Endpoint::Local("plain".into()));
+        assert!(parse_endpoint("@:x").is_err());
+    }
+
+    fn args(paths: &[&str]) -> CpArgs {
+        CpArgs {
+            recursive: true,
+            preserve: false,
+            port: Some(2222),
+            identity: vec![],
+            login: Some("dflt".into()),
+            config: None,
+            options: vec![],
+            verbose: 0,
+            quiet: false,
+            streams: None,
+            cipher: CipherMode::Aead,
+            no_agent: false,
+            paths: paths.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn plans_uploads_and_downloads() {
+        let up = plan(&args(&["a", "b/", "bob@h:dst"])).unwrap();
+        assert_eq!(
+            up.job.direction,
+            Direction::Upload {
+                sources: vec!["a".into(), "b/".into()],
+                target: "dst".into()
+            }
+        );
+        assert_eq!(up.destination.user.as_deref(), Some("bob"));
+        assert_eq!(up.destination.port, Some(2222));
+        assert!(up.job.recursive);
+
+        let down = plan(&args(&["h:x", "h:y/z", "."])).unwrap();
+        assert_eq!(
+            down.job.direction,
+            Direction::Download {
+                sources: vec!["x".into(), "y/z".into()],
+                target: ".".into()
+            }
+        );
+        // -l applies when the path names no user.
+        assert_eq!(down.destination.user.as_deref(), Some("dflt"));
+        assert_eq!(down.destination.host, "h");
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_do() {
+        let e = plan(&args(&["a", "b"])).unwrap_err();
+        assert!(e.contains("use cp"), "{e}");
+        let e = plan(&args(&["h:a", "g:b"])).unwrap_err();
+        assert!(e.contains("remote"), "{e}");
+        let e = plan(&args(&["h:a", "g:b", "dst"])).unwrap_err();
+        assert!(e.contains("same host"), "{e}");
+        let e = plan(&args(&["h:a", "local", "dst"])).unwrap_err();
+        assert!(e.contains("local source"), "{e}");
+    }
+}
