@@ -124,6 +124,8 @@ pub fn spawn_relay(state: Arc<ServerState>, ours: OwnedFd, peer: SocketAddr, loc
             }
         };
         let mut buf = vec![0u8; 4096];
+        // One request per transfer: a process asking again is misbehaving.
+        let mut asked = false;
         loop {
             let n = match relay.readable().await {
                 Ok(mut guard) => match guard.try_io(|fd| {
@@ -140,7 +142,12 @@ pub fn spawn_relay(state: Arc<ServerState>, ours: OwnedFd, peer: SocketAddr, loc
                 break; // the transfer process exited
             }
             let reply = match dp::decode_relay(&buf[..n]) {
+                Ok(RelayMsg::Request { .. }) if asked => {
+                    tracing::warn!(%peer, "data plane relay: a second request for streams; closing");
+                    break;
+                }
                 Ok(RelayMsg::Request { mode, streams }) => {
+                    asked = true;
                     if !(1..=MAX_STREAMS).contains(&streams) {
                         RelayMsg::Denied {
                             reason: format!(

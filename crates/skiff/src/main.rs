@@ -35,6 +35,10 @@ enum Command {
     Demo(demo::DemoArgs),
     /// The per-user agent that keeps connections warm (started automatically).
     Agent(cli_agent::AgentArgs),
+    /// The data plane's transfer process (what `skiff demo`'s in-process
+    /// skiffd runs for `transfer@skiff`; skiffd itself uses `skiffd --transfer-server`).
+    #[command(name = "transfer-server", hide = true)]
+    TransferServer,
 }
 
 fn main() {
@@ -45,6 +49,13 @@ fn main() {
         Command::Cp(args) => cli_cp::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Agent(args) => cli_agent::run(args),
+        Command::TransferServer => match skiff_server::transfer::serve_stdio() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("skiff transfer-server: {e:#}");
+                1
+            }
+        },
     };
     std::process::exit(code);
 }
