@@ -40,13 +40,9 @@ pub struct Connection {
     pub peer_addr: Option<std::net::SocketAddr>,
 }
 
-/// russh client callbacks: host-key verification, and receive windows
-/// that grow with the path's bandwidth-delay product.
+/// russh client callbacks: host-key verification.
 pub struct ClientHandler {
     settings: ConnectSettings,
-    /// A second handle on the socket, for the kernel's RTT estimate.
-    socket: Option<std::os::fd::OwnedFd>,
-    windows: skiff_proto::window::WindowGrowth,
     known_hosts: Arc<KnownHosts>,
     /// Why the host key was refused, for the error message.
     refusal: Arc<Mutex<Option<SkiffError>>>,
@@ -54,11 +50,6 @@ pub struct ClientHandler {
 
 impl client::Handler for ClientHandler {
     type Error = russh::Error;
-
-    fn adjust_window(&mut self, channel: russh::ChannelId, window: u32) -> u32 {
-        let socket = self.socket.as_ref();
-        skiff_dataplane::tcp::next_window(&mut self.windows, socket, channel.into(), window)
-    }
 
     async fn check_server_key(
         &mut self,
@@ -158,7 +149,12 @@ pub fn russh_config(settings: &ConnectSettings, known_types: &[String]) -> clien
             env!("CARGO_PKG_VERSION")
         ))),
         preferred,
-        window_size: skiff_proto::window::INITIAL_WINDOW,
+        // russh's client tops every window up to this value whatever
+        // `adjust_window` returns, so the receive window cannot grow here:
+        // advertise the cap from the start. Only the receiver needs a large
+        // window for a long path (downloads from a stock sshd); memory stays
+        // bounded by russh's per-channel queue, not by the window.
+        window_size: max_window(),
         maximum_packet_size: MAX_PACKET,
         keepalive_interval: settings.server_alive_interval,
         keepalive_max: settings.server_alive_count_max,
@@ -215,8 +211,6 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
     let refusal = Arc::new(Mutex::new(None));
     let handler = ClientHandler {
         settings: settings.clone(),
-        socket: std::os::fd::AsFd::as_fd(&stream).try_clone_to_owned().ok(),
-        windows: skiff_proto::window::WindowGrowth::new(max_window()),
         known_hosts: known_hosts.clone(),
         refusal: refusal.clone(),
     };

@@ -46,7 +46,7 @@ pub struct CpArgs {
     /// Data-plane protection (skiffd only; integrity and none need the server's consent).
     #[arg(long = "cipher", value_enum, default_value_t = CipherMode::Aead)]
     pub cipher: CipherMode,
-    /// Connect directly instead of through the agent (cp always does, for now).
+    /// Connect directly instead of through the agent (also SKIFF_AGENT=off).
     #[arg(long = "no-agent")]
     pub no_agent: bool,
     /// SRC... DST: sources, then the target; one side is `[user@]host:path`.
