@@ -15,4 +15,4 @@ pub mod tcp;
 
 pub use receive::{finish_dirs, prepare_entry, FileTable, Incoming, PendingDir, Prepared, Settled};
 pub use send::{ChunkQueue, Outgoing};
-pub use stream::{connect_stream, dial, Dialed, RecordReader, RecordWriter, StreamError};
+pub use stream::{connect_stream, RecordReader, RecordWriter, StreamError};

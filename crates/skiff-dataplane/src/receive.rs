@@ -46,11 +46,10 @@ impl Incoming {
     }
 
     fn write(&self, offset: u64, bytes: &[u8]) -> Result<bool, String> {
-        let end = offset
+        offset
             .checked_add(bytes.len() as u64)
-            .filter(|&e| e <= self.size)
+            .filter(|&end| end <= self.size)
             .ok_or_else(|| format!("{}: the sender wrote past the announced size", self.display))?;
-        let _ = end;
         {
             let guard = self.file.lock().expect("file lock");
             let Some(f) = guard.as_ref() else {

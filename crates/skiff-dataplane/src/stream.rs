@@ -218,14 +218,6 @@ impl RecordReader {
 /// How long the client waits for a stream's acknowledgement.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// A stream connected and presented, not yet acknowledged.
-pub struct Dialed {
-    sock: TcpStream,
-    index: u32,
-    /// How long the TCP handshake took: one round trip to the server.
-    pub connect_time: Duration,
-}
-
 /// Opens stream `index` to a skiffd at `addr`: sends the magic and token,
 /// skips the SSH identification line skiffd writes on every connection, and
 /// waits for the server's acknowledgement record (which proves the server
@@ -237,66 +229,44 @@ pub fn connect_stream(
     mode: Mode,
     index: u32,
 ) -> Result<(RecordWriter, RecordReader), StreamError> {
-    dial(addr, token, index)?.finish(keys, mode)
-}
-
-/// The first half of [`connect_stream`]: connects and presents the token.
-pub fn dial(addr: SocketAddr, token: &[u8; TOKEN_LEN], index: u32) -> Result<Dialed, StreamError> {
     let io = |e| StreamError::io(index, e);
-    let started = std::time::Instant::now();
     let sock = TcpStream::connect_timeout(&addr, OPEN_TIMEOUT).map_err(io)?;
-    let connect_time = started.elapsed();
     sock.set_nodelay(true).map_err(io)?;
     let mut hello = [0u8; MAGIC.len() + TOKEN_LEN];
     hello[..MAGIC.len()].copy_from_slice(&MAGIC);
     hello[MAGIC.len()..].copy_from_slice(token);
     (&sock).write_all(&hello).map_err(io)?;
-    Ok(Dialed {
-        sock,
+    sock.set_read_timeout(Some(OPEN_TIMEOUT)).map_err(io)?;
+    skip_banner(&sock).map_err(|e| match e.kind() {
+        io::ErrorKind::InvalidData => StreamError::protocol(index, e.to_string()),
+        _ => io(e),
+    })?;
+    let mut reader = RecordReader::new(
+        sock.try_clone().map_err(io)?,
+        keys,
+        Side::Server,
+        mode,
         index,
-        connect_time,
-    })
-}
-
-impl Dialed {
-    /// The second half of [`connect_stream`]: waits for the acknowledgement.
-    pub fn finish(
-        self,
-        keys: &Keys,
-        mode: Mode,
-    ) -> Result<(RecordWriter, RecordReader), StreamError> {
-        let Dialed { sock, index, .. } = self;
-        let io = |e| StreamError::io(index, e);
-        sock.set_read_timeout(Some(OPEN_TIMEOUT)).map_err(io)?;
-        skip_banner(&sock).map_err(|e| match e.kind() {
-            io::ErrorKind::InvalidData => StreamError::protocol(index, e.to_string()),
-            _ => io(e),
-        })?;
-        let mut reader = RecordReader::new(
-            sock.try_clone().map_err(io)?,
-            keys,
-            Side::Server,
-            mode,
-            index,
-        );
-        match reader.next_record() {
-            Ok(Record::Ack) => {}
-            Ok(_) => {
-                return Err(StreamError::protocol(
-                    index,
-                    "the server did not acknowledge the stream",
-                ))
-            }
-            Err(StreamError::Protocol { .. }) => return Err(StreamError::protocol(
+    );
+    match reader.next_record() {
+        Ok(Record::Ack) => {}
+        Ok(_) => {
+            return Err(StreamError::protocol(
+                index,
+                "the server did not acknowledge the stream",
+            ))
+        }
+        Err(StreamError::Protocol { .. }) => {
+            return Err(StreamError::protocol(
                 index,
                 "the server refused the stream (unknown, used or expired token, or another peer)",
-            )),
-            Err(e) => return Err(e),
+            ))
         }
-        sock.set_read_timeout(None).map_err(io)?;
-        let writer = RecordWriter::new(sock, keys, Side::Client, mode, index);
-        Ok((writer, reader))
+        Err(e) => return Err(e),
     }
+    sock.set_read_timeout(None).map_err(io)?;
+    let writer = RecordWriter::new(sock, keys, Side::Client, mode, index);
+    Ok((writer, reader))
 }
 
 /// Reads and discards skiffd's `SSH-...\r\n` identification line, byte by

@@ -96,13 +96,9 @@ pub async fn authenticate<H: Handler>(
     }
     candidates.extend(files_left.into_iter().map(|path| Candidate::File { path }));
 
-    // RSA keys sign with SHA-2. A server that announces only `ssh-rsa` (SHA-1)
-    // gets no RSA attempt at all; one that announces nothing gets rsa-sha2-512.
-    let rsa_hash = match handle.best_supported_rsa_hash().await {
-        Ok(Some(Some(h))) => Some(h),
-        Ok(Some(None)) => None,
-        _ => Some(HashAlg::Sha512),
-    };
+    // Learnt on the first RSA key only: asking waits for the server's
+    // extension info, a round trip that other keys do not need.
+    let mut rsa_hash = None;
     let mut tried = Vec::new();
     let mut notes = Vec::new();
     // Set when a key was skipped only because nobody may type its passphrase.
@@ -113,7 +109,7 @@ pub async fn authenticate<H: Handler>(
                 let Some(agent) = agent.as_mut() else {
                     continue;
                 };
-                let hash = match signature_hash(&key.algorithm(), rsa_hash) {
+                let hash = match signature_hash(&key.algorithm(), &mut rsa_hash, handle).await {
                     Ok(h) => h,
                     Err(why) => {
                         notes.push(format!(
@@ -143,7 +139,7 @@ pub async fn authenticate<H: Handler>(
                         continue;
                     }
                 };
-                let hash = match signature_hash(&key.algorithm(), rsa_hash) {
+                let hash = match signature_hash(&key.algorithm(), &mut rsa_hash, handle).await {
                     Ok(h) => h,
                     Err(why) => {
                         notes.push(format!("{}: {why}", path.display()));
@@ -197,11 +193,36 @@ pub async fn authenticate<H: Handler>(
 }
 
 /// The hash to sign with for a key of this algorithm (only RSA has a choice),
-/// or why the key cannot be used with this server.
-fn signature_hash(
+/// or why the key cannot be used with this server. `rsa_hash` remembers the
+/// server's answer once asked.
+async fn signature_hash<H: Handler>(
     alg: &Algorithm,
-    rsa_hash: Option<HashAlg>,
+    rsa_hash: &mut Option<Option<HashAlg>>,
+    handle: &Handle<H>,
 ) -> Result<Option<HashAlg>, &'static str> {
+    if !matches!(alg, Algorithm::Rsa { .. }) {
+        return Ok(None);
+    }
+    let accepted = match *rsa_hash {
+        Some(h) => h,
+        None => {
+            // RSA keys sign with SHA-2. A server that announces only
+            // `ssh-rsa` (SHA-1) gets no RSA attempt at all; one that
+            // announces nothing gets rsa-sha2-512.
+            let h = match handle.best_supported_rsa_hash().await {
+                Ok(Some(h)) => h,
+                _ => Some(HashAlg::Sha512),
+            };
+            *rsa_hash = Some(h);
+            h
+        }
+    };
+    hash_for(alg, accepted)
+}
+
+/// The hash to sign with for a key of this algorithm, given the SHA-2 hash
+/// the server accepts for RSA (if any), or why the key cannot be used.
+fn hash_for(alg: &Algorithm, rsa_hash: Option<HashAlg>) -> Result<Option<HashAlg>, &'static str> {
     match alg {
         Algorithm::Rsa { .. } => rsa_hash
             .map(Some)
@@ -348,11 +369,11 @@ mod tests {
     fn rsa_never_signs_with_sha1() {
         let rsa = Algorithm::Rsa { hash: None };
         assert_eq!(
-            signature_hash(&rsa, Some(HashAlg::Sha512)),
+            hash_for(&rsa, Some(HashAlg::Sha512)),
             Ok(Some(HashAlg::Sha512))
         );
-        assert!(signature_hash(&rsa, None).is_err());
-        assert_eq!(signature_hash(&Algorithm::Ed25519, None), Ok(None));
+        assert!(hash_for(&rsa, None).is_err());
+        assert_eq!(hash_for(&Algorithm::Ed25519, None), Ok(None));
     }
 
     #[test]

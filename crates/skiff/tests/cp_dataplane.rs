@@ -282,6 +282,25 @@ fn per_file_errors_do_not_stop_the_rest() {
     out.expect_code(1, &ctx(&d, "one missing source"));
     assert!(out.stderr.contains("missing"), "{out}");
     assert_eq!(sha256(&rdir.path().join("good")), sum);
+    // A target the server refuses (two sources into a file). The request
+    // went out with the data-plane opening and the streams were dialed
+    // alongside; the copy fails with the server's reason and does not sit
+    // out the streams' 15 s acknowledgement timeout.
+    let good_arg = good.display().to_string();
+    let started = Instant::now();
+    let out = cp(
+        d.port(),
+        &fx.client_key,
+        &[&good_arg, &good_arg, &remote(&rdir.path().join("good"))],
+    );
+    out.expect_code(1, &ctx(&d, "two sources into a file"));
+    assert!(out.stderr.contains("Not a directory"), "{out}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the refused copy took {:?}: {out}",
+        started.elapsed()
+    );
+    assert_eq!(sha256(&rdir.path().join("good")), sum);
     // A remote file the account cannot replace: that file fails, exit 1.
     if is_root() {
         let locked = rdir.path().join("locked");

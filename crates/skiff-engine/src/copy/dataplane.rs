@@ -7,15 +7,15 @@
 //! plane off) makes [`copy`] return `Ok(None)`, and the caller uses SFTP.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use russh::ChannelMsg;
 use skiff_dataplane::{
-    connect_stream, dial, finish_dirs, prepare_entry, ChunkQueue, Dialed, FileTable, Outgoing,
-    PendingDir, Prepared, RecordReader, RecordWriter, Settled,
+    connect_stream, finish_dirs, prepare_entry, ChunkQueue, FileTable, Outgoing, PendingDir,
+    Prepared, RecordReader, RecordWriter, Settled,
 };
 use skiff_files::EntryKind;
 use skiff_proto::dataplane::{
@@ -50,9 +50,26 @@ struct ControlChannel {
 }
 
 impl ControlChannel {
+    /// `early`: bytes from the server already read off the channel.
+    fn new<S>(stream: S, host: &str, early: Vec<u8>) -> ControlChannel
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (rd, wr) = tokio::io::split(stream);
+        ControlChannel {
+            rd: Box::new(rd),
+            wr: Box::new(wr),
+            buf: early,
+            host: host.to_string(),
+        }
+    }
+
     async fn send(&mut self, msg: &ClientMsg) -> Result<(), SkiffError> {
-        let bytes = dp::encode_client(msg);
-        self.wr.write_all(&bytes).await.map_err(|e| self.lost(&e))?;
+        self.send_bytes(&dp::encode_client(msg)).await
+    }
+
+    async fn send_bytes(&mut self, bytes: &[u8]) -> Result<(), SkiffError> {
+        self.wr.write_all(bytes).await.map_err(|e| self.lost(&e))?;
         self.wr.flush().await.map_err(|e| self.lost(&e))
     }
 
@@ -88,15 +105,15 @@ impl ControlChannel {
     }
 }
 
-/// An established data plane: keys, mode, tokens.
+/// An established data plane: keys, mode, tokens, and the stream count
+/// both sides agreed on.
 struct Session {
     control: ControlChannel,
     keys: Arc<Keys>,
     mode: Mode,
     tokens: Vec<[u8; TOKEN_LEN]>,
     addr: SocketAddr,
-    /// `--streams`, if given.
-    chosen: Option<u32>,
+    streams: u32,
 }
 
 /// Streams to use when the user did not say: more on long paths, where one
@@ -109,7 +126,76 @@ fn default_streams(rtt: Duration) -> u32 {
     }
 }
 
+/// The transfer request itself (`Put` or `Get`) for `streams` streams.
+fn request(job: &CopyJob, streams: u32) -> ClientMsg {
+    match &job.direction {
+        Direction::Upload { sources, target } => ClientMsg::Put {
+            target: target.clone(),
+            sources: sources.len() as u32,
+            recursive: job.recursive,
+            preserve: job.preserve,
+            streams,
+        },
+        Direction::Download { sources, .. } => ClientMsg::Get {
+            sources: sources.clone(),
+            recursive: job.recursive,
+            preserve: job.preserve,
+            streams,
+        },
+    }
+}
+
+/// The client's opening messages. With the round trip already known, the
+/// request goes out with `Hello` and the stream count is settled without
+/// waiting for the server's answer (the server grants at most what was
+/// asked, and both sides then use the smaller of the request and the
+/// grant). Without it, `Hello` asks for up to 8 streams, its answer
+/// measures the round trip, and the request follows.
+struct Opening {
+    secret: [u8; SECRET_LEN],
+    asked: u32,
+    /// The stream count sent with `Hello`, if the request went with it.
+    requested: Option<u32>,
+    bytes: Vec<u8>,
+}
+
+impl Opening {
+    fn new(job: &CopyJob, options: &PlaneOptions, rtt: Option<Duration>) -> Opening {
+        let mut secret = [0u8; SECRET_LEN];
+        rand::fill(&mut secret);
+        let requested = rtt.map(|rtt| {
+            options
+                .streams
+                .unwrap_or_else(|| default_streams(rtt))
+                .clamp(1, MAX_STREAMS)
+        });
+        let asked = requested.unwrap_or_else(|| options.streams.unwrap_or(8).clamp(1, MAX_STREAMS));
+        let mut bytes = dp::encode_client(&ClientMsg::Hello {
+            version: VERSION,
+            mode: options.mode,
+            streams: asked,
+            secret,
+        });
+        if let Some(n) = requested {
+            bytes.extend_from_slice(&dp::encode_client(&request(job, n)));
+        }
+        Opening {
+            secret,
+            asked,
+            requested,
+            bytes,
+        }
+    }
+}
+
+/// The most streams a client asks for.
+const MAX_STREAMS: u32 = 16;
+
 /// Copies over the data plane. `Ok(None)`: the server does not offer it.
+///
+/// The subsystem request, `Hello` and the transfer request leave together:
+/// the channel opening has just measured the round trip, which picks the
+/// stream count.
 pub async fn copy(
     conn: &Connection,
     job: &CopyJob,
@@ -120,23 +206,61 @@ pub async fn copy(
     let Some(addr) = conn.peer_addr else {
         return Ok(None);
     };
+    let placement = match local_placement(job) {
+        Ok(p) => p,
+        Err(report) => return Ok(Some(report)),
+    };
+    let lost = |e: russh::Error| {
+        SkiffError::new(ErrorKind::Connect, format!("{host}: connection lost: {e}"))
+    };
+    let opened = std::time::Instant::now();
     let mut channel = crate::exec::open_session(conn).await?.into_channel();
+    let opening = Opening::new(job, options, Some(opened.elapsed()));
     channel
         .request_subsystem(true, dp::SUBSYSTEM)
         .await
-        .map_err(|e| {
-            SkiffError::new(ErrorKind::Connect, format!("{host}: connection lost: {e}"))
-        })?;
+        .map_err(lost)?;
+    // The opening messages go out while the reply is awaited. They wait for
+    // window if there is none yet: OpenSSH grants a session channel's window
+    // only once its command or subsystem has started.
+    let sending = {
+        let mut writer = channel.make_writer();
+        let bytes = opening.bytes.clone();
+        tokio::spawn(async move {
+            writer.write_all(&bytes).await?;
+            writer.flush().await
+        })
+    };
+    // Whatever the transfer process says before the reply is read is kept.
+    let mut early = Vec::new();
     loop {
         match channel.wait().await {
             Some(ChannelMsg::Success) => break,
             Some(ChannelMsg::Failure) | Some(ChannelMsg::Close) | Some(ChannelMsg::Eof) | None => {
+                sending.abort();
                 return Ok(None);
             }
+            Some(ChannelMsg::Data { data }) => early.extend_from_slice(&data),
             Some(_) => {}
         }
     }
-    copy_on(channel.into_stream(), &host, addr, job, options, progress)
+    match sending.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            return Err(SkiffError::new(
+                ErrorKind::Connect,
+                format!("{host}: connection lost: {e}"),
+            ))
+        }
+        Err(e) => {
+            return Err(SkiffError::new(
+                ErrorKind::Protocol,
+                format!("{host}: sending the data-plane request failed: {e}"),
+            ))
+        }
+    }
+    let control = ControlChannel::new(channel.into_stream(), &host, early);
+    run(control, opening, addr, job, options, placement, progress)
         .await
         .map(Some)
 }
@@ -155,27 +279,45 @@ pub async fn copy_on<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let host = host.to_string();
-    let (rd, wr) = tokio::io::split(stream);
-    let mut control = ControlChannel {
-        rd: Box::new(rd),
-        wr: Box::new(wr),
-        buf: Vec::new(),
-        host: host.clone(),
+    let placement = match local_placement(job) {
+        Ok(p) => p,
+        Err(report) => return Ok(report),
     };
-    let mut secret = [0u8; SECRET_LEN];
-    rand::fill(&mut secret);
-    // Without a stream count from the user, ask for up to 8 and use what
-    // the round trip suggests (see `dial_streams`).
-    let asked = options.streams.unwrap_or(8).clamp(1, 16);
-    control
-        .send(&ClientMsg::Hello {
-            version: VERSION,
-            mode: options.mode,
-            streams: asked,
-            secret,
-        })
-        .await?;
+    let mut control = ControlChannel::new(stream, host, Vec::new());
+    let opening = Opening::new(job, options, None);
+    control.send_bytes(&opening.bytes).await?;
+    run(control, opening, addr, job, options, placement, progress).await
+}
+
+/// A download's local target, checked before anything goes on the wire; the
+/// error is the copy's report.
+fn local_placement(job: &CopyJob) -> Result<Option<skiff_files::Placement>, CopyReport> {
+    match &job.direction {
+        Direction::Upload { .. } => Ok(None),
+        Direction::Download { sources, target } => {
+            skiff_files::resolve_target(target, sources.len())
+                .map(Some)
+                .map_err(|e| CopyReport {
+                    failures: vec![e.to_string()],
+                    ..CopyReport::default()
+                })
+        }
+    }
+}
+
+/// The rest of the opening exchange (the server's `Welcome`, the request if
+/// it did not go with `Hello`), then the transfer.
+async fn run(
+    mut control: ControlChannel,
+    opening: Opening,
+    addr: SocketAddr,
+    job: &CopyJob,
+    options: &PlaneOptions,
+    placement: Option<skiff_files::Placement>,
+    progress: &dyn Progress,
+) -> Result<CopyReport, SkiffError> {
+    let host = control.host.clone();
+    let asked_at = std::time::Instant::now();
     let (server_secret, tokens) = match control.recv().await? {
         ServerMsg::Welcome {
             version,
@@ -186,7 +328,7 @@ where
             if version != VERSION
                 || mode != options.mode
                 || tokens.is_empty()
-                || tokens.len() > asked as usize
+                || tokens.len() > opening.asked as usize
             {
                 return Err(SkiffError::new(
                     ErrorKind::Protocol,
@@ -208,79 +350,86 @@ where
             ))
         }
     };
+    let granted = tokens.len() as u32;
+    let streams = match opening.requested {
+        Some(n) => n.min(granted),
+        None => {
+            let n = options
+                .streams
+                .unwrap_or_else(|| default_streams(asked_at.elapsed()))
+                .clamp(1, granted);
+            control.send(&request(job, n)).await?;
+            n
+        }
+    };
     tracing::debug!(
-        "{host}: data plane up: mode {}, {} streams",
-        options.mode,
-        tokens.len()
+        "{host}: data plane up: mode {}, {streams} of {granted} streams",
+        options.mode
     );
     let session = Session {
         control,
-        keys: Arc::new(dp::derive_keys(&secret, &server_secret, options.mode)),
+        keys: Arc::new(dp::derive_keys(
+            &opening.secret,
+            &server_secret,
+            options.mode,
+        )),
         mode: options.mode,
         tokens,
         addr,
-        chosen: options.streams,
+        streams,
     };
-    match &job.direction {
-        Direction::Upload { sources, target } => {
-            upload(session, sources, target, job, progress).await
+    match (&job.direction, placement) {
+        (Direction::Upload { sources, .. }, _) => upload(session, sources, job, progress).await,
+        (Direction::Download { .. }, Some(placement)) => {
+            download(session, job, placement, progress).await
         }
-        Direction::Download { sources, target } => {
-            download(session, sources, target, job, progress).await
+        (Direction::Download { .. }, None) => {
+            unreachable!("a download's placement is resolved first")
         }
     }
 }
 
-/// Dials the first stream, whose TCP handshake measures the round trip,
-/// and decides how many streams to use (`--streams`, else by RTT; never
-/// more than the server granted). Unused tokens expire on the server.
-async fn dial_first(s: &Session) -> Result<(Dialed, u32), SkiffError> {
-    let (addr, token) = (s.addr, s.tokens[0]);
-    let first = tokio::task::spawn_blocking(move || dial(addr, &token, 0))
-        .await
-        .map_err(|e| SkiffError::new(ErrorKind::Protocol, format!("stream thread failed: {e}")))?
-        .map_err(|e| SkiffError::new(ErrorKind::Connect, format!("{}: {e}", s.control.host)))?;
-    let n = s
-        .chosen
-        .unwrap_or_else(|| default_streams(first.connect_time))
-        .clamp(1, s.tokens.len() as u32);
-    tracing::debug!(
-        "{}: {n} streams (connect took {:?})",
-        s.control.host,
-        first.connect_time
-    );
-    Ok((first, n))
+/// Streams being opened: every one dialed at once, each on its own thread
+/// (connect, token, then the server's acknowledgement).
+type PendingStreams = Vec<
+    tokio::task::JoinHandle<Result<(RecordWriter, RecordReader), skiff_dataplane::StreamError>>,
+>;
+
+fn dial_streams(s: &Session) -> PendingStreams {
+    (0..s.streams)
+        .map(|i| {
+            let (addr, token, keys, mode) = (s.addr, s.tokens[i as usize], s.keys.clone(), s.mode);
+            tokio::task::spawn_blocking(move || connect_stream(addr, &token, &keys, mode, i))
+        })
+        .collect()
 }
 
-/// Dials the other streams and waits for every acknowledgement (on
-/// blocking threads, in parallel).
-async fn open_streams(
-    s: &Session,
-    first: Dialed,
-    n: u32,
+/// Waits for the streams [`dial_streams`] opens.
+async fn streams_opened(
+    host: &str,
+    opening: PendingStreams,
 ) -> Result<Vec<(RecordWriter, RecordReader)>, SkiffError> {
-    let mut opening = Vec::new();
-    let (keys, mode) = (s.keys.clone(), s.mode);
-    opening.push(tokio::task::spawn_blocking(move || {
-        first.finish(&keys, mode)
-    }));
-    for (i, token) in s.tokens.iter().enumerate().take(n as usize).skip(1) {
-        let (addr, token, keys, mode) = (s.addr, *token, s.keys.clone(), s.mode);
-        opening.push(tokio::task::spawn_blocking(move || {
-            connect_stream(addr, &token, &keys, mode, i as u32)
-        }));
-    }
     let mut out = Vec::new();
+    let mut failed = None;
     for o in opening {
-        let stream = o
-            .await
-            .map_err(|e| {
-                SkiffError::new(ErrorKind::Protocol, format!("stream thread failed: {e}"))
-            })?
-            .map_err(|e| SkiffError::new(ErrorKind::Connect, format!("{}: {e}", s.control.host)))?;
-        out.push(stream);
+        match o.await {
+            Ok(Ok(stream)) => out.push(stream),
+            Ok(Err(e)) => {
+                failed.get_or_insert_with(|| {
+                    SkiffError::new(ErrorKind::Connect, format!("{host}: {e}"))
+                });
+            }
+            Err(e) => {
+                failed.get_or_insert_with(|| {
+                    SkiffError::new(ErrorKind::Protocol, format!("stream thread failed: {e}"))
+                });
+            }
+        }
     }
-    Ok(out)
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
 }
 
 /// Bytes moved by the stream threads, reported to `progress` from the async side.
@@ -325,26 +474,19 @@ enum Produced {
 async fn upload(
     mut s: Session,
     sources: &[PathBuf],
-    target: &str,
     job: &CopyJob,
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError> {
     let host = s.control.host.clone();
-    let (first, n) = dial_first(&s).await?;
-    s.control
-        .send(&ClientMsg::Put {
-            target: target.to_string(),
-            sources: sources.len() as u32,
-            recursive: job.recursive,
-            preserve: job.preserve,
-            streams: n,
-        })
-        .await?;
+    let pending = dial_streams(&s);
     let mut report = CopyReport::default();
     match s.control.recv().await? {
         ServerMsg::Ready => {}
         ServerMsg::Failed { message, .. } => {
+            // The server refused the target and is ending: the streams
+            // it will never take close with it.
             report.failures.push(message);
+            let _ = streams_opened(&host, pending).await;
             return Ok(report);
         }
         other => {
@@ -354,7 +496,7 @@ async fn upload(
             ))
         }
     }
-    let streams = open_streams(&s, first, n).await?;
+    let streams = streams_opened(&host, pending).await?;
     let counter = Arc::new(Counter::default());
     let queue = ChunkQueue::new(QUEUE_CHUNKS);
     let read_failures = Arc::new(Mutex::new(Vec::<(u32, String)>::new()));
@@ -537,30 +679,13 @@ fn produce(
 
 async fn download(
     mut s: Session,
-    sources: &[String],
-    target: &Path,
     job: &CopyJob,
+    placement: skiff_files::Placement,
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError> {
     let host = s.control.host.clone();
     let mut report = CopyReport::default();
-    let placement = match skiff_files::resolve_target(target, sources.len()) {
-        Ok(p) => p,
-        Err(e) => {
-            report.failures.push(e.to_string());
-            return Ok(report);
-        }
-    };
-    let (first, n) = dial_first(&s).await?;
-    s.control
-        .send(&ClientMsg::Get {
-            sources: sources.to_vec(),
-            recursive: job.recursive,
-            preserve: job.preserve,
-            streams: n,
-        })
-        .await?;
-    let streams = open_streams(&s, first, n).await?;
+    let streams = streams_opened(&host, dial_streams(&s)).await?;
     let settled = Arc::new(Mutex::new(Vec::<Settled>::new()));
     let table = {
         let settled = settled.clone();
