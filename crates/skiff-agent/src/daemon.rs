@@ -301,7 +301,7 @@ fn status_text(agent: &Agent) -> String {
     }
     for c in conns {
         text.push_str(&format!(
-            "{}  age {}s  open channels {}  received {}  sent {}{}{}\n",
+            "{}  age {}s  open channels {}  received {}  sent {}{}{}{}\n",
             c.destination,
             c.age.as_secs(),
             c.open_channels,
@@ -312,7 +312,12 @@ fn status_text(agent: &Agent) -> String {
                 .unwrap_or_default(),
             c.learned_limit
                 .map(|l| format!("  (server limit {l})"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            if c.held_up {
+                "  (held up by a slow reader: new commands use another connection)"
+            } else {
+                ""
+            }
         ));
     }
     text

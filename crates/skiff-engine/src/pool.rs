@@ -8,6 +8,13 @@
 //! Only channel opens are retried: once a command has started it is never
 //! run twice. A connection with no channels for its persist time (the host's
 //! `ControlPersist`, else the pool's default) is closed by [`Pool::close_idle`].
+//!
+//! A command whose local reader stops reading (`skiff exec h cat big | less`,
+//! paused) holds up its whole connection: russh grants window as data
+//! arrives and waits for each channel's consumer, so the connection's other
+//! channels wait too. The pool cannot prevent that, but it notices: a
+//! connection with an output write blocked for [`STALL_AFTER`] takes no new
+//! channels, and new commands go to another connection.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -29,6 +36,9 @@ use skiff_proto::ssh_config::ControlPersist;
 pub const MAX_CONNECTIONS_PER_HOST: usize = 64;
 /// Channel-open attempts for one command before giving up.
 const MAX_OPEN_ATTEMPTS: usize = 16;
+/// How long one output write may wait for its local reader before the
+/// connection counts as held up and takes no new channels.
+pub const STALL_AFTER: Duration = Duration::from_millis(200);
 
 /// What makes two commands able to share a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -79,6 +89,8 @@ struct Member {
     /// Command output received and input sent over it, in bytes.
     received: AtomicU64,
     sent: AtomicU64,
+    /// Output writes waiting for their local reader: writer id → since when.
+    blocked_writes: Mutex<HashMap<u64, Instant>>,
 }
 
 impl Member {
@@ -98,12 +110,24 @@ impl Member {
             persist,
             received: AtomicU64::new(0),
             sent: AtomicU64::new(0),
+            blocked_writes: Mutex::new(HashMap::new()),
         }
     }
 
     fn has_room(&self) -> bool {
         !self.conn.handle.is_closed()
             && self.open.load(Ordering::SeqCst) < self.limit.load(Ordering::SeqCst)
+            && !self.held_up(Instant::now())
+    }
+
+    /// Whether a command's local reader has kept an output write waiting
+    /// for [`STALL_AFTER`] or more at `now`.
+    fn held_up(&self, now: Instant) -> bool {
+        self.blocked_writes
+            .lock()
+            .expect("not poisoned")
+            .values()
+            .any(|since| now.saturating_duration_since(*since) >= STALL_AFTER)
     }
 
     /// Takes a channel slot; the caller holds the destination's member lock,
@@ -176,6 +200,8 @@ pub struct ConnectionInfo {
     pub bytes_received: u64,
     /// Command input sent over it, in bytes.
     pub bytes_sent: u64,
+    /// A command's local reader is holding it up: it takes no new channels.
+    pub held_up: bool,
 }
 
 /// The pool. Cheap to share behind an `Arc`.
@@ -223,6 +249,7 @@ impl Pool {
                         .map(|t| t.elapsed()),
                     bytes_received: m.received.load(Ordering::Relaxed),
                     bytes_sent: m.sent.load(Ordering::Relaxed),
+                    held_up: m.held_up(Instant::now()),
                 });
             }
         }
@@ -392,17 +419,59 @@ impl Pool {
 }
 
 /// A command's stream that adds what passes through it to its connection's
-/// byte counters (output written: received; input read: sent).
+/// byte counters (output written: received; input read: sent), and reports
+/// output writes that wait for the local reader (see [`STALL_AFTER`]).
 struct Counted<T> {
     inner: T,
     member: Arc<Member>,
+    /// This writer's key in the member's blocked writes, while one waits.
+    id: u64,
+    waiting: bool,
 }
+
+/// Ids for [`Counted`] writers.
+static NEXT_WRITER: AtomicU64 = AtomicU64::new(0);
 
 impl<T> Counted<T> {
     fn new(inner: T, member: &Arc<Member>) -> Self {
         Counted {
             inner,
             member: member.clone(),
+            id: NEXT_WRITER.fetch_add(1, Ordering::Relaxed),
+            waiting: false,
+        }
+    }
+
+    /// Notes whether the last write or flush had to wait.
+    fn note<R>(&mut self, polled: &Poll<R>) {
+        match (polled.is_pending(), self.waiting) {
+            (true, false) => {
+                self.waiting = true;
+                self.member
+                    .blocked_writes
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(self.id, Instant::now());
+            }
+            (false, true) => self.stop_waiting(),
+            _ => {}
+        }
+    }
+
+    fn stop_waiting(&mut self) {
+        self.waiting = false;
+        self.member
+            .blocked_writes
+            .lock()
+            .expect("not poisoned")
+            .remove(&self.id);
+    }
+}
+
+impl<T> Drop for Counted<T> {
+    fn drop(&mut self) {
+        if self.waiting {
+            self.stop_waiting();
         }
     }
 }
@@ -417,11 +486,14 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
         if let Poll::Ready(Ok(n)) = &polled {
             self.member.received.fetch_add(*n as u64, Ordering::Relaxed);
         }
+        self.note(&polled);
         polled
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.note(&polled);
+        polled
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {

@@ -231,6 +231,33 @@ fn recovers_after_the_agent_is_killed_and_after_a_server_restart() {
 /// A CLI killed mid-command (as by Ctrl-C twice, or a crash): the agent
 /// closes that command's channel, and skiffd hangs the command up, so it
 /// does not run on. The marker sleep duration identifies the remote process.
+/// Starts `skiff exec -n ... command` through the agent in the background,
+/// its stdout going to `stdout`.
+fn spawn_through_agent(
+    ah: &AgentHome,
+    port: u16,
+    key: &Key,
+    command: &str,
+    stdout: std::process::Stdio,
+) -> std::process::Child {
+    Command::new(skiff_bin())
+        .args(["exec", "-F", "/dev/null", "-o", "BatchMode=yes", "-n", "-i"])
+        .arg(&key.private)
+        .args([
+            "-p",
+            &port.to_string(),
+            &format!("{}@127.0.0.1", user()),
+            command,
+        ])
+        .env("HOME", ah.home.path())
+        .env("SKIFF_AGENT", "on")
+        .env("XDG_RUNTIME_DIR", ah.runtime.path())
+        .stdout(stdout)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn skiff")
+}
+
 #[test]
 fn killing_the_cli_ends_its_remote_command() {
     let Some((fx, d)) = skiffd_setup() else {
@@ -251,22 +278,13 @@ fn killing_the_cli_ends_its_remote_command() {
             .expect("pgrep");
         !out.stdout.is_empty()
     };
-    let mut cli = Command::new(skiff_bin())
-        .args(["exec", "-F", "/dev/null", "-o", "BatchMode=yes", "-n", "-i"])
-        .arg(&fx.client_key.private)
-        .args([
-            "-p",
-            &d.port().to_string(),
-            &format!("{}@127.0.0.1", user()),
-            marker,
-        ])
-        .env("HOME", ah.home.path())
-        .env("SKIFF_AGENT", "on")
-        .env("XDG_RUNTIME_DIR", ah.runtime.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn skiff");
+    let mut cli = spawn_through_agent(
+        &ah,
+        d.port(),
+        &fx.client_key,
+        marker,
+        std::process::Stdio::null(),
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while !remote_alive() {
         assert!(
@@ -671,4 +689,54 @@ fn window_changes_reach_the_remote_terminal() {
             "{c}: the agent is used exactly when asked"
         );
     }
+}
+
+/// A command whose local reader stops reading holds up its connection (russh
+/// waits for each channel's consumer before it reads the next packet). The
+/// agent notices the blocked output and sends later commands to the same
+/// host over another connection, so they still run.
+#[test]
+fn later_commands_do_not_wait_for_a_stopped_reader() {
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let ah = AgentHome::new();
+    trust(&ah, &d, &fx);
+    let c = ctx(&d, "a stopped reader on one channel");
+    ah.exec(d.port(), &fx.client_key)
+        .cmd("true")
+        .run()
+        .expect_code(0, &c);
+    // 256 MiB of output into a pipe this test never reads.
+    let mut stuck = spawn_through_agent(
+        &ah,
+        d.port(),
+        &fx.client_key,
+        "head -c 268435456 /dev/zero",
+        std::process::Stdio::piped(),
+    );
+    let status = wait_for_status(&ah, Duration::from_secs(20), |s| s.contains("held up"));
+    assert!(
+        status.contains("held up"),
+        "{c}: the agent did not notice the blocked output:\n{status}"
+    );
+    for i in 0..5 {
+        ah.exec(d.port(), &fx.client_key)
+            .cmd(&format!("echo later-{i}"))
+            .timeout(Duration::from_secs(30))
+            .run()
+            .expect_code(0, &c)
+            .expect_stdout(&format!("later-{i}\n"), &c);
+    }
+    let status = ah.agent_cmd(&["status"]).stdout_str();
+    let connections = status
+        .lines()
+        .filter(|l| l.contains("open channels"))
+        .count();
+    assert!(
+        connections >= 2,
+        "{c}: expected a second connection next to the held-up one:\n{status}"
+    );
+    let _ = stuck.kill();
+    let _ = stuck.wait();
 }
