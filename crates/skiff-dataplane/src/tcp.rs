@@ -24,14 +24,18 @@ pub fn rtt(fd: RawFd) -> Option<Duration> {
 
 /// The next receive-window target of a connection whose channel `channel`
 /// is being topped up now (an SSH handler's `adjust_window`), from the
-/// kernel's RTT of the connection's `socket`.
+/// larger of the kernel's RTT of the connection's `socket` and a round trip
+/// measured at the SSH level (`session_rtt`), which also covers the hops
+/// behind a proxy that terminates TCP.
 pub fn next_window(
     windows: &mut skiff_proto::window::WindowGrowth,
     socket: Option<&std::os::fd::OwnedFd>,
+    session_rtt: Option<std::time::Duration>,
     channel: u32,
     current: u32,
 ) -> u32 {
-    let rtt = socket.and_then(|s| rtt(std::os::fd::AsRawFd::as_raw_fd(s)));
+    let kernel_rtt = socket.and_then(|s| rtt(std::os::fd::AsRawFd::as_raw_fd(s)));
+    let rtt = kernel_rtt.max(session_rtt);
     let next = windows.top_up(channel, current, std::time::Instant::now(), rtt);
     if next != current {
         tracing::debug!("receive window {current} -> {next} bytes (rtt {rtt:?})");

@@ -71,6 +71,13 @@ pub struct ConnectionHandler {
     /// A second handle on the socket, for the kernel's RTT estimate.
     socket: Option<std::os::fd::OwnedFd>,
     windows: skiff_proto::window::WindowGrowth,
+    /// When a public-key probe was answered "acceptable" (`PK_OK`).
+    probe_answered: Option<std::time::Instant>,
+    /// The SSH-level round trip: from that answer to the signed request.
+    /// Unlike the kernel's RTT it spans any proxy that terminates TCP in
+    /// between (a jump host, say); it also holds the client's signing time,
+    /// which only makes windows grow sooner.
+    session_rtt: Option<std::time::Duration>,
 }
 
 impl ConnectionHandler {
@@ -89,6 +96,8 @@ impl ConnectionHandler {
             channels: HashMap::new(),
             socket: None,
             windows: skiff_proto::window::WindowGrowth::new(state.settings.max_channel_window),
+            probe_answered: None,
+            session_rtt: None,
             state,
         }
     }
@@ -506,7 +515,10 @@ impl russh::server::Handler for ConnectionHandler {
             return Ok(publickey_only());
         }
         Ok(match self.admitting_entry(user, offer.public_key) {
-            Some(_) => Auth::Accept,
+            Some(_) => {
+                self.probe_answered = Some(std::time::Instant::now());
+                Auth::Accept
+            }
             None => publickey_only(),
         })
     }
@@ -525,6 +537,7 @@ impl russh::server::Handler for ConnectionHandler {
                     "accepted publickey");
                 self.auth = Some(Authenticated { account, options });
                 self.candidate = None;
+                self.session_rtt = self.probe_answered.take().map(|t| t.elapsed());
                 self.authenticated_flag.send_replace(true);
                 Ok(Auth::Accept)
             }
@@ -579,7 +592,13 @@ impl russh::server::Handler for ConnectionHandler {
 
     fn adjust_window(&mut self, channel: ChannelId, current: u32) -> u32 {
         let socket = self.socket.as_ref();
-        skiff_dataplane::tcp::next_window(&mut self.windows, socket, channel.into(), current)
+        skiff_dataplane::tcp::next_window(
+            &mut self.windows,
+            socket,
+            self.session_rtt,
+            channel.into(),
+            current,
+        )
     }
 
     async fn pty_request(

@@ -73,7 +73,7 @@ fn init_logging(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("SKIFF_LOG").unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!(
-            "skiffd={level},skiff_server={level},russh=warn"
+            "skiffd={level},skiff_server={level},skiff_dataplane={level},russh=warn"
         ))
     });
     tracing_subscriber::fmt()
