@@ -24,8 +24,9 @@ const RTT_FLOOR: Duration = Duration::from_micros(200);
 #[derive(Debug)]
 pub struct WindowGrowth {
     max: u32,
-    /// When each channel's window was last topped up.
-    last_top_up: HashMap<u32, Instant>,
+    /// When each channel's window was last topped up, and whether that
+    /// top-up grew the window.
+    last_top_up: HashMap<u32, (Instant, bool)>,
 }
 
 impl WindowGrowth {
@@ -49,15 +50,22 @@ impl WindowGrowth {
         if self.last_top_up.len() >= 4096 {
             // Channels that closed long ago (the caller may not say).
             self.last_top_up
-                .retain(|_, t| now.saturating_duration_since(*t) < Duration::from_secs(60));
+                .retain(|_, (t, _)| now.saturating_duration_since(*t) < Duration::from_secs(60));
         }
-        let previous = self.last_top_up.insert(channel, now);
-        let (Some(previous), Some(rtt)) = (previous, rtt) else {
+        let previous = self.last_top_up.insert(channel, (now, false));
+        let (Some((previous, grew)), Some(rtt)) = (previous, rtt) else {
             return current;
         };
+        if grew {
+            // A larger target makes the very next packet top the window up
+            // again: that top-up says nothing about the sender. Timing
+            // starts over from it.
+            return current;
+        }
         let rtt = rtt.max(RTT_FLOOR);
         let half_window_took = now.saturating_duration_since(previous);
         if half_window_took < rtt && current < self.max {
+            self.last_top_up.insert(channel, (now, true));
             current.saturating_mul(2).min(self.max)
         } else {
             current
@@ -103,13 +111,36 @@ mod tests {
         // First top-up: nothing to compare with yet.
         assert_eq!(g.top_up(0, w, t0, rtt), w);
         // Half a window every 20 ms on a 40 ms path: window-limited, so it
-        // doubles each time up to the cap, and stays there.
+        // doubles up to the cap, and stays there. Each growth is followed at
+        // once by the top-up the larger target causes, which is not timed.
         let mut t = t0;
         for _ in 0..10 {
             t += 20 * MS;
+            let before = w;
             w = g.top_up(0, w, t, rtt);
+            if w != before {
+                t += Duration::from_micros(50);
+                assert_eq!(g.top_up(0, w, t, rtt), w, "the induced top-up grew it");
+            }
         }
         assert_eq!(w, DEFAULT_MAX_WINDOW);
+    }
+
+    #[test]
+    fn one_slow_half_window_stops_the_growth() {
+        let mut g = WindowGrowth::new(DEFAULT_MAX_WINDOW);
+        let t0 = Instant::now();
+        let rtt = Some(40 * MS);
+        g.top_up(4, INITIAL_WINDOW, t0, rtt);
+        let w = g.top_up(4, INITIAL_WINDOW, t0 + 20 * MS, rtt);
+        assert_eq!(w, 2 * INITIAL_WINDOW);
+        // The induced top-up right after, then half of the new window taking
+        // longer than a round trip: the path is the limit now.
+        assert_eq!(
+            g.top_up(4, w, t0 + 20 * MS + Duration::from_micros(30), rtt),
+            w
+        );
+        assert_eq!(g.top_up(4, w, t0 + 70 * MS, rtt), w);
     }
 
     #[test]
