@@ -70,7 +70,8 @@ pub fn serve_stdio() -> io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(serve(Stdio::new()));
+    // The pipes register with the runtime's reactor: build them inside it.
+    runtime.block_on(async { serve(Stdio::new()).await });
     // A stdin read may still be parked in a blocking thread: do not wait for it.
     runtime.shutdown_background();
     Ok(())
@@ -1087,19 +1088,41 @@ impl russh_sftp::server::Handler for Session {
 /// stdin and stdout as one stream. An I/O error on either ends the input,
 /// so the session stops instead of retrying a broken pipe.
 struct Stdio {
-    input: tokio::io::BufReader<tokio::io::Stdin>,
-    output: tokio::io::Stdout,
+    input: tokio::io::BufReader<Box<dyn AsyncRead + Unpin + Send>>,
+    output: Box<dyn AsyncWrite + Unpin + Send>,
     broken: bool,
 }
 
 impl Stdio {
+    /// Pipes from skiffd (the usual case) are read and written in place by
+    /// the runtime; anything else (a terminal, a file) goes through tokio's
+    /// stdin and stdout, which hand every read and write to another thread.
     fn new() -> Self {
+        use tokio::net::unix::pipe;
+        let input: Box<dyn AsyncRead + Unpin + Send> =
+            match dup_std(0).and_then(pipe::Receiver::from_owned_fd) {
+                Ok(pipe) => Box::new(pipe),
+                Err(_) => Box::new(tokio::io::stdin()),
+            };
+        let output: Box<dyn AsyncWrite + Unpin + Send> =
+            match dup_std(1).and_then(pipe::Sender::from_owned_fd) {
+                Ok(pipe) => Box::new(pipe),
+                Err(_) => Box::new(tokio::io::stdout()),
+            };
         Stdio {
-            input: tokio::io::BufReader::with_capacity(64 * 1024, tokio::io::stdin()),
-            output: tokio::io::stdout(),
+            input: tokio::io::BufReader::with_capacity(256 * 1024, input),
+            output,
             broken: false,
         }
     }
+}
+
+/// A second descriptor for standard input or output (fd 0 or 1).
+fn dup_std(fd: std::os::fd::RawFd) -> io::Result<std::os::fd::OwnedFd> {
+    // SAFETY: fd 0 and fd 1 stay open for the life of the process; the
+    // borrow only lasts for the dup.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    borrowed.try_clone_to_owned()
 }
 
 impl AsyncRead for Stdio {
