@@ -15,4 +15,6 @@ pub mod tcp;
 
 pub use receive::{finish_dirs, prepare_entry, FileTable, Incoming, PendingDir, Prepared, Settled};
 pub use send::{ChunkQueue, Outgoing};
-pub use stream::{connect_stream, RecordReader, RecordWriter, StreamError};
+pub use stream::{
+    connect_stream, open_stream, RecordReader, RecordWriter, StreamError, Unacknowledged,
+};

@@ -229,6 +229,22 @@ pub fn connect_stream(
     mode: Mode,
     index: u32,
 ) -> Result<(RecordWriter, RecordReader), StreamError> {
+    let (writer, pending) = open_stream(addr, token, keys, mode, index)?;
+    Ok((writer, pending.acknowledged()?))
+}
+
+/// The first half of [`connect_stream`]: connects and presents the token,
+/// without waiting for the acknowledgement. Records the writer sends before
+/// it are sealed with the session's keys, so only the transfer process can
+/// open them; the caller must still see [`Unacknowledged::acknowledged`]
+/// succeed before it counts the transfer as done.
+pub fn open_stream(
+    addr: SocketAddr,
+    token: &[u8; TOKEN_LEN],
+    keys: &Keys,
+    mode: Mode,
+    index: u32,
+) -> Result<(RecordWriter, Unacknowledged), StreamError> {
     let io = |e| StreamError::io(index, e);
     let sock = TcpStream::connect_timeout(&addr, OPEN_TIMEOUT).map_err(io)?;
     sock.set_nodelay(true).map_err(io)?;
@@ -237,36 +253,60 @@ pub fn connect_stream(
     hello[MAGIC.len()..].copy_from_slice(token);
     (&sock).write_all(&hello).map_err(io)?;
     sock.set_read_timeout(Some(OPEN_TIMEOUT)).map_err(io)?;
-    skip_banner(&sock).map_err(|e| match e.kind() {
-        io::ErrorKind::InvalidData => StreamError::protocol(index, e.to_string()),
-        _ => io(e),
-    })?;
-    let mut reader = RecordReader::new(
+    let reader = RecordReader::new(
         sock.try_clone().map_err(io)?,
         keys,
         Side::Server,
         mode,
         index,
     );
-    match reader.next_record() {
-        Ok(Record::Ack) => {}
-        Ok(_) => {
-            return Err(StreamError::protocol(
-                index,
-                "the server did not acknowledge the stream",
-            ))
-        }
-        Err(StreamError::Protocol { .. }) => {
-            return Err(StreamError::protocol(
+    let writer = RecordWriter::new(sock, keys, Side::Client, mode, index);
+    Ok((writer, Unacknowledged { reader }))
+}
+
+/// A stream whose token went out and whose acknowledgement is not read yet.
+pub struct Unacknowledged {
+    reader: RecordReader,
+}
+
+impl Unacknowledged {
+    /// Waits (at most 15 s) for the server's acknowledgement record and
+    /// returns the stream's reading half.
+    pub fn acknowledged(mut self) -> Result<RecordReader, StreamError> {
+        let index = self.reader.stream;
+        let io = |e| StreamError::io(index, e);
+        let refused = || {
+            StreamError::protocol(
                 index,
                 "the server refused the stream (unknown, used or expired token, or another peer)",
-            ))
+            )
+        };
+        skip_banner(&self.reader.sock).map_err(|e| match e.kind() {
+            io::ErrorKind::InvalidData => StreamError::protocol(index, e.to_string()),
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => refused(),
+            _ => io(e),
+        })?;
+        match self.reader.next_record() {
+            Ok(Record::Ack) => {}
+            Ok(_) => {
+                return Err(StreamError::protocol(
+                    index,
+                    "the server did not acknowledge the stream",
+                ))
+            }
+            Err(StreamError::Protocol { .. }) => return Err(refused()),
+            // Records already sent make a refusing server reset the
+            // connection rather than just close it.
+            Err(StreamError::Io { source, .. })
+                if source.kind() == io::ErrorKind::ConnectionReset =>
+            {
+                return Err(refused())
+            }
+            Err(e) => return Err(e),
         }
-        Err(e) => return Err(e),
+        self.reader.sock.set_read_timeout(None).map_err(io)?;
+        Ok(self.reader)
     }
-    sock.set_read_timeout(None).map_err(io)?;
-    let writer = RecordWriter::new(sock, keys, Side::Client, mode, index);
-    Ok((writer, reader))
 }
 
 /// Reads and discards skiffd's `SSH-...\r\n` identification line, byte by

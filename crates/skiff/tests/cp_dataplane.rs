@@ -413,6 +413,42 @@ fn pump(
     let _ = to.shutdown(Shutdown::Write);
 }
 
+/// `skiff cp --streams 2 --cipher MODE src` to the remote `dst`.
+fn upload_on_two_streams(port: u16, key: &Key, mode: &str, src: &Path, dst: &Path) -> CmdOutput {
+    cp(
+        port,
+        key,
+        &[
+            "--streams",
+            "2",
+            "--cipher",
+            mode,
+            &src.display().to_string(),
+            &remote(dst),
+        ],
+    )
+}
+
+/// The proxy flipped its byte, and the copy failed saying `why`.
+fn expect_failure_after_flip(d: &Skiffd, proxy: &TamperProxy, out: &CmdOutput, c: &str, why: &str) {
+    assert_eq!(
+        proxy.flipped.load(Ordering::SeqCst),
+        1,
+        "{c}: the proxy never flipped a byte"
+    );
+    assert_ne!(
+        out.code,
+        0,
+        "{}",
+        ctx(d, &format!("{c}: the copy succeeded\n{out}"))
+    );
+    assert!(
+        out.stderr.contains(why),
+        "{}",
+        ctx(d, &format!("{c}: the error does not say {why:?}\n{out}"))
+    );
+}
+
 #[test]
 fn a_flipped_byte_fails_the_transfer_and_leaves_the_destination_alone() {
     if !require_openssh() {
@@ -438,18 +474,7 @@ fn a_flipped_byte_fails_the_transfer_and_leaves_the_destination_alone() {
             // An older version of the file sits under the final name.
             let dst = rdir.path().join("big");
             write_file(&dst, "old contents\n", 0o644);
-            let out = cp(
-                proxy.port,
-                &fx.client_key,
-                &[
-                    "--streams",
-                    "2",
-                    "--cipher",
-                    mode,
-                    &src.display().to_string(),
-                    &remote(&dst),
-                ],
-            );
+            let out = upload_on_two_streams(proxy.port, &fx.client_key, mode, &src, &dst);
             assert_eq!(
                 fs::read_to_string(&dst).unwrap_or_default(),
                 "old contents\n",
@@ -485,22 +510,7 @@ fn a_flipped_byte_fails_the_transfer_and_leaves_the_destination_alone() {
             );
             out
         };
-        assert_eq!(
-            proxy.flipped.load(Ordering::SeqCst),
-            1,
-            "{c}: the proxy never flipped a byte"
-        );
-        assert_ne!(
-            out.code,
-            0,
-            "{}",
-            ctx(&d, &format!("{c}: the copy succeeded\n{out}"))
-        );
-        assert!(
-            out.stderr.contains("integrity check failed"),
-            "{}",
-            ctx(&d, &format!("{c}: no integrity error\n{out}"))
-        );
+        expect_failure_after_flip(&d, &proxy, &out, &c, "integrity check failed");
         wait_until(
             || temporaries(rdir.path()).is_empty(),
             &format!("{c}: remote temporaries removed"),
@@ -513,6 +523,44 @@ fn wait_until(mut ok: impl FnMut() -> bool, what: &str) {
     while !ok() {
         assert!(Instant::now() < deadline, "timed out waiting: {what}");
         thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A stream whose token arrives altered (one byte flipped on the way) is
+/// refused by skiffd. The copy fails at once with that refusal, both in
+/// aead mode, where records follow the token without waiting for the
+/// acknowledgement, and in integrity mode, which waits for it; the file
+/// under the final name keeps its old contents.
+#[test]
+fn a_refused_stream_fails_the_copy_at_once() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let d = skiffd(&fx, "");
+    let local = tempdir();
+    let src = local.path().join("f");
+    random_file(&src, 8 * MIB);
+    for mode in ["aead", "integrity"] {
+        let c = format!("{mode}, token altered");
+        let proxy = TamperProxy::start(d.port(), MAGIC.len() + 5, true);
+        let rdir = account_dir();
+        let dst = rdir.path().join("f");
+        write_file(&dst, "old contents\n", 0o644);
+        let started = Instant::now();
+        let out = upload_on_two_streams(proxy.port, &fx.client_key, mode, &src, &dst);
+        let took = started.elapsed();
+        expect_failure_after_flip(&d, &proxy, &out, &c, "refused the stream");
+        assert!(
+            took < Duration::from_secs(10),
+            "{}",
+            ctx(&d, &format!("{c}: the failure took {took:?}\n{out}"))
+        );
+        assert_eq!(
+            fs::read_to_string(&dst).unwrap_or_default(),
+            "old contents\n",
+            "{c}: destination changed"
+        );
     }
 }
 

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use russh::ChannelMsg;
 use skiff_dataplane::{
-    connect_stream, finish_dirs, prepare_entry, ChunkQueue, FileTable, Outgoing, PendingDir,
-    Prepared, RecordReader, RecordWriter, Settled,
+    connect_stream, finish_dirs, open_stream, prepare_entry, ChunkQueue, FileTable, Outgoing,
+    PendingDir, Prepared, RecordWriter, Settled, StreamError,
 };
 use skiff_files::EntryKind;
 use skiff_proto::dataplane::{
@@ -389,26 +389,30 @@ async fn run(
     }
 }
 
-/// Streams being opened: every one dialed at once, each on its own thread
-/// (connect, token, then the server's acknowledgement).
-type PendingStreams = Vec<
-    tokio::task::JoinHandle<Result<(RecordWriter, RecordReader), skiff_dataplane::StreamError>>,
->;
+/// Streams being opened: every one dialed at once, each on its own thread.
+type PendingStreams<T> = Vec<tokio::task::JoinHandle<Result<T, StreamError>>>;
 
-fn dial_streams(s: &Session) -> PendingStreams {
+/// Dials every stream of the session with `open` (which connects, presents
+/// the token and, for [`connect_stream`], waits for the acknowledgement).
+fn dial_streams<T, F>(s: &Session, open: F) -> PendingStreams<T>
+where
+    T: Send + 'static,
+    F: Fn(SocketAddr, &[u8; TOKEN_LEN], &Keys, Mode, u32) -> Result<T, StreamError>
+        + Clone
+        + Send
+        + 'static,
+{
     (0..s.streams)
         .map(|i| {
             let (addr, token, keys, mode) = (s.addr, s.tokens[i as usize], s.keys.clone(), s.mode);
-            tokio::task::spawn_blocking(move || connect_stream(addr, &token, &keys, mode, i))
+            let open = open.clone();
+            tokio::task::spawn_blocking(move || open(addr, &token, &keys, mode, i))
         })
         .collect()
 }
 
 /// Waits for the streams [`dial_streams`] opens.
-async fn streams_opened(
-    host: &str,
-    opening: PendingStreams,
-) -> Result<Vec<(RecordWriter, RecordReader)>, SkiffError> {
+async fn streams_opened<T>(host: &str, opening: PendingStreams<T>) -> Result<Vec<T>, SkiffError> {
     let mut out = Vec::new();
     let mut failed = None;
     for o in opening {
@@ -429,6 +433,24 @@ async fn streams_opened(
     match failed {
         Some(e) => Err(e),
         None => Ok(out),
+    }
+}
+
+/// An upload stream: its writer, and the acknowledgement still to read when
+/// records go out before it (aead only: they are sealed, so nobody but the
+/// transfer process can read them; in the unencrypted modes nothing is
+/// sent before the server has proved it holds the keys).
+type UploadStream = (RecordWriter, Option<skiff_dataplane::Unacknowledged>);
+
+fn dial_upload_streams(s: &Session) -> PendingStreams<UploadStream> {
+    if s.mode == Mode::Aead {
+        dial_streams(s, |addr, token: &[u8; TOKEN_LEN], keys: &Keys, mode, i| {
+            open_stream(addr, token, keys, mode, i).map(|(w, pending)| (w, Some(pending)))
+        })
+    } else {
+        dial_streams(s, |addr, token: &[u8; TOKEN_LEN], keys: &Keys, mode, i| {
+            connect_stream(addr, token, keys, mode, i).map(|(w, _reader)| (w, None))
+        })
     }
 }
 
@@ -478,7 +500,7 @@ async fn upload(
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError> {
     let host = s.control.host.clone();
-    let pending = dial_streams(&s);
+    let pending = dial_upload_streams(&s);
     let mut report = CopyReport::default();
     match s.control.recv().await? {
         ServerMsg::Ready => {}
@@ -500,12 +522,29 @@ async fn upload(
     let counter = Arc::new(Counter::default());
     let queue = ChunkQueue::new(QUEUE_CHUNKS);
     let read_failures = Arc::new(Mutex::new(Vec::<(u32, String)>::new()));
+    // A stream the server never acknowledges (it refused the token) stops
+    // the transfer at once: the server does not know about it.
+    let (refused_tx, mut refused_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let mut senders = Vec::new();
-    for (writer, reader) in streams {
-        drop(reader);
-        let (queue, counter, read_failures) =
-            (queue.clone(), counter.clone(), read_failures.clone());
+    for (writer, unacknowledged) in streams {
+        let (queue, counter, read_failures, refused_tx) = (
+            queue.clone(),
+            counter.clone(),
+            read_failures.clone(),
+            refused_tx.clone(),
+        );
         senders.push(std::thread::spawn(move || {
+            let ack = unacknowledged.map(|pending| {
+                let queue = queue.clone();
+                std::thread::spawn(move || {
+                    let acked = pending.acknowledged().map(drop);
+                    if let Err(e) = &acked {
+                        queue.abort();
+                        let _ = refused_tx.send(e.to_string());
+                    }
+                    acked
+                })
+            });
             let sent = |n: u64| {
                 counter.total.fetch_add(n, Ordering::Relaxed);
             };
@@ -515,9 +554,14 @@ async fn upload(
                     .expect("lock")
                     .push((id, e.to_string()))
             };
-            queue.run_sender(writer, &sent, &failed)
+            let result = queue.run_sender(writer, &sent, &failed);
+            match ack.map(|t| t.join()) {
+                Some(Ok(Err(e))) => Err(e),
+                _ => result,
+            }
         }));
     }
+    drop(refused_tx);
     // The producer walks the sources on its own thread: announcing an
     // entry goes through the async control channel, its chunks through
     // the queue.
@@ -536,6 +580,8 @@ async fn upload(
     };
     let mut tick = tokio::time::interval(PROGRESS_TICK);
     let mut producing = true;
+    // Why the server gave up on the whole transfer, if it said.
+    let mut server_reason = None;
     let outcome: Result<(), SkiffError> = loop {
         tokio::select! {
             produced = rx.recv(), if producing => match produced {
@@ -560,7 +606,10 @@ async fn upload(
                         progress.file_done(&path);
                     }
                 }
-                Ok(ServerMsg::Failed { id: u32::MAX, message }) => report.failures.push(message),
+                Ok(ServerMsg::Failed { id: u32::MAX, message }) => {
+                    server_reason = Some(message.clone());
+                    report.failures.push(message);
+                }
                 Ok(ServerMsg::Failed { id, message }) => {
                     sizes.lock().expect("lock").remove(&id);
                     report.failures.push(message);
@@ -569,6 +618,9 @@ async fn upload(
                 Ok(other) => break Err(SkiffError::new(ErrorKind::Protocol, format!("{host}: unexpected {other:?}"))),
                 Err(e) => break Err(e),
             },
+            Some(reason) = refused_rx.recv() => {
+                break Err(SkiffError::new(ErrorKind::Connect, format!("{host}: {reason}")));
+            }
             _ = tick.tick() => counter.flush(progress),
         }
     };
@@ -595,7 +647,7 @@ async fn upload(
         (Err(e), _) => {
             // The server's own account of why (an integrity failure, say)
             // is the better message when it sent one.
-            if let Some(reason) = report.failures.last() {
+            if let Some(reason) = &server_reason {
                 return Err(stream_failed(&host, reason));
             }
             return Err(e);
@@ -685,7 +737,7 @@ async fn download(
 ) -> Result<CopyReport, SkiffError> {
     let host = s.control.host.clone();
     let mut report = CopyReport::default();
-    let streams = streams_opened(&host, dial_streams(&s)).await?;
+    let streams = streams_opened(&host, dial_streams(&s, connect_stream)).await?;
     let settled = Arc::new(Mutex::new(Vec::<Settled>::new()));
     let table = {
         let settled = settled.clone();
