@@ -37,11 +37,14 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, STANDARD_PAD_INDIFFERENT};
 use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
-use sha1::block_api::compress as sha1_compress;
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
 
 use crate::pattern::{has_wildcard, match_list, ListMatch};
+
+mod hashed_lines;
+
+use hashed_lines::{sha1_words, HashedLines, KeyedSha1, PaddedName};
 
 /// The SSH port for which host names are written without `[host]:port`.
 pub const DEFAULT_PORT: u16 = 22;
@@ -219,12 +222,10 @@ const MEMO_LIMIT: usize = 1 << 16;
 ///   pattern list (including any `!negations`) is still checked afterwards.
 /// * Entries with at least one positive wildcard pattern are in `scan` and
 ///   matched linearly; in practice this list is short.
-/// * Hashed entries are grouped by salt, and each group keeps HMAC-SHA1
-///   already keyed with its salt ([`KeyedSha1`]), so testing a name costs
-///   two SHA-1 compressions per distinct salt (normally one per hashed
-///   line, since ssh picks a fresh salt per line) instead of four. There is
-///   no way to find a hashed line without hashing the name with its salt,
-///   so the result of that scan is remembered per name in `memo`: a file's
+/// * Hashed entries are kept with their HMAC keys already absorbed and are
+///   hashed with a name many at a time ([`HashedLines`]). There is no way to
+///   find a hashed line without hashing the name with its salt, so the
+///   result of that scan is remembered per name in `memo`: a file's
 ///   first lookup of a name costs one scan, later ones (the same
 ///   connection's second lookup, or the next connection to that host in a
 ///   long-lived process) none.
@@ -236,133 +237,14 @@ struct HostIndex {
     scan: Vec<usize>,
     /// Lowercased pattern lists, parallel to `entries` (empty for hashed).
     lowered: Vec<Vec<String>>,
-    /// Hashed entries grouped by salt, in order of first appearance.
-    hashed: Vec<SaltGroup>,
-    /// Salt -> position in `hashed`.
-    salt_pos: HashMap<[u8; SHA1_LEN], usize>,
+    /// Hashed entries, with their HMAC keys absorbed.
+    hashed: HashedLines,
     /// Lookup name -> indices of the hashed entries it matches.
     memo: HashedMemo,
 }
 
 /// A hashed entry just added: `(index, salt, hash)`.
 type NewHashed = (usize, [u8; SHA1_LEN], [u8; SHA1_LEN]);
-
-/// A SHA-1 chaining state (five big-endian words of the digest).
-type Sha1State = [u32; 5];
-
-/// SHA-1's initial state (FIPS 180-4, 5.3.1).
-const SHA1_INIT: Sha1State = [
-    0x6745_2301,
-    0xefcd_ab89,
-    0x98ba_dcfe,
-    0x1032_5476,
-    0xc3d2_e1f0,
-];
-
-/// SHA-1 block size, which is also HMAC's padded key length.
-const SHA1_BLOCK: usize = 64;
-
-/// HMAC-SHA1 (RFC 2104) with a 20-byte key already absorbed: the SHA-1
-/// states after the key block XOR ipad and XOR opad. Computing a MAC from
-/// here takes two compressions for names up to 55 bytes (a full HMAC takes
-/// four, two of them for the key).
-#[derive(Clone, Copy)]
-struct KeyedSha1 {
-    inner: Sha1State,
-    outer: Sha1State,
-}
-
-impl KeyedSha1 {
-    fn new(key: &[u8; SHA1_LEN]) -> Self {
-        let mut ipad = [0x36u8; SHA1_BLOCK];
-        let mut opad = [0x5cu8; SHA1_BLOCK];
-        for (i, k) in key.iter().enumerate() {
-            ipad[i] ^= k;
-            opad[i] ^= k;
-        }
-        let mut inner = SHA1_INIT;
-        sha1_compress(&mut inner, &[ipad]);
-        let mut outer = SHA1_INIT;
-        sha1_compress(&mut outer, &[opad]);
-        KeyedSha1 { inner, outer }
-    }
-
-    /// HMAC-SHA1(key, name), as state words.
-    fn mac(&self, name: &PaddedName) -> Sha1State {
-        let mut inner = self.inner;
-        sha1_compress(&mut inner, &name.blocks);
-        // The outer message is the 20-byte inner digest, after one key block.
-        let mut block = [0u8; SHA1_BLOCK];
-        for (bytes, word) in block.chunks_exact_mut(4).zip(inner) {
-            bytes.copy_from_slice(&word.to_be_bytes());
-        }
-        block[SHA1_LEN] = 0x80;
-        block[SHA1_BLOCK - 8..]
-            .copy_from_slice(&(((SHA1_BLOCK + SHA1_LEN) as u64) * 8).to_be_bytes());
-        let mut outer = self.outer;
-        sha1_compress(&mut outer, &[block]);
-        outer
-    }
-}
-
-/// A lookup name as the SHA-1 blocks that follow one key block: the name,
-/// `0x80`, zeros and the bit length of key block plus name. Made once per
-/// lookup and hashed with every salt.
-struct PaddedName {
-    blocks: Vec<[u8; SHA1_BLOCK]>,
-}
-
-impl PaddedName {
-    fn new(name: &str) -> Self {
-        let name = name.as_bytes();
-        let count = (name.len() + 9).div_ceil(SHA1_BLOCK);
-        let mut blocks = vec![[0u8; SHA1_BLOCK]; count];
-        let mut put = |at: usize, byte: u8| blocks[at / SHA1_BLOCK][at % SHA1_BLOCK] = byte;
-        for (i, &b) in name.iter().enumerate() {
-            put(i, b);
-        }
-        put(name.len(), 0x80);
-        let bits = ((SHA1_BLOCK + name.len()) as u64).wrapping_mul(8);
-        for (i, b) in bits.to_be_bytes().into_iter().enumerate() {
-            put(count * SHA1_BLOCK - 8 + i, b);
-        }
-        PaddedName { blocks }
-    }
-}
-
-/// A 20-byte digest as SHA-1 state words.
-fn sha1_words(digest: &[u8; SHA1_LEN]) -> Sha1State {
-    let mut words = [0u32; 5];
-    for (w, bytes) in words.iter_mut().zip(digest.chunks_exact(4)) {
-        *w = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-    }
-    words
-}
-
-/// Hashed entries sharing one salt (normally just one entry).
-#[derive(Clone)]
-struct SaltGroup {
-    key: KeyedSha1,
-    /// (expected hash as state words, entry index) of the first entry...
-    first: (Sha1State, usize),
-    /// ...and of any others with this salt.
-    more: Vec<(Sha1State, usize)>,
-}
-
-impl SaltGroup {
-    fn members(&self) -> impl Iterator<Item = &(Sha1State, usize)> {
-        std::iter::once(&self.first).chain(&self.more)
-    }
-}
-
-impl fmt::Debug for SaltGroup {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let members: Vec<usize> = self.members().map(|&(_, i)| i).collect();
-        f.debug_struct("SaltGroup")
-            .field("entries", &members)
-            .finish_non_exhaustive()
-    }
-}
 
 /// Remembered results of scanning the hashed entries, per lowercased lookup
 /// name (entry indices, ascending; empty when none matched). Only in memory:
@@ -440,22 +322,7 @@ impl HostIndex {
                     self.lowered.push(Vec::new());
                     return;
                 };
-                let member = (sha1_words(&hash), i);
-                match self
-                    .salt_pos
-                    .get(&salt)
-                    .and_then(|&g| self.hashed.get_mut(g))
-                {
-                    Some(group) => group.more.push(member),
-                    None => {
-                        self.salt_pos.insert(salt, self.hashed.len());
-                        self.hashed.push(SaltGroup {
-                            key: KeyedSha1::new(&salt),
-                            first: member,
-                            more: Vec::new(),
-                        });
-                    }
-                }
+                self.hashed.push(i, &salt, &hash);
                 self.lowered.push(Vec::new());
             }
         }
@@ -488,14 +355,7 @@ impl HostIndex {
 
     /// The hashed entries that `name` matches, ascending, without the memo.
     fn scan_hashed(&self, name: &str) -> Vec<usize> {
-        let padded = PaddedName::new(name);
-        let mut hits = Vec::new();
-        for group in &self.hashed {
-            let mac = group.key.mac(&padded);
-            hits.extend(group.members().filter(|(h, _)| *h == mac).map(|&(_, i)| i));
-        }
-        hits.sort_unstable();
-        hits
+        self.hashed.matching(name)
     }
 
     /// Brings the memo up to date after the hashed entries `new` were added
@@ -515,11 +375,9 @@ impl HostIndex {
             return;
         }
         for &(i, salt, hash) in new {
-            let Some(group) = self.salt_pos.get(&salt).and_then(|&g| self.hashed.get(g)) else {
-                continue;
-            };
+            let key = KeyedSha1::new(&salt);
             let hash = sha1_words(&hash);
-            let hashes = |name: &str| group.key.mac(&PaddedName::new(name)) == hash;
+            let hashes = |name: &str| key.mac(&PaddedName::new(name)) == hash;
             // Pushing keeps the lists ascending: new entries come last.
             if let Some(name) = written_for.filter(|n| hashes(n)) {
                 if let Some(hits) = memo.get_mut(name) {
@@ -1926,7 +1784,7 @@ mod tests {
     }
 
     #[test]
-    fn hashed_grouped_by_salt() {
+    fn hashed_lines_sharing_a_salt() {
         let salt = [3u8; 20];
         let text = format!(
             "{}{}{}",
@@ -1935,39 +1793,26 @@ mod tests {
             format_entry("c", 22, "ssh-ed25519", &ed(3), Some(&[4u8; 20])),
         );
         let f = parse_ok("kh", &text);
-        assert_eq!(f.index.hashed.len(), 2);
-        assert_eq!(f.index.hashed[0].members().count(), 2);
+        assert_eq!(f.index.hashed.len(), 3);
+        assert_eq!(f.index.lookup("a"), [0]);
         assert_eq!(f.index.lookup("b"), [1]);
         assert_eq!(f.index.lookup("c"), [2]);
         assert!(f.index.lookup("d").is_empty());
     }
 
-    #[test]
-    fn keyed_sha1_is_hmac_sha1() {
-        let mut rng = TestRng(7);
-        for len in (0..=140).chain([200, 1000]) {
-            let name: String = (0..len)
-                .map(|i| char::from(b'a' + (i % 26) as u8))
-                .collect();
-            let salt = rng.salt();
-            let expected = hmac_sha1(&salt, name.as_bytes());
-            let got = KeyedSha1::new(&salt).mac(&PaddedName::new(&name));
-            assert_eq!(got, sha1_words(&expected), "length {len}");
-        }
-    }
-
-    /// Deterministic pseudo-random bytes for the tests below.
-    struct TestRng(u64);
+    /// Deterministic pseudo-random bytes for the tests below and those of
+    /// `hashed_lines`.
+    pub(super) struct TestRng(pub(super) u64);
 
     impl TestRng {
-        fn next(&mut self) -> u64 {
+        pub(super) fn next(&mut self) -> u64 {
             self.0 ^= self.0 << 13;
             self.0 ^= self.0 >> 7;
             self.0 ^= self.0 << 17;
             self.0
         }
 
-        fn salt(&mut self) -> [u8; 20] {
+        pub(super) fn salt(&mut self) -> [u8; 20] {
             let mut s = [0u8; 20];
             for b in &mut s {
                 *b = self.next() as u8;
@@ -2129,7 +1974,6 @@ mod tests {
             &format_entry("new6", 22, "ssh-ed25519", &ed(106), Some(&[1; 20])),
             Some("new6"),
         );
-        assert_eq!(f.index.hashed[0].members().count(), 2);
         for n in names.iter().chain(&["new5", "old8", "old0"]) {
             let lower = n.to_ascii_lowercase();
             assert_eq!(f.index.lookup(&lower), brute_force(&f, n), "{n}");
