@@ -3,6 +3,8 @@
 //! host-key verification, keepalives, then public-key authentication.
 
 use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use russh::client::{self, Handle};
@@ -46,6 +48,13 @@ pub struct ClientHandler {
     known_hosts: Arc<KnownHosts>,
     /// Why the host key was refused, for the error message.
     refusal: Arc<Mutex<Option<SkiffError>>>,
+    /// The key types the host-key algorithms were ordered by, when hashed
+    /// entries were left out of that order (see
+    /// [`KnownHosts::preferred_key_types`]).
+    plain_order: Option<Vec<String>>,
+    /// Set when the key exchange should be done again with every known type
+    /// first ([`KnownHosts::order_missed_a_type`]).
+    order_again: Arc<AtomicBool>,
 }
 
 impl client::Handler for ClientHandler {
@@ -62,6 +71,16 @@ impl client::Handler for ClientHandler {
                 russh::keys::PublicKey::from(cert.public_key().clone())
             }
         };
+        if let Some(plain_types) = &self.plain_order {
+            let (host, port) = (&self.settings.hostname, self.settings.port);
+            if self
+                .known_hosts
+                .order_missed_a_type(host, port, &public, plain_types)
+            {
+                self.order_again.store(true, Ordering::Relaxed);
+                return Ok(false);
+            }
+        }
         // Usually a lookup and perhaps a one-line append: cheap enough to run
         // here. Only the `ask` policy may block on the terminal, and then the
         // user is the bottleneck anyway.
@@ -198,53 +217,89 @@ async fn tcp_connect(settings: &ConnectSettings) -> Result<TcpStream, SkiffError
     })))
 }
 
-/// Connects, verifies the host key and authenticates.
-pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffError> {
-    for (keyword, place) in &settings.ignored {
-        tracing::debug!("{place}: {keyword} is not supported by skiff; ignored");
-    }
-    let known_hosts = Arc::new(KnownHosts::load(settings));
-    let known_types = known_hosts.known_key_types(&settings.hostname, settings.port);
-    let config = Arc::new(russh_config(settings, &known_types));
+/// TCP connection and key exchange with the host-key algorithms ordered by
+/// `known_types`; the host key is verified on the way. `None` when the
+/// handler asks for another exchange with every known type first (only
+/// possible with `plain_order`, see [`ClientHandler::plain_order`]).
+async fn handshake(
+    settings: &ConnectSettings,
+    known_hosts: &Arc<KnownHosts>,
+    known_types: &[String],
+    plain_order: Option<Vec<String>>,
+) -> Result<Option<(client::Handle<ClientHandler>, Option<SocketAddr>)>, SkiffError> {
+    let config = Arc::new(russh_config(settings, known_types));
     let stream = tcp_connect(settings).await?;
     let peer_addr = stream.peer_addr().ok();
     let refusal = Arc::new(Mutex::new(None));
+    let order_again = Arc::new(AtomicBool::new(false));
     let handler = ClientHandler {
         settings: settings.clone(),
         known_hosts: known_hosts.clone(),
         refusal: refusal.clone(),
+        plain_order,
+        order_again: order_again.clone(),
     };
     // Key exchange must also finish in bounded time: a server that accepts TCP
     // and then says nothing must not hang us.
     let kex_budget = settings.connect_timeout;
     let result =
         tokio::time::timeout(kex_budget, client::connect_stream(config, stream, handler)).await;
-    let mut handle = match result {
-        Ok(Ok(h)) => h,
+    match result {
+        Ok(Ok(h)) => Ok(Some((h, peer_addr))),
+        Ok(Err(_)) if order_again.load(Ordering::Relaxed) => Ok(None),
         Ok(Err(e)) => {
             if let Some(refused) = refusal.lock().expect("not poisoned").take() {
                 return Err(refused);
             }
-            return Err(SkiffError::new(
+            Err(SkiffError::new(
                 ErrorKind::Connect,
                 format!(
                     "{} port {}: SSH handshake failed: {e}",
                     settings.hostname, settings.port
                 ),
-            ));
-        }
-        Err(_) => {
-            return Err(SkiffError::new(
-                ErrorKind::Connect,
-                format!(
-                    "{} port {}: no SSH handshake within {}s; is an SSH server listening there?",
-                    settings.hostname,
-                    settings.port,
-                    kex_budget.as_secs()
-                ),
             ))
         }
+        Err(_) => Err(SkiffError::new(
+            ErrorKind::Connect,
+            format!(
+                "{} port {}: no SSH handshake within {}s; is an SSH server listening there?",
+                settings.hostname,
+                settings.port,
+                kex_budget.as_secs()
+            ),
+        )),
+    }
+}
+
+/// Connects, verifies the host key and authenticates.
+pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffError> {
+    for (keyword, place) in &settings.ignored {
+        tracing::debug!("{place}: {keyword} is not supported by skiff; ignored");
+    }
+    let known_hosts = Arc::new(KnownHosts::load(settings));
+    let order = known_hosts.preferred_key_types(&settings.hostname, settings.port);
+    let plain_order = order.hashed_left_out.then(|| order.types.clone());
+    let first = handshake(settings, &known_hosts, &order.types, plain_order).await?;
+    let (mut handle, peer_addr) = match first {
+        Some(done) => done,
+        None => {
+            tracing::debug!(
+                "{}: the server's key is not among the plain known_hosts entries; \
+                 exchanging keys again with the hashed entries' key types too",
+                settings.hostname
+            );
+            let every_type = known_hosts.known_key_types(&settings.hostname, settings.port);
+            handshake(settings, &known_hosts, &every_type, None)
+                .await?
+                .ok_or_else(|| {
+                    SkiffError::new(
+                        ErrorKind::Protocol,
+                        format!("{}: host key exchange did not settle", settings.hostname),
+                    )
+                })?
+        }
     };
+    let kex_budget = settings.connect_timeout;
     if settings.batch_mode {
         tokio::time::timeout(kex_budget, identity::authenticate(&mut handle, settings))
             .await

@@ -309,14 +309,54 @@ impl KnownHosts {
     /// Key types already recorded for this host, most trusted first, so the
     /// key exchange can prefer a host key we can verify (as ssh does).
     pub fn known_key_types(&self, host: &str, port: u16) -> Vec<String> {
+        self.with_files(|files| host_key_types(known_hosts::lookup(files, host, port)))
+    }
+
+    /// Like [`KnownHosts::known_key_types`], but from the entries that are
+    /// not hashed when there are any, which costs no hashing. Then
+    /// `hashed_left_out` is true if hashed entries exist and may know other
+    /// types; see [`KnownHosts::order_missed_a_type`].
+    pub fn preferred_key_types(&self, host: &str, port: u16) -> KeyTypeOrder {
         self.with_files(|files| {
-            let mut types: Vec<String> = Vec::new();
-            for found in known_hosts::lookup(files, host, port) {
-                if found.entry.marker.is_none() && !types.contains(&found.entry.key_type) {
-                    types.push(found.entry.key_type.clone());
-                }
+            let types = host_key_types(known_hosts::lookup_plain(files, host, port));
+            if types.is_empty() {
+                return KeyTypeOrder {
+                    types: host_key_types(known_hosts::lookup(files, host, port)),
+                    hashed_left_out: false,
+                };
             }
-            types
+            KeyTypeOrder {
+                types,
+                hashed_left_out: files.iter().any(|f| f.has_hashed()),
+            }
+        })
+    }
+
+    /// After a key exchange ordered by `plain_types` (a
+    /// [`KnownHosts::preferred_key_types`] with hashed entries left out):
+    /// whether the server's `key` is not known while hashed entries know
+    /// types that order did not prefer. Ordering by every type might then
+    /// have chosen a key that is known, so the caller should connect again
+    /// with [`KnownHosts::known_key_types`].
+    pub fn order_missed_a_type(
+        &self,
+        host: &str,
+        port: u16,
+        key: &PublicKey,
+        plain_types: &[String],
+    ) -> bool {
+        let Ok(blob) = key.to_bytes() else {
+            return false;
+        };
+        let key_type = key.algorithm().as_str().to_string();
+        self.with_files(|files| {
+            if let HostKeyStatus::Known(_) = known_hosts::check(files, host, port, &key_type, &blob)
+            {
+                return false;
+            }
+            host_key_types(known_hosts::lookup(files, host, port))
+                .iter()
+                .any(|t| !plain_types.contains(t))
         })
     }
 
@@ -537,6 +577,28 @@ pub fn policy_name(p: StrictHostKeyChecking) -> &'static str {
         StrictHostKeyChecking::No => "no",
         StrictHostKeyChecking::Ask => "ask",
     }
+}
+
+/// Key types to prefer in a key exchange (see
+/// [`KnownHosts::preferred_key_types`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyTypeOrder {
+    /// Recorded key types, in file order.
+    pub types: Vec<String>,
+    /// Hashed entries were not looked at and may know more types.
+    pub hashed_left_out: bool,
+}
+
+/// The key types of the host-key entries (no marker) among `found`, first
+/// appearance first.
+fn host_key_types(found: Vec<known_hosts::Found<'_>>) -> Vec<String> {
+    let mut types: Vec<String> = Vec::new();
+    for f in found {
+        if f.entry.marker.is_none() && !types.contains(&f.entry.key_type) {
+            types.push(f.entry.key_type.clone());
+        }
+    }
+    types
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@
 //! the whole file again.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -239,6 +239,8 @@ struct HostIndex {
     lowered: Vec<Vec<String>>,
     /// Hashed entries, with their HMAC keys absorbed.
     hashed: HashedLines,
+    /// Key blobs of every `@revoked` entry, whatever its host names.
+    revoked: HashSet<Vec<u8>>,
     /// Lookup name -> indices of the hashed entries it matches.
     memo: HashedMemo,
 }
@@ -297,6 +299,9 @@ impl HostIndex {
     /// Indexes `entry`, which is `entries[i]`; entries are added in order.
     /// Leaves the memo alone (see [`HostIndex::remember_new_hashed`]).
     fn add(&mut self, i: usize, entry: &Entry) {
+        if entry.marker == Some(Marker::Revoked) {
+            self.revoked.insert(entry.key_blob.clone());
+        }
         match &entry.hosts {
             HostField::Patterns(pats) => {
                 let lowered: Vec<String> = pats.iter().map(|p| p.to_ascii_lowercase()).collect();
@@ -330,16 +335,7 @@ impl HostIndex {
 
     /// Indices of entries that apply to the lowercased lookup `name`, ascending.
     fn lookup(&self, name: &str) -> Vec<usize> {
-        let mut out: Vec<usize> = Vec::new();
-        if let Some(v) = self.exact.get(name) {
-            out.extend(v.iter().copied().filter(|&i| self.patterns_match(i, name)));
-        }
-        out.extend(
-            self.scan
-                .iter()
-                .copied()
-                .filter(|&i| self.patterns_match(i, name)),
-        );
+        let mut out = self.lookup_plain(name);
         if !self.hashed.is_empty() {
             let hits = self.memo.get(name).unwrap_or_else(|| {
                 let hits = self.scan_hashed(name);
@@ -350,6 +346,23 @@ impl HostIndex {
         }
         out.sort_unstable();
         out.dedup();
+        out
+    }
+
+    /// Indices of the entries that are not hashed and apply to the
+    /// lowercased lookup `name`, ascending.
+    fn lookup_plain(&self, name: &str) -> Vec<usize> {
+        let mut out: Vec<usize> = Vec::new();
+        if let Some(v) = self.exact.get(name) {
+            out.extend(v.iter().copied().filter(|&i| self.patterns_match(i, name)));
+        }
+        out.extend(
+            self.scan
+                .iter()
+                .copied()
+                .filter(|&i| self.patterns_match(i, name)),
+        );
+        out.sort_unstable();
         out
     }
 
@@ -431,6 +444,27 @@ impl KnownHostsFile {
             .into_iter()
             .filter_map(|i| self.entries.get(i))
             .collect()
+    }
+
+    /// The entries that are not hashed and apply to `name` (as for
+    /// [`KnownHostsFile::matching`]), in file order. Costs no hashing.
+    pub fn matching_plain(&self, name: &str) -> Vec<&Entry> {
+        let name = name.to_ascii_lowercase();
+        self.index
+            .lookup_plain(&name)
+            .into_iter()
+            .filter_map(|i| self.entries.get(i))
+            .collect()
+    }
+
+    /// Whether the file has hashed host names.
+    pub fn has_hashed(&self) -> bool {
+        !self.index.hashed.is_empty()
+    }
+
+    /// Whether some `@revoked` entry, for any host, holds this key blob.
+    pub fn revokes_anywhere(&self, key_blob: &[u8]) -> bool {
+        self.index.revoked.contains(key_blob)
     }
 
     /// Adds the lines in `text`, which was appended to the file after the text
@@ -693,18 +727,62 @@ pub fn lookup<'a, F: Borrow<KnownHostsFile>>(
     host: &str,
     port: u16,
 ) -> Vec<Found<'a>> {
+    found_in(files, host, port, KnownHostsFile::matching)
+}
+
+/// Like [`lookup`], but only the entries whose host names are not hashed:
+/// no HMAC is computed.
+pub fn lookup_plain<'a, F: Borrow<KnownHostsFile>>(
+    files: &'a [F],
+    host: &str,
+    port: u16,
+) -> Vec<Found<'a>> {
+    found_in(files, host, port, KnownHostsFile::matching_plain)
+}
+
+/// The entries `matching` picks for `host`/`port` in each file, in order.
+fn found_in<'a, F: Borrow<KnownHostsFile>>(
+    files: &'a [F],
+    host: &str,
+    port: u16,
+    matching: impl Fn(&'a KnownHostsFile, &str) -> Vec<&'a Entry>,
+) -> Vec<Found<'a>> {
     let name = host_port_name(host, port);
     files
         .iter()
         .map(Borrow::borrow)
         .flat_map(|file: &'a KnownHostsFile| {
-            file.matching(&name).into_iter().map(move |entry| Found {
+            matching(file, &name).into_iter().map(move |entry| Found {
                 file: &file.label,
                 line: entry.line,
                 entry,
             })
         })
         .collect()
+}
+
+/// [`HostKeyStatus::Known`] if a plain (not hashed) entry for this host
+/// holds exactly this key and no `@revoked` entry anywhere holds it; `None`
+/// when only a full [`check`] can tell.
+///
+/// Whatever the hashed entries say, such a key is known: [`check`] ranks an
+/// exact match above everything but `@revoked`, and a revocation, hashed or
+/// not, is found here by its key blob. So hashing the name with every salt
+/// can be skipped, which is most of the cost of a first lookup in a large
+/// file.
+pub fn known_without_hashing<'a, F: Borrow<KnownHostsFile>>(
+    files: &'a [F],
+    host: &str,
+    port: u16,
+    key_blob: &[u8],
+) -> Option<HostKeyStatus<'a>> {
+    if files.iter().any(|f| f.borrow().revokes_anywhere(key_blob)) {
+        return None;
+    }
+    lookup_plain(files, host, port)
+        .into_iter()
+        .find(|f| f.entry.marker.is_none() && f.entry.key_blob == key_blob)
+        .map(HostKeyStatus::Known)
 }
 
 /// Looks up the server key across several files in order (user files, then
@@ -718,7 +796,22 @@ pub fn lookup<'a, F: Borrow<KnownHostsFile>>(
 /// `@cert-authority` entries are not host keys and are ignored here; see
 /// [`cert_authorities`]. Keys are compared by their blobs; `key_type` is only
 /// used for the family when the blob does not name its type.
+///
+/// When a plain entry settles it ([`known_without_hashing`]), hashed entries
+/// are not looked at and the `Known` entry reported is that plain one.
 pub fn check<'a, F: Borrow<KnownHostsFile>>(
+    files: &'a [F],
+    host: &str,
+    port: u16,
+    key_type: &str,
+    key_blob: &[u8],
+) -> HostKeyStatus<'a> {
+    known_without_hashing(files, host, port, key_blob)
+        .unwrap_or_else(|| check_every_entry(files, host, port, key_type, key_blob))
+}
+
+/// [`check`] by looking at every entry that applies, hashed ones included.
+fn check_every_entry<'a, F: Borrow<KnownHostsFile>>(
     files: &'a [F],
     host: &str,
     port: u16,
@@ -1371,6 +1464,119 @@ mod tests {
             format_entry("example.com", 2222, "ssh-ed25519", &key, Some(&salt)),
             text.lines().nth(1).unwrap().to_string() + "\n"
         );
+    }
+
+    /// A plain line with the offered key settles the check without hashing
+    /// the name (its memo stays empty); any other answer hashes it.
+    #[test]
+    fn a_plain_match_is_not_hashed() {
+        let mut rng = TestRng(11);
+        let mut text = line("a", &ed(1));
+        for i in 0..40u8 {
+            text.push_str(&format_entry(
+                &format!("h{i}"),
+                22,
+                "ssh-ed25519",
+                &ed(i),
+                Some(&rng.salt()),
+            ));
+        }
+        text.push_str(&format_entry(
+            "a",
+            22,
+            "ssh-ed25519",
+            &ed(1),
+            Some(&rng.salt()),
+        ));
+        let files = [parse_ok("kh", &text)];
+        assert!(matches!(
+            check(&files, "a", 22, "ssh-ed25519", &ed(1)),
+            HostKeyStatus::Known(f) if f.line == 1
+        ));
+        assert_eq!(files[0].index.memo.get("a"), None);
+        assert!(matches!(
+            check(&files, "a", 22, "ssh-ed25519", &ed(2)),
+            HostKeyStatus::Changed { .. }
+        ));
+        assert_eq!(files[0].index.memo.get("a"), Some(vec![41]));
+    }
+
+    /// A revocation is found by its key even when it is hashed or sits in
+    /// another file, so the shortcut never hides it.
+    #[test]
+    fn a_hashed_revocation_still_wins_over_a_plain_line() {
+        let key = ed(6);
+        let revoked = format!(
+            "@revoked {}",
+            format_entry("host", 22, "ssh-ed25519", &key, Some(&[5; 20]))
+        );
+        let plain = parse_ok("user", &line("host", &key));
+        let same_file = [parse_ok("kh", &format!("{}{revoked}", line("host", &key)))];
+        assert!(matches!(
+            check(&same_file, "host", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Revoked(f) if f.line == 2
+        ));
+        let two_files = [plain.clone(), parse_ok("global", &revoked)];
+        assert!(matches!(
+            check(&two_files, "host", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Revoked(f) if f.file == "global"
+        ));
+        // Revoked for another host only: still known here.
+        let elsewhere = format!(
+            "@revoked {}",
+            format_entry("other", 22, "ssh-ed25519", &key, Some(&[5; 20]))
+        );
+        let files = [plain, parse_ok("global", &elsewhere)];
+        assert!(matches!(
+            check(&files, "host", 22, "ssh-ed25519", &key),
+            HostKeyStatus::Known(f) if f.file == "user"
+        ));
+    }
+
+    /// `check` with its shortcut answers as looking at every entry does, for
+    /// files mixing plain, hashed, wildcard and revoked lines.
+    #[test]
+    fn check_answers_like_every_entry() {
+        let mut rng = TestRng(99);
+        let hosts = ["a", "b", "c.example", "d"];
+        for round in 0..300 {
+            let mut text = String::new();
+            for _ in 0..(rng.next() % 8) {
+                let host = hosts[rng.next() as usize % hosts.len()];
+                let key = if rng.next().is_multiple_of(3) {
+                    rsa(rng.next() as u8 % 3)
+                } else {
+                    ed(rng.next() as u8 % 3)
+                };
+                let key_type = blob_key_type(&key).unwrap_or_default().to_string();
+                let hashed = rng.next().is_multiple_of(2);
+                let salt = rng.salt();
+                let mut entry = match rng.next() % 5 {
+                    0 => format!("*.example,d {key_type} {}\n", b64(&key)),
+                    _ => format_entry(host, 22, &key_type, &key, hashed.then_some(&salt)),
+                };
+                if rng.next().is_multiple_of(6) {
+                    entry = format!("@revoked {entry}");
+                }
+                text.push_str(&entry);
+            }
+            let files = [parse_ok("kh", &text)];
+            for host in hosts {
+                for key in [ed(0), ed(1), ed(2), rsa(0), rsa(1)] {
+                    let key_type = blob_key_type(&key).unwrap_or_default().to_string();
+                    let fast = check(&files, host, 22, &key_type, &key);
+                    let full = check_every_entry(&files, host, 22, &key_type, &key);
+                    assert_eq!(
+                        std::mem::discriminant(&fast),
+                        std::mem::discriminant(&full),
+                        "round {round}, {host}: {fast:?} vs {full:?}\n{text}"
+                    );
+                    if !matches!(fast, HostKeyStatus::Known(_)) {
+                        assert_eq!(fast, full, "round {round}, {host}\n{text}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::fs;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -254,4 +255,82 @@ fn dead_server_detected_by_keepalives() {
             "{c}: expected one `skiff: ` line\n{out}"
         );
     });
+}
+
+/// Host-key algorithms are ordered by the plain known_hosts entries when
+/// there are some, so that a first connection need not hash the host name
+/// with every hashed entry's salt. When the key the server then presents is
+/// not known but a hashed entry knows another of its key types, skiff
+/// exchanges keys again with every recorded type first, as ordering by all
+/// entries would have done from the start.
+#[test]
+fn hashed_entries_key_types_are_tried_when_the_plain_ones_miss() {
+    let Some((fx, _)) = skiffd_setup() else {
+        return;
+    };
+    let dir = fx.dir.path();
+    let host_rsa = keygen(dir, "host_rsa", KeyType::Rsa, None);
+    let d = Skiffd::start_with(
+        SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).host_key(&host_rsa),
+    );
+    let port = d.port();
+    let home = ClientHome::new();
+
+    // Hashed: the server's RSA key. Plain, first: an ECDSA key the server
+    // does not have. Its ed25519 key is in neither.
+    let kh = home.known_hosts();
+    write_file(
+        &kh,
+        format!("{}\n", known_hosts_line(port, &host_rsa)),
+        0o600,
+    );
+    Run::new("ssh-keygen")
+        .arg("-H")
+        .arg("-f")
+        .arg(&kh)
+        .run()
+        .expect_code(0, "ssh-keygen -H");
+    let hashed = fs::read_to_string(&kh).expect("read hashed known_hosts");
+    assert!(hashed.starts_with("|1|"), "not hashed: {hashed:?}");
+    let elsewhere = keygen(dir, "elsewhere_ecdsa", KeyType::Ecdsa, None);
+    write_file(
+        &kh,
+        format!("{}\n{hashed}", known_hosts_line(port, &elsewhere)),
+        0o600,
+    );
+    let before = fs::read(&kh).expect("read known_hosts");
+
+    let out = skiff_exec(&home, port, user(), Some(&fx.client_key))
+        .opt("StrictHostKeyChecking=yes")
+        .flag("-v")
+        .cmd("echo verified")
+        .run();
+    out.expect_code(0, &server_context(&d, "key types from hashed entries"))
+        .expect_stdout("verified\n", "key types from hashed entries");
+    assert!(
+        out.stderr.contains("exchanging keys again"),
+        "the second key exchange is not in the log:\n{}",
+        out.stderr
+    );
+    assert_eq!(fs::read(&kh).expect("read known_hosts"), before);
+
+    // The server's ed25519 key in a plain line: one exchange, no second.
+    let home = ClientHome::new();
+    home.trust(port, &fx.host_key);
+    let kh = home.known_hosts();
+    let mut text = fs::read_to_string(&kh).expect("read known_hosts");
+    text.push_str(&hashed);
+    write_file(&kh, text, 0o600);
+    let out = skiff_exec(&home, port, user(), Some(&fx.client_key))
+        .opt("StrictHostKeyChecking=yes")
+        .flag("-v")
+        .cmd("echo verified")
+        .run();
+    out.expect_code(0, &server_context(&d, "plain ed25519 line"))
+        .expect_stdout("verified\n", "plain ed25519 line");
+    assert!(
+        !out.stderr.contains("exchanging keys again"),
+        "{}",
+        out.stderr
+    );
 }
