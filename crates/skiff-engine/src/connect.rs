@@ -15,6 +15,7 @@ use tokio::net::TcpStream;
 use crate::error::{ErrorKind, SkiffError};
 use crate::hostkeys::KnownHosts;
 use crate::identity;
+use crate::server_id::{Recording, ServerId};
 use crate::settings::ConnectSettings;
 
 /// Largest channel data packet we accept: large packets cost fewer
@@ -40,6 +41,8 @@ pub struct Connection {
     /// The server address the connection reached (where data-plane
     /// streams go).
     pub peer_addr: Option<std::net::SocketAddr>,
+    /// The server's identification line.
+    pub server_id: ServerId,
 }
 
 /// russh client callbacks: host-key verification.
@@ -217,6 +220,13 @@ async fn tcp_connect(settings: &ConnectSettings) -> Result<TcpStream, SkiffError
     })))
 }
 
+/// A connection whose keys are exchanged, not yet authenticated.
+struct Handshake {
+    handle: client::Handle<ClientHandler>,
+    peer_addr: Option<SocketAddr>,
+    server_id: ServerId,
+}
+
 /// TCP connection and key exchange with the host-key algorithms ordered by
 /// `known_types`; the host key is verified on the way. `None` when the
 /// handler asks for another exchange with every known type first (only
@@ -226,10 +236,11 @@ async fn handshake(
     known_hosts: &Arc<KnownHosts>,
     known_types: &[String],
     plain_order: Option<Vec<String>>,
-) -> Result<Option<(client::Handle<ClientHandler>, Option<SocketAddr>)>, SkiffError> {
+) -> Result<Option<Handshake>, SkiffError> {
     let config = Arc::new(russh_config(settings, known_types));
     let stream = tcp_connect(settings).await?;
     let peer_addr = stream.peer_addr().ok();
+    let (stream, server_id) = Recording::new(stream);
     let refusal = Arc::new(Mutex::new(None));
     let order_again = Arc::new(AtomicBool::new(false));
     let handler = ClientHandler {
@@ -245,7 +256,11 @@ async fn handshake(
     let result =
         tokio::time::timeout(kex_budget, client::connect_stream(config, stream, handler)).await;
     match result {
-        Ok(Ok(h)) => Ok(Some((h, peer_addr))),
+        Ok(Ok(handle)) => Ok(Some(Handshake {
+            handle,
+            peer_addr,
+            server_id,
+        })),
         Ok(Err(_)) if order_again.load(Ordering::Relaxed) => Ok(None),
         Ok(Err(e)) => {
             if let Some(refused) = refusal.lock().expect("not poisoned").take() {
@@ -280,7 +295,11 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
     let order = known_hosts.preferred_key_types(&settings.hostname, settings.port);
     let plain_order = order.hashed_left_out.then(|| order.types.clone());
     let first = handshake(settings, &known_hosts, &order.types, plain_order).await?;
-    let (mut handle, peer_addr) = match first {
+    let Handshake {
+        mut handle,
+        peer_addr,
+        server_id,
+    } = match first {
         Some(done) => done,
         None => {
             tracing::debug!(
@@ -322,5 +341,6 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
         settings: settings.clone(),
         notices: known_hosts.take_notices(),
         peer_addr,
+        server_id,
     })
 }

@@ -70,6 +70,9 @@ pub struct WindowSize {
 pub struct OpenSession {
     channel: russh::Channel<russh::client::Msg>,
     host: String,
+    /// The server is a skiffd, which pauses a command's output when asked
+    /// (see [`PAUSE_OUTPUT`]).
+    pausable: bool,
 }
 
 impl OpenSession {
@@ -98,7 +101,11 @@ pub async fn open_session(conn: &Connection) -> Result<OpenSession, SkiffError> 
                 format!("{host}: connection lost: {other}"),
             ),
         })?;
-    Ok(OpenSession { channel, host })
+    Ok(OpenSession {
+        channel,
+        host,
+        pausable: conn.server_id.is_skiffd(),
+    })
 }
 
 /// Runs `req` on a new channel of `conn`, copying `stdin` (if any) to the
@@ -135,7 +142,11 @@ where
     O: AsyncWrite + Unpin,
     E: AsyncWrite + Unpin,
 {
-    let OpenSession { channel, host } = session;
+    let OpenSession {
+        channel,
+        host,
+        pausable,
+    } = session;
     let lost = |e: &dyn std::fmt::Display| {
         SkiffError::new(ErrorKind::Connect, format!("{host}: connection lost: {e}"))
     };
@@ -188,10 +199,72 @@ where
     let mut closed = false;
     let mut exec_refused = false;
     let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
+    // Output waits here for the local reader while the channel's messages
+    // keep being taken, so that a slow reader holds up neither the exit
+    // status nor, through russh's per-channel queue, the connection's other
+    // channels. A skiffd is asked to pause the command's output while much
+    // is queued; other servers cannot be, and past `queue_limit` the
+    // channel stops taking messages (russh then holds up the connection,
+    // as before this queue).
+    let mut out = OutputQueue::default();
+    let mut err = OutputQueue::default();
+    let mut paused = false;
+    let queue_limit = if pausable {
+        QUEUE_LIMIT_PAUSABLE
+    } else {
+        QUEUE_LIMIT
+    };
+    let sigpipe = || ExitOutcome::Signal {
+        name: "PIPE".into(),
+        core_dumped: false,
+        message: String::new(),
+    };
     loop {
-        let msg = tokio::select! {
-            msg = reader.wait() => msg,
-            _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
+        let queued = out.bytes + err.bytes;
+        if pausable && !paused && queued >= PAUSE_OUTPUT_AT {
+            paused = true;
+            let _ = writer.signal(russh::Sig::Custom(PAUSE_OUTPUT.into())).await;
+        } else if paused && queued <= RESUME_OUTPUT_AT {
+            paused = false;
+            let _ = writer
+                .signal(russh::Sig::Custom(RESUME_OUTPUT.into()))
+                .await;
+        }
+        let event = tokio::select! {
+            msg = reader.wait(), if queued < queue_limit => Event::Message(msg),
+            done = write_step(out.front(), &mut stdout), if out.has_work() => Event::Stdout(done),
+            done = write_step(err.front(), &mut stderr), if err.has_work() => Event::Stderr(done),
+            _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => Event::TimedOut,
+            Some(ws) = async { match resize.as_mut() { Some(r) => r.recv().await, None => std::future::pending().await } } => Event::Resize(ws),
+        };
+        let msg = match event {
+            Event::Message(msg) => msg,
+            Event::Stdout(Ok((n, flushed))) => {
+                if !flushed && n == 0 {
+                    return Err(local_io("stdout", std::io::ErrorKind::WriteZero.into()));
+                }
+                out.written(n, flushed);
+                continue;
+            }
+            Event::Stdout(Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                // The local reader went away (`skiff exec h yes | head -1`): stop
+                // quietly and report what a local program would, death by SIGPIPE.
+                close_guard.disarm();
+                let _ = writer.close().await;
+                input.abort();
+                return Ok(sigpipe());
+            }
+            Event::Stdout(Err(e)) => return Err(local_io("stdout", e)),
+            Event::Stderr(Ok((n, flushed))) if flushed || n > 0 => {
+                err.written(n, flushed);
+                continue;
+            }
+            Event::Stderr(_) => {
+                // A closed local stderr is not worth failing the command for.
+                err = OutputQueue::default();
+                continue;
+            }
+            Event::TimedOut => {
                 // Ask the command to stop, then hang up: skiffd also sends
                 // SIGHUP to what is left when the channel closes.
                 close_guard.disarm();
@@ -206,34 +279,15 @@ where
                     ),
                 ));
             }
-            Some(ws) = async { match resize.as_mut() { Some(r) => r.recv().await, None => std::future::pending().await } } => {
+            Event::Resize(ws) => {
                 let _ = writer.window_change(ws.cols, ws.rows, 0, 0).await;
                 continue;
             }
         };
         let Some(msg) = msg else { break };
         match msg {
-            ChannelMsg::Data { data } => {
-                if let Err(e) = write_flush(&mut stdout, &data).await {
-                    if e.kind() == std::io::ErrorKind::BrokenPipe {
-                        // The local reader went away (`skiff exec h yes | head -1`): stop
-                        // quietly and report what a local program would, death by SIGPIPE.
-                        close_guard.disarm();
-                        let _ = writer.close().await;
-                        input.abort();
-                        return Ok(ExitOutcome::Signal {
-                            name: "PIPE".into(),
-                            core_dumped: false,
-                            message: String::new(),
-                        });
-                    }
-                    return Err(local_io("stdout", e));
-                }
-            }
-            ChannelMsg::ExtendedData { data, ext: 1 } => {
-                // A closed local stderr is not worth failing the command for.
-                let _ = write_flush(&mut stderr, &data).await;
-            }
+            ChannelMsg::Data { data } => out.push(data),
+            ChannelMsg::ExtendedData { data, ext: 1 } => err.push(data),
             ChannelMsg::ExitStatus { exit_status } => outcome = ExitOutcome::Status(exit_status),
             ChannelMsg::ExitSignal {
                 signal_name,
@@ -260,13 +314,9 @@ where
                         format!("{host}: PTY allocation request failed (the server or the key's options refuse a terminal)"),
                     ));
                 }
-                Some(Request::Pty) => {
-                    let _ = write_flush(
-                        &mut stderr,
-                        b"skiff: PTY allocation request failed; running without a terminal\r\n",
-                    )
-                    .await;
-                }
+                Some(Request::Pty) => err.push(bytes::Bytes::from_static(
+                    b"skiff: PTY allocation request failed; running without a terminal\r\n",
+                )),
                 _ => {
                     // Like ssh: a refused exec (or subsystem) ends the
                     // session; the server need not close the channel.
@@ -283,6 +333,21 @@ where
             _ => {}
         }
     }
+    // What is still queued goes out before the outcome is told.
+    match out.drain(&mut stdout).await {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            input.abort();
+            close_guard.disarm();
+            return Ok(sigpipe());
+        }
+        Err(e) => {
+            input.abort();
+            close_guard.disarm();
+            return Err(local_io("stdout", e));
+        }
+        Ok(()) => {}
+    }
+    let _ = err.drain(&mut stderr).await;
     input.abort();
     close_guard.disarm();
     if !closed && outcome == ExitOutcome::Unknown {
@@ -326,15 +391,117 @@ impl Drop for CloseOnDrop {
     }
 }
 
+use skiff_proto::signals::{PAUSE_OUTPUT, RESUME_OUTPUT};
+
+/// Queued output at which a skiffd is asked to pause the command's output,
+/// and at which it is asked to go on.
+const PAUSE_OUTPUT_AT: usize = 1 << 20;
+const RESUME_OUTPUT_AT: usize = 256 << 10;
+
+/// Queued output past which a channel stops taking messages. Toward a
+/// skiffd it is above what may still be in flight once the output is paused
+/// (a channel window, at most 64 MiB unless raised); toward other servers it
+/// bounds the memory one slow reader can take.
+const QUEUE_LIMIT_PAUSABLE: usize = 160 << 20;
+const QUEUE_LIMIT: usize = 8 << 20;
+
+/// One write of `front` to `w`, or a flush when `front` is empty: the bytes
+/// written, or `(0, true)` for a flush. Dropped before it completes, it has
+/// written nothing (tokio's `write` guarantees that).
+async fn write_step<W: AsyncWrite + Unpin>(
+    front: &[u8],
+    w: &mut W,
+) -> std::io::Result<(usize, bool)> {
+    if front.is_empty() {
+        w.flush().await.map(|()| (0, true))
+    } else {
+        w.write(front).await.map(|n| (n, false))
+    }
+}
+
+/// What woke the channel loop in [`run_session`].
+enum Event {
+    Message(Option<ChannelMsg>),
+    /// A write (bytes written) or a flush (`true`) of the local stdout.
+    Stdout(std::io::Result<(usize, bool)>),
+    Stderr(std::io::Result<(usize, bool)>),
+    TimedOut,
+    Resize(WindowSize),
+}
+
+/// Output waiting for a local reader. Writes go through `write` (which
+/// writes all or nothing of what it reports, so a write dropped by
+/// `select!` loses no byte) from the first chunk's unwritten part.
+#[derive(Default)]
+struct OutputQueue {
+    chunks: std::collections::VecDeque<bytes::Bytes>,
+    /// Bytes of the first chunk already written.
+    offset: usize,
+    /// Bytes queued and not yet written.
+    bytes: usize,
+    /// Something was written since the last flush.
+    unflushed: bool,
+}
+
+impl OutputQueue {
+    fn push(&mut self, data: bytes::Bytes) {
+        if !data.is_empty() {
+            self.bytes += data.len();
+            self.chunks.push_back(data);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    /// Something to write, or to flush.
+    fn has_work(&self) -> bool {
+        !self.is_empty() || self.unflushed
+    }
+
+    /// The unwritten part of the first chunk (empty when nothing is queued).
+    fn front(&self) -> &[u8] {
+        self.chunks.front().map_or(&[], |c| &c[self.offset..])
+    }
+
+    /// `n` bytes of [`OutputQueue::front`] were written, or (`flushed`)
+    /// everything written was flushed.
+    fn written(&mut self, n: usize, flushed: bool) {
+        if flushed {
+            self.unflushed = false;
+            return;
+        }
+        self.offset += n;
+        self.bytes -= n;
+        self.unflushed = true;
+        if self.chunks.front().is_some_and(|c| self.offset >= c.len()) {
+            self.chunks.pop_front();
+            self.offset = 0;
+        }
+    }
+
+    /// Writes and flushes everything queued.
+    async fn drain<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> std::io::Result<()> {
+        while !self.is_empty() {
+            let n = w.write(self.front()).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            self.written(n, false);
+        }
+        if self.unflushed {
+            w.flush().await?;
+            self.unflushed = false;
+        }
+        Ok(())
+    }
+}
+
 /// Channel requests that wait for a reply, in the order they were sent.
 enum Request {
     Pty,
     Exec,
-}
-
-async fn write_flush<W: AsyncWrite + Unpin>(w: &mut W, data: &[u8]) -> std::io::Result<()> {
-    w.write_all(data).await?;
-    w.flush().await
 }
 
 fn local_io(what: &str, e: std::io::Error) -> SkiffError {

@@ -13,6 +13,7 @@ pub mod fanout;
 pub mod hostkeys;
 mod identity;
 pub mod pool;
+pub mod server_id;
 pub mod settings;
 
 pub use connect::{connect, Connection};

@@ -52,6 +52,9 @@ struct Running {
 /// What the connection asks of a running session's process.
 enum Control {
     Signal(i32),
+    /// Stop (`true`) or resume reading the command's output, as a skiff
+    /// client asks while its local reader is behind.
+    PauseOutput(bool),
 }
 
 /// A usable account and the keys its authorized_keys file admits.
@@ -313,6 +316,7 @@ async fn run_session_io(
     let (reader, writer) = channel.split();
     let mut child = spawned.child;
     let pty = matches!(spawned.io, ChildIo::Pty(_));
+    let (pause, paused) = tokio::sync::watch::channel(false);
     let (input, output): (
         _,
         std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
@@ -335,19 +339,14 @@ async fn run_session_io(
             let mut out_writer = writer.make_writer();
             let mut err_writer = writer.make_writer_ext(Some(1));
             let output = async move {
-                let out = async {
-                    let _ = tokio::io::copy(&mut stdout, &mut out_writer).await;
-                    let _ = out_writer.flush().await;
-                };
-                let err = async {
-                    let _ = tokio::io::copy(&mut stderr, &mut err_writer).await;
-                    let _ = err_writer.flush().await;
-                };
-                tokio::join!(out, err);
+                tokio::join!(
+                    forward_output(&mut stdout, &mut out_writer, paused.clone()),
+                    forward_output(&mut stderr, &mut err_writer, paused),
+                );
             };
             (input, Box::pin(output))
         }
-        ChildIo::Pty(master) => {
+        ChildIo::Pty(mut master) => {
             let input_master = master.clone();
             let input = spawn_input(reader, move |mut rx| async move {
                 while let Some((data, permit)) = rx.recv().await {
@@ -359,18 +358,12 @@ async fn run_session_io(
             });
             let mut out_writer = writer.make_writer();
             let output = async move {
-                let mut buf = vec![0u8; 32 * 1024];
-                while let Ok(n @ 1..) = master.read(&mut buf).await {
-                    if out_writer.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-                let _ = out_writer.flush().await;
+                forward_output(&mut master, &mut out_writer, paused).await;
             };
             (input, Box::pin(output))
         }
     };
-    let status = supervise(&mut child, output, &mut control, pty).await;
+    let status = supervise(&mut child, output, &mut control, &pause, pty).await;
     finish(&writer, &handle, id, status).await;
     input.abort();
 }
@@ -382,6 +375,7 @@ async fn supervise(
     child: &mut crate::spawn::ChildProcess,
     output: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
     control: &mut tokio::sync::mpsc::UnboundedReceiver<Control>,
+    pause: &tokio::sync::watch::Sender<bool>,
     pty: bool,
 ) -> std::io::Result<std::process::ExitStatus> {
     let mut output = output;
@@ -413,7 +407,12 @@ async fn supervise(
                 // process group it leads): a reused pid is never signalled.
                 match msg {
                     Some(Control::Signal(sig)) => child.signal(sig, false),
+                    Some(Control::PauseOutput(on)) => {
+                        pause.send_replace(on);
+                    }
                     None => {
+                        // Nobody is left to resume a paused output.
+                        pause.send_replace(false);
                         connected = false;
                         child.signal(libc::SIGHUP, true);
                     }
@@ -421,6 +420,61 @@ async fn supervise(
             }
         }
     }
+}
+
+/// Where a command's output is read from: a pipe, or the terminal's master
+/// side (which reads 0 once every holder of the terminal closed it).
+trait OutputSource {
+    fn read_some<'a>(
+        &'a mut self,
+        buf: &'a mut [u8],
+    ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + 'a;
+}
+
+impl OutputSource for tokio::net::unix::pipe::Receiver {
+    fn read_some<'a>(
+        &'a mut self,
+        buf: &'a mut [u8],
+    ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + 'a {
+        tokio::io::AsyncReadExt::read(self, buf)
+    }
+}
+
+impl OutputSource for Arc<process::PtyMaster> {
+    fn read_some<'a>(
+        &'a mut self,
+        buf: &'a mut [u8],
+    ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + 'a {
+        process::PtyMaster::read(self, buf)
+    }
+}
+
+/// Copies a command's output (`from`: a pipe or the pty) to the channel
+/// until it ends or the channel does, reading nothing while `paused` is
+/// set: the command then blocks on its full pipe, as it would writing to a
+/// slow local reader.
+async fn forward_output<R, W>(
+    from: &mut R,
+    to: &mut W,
+    mut paused: tokio::sync::watch::Receiver<bool>,
+) where
+    R: OutputSource,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        // An error means the sender is gone, and then nothing pauses.
+        let _ = paused.wait_for(|p| !*p).await;
+        match from.read_some(&mut buf).await {
+            Ok(n @ 1..) => {
+                if to.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+            _ => break,
+        }
+    }
+    let _ = to.flush().await;
 }
 
 /// Input bytes a channel may have queued for its command before the
@@ -727,9 +781,22 @@ impl russh::server::Handler for ConnectionHandler {
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
         let running = self.channels.get(&channel).and_then(|c| c.running.as_ref());
-        if let (Some(r), Some(num)) = (running, process::sig_to_number(&signal)) {
-            let _ = r.control.send(Control::Signal(num));
-        }
+        let Some(r) = running else {
+            return Ok(());
+        };
+        let control = match &signal {
+            Sig::Custom(name) if name == skiff_proto::signals::PAUSE_OUTPUT => {
+                Control::PauseOutput(true)
+            }
+            Sig::Custom(name) if name == skiff_proto::signals::RESUME_OUTPUT => {
+                Control::PauseOutput(false)
+            }
+            other => match process::sig_to_number(other) {
+                Some(num) => Control::Signal(num),
+                None => return Ok(()),
+            },
+        };
+        let _ = r.control.send(control);
         Ok(())
     }
 }

@@ -106,15 +106,33 @@ fn fifty_concurrent_commands_through_sshd_max_sessions_10() {
     );
 }
 
+/// A skiffd, client settings for it and an empty pool.
+struct PoolSetup {
+    s: Arc<ConnectSettings>,
+    pool: Arc<Pool>,
+    rt: tokio::runtime::Runtime,
+    _skiffd: Skiffd,
+    _fx: Fixture,
+}
+
+fn skiffd_pool() -> Option<PoolSetup> {
+    let (fx, skiffd) = skiffd_setup()?;
+    let kh = fx.path().join("pool_known_hosts");
+    Some(PoolSetup {
+        s: Arc::new(settings(skiffd.port(), &fx, &kh)),
+        pool: Arc::new(Pool::new()),
+        rt: runtime(),
+        _skiffd: skiffd,
+        _fx: fx,
+    })
+}
+
 #[test]
 fn commands_share_one_connection_to_skiffd() {
-    let Some((fx, skiffd)) = skiffd_setup() else {
+    let Some(setup) = skiffd_pool() else {
         return;
     };
-    let kh = fx.path().join("pool_known_hosts");
-    let s = Arc::new(settings(skiffd.port(), &fx, &kh));
-    let pool = Arc::new(Pool::new());
-    let rt = runtime();
+    let (s, pool, rt) = (setup.s.clone(), setup.pool.clone(), &setup.rt);
     rt.block_on(concurrent(pool.clone(), s.clone(), 64, "0.2"));
     assert_eq!(
         pool.connection_count(&s),
@@ -171,4 +189,70 @@ fn pool_reconnects_after_the_server_restarts() {
         1,
         "the dead connection was replaced, not kept"
     );
+}
+
+/// A command whose output nobody reads does not hold up another command on
+/// the same connection: skiff queues the output and asks skiffd to pause the
+/// command's output meanwhile, so the connection keeps moving. (A stock sshd
+/// cannot be asked; there a reader that stays behind still holds up its
+/// connection once 8 MiB are queued.)
+#[test]
+fn a_stopped_reader_does_not_hold_up_its_connection_to_skiffd() {
+    let Some(setup) = skiffd_pool() else {
+        return;
+    };
+    let (s, pool, rt) = (setup.s.clone(), setup.pool.clone(), &setup.rt);
+    rt.block_on(async {
+        // The patient command starts first, so that both share the connection.
+        let patient = {
+            let (pool, s) = (pool.clone(), s.clone());
+            tokio::spawn(async move { run(&pool, &s, "sleep 2; echo still-here".into()).await })
+        };
+        for _ in 0..200 {
+            if pool.connections().iter().any(|c| c.open_channels == 1) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        // 256 MiB into a pipe whose reading end is kept but never read.
+        let (stuck, unread) = tokio::io::duplex(64 * 1024);
+        let flood = {
+            let (pool, s) = (pool.clone(), s.clone());
+            tokio::spawn(async move {
+                let req = ExecRequest {
+                    command: "head -c 268435456 /dev/zero".into(),
+                    ..Default::default()
+                };
+                pool.exec(
+                    &s,
+                    &req,
+                    None::<tokio::io::Empty>,
+                    stuck,
+                    tokio::io::sink(),
+                    None,
+                )
+                .await
+            })
+        };
+        let (outcome, out, err) = tokio::time::timeout(Duration::from_secs(30), patient)
+            .await
+            .expect("the other command finishes while the first one's reader is stopped")
+            .expect("task did not panic");
+        assert_eq!(
+            (outcome, out.as_str()),
+            (ExitOutcome::Status(0), "still-here\n"),
+            "stderr: {err}"
+        );
+        assert_eq!(
+            pool.connection_count(&s),
+            1,
+            "both commands ran on the one connection"
+        );
+        assert!(
+            !flood.is_finished(),
+            "nobody read the flood, so it cannot have ended"
+        );
+        flood.abort();
+        drop(unread);
+    });
 }

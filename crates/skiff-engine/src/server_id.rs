@@ -1,0 +1,184 @@
+//! The server's SSH identification line (`SSH-2.0-skiffd_0.1.0`, RFC 4253
+//! section 4.2), recorded as the connection's first bytes pass through to
+//! russh, which keeps it to itself. skiff uses it to tell a skiffd, which
+//! understands skiff's extensions, from any other server.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Longest line kept (RFC 4253 allows 255 bytes including CR LF).
+const MAX_LINE: usize = 255;
+
+/// What has been seen of the server's lines so far: lines before the
+/// identification (RFC 4253 allows them) are skipped.
+#[derive(Debug, Default)]
+struct Seen {
+    line: Vec<u8>,
+    id: Option<String>,
+    /// The identification was found, or the stream went past what can hold
+    /// one: nothing more to look at.
+    done: bool,
+}
+
+impl Seen {
+    fn feed(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if self.done {
+                return;
+            }
+            if b == b'\n' {
+                let line = std::mem::take(&mut self.line);
+                let line = line.strip_suffix(b"\r").unwrap_or(&line);
+                if line.starts_with(b"SSH-") {
+                    self.id = Some(String::from_utf8_lossy(line).into_owned());
+                    self.done = true;
+                }
+            } else if self.line.len() < MAX_LINE {
+                self.line.push(b);
+            }
+        }
+    }
+}
+
+/// Where a [`Recording`] stream leaves the identification line.
+#[derive(Debug, Clone, Default)]
+pub struct ServerId(Arc<Mutex<Seen>>);
+
+impl ServerId {
+    /// The identification line without CR LF, once it has been read.
+    pub fn get(&self) -> Option<String> {
+        self.0.lock().ok().and_then(|seen| seen.id.clone())
+    }
+
+    /// Whether the server is a skiffd (`SSH-2.0-skiffd_...`).
+    pub fn is_skiffd(&self) -> bool {
+        self.get()
+            .is_some_and(|id| id.starts_with("SSH-2.0-skiffd_"))
+    }
+}
+
+/// A stream that records the server's identification line in a
+/// [`ServerId`] while passing every byte through unchanged.
+pub struct Recording<S> {
+    inner: S,
+    id: ServerId,
+}
+
+impl<S> Recording<S> {
+    pub fn new(inner: S) -> (Self, ServerId) {
+        let id = ServerId::default();
+        (
+            Recording {
+                inner,
+                id: id.clone(),
+            },
+            id,
+        )
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Recording<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled {
+            if let Ok(mut seen) = self.id.0.lock() {
+                if !seen.done {
+                    seen.feed(&buf.filled()[before..]);
+                }
+            }
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Recording<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(chunks: &[&[u8]]) -> Option<String> {
+        let mut s = Seen::default();
+        for c in chunks {
+            s.feed(c);
+        }
+        s.id
+    }
+
+    #[test]
+    fn finds_the_identification_across_reads_and_after_other_lines() {
+        assert_eq!(
+            seen(&[b"SSH-2.0-skif", b"fd_0.1.0\r\n\x00\x00\x01"]).as_deref(),
+            Some("SSH-2.0-skiffd_0.1.0")
+        );
+        assert_eq!(
+            seen(&[b"hello there\r\nSSH-2.0-OpenSSH_9.2\r\nbinary"]).as_deref(),
+            Some("SSH-2.0-OpenSSH_9.2")
+        );
+        assert_eq!(seen(&[b"SSH-2.0-no-newline-yet"]), None);
+    }
+
+    #[test]
+    fn skiffd_is_told_apart() {
+        let id = ServerId::default();
+        assert!(!id.is_skiffd());
+        id.0.lock().unwrap().feed(b"SSH-2.0-skiffd_0.1.0\r\n");
+        assert!(id.is_skiffd());
+        let other = ServerId::default();
+        other
+            .0
+            .lock()
+            .unwrap()
+            .feed(b"SSH-2.0-OpenSSH_9.2p1 Debian\r\n");
+        assert!(!other.is_skiffd());
+    }
+
+    #[tokio::test]
+    async fn bytes_pass_through_unchanged() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut far, near) = tokio::io::duplex(64);
+        let (mut stream, id) = Recording::new(near);
+        far.write_all(b"SSH-2.0-skiffd_9\r\nrest").await.unwrap();
+        drop(far);
+        let mut got = Vec::new();
+        stream.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"SSH-2.0-skiffd_9\r\nrest");
+        assert_eq!(id.get().as_deref(), Some("SSH-2.0-skiffd_9"));
+    }
+}
