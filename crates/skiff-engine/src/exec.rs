@@ -177,6 +177,16 @@ where
             .await
             .map_err(|e| lost(&e))?;
     }
+    // A skiffd reports how much input the command has read, so that input
+    // waiting for a command that does not read holds up nothing else.
+    let input_reports = pausable && stdin.is_some();
+    if input_reports {
+        channel
+            .signal(russh::Sig::Custom(flow::INPUT_ACKS.into()))
+            .await
+            .map_err(|e| lost(&e))?;
+    }
+    let (acked_tx, acked) = tokio::sync::watch::channel(None::<u64>);
     let (mut reader, writer) = channel.split();
 
     // stdin -> channel, respecting the remote window; EOF when stdin ends.
@@ -189,7 +199,7 @@ where
     let input = tokio::spawn(async move {
         if let Some(mut stdin) = stdin {
             let mut tx = input_writer.make_writer();
-            let _ = tokio::io::copy(&mut stdin, &mut tx).await;
+            let _ = send_input(&mut stdin, &mut tx, acked).await;
             let _ = tx.flush().await;
         }
         let _ = input_writer.eof().await;
@@ -288,6 +298,14 @@ where
         match msg {
             ChannelMsg::Data { data } => out.push(data),
             ChannelMsg::ExtendedData { data, ext: 1 } => err.push(data),
+            ChannelMsg::ExtendedData {
+                data,
+                ext: flow::INPUT_CONSUMED,
+            } if input_reports => {
+                if let Some(total) = flow::decode_consumed(&data) {
+                    acked_tx.send_replace(Some(total));
+                }
+            }
             ChannelMsg::ExitStatus { exit_status } => outcome = ExitOutcome::Status(exit_status),
             ChannelMsg::ExitSignal {
                 signal_name,
@@ -391,7 +409,7 @@ impl Drop for CloseOnDrop {
     }
 }
 
-use skiff_proto::signals::{PAUSE_OUTPUT, RESUME_OUTPUT};
+use skiff_proto::flow::{self, PAUSE_OUTPUT, RESUME_OUTPUT};
 
 /// Queued output at which a skiffd is asked to pause the command's output,
 /// and at which it is asked to go on.
@@ -404,6 +422,36 @@ const RESUME_OUTPUT_AT: usize = 256 << 10;
 /// bounds the memory one slow reader can take.
 const QUEUE_LIMIT_PAUSABLE: usize = 160 << 20;
 const QUEUE_LIMIT: usize = 8 << 20;
+
+/// Copies `stdin` to the channel. Once the server reports how much input
+/// the command has read (`acked`, see [`flow::INPUT_ACKS`]), at most
+/// [`flow::INPUT_CREDIT`] bytes are sent ahead of it; before any report (or
+/// from servers that send none) only the channel window limits it.
+async fn send_input<I, W>(
+    stdin: &mut I,
+    tx: &mut W,
+    mut acked: tokio::sync::watch::Receiver<Option<u64>>,
+) -> std::io::Result<()>
+where
+    I: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut sent = 0u64;
+    loop {
+        let n = stdin.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        // An error means the reports ended with the channel: nothing to wait for.
+        let _ = acked
+            .wait_for(|read| read.is_none_or(|r| sent.saturating_sub(r) < flow::INPUT_CREDIT))
+            .await;
+        tx.write_all(&buf[..n]).await?;
+        sent += n as u64;
+    }
+}
 
 /// One write of `front` to `w`, or a flush when `front` is empty: the bytes
 /// written, or `(0, true)` for a flush. Dropped before it completes, it has

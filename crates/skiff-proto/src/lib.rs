@@ -7,6 +7,7 @@
 pub mod agent_wire;
 pub mod authorized_keys;
 pub mod dataplane;
+pub mod flow;
 pub mod frame;
 pub mod known_hosts;
 pub mod nodeset;

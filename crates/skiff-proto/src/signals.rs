@@ -1,13 +1,5 @@
 //! Signal names as they appear in SSH `signal` and `exit-signal` messages
-//! (RFC 4254 section 6.10: the name without "SIG"), and their Linux numbers;
-//! also the two names of skiff's output flow control.
-
-/// `signal` names a skiff client sends a skiffd to stop and restart reading
-/// a command's output while the client's local reader is behind (a local
-/// name, `name@domain`, as RFC 4250 section 4.6.1 allows for local names). They
-/// signal no process. Other servers are never sent them.
-pub const PAUSE_OUTPUT: &str = "pause-output@skiff";
-pub const RESUME_OUTPUT: &str = "resume-output@skiff";
+//! (RFC 4254 section 6.10: the name without "SIG"), and their Linux numbers.
 
 /// Signal numbers for the names used in SSH `signal` and `exit-signal` messages.
 pub fn number(name: &str) -> Option<i32> {

@@ -55,6 +55,9 @@ enum Control {
     /// Stop (`true`) or resume reading the command's output, as a skiff
     /// client asks while its local reader is behind.
     PauseOutput(bool),
+    /// Report to the client how much input the command has read
+    /// ([`skiff_proto::flow::INPUT_ACKS`]).
+    InputAcks,
 }
 
 /// A usable account and the keys its authorized_keys file admits.
@@ -317,6 +320,16 @@ async fn run_session_io(
     let mut child = spawned.child;
     let pty = matches!(spawned.io, ChildIo::Pty(_));
     let (pause, paused) = tokio::sync::watch::channel(false);
+    let (acks, acks_wanted) = tokio::sync::watch::channel(false);
+    let (consumed, consumed_rx) = tokio::sync::watch::channel(0u64);
+    let consumed = Arc::new(consumed);
+    let acker = tokio::spawn(send_input_acks(
+        handle.clone(),
+        id,
+        consumed_rx,
+        acks_wanted,
+    ));
+    let flow = SessionFlow { pause, acks };
     let (input, output): (
         _,
         std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
@@ -326,7 +339,7 @@ async fn run_session_io(
             mut stdout,
             mut stderr,
         } => {
-            let input = spawn_input(reader, move |mut rx| async move {
+            let input = spawn_input(reader, consumed.clone(), move |mut rx| async move {
                 let mut stdin = stdin;
                 // Dropping the pipe is what delivers EOF to the command.
                 while let Some((data, permit)) = rx.recv().await {
@@ -348,7 +361,7 @@ async fn run_session_io(
         }
         ChildIo::Pty(mut master) => {
             let input_master = master.clone();
-            let input = spawn_input(reader, move |mut rx| async move {
+            let input = spawn_input(reader, consumed.clone(), move |mut rx| async move {
                 while let Some((data, permit)) = rx.recv().await {
                     if input_master.write_all(&data).await.is_err() {
                         break;
@@ -363,9 +376,52 @@ async fn run_session_io(
             (input, Box::pin(output))
         }
     };
-    let status = supervise(&mut child, output, &mut control, &pause, pty).await;
+    let status = supervise(&mut child, output, &mut control, &flow, pty).await;
+    acker.abort();
     finish(&writer, &handle, id, status).await;
     input.abort();
+}
+
+/// What a skiff client's flow control asks of a session
+/// ([`skiff_proto::flow`]).
+struct SessionFlow {
+    /// Output reading is paused while this is `true`.
+    pause: tokio::sync::watch::Sender<bool>,
+    /// The client wants input reports.
+    acks: tokio::sync::watch::Sender<bool>,
+}
+
+/// Once `wanted`, tells the client how many input bytes the command has read
+/// (`consumed`): at once, then after every
+/// [`skiff_proto::flow::INPUT_ACK_STEP`] bytes.
+async fn send_input_acks(
+    handle: russh::server::Handle,
+    id: ChannelId,
+    mut consumed: tokio::sync::watch::Receiver<u64>,
+    mut wanted: tokio::sync::watch::Receiver<bool>,
+) {
+    use skiff_proto::flow;
+    if wanted.wait_for(|on| *on).await.is_err() {
+        return;
+    }
+    let mut reported: Option<u64> = None;
+    loop {
+        let total = *consumed.borrow_and_update();
+        if reported.is_none_or(|r| total.saturating_sub(r) >= flow::INPUT_ACK_STEP) {
+            let report = bytes::Bytes::copy_from_slice(&flow::encode_consumed(total));
+            if handle
+                .extended_data(id, flow::INPUT_CONSUMED, report)
+                .await
+                .is_err()
+            {
+                return;
+            }
+            reported = Some(total);
+        }
+        if consumed.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Waits for the output to end and the process to exit, delivering signals
@@ -375,7 +431,7 @@ async fn supervise(
     child: &mut crate::spawn::ChildProcess,
     output: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
     control: &mut tokio::sync::mpsc::UnboundedReceiver<Control>,
-    pause: &tokio::sync::watch::Sender<bool>,
+    flow: &SessionFlow,
     pty: bool,
 ) -> std::io::Result<std::process::ExitStatus> {
     let mut output = output;
@@ -408,11 +464,14 @@ async fn supervise(
                 match msg {
                     Some(Control::Signal(sig)) => child.signal(sig, false),
                     Some(Control::PauseOutput(on)) => {
-                        pause.send_replace(on);
+                        flow.pause.send_replace(on);
+                    }
+                    Some(Control::InputAcks) => {
+                        flow.acks.send_replace(true);
                     }
                     None => {
                         // Nobody is left to resume a paused output.
-                        pause.send_replace(false);
+                        flow.pause.send_replace(false);
                         connected = false;
                         child.signal(libc::SIGHUP, true);
                     }
@@ -483,12 +542,31 @@ async fn forward_output<R, W>(
 /// would block the whole connection (and could deadlock a full-duplex pipe).
 const INPUT_BACKLOG: usize = 64 * 1024 * 1024;
 
-type InputChunk = (bytes::Bytes, tokio::sync::OwnedSemaphorePermit);
+type InputChunk = (bytes::Bytes, InputReceipt);
+
+/// Held while an input chunk waits for the command; dropped once it is
+/// written, which frees its room in the backlog and counts it as read.
+struct InputReceipt {
+    _room: tokio::sync::OwnedSemaphorePermit,
+    len: u64,
+    consumed: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Drop for InputReceipt {
+    fn drop(&mut self) {
+        let len = self.len;
+        self.consumed.send_modify(|total| *total += len);
+    }
+}
 
 /// Drains the channel's messages at once (so the connection never waits on
 /// this channel below [`INPUT_BACKLOG`]) and hands data to `feed`, which
 /// writes it to the command. End of input or channel close ends the queue.
-fn spawn_input<F, Fut>(mut reader: russh::ChannelReadHalf, feed: F) -> tokio::task::JoinHandle<()>
+fn spawn_input<F, Fut>(
+    mut reader: russh::ChannelReadHalf,
+    consumed: Arc<tokio::sync::watch::Sender<u64>>,
+    feed: F,
+) -> tokio::task::JoinHandle<()>
 where
     F: FnOnce(tokio::sync::mpsc::UnboundedReceiver<InputChunk>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -503,10 +581,15 @@ where
                 ChannelMsg::Data { data } => {
                     let Some(sender) = tx.as_ref() else { continue };
                     let n = data.len().clamp(1, INPUT_BACKLOG) as u32;
-                    let Ok(permit) = budget.clone().acquire_many_owned(n).await else {
+                    let Ok(room) = budget.clone().acquire_many_owned(n).await else {
                         break;
                     };
-                    if sender.send((data, permit)).is_err() {
+                    let receipt = InputReceipt {
+                        _room: room,
+                        len: data.len() as u64,
+                        consumed: consumed.clone(),
+                    };
+                    if sender.send((data, receipt)).is_err() {
                         tx = None; // the command stopped reading; keep draining
                     }
                 }
@@ -785,12 +868,13 @@ impl russh::server::Handler for ConnectionHandler {
             return Ok(());
         };
         let control = match &signal {
-            Sig::Custom(name) if name == skiff_proto::signals::PAUSE_OUTPUT => {
+            Sig::Custom(name) if name == skiff_proto::flow::PAUSE_OUTPUT => {
                 Control::PauseOutput(true)
             }
-            Sig::Custom(name) if name == skiff_proto::signals::RESUME_OUTPUT => {
+            Sig::Custom(name) if name == skiff_proto::flow::RESUME_OUTPUT => {
                 Control::PauseOutput(false)
             }
+            Sig::Custom(name) if name == skiff_proto::flow::INPUT_ACKS => Control::InputAcks,
             other => match process::sig_to_number(other) {
                 Some(num) => Control::Signal(num),
                 None => return Ok(()),

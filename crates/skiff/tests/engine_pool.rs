@@ -191,19 +191,21 @@ fn pool_reconnects_after_the_server_restarts() {
     );
 }
 
-/// A command whose output nobody reads does not hold up another command on
-/// the same connection: skiff queues the output and asks skiffd to pause the
-/// command's output meanwhile, so the connection keeps moving. (A stock sshd
-/// cannot be asked; there a reader that stays behind still holds up its
-/// connection once 8 MiB are queued.)
-#[test]
-fn a_stopped_reader_does_not_hold_up_its_connection_to_skiffd() {
+/// Starts `sleep 2; echo still-here` through a pool on a skiffd, then,
+/// once that holds a channel, the command `stuck` starts (one that cannot
+/// make progress), and checks that the first still finishes, on the same
+/// connection, while `stuck` runs on.
+fn finishes_beside<F, Fut>(stuck: F)
+where
+    F: FnOnce(Arc<Pool>, Arc<ConnectSettings>) -> Fut,
+    Fut: std::future::Future + Send + 'static,
+    Fut::Output: Send + 'static,
+{
     let Some(setup) = skiffd_pool() else {
         return;
     };
     let (s, pool, rt) = (setup.s.clone(), setup.pool.clone(), &setup.rt);
     rt.block_on(async {
-        // The patient command starts first, so that both share the connection.
         let patient = {
             let (pool, s) = (pool.clone(), s.clone());
             tokio::spawn(async move { run(&pool, &s, "sleep 2; echo still-here".into()).await })
@@ -214,29 +216,10 @@ fn a_stopped_reader_does_not_hold_up_its_connection_to_skiffd() {
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        // 256 MiB into a pipe whose reading end is kept but never read.
-        let (stuck, unread) = tokio::io::duplex(64 * 1024);
-        let flood = {
-            let (pool, s) = (pool.clone(), s.clone());
-            tokio::spawn(async move {
-                let req = ExecRequest {
-                    command: "head -c 268435456 /dev/zero".into(),
-                    ..Default::default()
-                };
-                pool.exec(
-                    &s,
-                    &req,
-                    None::<tokio::io::Empty>,
-                    stuck,
-                    tokio::io::sink(),
-                    None,
-                )
-                .await
-            })
-        };
+        let stuck = tokio::spawn(stuck(pool.clone(), s.clone()));
         let (outcome, out, err) = tokio::time::timeout(Duration::from_secs(30), patient)
             .await
-            .expect("the other command finishes while the first one's reader is stopped")
+            .expect("the other command finishes while this one is stuck")
             .expect("task did not panic");
         assert_eq!(
             (outcome, out.as_str()),
@@ -248,11 +231,59 @@ fn a_stopped_reader_does_not_hold_up_its_connection_to_skiffd() {
             1,
             "both commands ran on the one connection"
         );
-        assert!(
-            !flood.is_finished(),
-            "nobody read the flood, so it cannot have ended"
-        );
-        flood.abort();
-        drop(unread);
+        assert!(!stuck.is_finished(), "the stuck command cannot have ended");
+        stuck.abort();
+    });
+}
+
+/// A command whose output nobody reads does not hold up another command on
+/// the same connection: skiff queues the output and asks skiffd to pause the
+/// command's output meanwhile, so the connection keeps moving. (A stock sshd
+/// cannot be asked; there a reader that stays behind still holds up its
+/// connection once 8 MiB are queued.)
+#[test]
+fn a_stopped_reader_does_not_hold_up_its_connection_to_skiffd() {
+    finishes_beside(|pool, s| async move {
+        // 256 MiB into a pipe whose reading end is kept but never read.
+        let (stuck, _unread) = tokio::io::duplex(64 * 1024);
+        let req = ExecRequest {
+            command: "head -c 268435456 /dev/zero".into(),
+            ..Default::default()
+        };
+        pool.exec(
+            &s,
+            &req,
+            None::<tokio::io::Empty>,
+            stuck,
+            tokio::io::sink(),
+            None,
+        )
+        .await
+    });
+}
+
+/// A command that does not read its input does not hold up another command
+/// on the same connection: skiffd reports how much input each command has
+/// read, and skiff keeps at most 48 MiB ahead of that, below skiffd's
+/// 64 MiB input backlog (past which skiffd's connection would wait).
+#[test]
+fn an_unread_input_does_not_hold_up_its_connection_to_skiffd() {
+    finishes_beside(|pool, s| async move {
+        use tokio::io::AsyncReadExt;
+        // 1 GiB offered to a command that never reads it.
+        let req = ExecRequest {
+            command: "sleep 60".into(),
+            ..Default::default()
+        };
+        let input = tokio::io::repeat(b'a').take(1 << 30);
+        pool.exec(
+            &s,
+            &req,
+            Some(input),
+            tokio::io::sink(),
+            tokio::io::sink(),
+            None,
+        )
+        .await
     });
 }
