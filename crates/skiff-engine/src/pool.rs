@@ -10,11 +10,13 @@
 //! `ControlPersist`, else the pool's default) is closed by [`Pool::close_idle`].
 //!
 //! A command whose local reader stops reading (`skiff exec h cat big | less`,
-//! paused) holds up its whole connection: russh grants window as data
+//! paused) would hold up its whole connection: russh grants window as data
 //! arrives and waits for each channel's consumer, so the connection's other
-//! channels wait too. The pool cannot prevent that, but it notices: a
-//! connection with an output write blocked for [`STALL_AFTER`] takes no new
-//! channels, and new commands go to another connection.
+//! channels wait too. A skiffd pauses that command's output when asked (see
+//! `skiff_proto::flow` and [`crate::exec`]); other servers cannot be asked,
+//! and there the pool notices instead: such a connection with an output
+//! write blocked for [`STALL_AFTER`] takes no new channels, and new commands
+//! go to another connection.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -121,8 +123,13 @@ impl Member {
     }
 
     /// Whether a command's local reader has kept an output write waiting
-    /// for [`STALL_AFTER`] or more at `now`.
+    /// for [`STALL_AFTER`] or more at `now`. Never on a connection to a
+    /// skiffd: it pauses a command's output when its reader is behind (see
+    /// `skiff_proto::flow`), so a slow reader holds up no other channel.
     fn held_up(&self, now: Instant) -> bool {
+        if self.conn.server_id.is_skiffd() {
+            return false;
+        }
         self.blocked_writes
             .lock()
             .expect("not poisoned")

@@ -691,52 +691,81 @@ fn window_changes_reach_the_remote_terminal() {
     }
 }
 
-/// A command whose local reader stops reading holds up its connection (russh
-/// waits for each channel's consumer before it reads the next packet). The
-/// agent notices the blocked output and sends later commands to the same
-/// host over another connection, so they still run.
+/// Starts 256 MiB of output through the agent into a pipe this test never
+/// reads, runs five more commands to the same host through the agent, and
+/// returns `agent status` and the number of connections it lists.
+fn later_commands_beside_a_stopped_reader(
+    ah: &AgentHome,
+    server: &dyn Daemon,
+    fx: &Fixture,
+    c: &str,
+) -> (String, usize) {
+    ah.exec(server.port(), &fx.client_key)
+        .cmd("true")
+        .run()
+        .expect_code(0, c);
+    let mut stuck = spawn_through_agent(
+        ah,
+        server.port(),
+        &fx.client_key,
+        "head -c 268435456 /dev/zero",
+        std::process::Stdio::piped(),
+    );
+    // Let the pipe fill and the output back up.
+    std::thread::sleep(Duration::from_secs(1));
+    for i in 0..5 {
+        ah.exec(server.port(), &fx.client_key)
+            .cmd(&format!("echo later-{i}"))
+            .timeout(Duration::from_secs(30))
+            .run()
+            .expect_code(0, c)
+            .expect_stdout(&format!("later-{i}\n"), c);
+    }
+    let status = ah.agent_cmd(&["status"]).stdout_str();
+    let _ = stuck.kill();
+    let _ = stuck.wait();
+    let connections = status
+        .lines()
+        .filter(|l| l.contains("open channels"))
+        .count();
+    (status, connections)
+}
+
+/// Toward an OpenSSH sshd, a command whose local reader stops reading holds
+/// up its connection (russh waits for each channel's consumer before it
+/// reads the next packet, and sshd cannot be asked to pause). The agent
+/// notices the blocked output and sends later commands to the same host over
+/// another connection, so they still run.
 #[test]
-fn later_commands_do_not_wait_for_a_stopped_reader() {
+fn later_commands_do_not_wait_for_a_stopped_reader_on_sshd() {
+    let Some((fx, sshd)) = sshd_setup(&[]) else {
+        return;
+    };
+    let ah = AgentHome::new();
+    trust(&ah, &sshd, &fx);
+    let c = ctx(&sshd, "a stopped reader on one channel, sshd");
+    let (status, connections) = later_commands_beside_a_stopped_reader(&ah, &sshd, &fx, &c);
+    assert!(
+        status.contains("held up"),
+        "{c}: the agent did not notice the blocked output:\n{status}"
+    );
+    assert!(
+        connections >= 2,
+        "{c}: expected a second connection next to the held-up one:\n{status}"
+    );
+}
+
+/// Toward skiffd the agent asks it to pause the stopped reader's output, so
+/// the connection is not held up and later commands share it.
+#[test]
+fn later_commands_share_a_connection_with_a_stopped_reader_on_skiffd() {
     let Some((fx, d)) = skiffd_setup() else {
         return;
     };
     let ah = AgentHome::new();
     trust(&ah, &d, &fx);
-    let c = ctx(&d, "a stopped reader on one channel");
-    ah.exec(d.port(), &fx.client_key)
-        .cmd("true")
-        .run()
-        .expect_code(0, &c);
-    // 256 MiB of output into a pipe this test never reads.
-    let mut stuck = spawn_through_agent(
-        &ah,
-        d.port(),
-        &fx.client_key,
-        "head -c 268435456 /dev/zero",
-        std::process::Stdio::piped(),
-    );
-    let status = wait_for_status(&ah, Duration::from_secs(20), |s| s.contains("held up"));
-    assert!(
-        status.contains("held up"),
-        "{c}: the agent did not notice the blocked output:\n{status}"
-    );
-    for i in 0..5 {
-        ah.exec(d.port(), &fx.client_key)
-            .cmd(&format!("echo later-{i}"))
-            .timeout(Duration::from_secs(30))
-            .run()
-            .expect_code(0, &c)
-            .expect_stdout(&format!("later-{i}\n"), &c);
-    }
-    let status = ah.agent_cmd(&["status"]).stdout_str();
-    let connections = status
-        .lines()
-        .filter(|l| l.contains("open channels"))
-        .count();
-    assert!(
-        connections >= 2,
-        "{c}: expected a second connection next to the held-up one:\n{status}"
-    );
-    let _ = stuck.kill();
-    let _ = stuck.wait();
+    let c = ctx(&d, "a stopped reader on one channel, skiffd");
+    let (status, connections) = later_commands_beside_a_stopped_reader(&ah, &d, &fx, &c);
+    assert!(!status.contains("held up"), "{c}:\n{status}");
+    assert_eq!(connections, 1, "{c}: one connection for all:\n{status}");
 }
