@@ -3,6 +3,7 @@
 //! its stdout and stderr back, until the exit status or signal arrives.
 
 use russh::ChannelMsg;
+use skiff_proto::flow::{self, PAUSE_OUTPUT, RESUME_OUTPUT};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use crate::connect::Connection;
@@ -352,22 +353,17 @@ where
         }
     }
     // What is still queued goes out before the outcome is told.
-    match out.drain(&mut stdout).await {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-            input.abort();
-            close_guard.disarm();
-            return Ok(sigpipe());
-        }
-        Err(e) => {
-            input.abort();
-            close_guard.disarm();
-            return Err(local_io("stdout", e));
-        }
-        Ok(()) => {}
+    let drained = out.drain(&mut stdout).await;
+    if drained.is_ok() {
+        let _ = err.drain(&mut stderr).await;
     }
-    let _ = err.drain(&mut stderr).await;
     input.abort();
     close_guard.disarm();
+    match drained {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(sigpipe()),
+        Err(e) => return Err(local_io("stdout", e)),
+        Ok(()) => {}
+    }
     if !closed && outcome == ExitOutcome::Unknown {
         // The channel vanished without a close: the connection is gone.
         return Err(SkiffError::new(
@@ -408,8 +404,6 @@ impl Drop for CloseOnDrop {
         }
     }
 }
-
-use skiff_proto::flow::{self, PAUSE_OUTPUT, RESUME_OUTPUT};
 
 /// Queued output at which a skiffd is asked to pause the command's output,
 /// and at which it is asked to go on.

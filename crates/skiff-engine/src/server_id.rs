@@ -4,7 +4,7 @@
 //! understands skiff's extensions, from any other server.
 
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -12,45 +12,40 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// Longest line kept (RFC 4253 allows 255 bytes including CR LF).
 const MAX_LINE: usize = 255;
 
-/// What has been seen of the server's lines so far: lines before the
-/// identification (RFC 4253 allows them) are skipped.
+/// The scan of the server's first lines: lines before the identification
+/// (RFC 4253 allows them) are skipped.
 #[derive(Debug, Default)]
 struct Seen {
     line: Vec<u8>,
-    id: Option<String>,
-    /// The identification was found, or the stream went past what can hold
-    /// one: nothing more to look at.
-    done: bool,
 }
 
 impl Seen {
-    fn feed(&mut self, bytes: &[u8]) {
+    /// Looks at `bytes`; the identification line without CR LF once it is
+    /// complete.
+    fn feed(&mut self, bytes: &[u8]) -> Option<String> {
         for &b in bytes {
-            if self.done {
-                return;
-            }
             if b == b'\n' {
                 let line = std::mem::take(&mut self.line);
                 let line = line.strip_suffix(b"\r").unwrap_or(&line);
                 if line.starts_with(b"SSH-") {
-                    self.id = Some(String::from_utf8_lossy(line).into_owned());
-                    self.done = true;
+                    return Some(String::from_utf8_lossy(line).into_owned());
                 }
             } else if self.line.len() < MAX_LINE {
                 self.line.push(b);
             }
         }
+        None
     }
 }
 
 /// Where a [`Recording`] stream leaves the identification line.
 #[derive(Debug, Clone, Default)]
-pub struct ServerId(Arc<Mutex<Seen>>);
+pub struct ServerId(Arc<OnceLock<String>>);
 
 impl ServerId {
     /// The identification line without CR LF, once it has been read.
-    pub fn get(&self) -> Option<String> {
-        self.0.lock().ok().and_then(|seen| seen.id.clone())
+    pub fn get(&self) -> Option<&str> {
+        self.0.get().map(String::as_str)
     }
 
     /// Whether the server is a skiffd (`SSH-2.0-skiffd_...`).
@@ -61,10 +56,13 @@ impl ServerId {
 }
 
 /// A stream that records the server's identification line in a
-/// [`ServerId`] while passing every byte through unchanged.
+/// [`ServerId`] while passing every byte through unchanged. Once the line
+/// is found, reads pass straight through.
 pub struct Recording<S> {
     inner: S,
     id: ServerId,
+    /// The scan, until the line is found.
+    seen: Option<Seen>,
 }
 
 impl<S> Recording<S> {
@@ -74,6 +72,7 @@ impl<S> Recording<S> {
             Recording {
                 inner,
                 id: id.clone(),
+                seen: Some(Seen::default()),
             },
             id,
         )
@@ -88,11 +87,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Recording<S> {
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = polled {
-            if let Ok(mut seen) = self.id.0.lock() {
-                if !seen.done {
-                    seen.feed(&buf.filled()[before..]);
-                }
+        if let (Poll::Ready(Ok(())), Some(seen)) = (&polled, self.seen.as_mut()) {
+            if let Some(line) = seen.feed(&buf.filled()[before..]) {
+                let _ = self.id.0.set(line);
+                self.seen = None;
             }
         }
         polled
@@ -135,10 +133,7 @@ mod tests {
 
     fn seen(chunks: &[&[u8]]) -> Option<String> {
         let mut s = Seen::default();
-        for c in chunks {
-            s.feed(c);
-        }
-        s.id
+        chunks.iter().find_map(|c| s.feed(c))
     }
 
     #[test]
@@ -158,14 +153,10 @@ mod tests {
     fn skiffd_is_told_apart() {
         let id = ServerId::default();
         assert!(!id.is_skiffd());
-        id.0.lock().unwrap().feed(b"SSH-2.0-skiffd_0.1.0\r\n");
+        id.0.set("SSH-2.0-skiffd_0.1.0".into()).unwrap();
         assert!(id.is_skiffd());
         let other = ServerId::default();
-        other
-            .0
-            .lock()
-            .unwrap()
-            .feed(b"SSH-2.0-OpenSSH_9.2p1 Debian\r\n");
+        other.0.set("SSH-2.0-OpenSSH_9.2p1 Debian".into()).unwrap();
         assert!(!other.is_skiffd());
     }
 
@@ -179,6 +170,6 @@ mod tests {
         let mut got = Vec::new();
         stream.read_to_end(&mut got).await.unwrap();
         assert_eq!(got, b"SSH-2.0-skiffd_9\r\nrest");
-        assert_eq!(id.get().as_deref(), Some("SSH-2.0-skiffd_9"));
+        assert_eq!(id.get(), Some("SSH-2.0-skiffd_9"));
     }
 }

@@ -320,16 +320,13 @@ async fn run_session_io(
     let mut child = spawned.child;
     let pty = matches!(spawned.io, ChildIo::Pty(_));
     let (pause, paused) = tokio::sync::watch::channel(false);
-    let (acks, acks_wanted) = tokio::sync::watch::channel(false);
     let (consumed, consumed_rx) = tokio::sync::watch::channel(0u64);
     let consumed = Arc::new(consumed);
-    let acker = tokio::spawn(send_input_acks(
-        handle.clone(),
-        id,
-        consumed_rx,
-        acks_wanted,
-    ));
-    let flow = SessionFlow { pause, acks };
+    let mut flow = SessionFlow {
+        pause,
+        reports: Some((handle.clone(), id, consumed_rx)),
+        reporter: None,
+    };
     let (input, output): (
         _,
         std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
@@ -376,8 +373,8 @@ async fn run_session_io(
             (input, Box::pin(output))
         }
     };
-    let status = supervise(&mut child, output, &mut control, &flow, pty).await;
-    acker.abort();
+    let status = supervise(&mut child, output, &mut control, &mut flow, pty).await;
+    drop(flow);
     finish(&writer, &handle, id, status).await;
     input.abort();
 }
@@ -387,23 +384,43 @@ async fn run_session_io(
 struct SessionFlow {
     /// Output reading is paused while this is `true`.
     pause: tokio::sync::watch::Sender<bool>,
-    /// The client wants input reports.
-    acks: tokio::sync::watch::Sender<bool>,
+    /// What input reports need (the connection, the channel and the count
+    /// of input read), until the client asks for them.
+    reports: Option<(
+        russh::server::Handle,
+        ChannelId,
+        tokio::sync::watch::Receiver<u64>,
+    )>,
+    /// The task sending them, once asked.
+    reporter: Option<tokio::task::JoinHandle<()>>,
 }
 
-/// Once `wanted`, tells the client how many input bytes the command has read
+impl SessionFlow {
+    /// Starts the input reports, the first time they are asked for.
+    fn start_reports(&mut self) {
+        if let Some((handle, id, consumed)) = self.reports.take() {
+            self.reporter = Some(tokio::spawn(send_input_reports(handle, id, consumed)));
+        }
+    }
+}
+
+impl Drop for SessionFlow {
+    fn drop(&mut self) {
+        if let Some(reporter) = self.reporter.take() {
+            reporter.abort();
+        }
+    }
+}
+
+/// Tells the client how many input bytes the command has read
 /// (`consumed`): at once, then after every
 /// [`skiff_proto::flow::INPUT_ACK_STEP`] bytes.
-async fn send_input_acks(
+async fn send_input_reports(
     handle: russh::server::Handle,
     id: ChannelId,
     mut consumed: tokio::sync::watch::Receiver<u64>,
-    mut wanted: tokio::sync::watch::Receiver<bool>,
 ) {
     use skiff_proto::flow;
-    if wanted.wait_for(|on| *on).await.is_err() {
-        return;
-    }
     let mut reported: Option<u64> = None;
     loop {
         let total = *consumed.borrow_and_update();
@@ -431,7 +448,7 @@ async fn supervise(
     child: &mut crate::spawn::ChildProcess,
     output: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
     control: &mut tokio::sync::mpsc::UnboundedReceiver<Control>,
-    flow: &SessionFlow,
+    flow: &mut SessionFlow,
     pty: bool,
 ) -> std::io::Result<std::process::ExitStatus> {
     let mut output = output;
@@ -466,9 +483,7 @@ async fn supervise(
                     Some(Control::PauseOutput(on)) => {
                         flow.pause.send_replace(on);
                     }
-                    Some(Control::InputAcks) => {
-                        flow.acks.send_replace(true);
-                    }
+                    Some(Control::InputAcks) => flow.start_reports(),
                     None => {
                         // Nobody is left to resume a paused output.
                         flow.pause.send_replace(false);
