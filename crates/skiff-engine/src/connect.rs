@@ -13,7 +13,7 @@ use russh::{cipher, kex, mac, Preferred, SshId};
 use tokio::net::TcpStream;
 
 use crate::error::{ErrorKind, SkiffError};
-use crate::hostkeys::KnownHosts;
+use crate::hostkeys::{CertificateCheck, KnownHosts};
 use crate::identity;
 use crate::server_id::{Recording, ServerId};
 use crate::settings::ConnectSettings;
@@ -67,15 +67,26 @@ impl client::Handler for ClientHandler {
         &mut self,
         key: &PublicKeyOrCertificate,
     ) -> Result<bool, Self::Error> {
+        // A host certificate from a CA we trust settles it. One we do not
+        // trust leaves the key inside it, checked as a plain host key (as
+        // ssh does); the reason is shown whatever the outcome.
+        let mut untrusted_certificate = None;
         let public = match key {
             PublicKeyOrCertificate::PublicKey { key, .. } => key.clone(),
             PublicKeyOrCertificate::Certificate(cert) => {
-                // Host certificates are not trusted yet: verify the plain key inside.
+                match self.known_hosts.verify_certificate(&self.settings, cert) {
+                    Ok(CertificateCheck::Trusted) => return Ok(true),
+                    Ok(CertificateCheck::Untrusted(reason)) => untrusted_certificate = Some(reason),
+                    Err(refused) => {
+                        *self.refusal.lock().expect("not poisoned") = Some(refused);
+                        return Ok(false);
+                    }
+                }
                 russh::keys::PublicKey::from(cert.public_key().clone())
             }
         };
+        let (host, port) = self.settings.host_key_name();
         if let Some(plain_types) = &self.plain_order {
-            let (host, port) = (&self.settings.hostname, self.settings.port);
             if self
                 .known_hosts
                 .order_missed_a_type(host, port, &public, plain_types)
@@ -88,9 +99,19 @@ impl client::Handler for ClientHandler {
         // here. Only the `ask` policy may block on the terminal, and then the
         // user is the bottleneck anyway.
         let verdict = self.known_hosts.verify(&self.settings, &public);
-        match verdict {
-            Ok(()) => Ok(true),
-            Err(e) => {
+        let name = skiff_proto::known_hosts::host_port_name(host, port);
+        match (verdict, untrusted_certificate) {
+            (Ok(()), None) => Ok(true),
+            (Ok(()), Some(reason)) => {
+                self.known_hosts.notice(format!(
+                    "Warning: {name}: host certificate not trusted: {reason}; its key is known, continuing"
+                ));
+                Ok(true)
+            }
+            (Err(mut e), reason) => {
+                if let Some(reason) = reason {
+                    e.message = format!("host certificate not trusted: {reason}; {}", e.message);
+                }
                 *self.refusal.lock().expect("not poisoned") = Some(e);
                 Ok(false)
             }
@@ -133,8 +154,14 @@ fn host_key_order(known_types: &[String]) -> Vec<Algorithm> {
     all
 }
 
-/// The russh client configuration for these settings.
-pub fn russh_config(settings: &ConnectSettings, known_types: &[String]) -> client::Config {
+/// The russh client configuration for these settings. With `certificates`,
+/// host certificates are asked for ahead of plain keys.
+pub fn russh_config(
+    settings: &ConnectSettings,
+    known_types: &[String],
+    certificates: bool,
+) -> client::Config {
+    let key_order = host_key_order(known_types);
     let preferred = Preferred {
         kex: Cow::Borrowed(&[
             kex::MLKEM768X25519_SHA256,
@@ -149,7 +176,12 @@ pub fn russh_config(settings: &ConnectSettings, known_types: &[String]) -> clien
             kex::EXTENSION_SUPPORT_AS_CLIENT,
             kex::EXTENSION_OPENSSH_STRICT_KEX_AS_CLIENT,
         ]),
-        key: Cow::Owned(host_key_order(known_types)),
+        host_key_certificates: if certificates {
+            Cow::Owned(key_order.clone())
+        } else {
+            Cow::Borrowed(&[])
+        },
+        key: Cow::Owned(key_order),
         cipher: Cow::Borrowed(&[
             cipher::AES_128_GCM,
             cipher::AES_256_GCM,
@@ -237,7 +269,8 @@ async fn handshake(
     known_types: &[String],
     plain_order: Option<Vec<String>>,
 ) -> Result<Option<Handshake>, SkiffError> {
-    let config = Arc::new(russh_config(settings, known_types));
+    let certificates = known_hosts.wants_certificates(settings);
+    let config = Arc::new(russh_config(settings, known_types, certificates));
     let stream = tcp_connect(settings).await?;
     let peer_addr = stream.peer_addr().ok();
     let (stream, server_id) = Recording::new(stream);
@@ -292,7 +325,8 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
         tracing::debug!("{place}: {keyword} is not supported by skiff; ignored");
     }
     let known_hosts = Arc::new(KnownHosts::load(settings));
-    let order = known_hosts.preferred_key_types(&settings.hostname, settings.port);
+    let (key_host, key_port) = settings.host_key_name();
+    let order = known_hosts.preferred_key_types(key_host, key_port);
     let plain_order = order.hashed_left_out.then(|| order.types.clone());
     let first = handshake(settings, &known_hosts, &order.types, plain_order).await?;
     let Handshake {
@@ -307,7 +341,7 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
                  exchanging keys again with the hashed entries' key types too",
                 settings.hostname
             );
-            let every_type = known_hosts.known_key_types(&settings.hostname, settings.port);
+            let every_type = known_hosts.known_key_types(key_host, key_port);
             handshake(settings, &known_hosts, &every_type, None)
                 .await?
                 .ok_or_else(|| {

@@ -18,7 +18,9 @@ use std::sync::{
 };
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use russh::keys::PublicKey;
+use russh::keys::ssh_key::certificate::CertType;
+use russh::keys::{Certificate, HashAlg, PublicKey};
+use skiff_proto::known_hosts::host_cert::{self, CertVerdict, HostCertificate, RevokedKey};
 use skiff_proto::known_hosts::{
     self, Decision, HostKeyStatus, KnownHostsFile, StrictHostKeyChecking,
 };
@@ -250,6 +252,16 @@ pub struct KnownHosts {
     notices: std::sync::Mutex<Vec<String>>,
 }
 
+/// How a host certificate fared (see [`KnownHosts::verify_certificate`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CertificateCheck {
+    /// A `@cert-authority` line vouches for it and its signature verifies.
+    Trusted,
+    /// Not trusted, for this reason: as ssh does, the key inside is then
+    /// checked as a plain host key.
+    Untrusted(String),
+}
+
 /// What to do after looking the key up, once the files are released.
 enum Next {
     Done(Result<(), SkiffError>),
@@ -302,7 +314,8 @@ impl KnownHosts {
         std::mem::take(&mut *self.notices.lock().expect("not poisoned"))
     }
 
-    fn notice(&self, text: String) {
+    /// Adds a warning for the person who ran the command.
+    pub fn notice(&self, text: String) {
         self.notices.lock().expect("not poisoned").push(text);
     }
 
@@ -360,6 +373,100 @@ impl KnownHosts {
         })
     }
 
+    /// Whether a `@cert-authority` line applies to this host, so that the key
+    /// exchange should ask the server for a host certificate.
+    pub fn wants_certificates(&self, settings: &ConnectSettings) -> bool {
+        let (host, port) = settings.host_key_name();
+        self.with_files(|files| host_cert::authority_applies(files, host, port))
+    }
+
+    /// Judges the host certificate the server presented against the
+    /// `@cert-authority` and `@revoked` lines (see
+    /// [`host_cert::check_host_certificate`]), then verifies the CA's
+    /// signature over it. A revoked CA or host key is an error: the server
+    /// is refused outright.
+    pub fn verify_certificate(
+        &self,
+        settings: &ConnectSettings,
+        cert: &Certificate,
+    ) -> Result<CertificateCheck, SkiffError> {
+        let (host, port) = settings.host_key_name();
+        let unusable = |e: russh::keys::ssh_key::Error| {
+            SkiffError::new(
+                ErrorKind::Protocol,
+                format!("server sent an unusable host certificate: {e}"),
+            )
+        };
+        let key_blob = PublicKey::from(cert.public_key().clone())
+            .to_bytes()
+            .map_err(unusable)?;
+        let ca_blob = PublicKey::from(cert.signature_key().clone())
+            .to_bytes()
+            .map_err(unusable)?;
+        let critical_options: Vec<String> = cert.critical_options().keys().cloned().collect();
+        let signature_algorithm = cert.signature().algorithm();
+        let facts = HostCertificate {
+            is_host_certificate: cert.cert_type() == CertType::Host,
+            key_id: cert.key_id(),
+            principals: cert.valid_principals(),
+            valid_after: cert.valid_after(),
+            valid_before: cert.valid_before(),
+            critical_options: &critical_options,
+            key_blob: &key_blob,
+            ca_blob: &ca_blob,
+            signature_algorithm: signature_algorithm.as_str(),
+        };
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let name = known_hosts::host_port_name(host, port);
+        let verdict = self.with_files(|files| {
+            match host_cert::check_host_certificate(
+                files,
+                host,
+                port,
+                host,
+                &facts,
+                host_cert::DEFAULT_CA_SIGNATURE_ALGORITHMS,
+                now,
+            ) {
+                CertVerdict::Trusted(found) => Ok(found.to_string()),
+                CertVerdict::Untrusted(reason) => Err(Ok(reason)),
+                CertVerdict::Revoked { found, key } => {
+                    let (what, blob) = match key {
+                        RevokedKey::Authority => ("the CA key that signed its certificate", &ca_blob),
+                        RevokedKey::HostKey => ("its host key", &key_blob),
+                    };
+                    Err(Err(SkiffError::new(
+                        ErrorKind::HostKey,
+                        format!(
+                            "{name}: host key verification failed: {what} ({}) is marked @revoked at {found}; refusing to connect",
+                            known_hosts::fingerprint_sha256(blob)
+                        ),
+                    )))
+                }
+            }
+        });
+        let authority = match verdict {
+            Ok(authority) => authority,
+            Err(Ok(reason)) => return Ok(CertificateCheck::Untrusted(reason)),
+            Err(Err(refused)) => return Err(refused),
+        };
+        // Every field checked; what is left is whether that CA signed it.
+        let ca_fingerprint = cert.signature_key().fingerprint(HashAlg::Sha256);
+        if cert.validate_at(now, [&ca_fingerprint]).is_err() {
+            return Ok(CertificateCheck::Untrusted(format!(
+                "the signature on certificate {:?} does not verify with the CA key at {authority}",
+                cert.key_id()
+            )));
+        }
+        tracing::debug!(
+            "{name}: host certificate {:?} signed by the CA at {authority}",
+            cert.key_id()
+        );
+        Ok(CertificateCheck::Trusted)
+    }
+
     /// Applies the policy to the key the server presented.
     pub fn verify(&self, settings: &ConnectSettings, key: &PublicKey) -> Result<(), SkiffError> {
         let blob = key.to_bytes().map_err(|e| {
@@ -369,7 +476,7 @@ impl KnownHosts {
             )
         })?;
         let key_type = key.algorithm().as_str().to_string();
-        let (host, port) = (settings.hostname.as_str(), settings.port);
+        let (host, port) = settings.host_key_name();
         let refuse = |msg: String| SkiffError::new(ErrorKind::HostKey, msg);
         // Decide with the files read-locked; record (which takes a write
         // lock) and ask (which waits for a person) after releasing them.
@@ -435,14 +542,9 @@ impl KnownHosts {
             rand::fill(&mut s);
             s
         });
-        let line = known_hosts::format_entry(
-            &settings.hostname,
-            settings.port,
-            key_type,
-            blob,
-            salt.as_ref(),
-        );
-        let name = known_hosts::host_port_name(&settings.hostname, settings.port);
+        let (host, port) = settings.host_key_name();
+        let line = known_hosts::format_entry(host, port, key_type, blob, salt.as_ref());
+        let name = known_hosts::host_port_name(host, port);
         match append_and_note(path, &line, &name) {
             Ok(()) => self.notice(format!(
                 "Warning: Permanently added '{name}' ({}) to the list of known hosts.",
@@ -544,7 +646,8 @@ fn one_line_refusal(
     key_type: &str,
     blob: &[u8],
 ) -> String {
-    let name = known_hosts::host_port_name(&settings.hostname, settings.port);
+    let (host, port) = settings.host_key_name();
+    let name = known_hosts::host_port_name(host, port);
     let label = known_hosts::key_type_label(key_type);
     let fp = known_hosts::fingerprint_sha256(blob);
     match status {

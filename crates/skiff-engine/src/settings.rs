@@ -44,6 +44,8 @@ pub struct ConnectSettings {
     pub global_known_hosts: Vec<PathBuf>,
     pub strict_host_key_checking: StrictHostKeyChecking,
     pub hash_known_hosts: bool,
+    /// `HostKeyAlias`: the name host keys are looked up and recorded under.
+    pub host_key_alias: Option<String>,
     pub connect_timeout: Duration,
     pub server_alive_interval: Option<Duration>,
     pub server_alive_count_max: usize,
@@ -54,6 +56,18 @@ pub struct ConnectSettings {
     pub control_persist: Option<skiff_proto::ssh_config::ControlPersist>,
     /// Keywords skiff accepts but does not act on, with where they were set (for -v).
     pub ignored: Vec<(String, String)>,
+}
+
+impl ConnectSettings {
+    /// The host and port host keys are looked up and recorded under:
+    /// `HostKeyAlias` (without a port, as ssh does), else the host name and
+    /// port.
+    pub fn host_key_name(&self) -> (&str, u16) {
+        match &self.host_key_alias {
+            Some(alias) => (alias, skiff_proto::known_hosts::DEFAULT_PORT),
+            None => (&self.hostname, self.port),
+        }
+    }
 }
 
 /// Default connect timeout when ConnectTimeout is unset: a dead address must
@@ -394,6 +408,7 @@ fn settle(
             .strict_host_key_checking
             .unwrap_or(StrictHostKeyChecking::AcceptNew),
         hash_known_hosts: cfg.hash_known_hosts.unwrap_or(false),
+        host_key_alias: cfg.host_key_alias.clone(),
         connect_timeout: cfg
             .connect_timeout
             .filter(|&s| s > 0)

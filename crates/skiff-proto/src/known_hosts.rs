@@ -43,6 +43,7 @@ use sha2::{Digest, Sha256};
 use crate::pattern::{has_wildcard, match_list, ListMatch};
 
 mod hashed_lines;
+pub mod host_cert;
 
 use hashed_lines::{sha1_words, HashedLines, KeyedSha1, PaddedName};
 
@@ -241,6 +242,9 @@ struct HostIndex {
     hashed: HashedLines,
     /// Key blobs of every `@revoked` entry, whatever its host names.
     revoked: HashSet<Vec<u8>>,
+    /// Indices of the `@cert-authority` entries (few, so they are matched
+    /// one by one, which hashes a name only with their own salts).
+    authorities: Vec<usize>,
     /// Lookup name -> indices of the hashed entries it matches.
     memo: HashedMemo,
 }
@@ -299,8 +303,12 @@ impl HostIndex {
     /// Indexes `entry`, which is `entries[i]`; entries are added in order.
     /// Leaves the memo alone (see [`HostIndex::remember_new_hashed`]).
     fn add(&mut self, i: usize, entry: &Entry) {
-        if entry.marker == Some(Marker::Revoked) {
-            self.revoked.insert(entry.key_blob.clone());
+        match entry.marker {
+            Some(Marker::Revoked) => {
+                self.revoked.insert(entry.key_blob.clone());
+            }
+            Some(Marker::CertAuthority) => self.authorities.push(i),
+            None => {}
         }
         match &entry.hosts {
             HostField::Patterns(pats) => {
@@ -454,6 +462,22 @@ impl KnownHostsFile {
             .lookup_plain(&name)
             .into_iter()
             .filter_map(|i| self.entries.get(i))
+            .collect()
+    }
+
+    /// The `@cert-authority` entries that apply to `name` (a lookup name as
+    /// for [`KnownHostsFile::matching`]), in file order. Hashes the name only
+    /// with those entries' salts.
+    pub fn cert_authorities_for(&self, name: &str) -> Vec<&Entry> {
+        if self.index.authorities.is_empty() {
+            return Vec::new();
+        }
+        let name = name.to_ascii_lowercase();
+        self.index
+            .authorities
+            .iter()
+            .filter_map(|&i| self.entries.get(i))
+            .filter(|e| e.hosts.matches(&name))
             .collect()
     }
 
@@ -854,16 +878,13 @@ fn check_every_entry<'a, F: Borrow<KnownHostsFile>>(
 }
 
 /// `@cert-authority` entries that apply to `host`/`port`, in order. Used to
-/// validate host certificates.
+/// validate host certificates (see [`host_cert`]).
 pub fn cert_authorities<'a, F: Borrow<KnownHostsFile>>(
     files: &'a [F],
     host: &str,
     port: u16,
 ) -> Vec<Found<'a>> {
-    lookup(files, host, port)
-        .into_iter()
-        .filter(|f| f.entry.marker == Some(Marker::CertAuthority))
-        .collect()
+    found_in(files, host, port, KnownHostsFile::cert_authorities_for)
 }
 
 /// The `@revoked` entry for exactly this key blob that applies to

@@ -166,6 +166,7 @@ enum Directive {
     GlobalKnownHostsFile(Vec<String>),
     StrictHostKeyChecking(StrictHostKeyChecking),
     HashKnownHosts(bool),
+    HostKeyAlias(String),
     ConnectTimeout(u64),
     ServerAliveInterval(u64),
     ServerAliveCountMax(u32),
@@ -219,6 +220,7 @@ enum Kw {
     GlobalKnownHostsFile,
     StrictHostKeyChecking,
     HashKnownHosts,
+    HostKeyAlias,
     ConnectTimeout,
     ServerAliveInterval,
     ServerAliveCountMax,
@@ -246,6 +248,7 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("GlobalKnownHostsFile", Kw::GlobalKnownHostsFile),
     ("StrictHostKeyChecking", Kw::StrictHostKeyChecking),
     ("HashKnownHosts", Kw::HashKnownHosts),
+    ("HostKeyAlias", Kw::HostKeyAlias),
     ("ConnectTimeout", Kw::ConnectTimeout),
     ("ServerAliveInterval", Kw::ServerAliveInterval),
     ("ServerAliveCountMax", Kw::ServerAliveCountMax),
@@ -312,7 +315,6 @@ const IGNORED: &[&str] = &[
     "HostbasedAuthentication",
     "HostbasedKeyTypes",
     "HostKeyAlgorithms",
-    "HostKeyAlias",
     "IPQoS",
     "KbdInteractiveAuthentication",
     "KbdInteractiveDevices",
@@ -696,6 +698,7 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
             })
         }
         Kw::HashKnownHosts => Directive::HashKnownHosts(parse_flag(name, &single(name, args)?)?),
+        Kw::HostKeyAlias => Directive::HostKeyAlias(single(name, args)?.to_ascii_lowercase()),
         Kw::ConnectTimeout => {
             Directive::ConnectTimeout(parse_time_arg(name, &single(name, args)?)?)
         }
@@ -871,6 +874,9 @@ pub struct HostConfig {
     pub global_known_hosts_files: Option<Vec<String>>,
     pub strict_host_key_checking: Option<StrictHostKeyChecking>,
     pub hash_known_hosts: Option<bool>,
+    /// `HostKeyAlias`, lowercased: the name host keys are looked up and
+    /// recorded under instead of the host name (and without a port).
+    pub host_key_alias: Option<String>,
     /// Seconds.
     pub connect_timeout: Option<u64>,
     /// Seconds; 0 disables keep-alives.
@@ -1097,6 +1103,7 @@ impl Resolver<'_, '_> {
             Directive::GlobalKnownHostsFile(v) => first(&mut cfg.global_known_hosts_files, v),
             Directive::StrictHostKeyChecking(v) => first(&mut cfg.strict_host_key_checking, v),
             Directive::HashKnownHosts(v) => first(&mut cfg.hash_known_hosts, v),
+            Directive::HostKeyAlias(v) => first(&mut cfg.host_key_alias, v),
             Directive::ConnectTimeout(v) => first(&mut cfg.connect_timeout, v),
             Directive::ServerAliveInterval(v) => first(&mut cfg.server_alive_interval, v),
             Directive::ServerAliveCountMax(v) => first(&mut cfg.server_alive_count_max, v),
@@ -1397,6 +1404,21 @@ mod tests {
         assert_eq!(
             parse_err("IdentityFile a b\n"),
             "cfg:1: IdentityFile: unexpected extra argument \"b\""
+        );
+    }
+
+    #[test]
+    fn host_key_alias_is_lowercased_and_first_wins() {
+        let text = "Host web*\n  HostKeyAlias Web1.Example.TEST\nHost *\n  HostKeyAlias other\n";
+        assert_eq!(
+            res(text, "web1").host_key_alias.as_deref(),
+            Some("web1.example.test")
+        );
+        assert_eq!(res(text, "db1").host_key_alias.as_deref(), Some("other"));
+        assert_eq!(res("Port 22\n", "x").host_key_alias, None);
+        assert_eq!(
+            parse_err("HostKeyAlias a b\n"),
+            "cfg:1: HostKeyAlias: unexpected extra argument \"b\""
         );
     }
 

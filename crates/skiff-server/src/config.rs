@@ -17,6 +17,8 @@ pub const DEFAULT_AUTHORIZED_KEYS: &str = "%h/.ssh/authorized_keys";
 pub struct Settings {
     pub listen: Vec<SocketAddr>,
     pub host_keys: Vec<PathBuf>,
+    /// Host certificates for some of the host keys (`HostCertificate`).
+    pub host_certificates: Vec<PathBuf>,
     /// Path template with `%h` and `%u` tokens. A path without tokens applies to every account.
     pub authorized_keys: String,
     /// Environment variable name patterns a client may set (`LANG LC_*` by default).
@@ -86,6 +88,7 @@ impl Default for Settings {
         Settings {
             listen: Vec::new(),
             host_keys: Vec::new(),
+            host_certificates: Vec::new(),
             authorized_keys: DEFAULT_AUTHORIZED_KEYS.to_string(),
             accept_env: vec!["LANG".into(), "LC_*".into()],
             permit_user_environment: false,
@@ -115,7 +118,7 @@ pub struct ConfigError {
 
 /// Applies the lines of a configuration file on top of `settings`.
 ///
-/// Repeatable keywords (`ListenAddress`, `HostKey`, `AcceptEnv`) accumulate;
+/// Repeatable keywords (`ListenAddress`, `HostKey`, `HostCertificate`, `AcceptEnv`) accumulate;
 /// the first `AcceptEnv` line replaces the default list.
 pub fn apply_config_text(
     settings: &mut Settings,
@@ -154,6 +157,7 @@ pub fn apply_config_text(
                 settings.listen.push(parse_listen(v).map_err(err)?);
             }
             "hostkey" => settings.host_keys.push(PathBuf::from(one()?)),
+            "hostcertificate" => settings.host_certificates.push(PathBuf::from(one()?)),
             "authorizedkeysfile" => settings.authorized_keys = one()?.to_string(),
             "acceptenv" => {
                 if args.is_empty() {
@@ -336,6 +340,29 @@ mod tests {
         assert!(e.to_string().contains("bad listen address"));
         let e = apply_config_text(&mut s, "c", "HostKey").unwrap_err();
         assert_eq!(e.to_string(), "c:1: HostKey needs a value");
+        let e = apply_config_text(&mut s, "c", "\nHostCertificate a b").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "c:2: HostCertificate takes exactly one value"
+        );
+    }
+
+    #[test]
+    fn host_certificates_accumulate() {
+        let mut s = Settings::default();
+        apply_config_text(
+            &mut s,
+            "c",
+            "HostCertificate /etc/a-cert.pub\nhostcertificate /etc/b-cert.pub\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.host_certificates,
+            [
+                PathBuf::from("/etc/a-cert.pub"),
+                PathBuf::from("/etc/b-cert.pub")
+            ]
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Host keys: loading the configured ones, or creating skiffd's own ed25519 key
-//! in its state directory on first start and reusing it afterwards.
+//! Host keys: loading the configured ones (and host certificates for them),
+//! or creating skiffd's own ed25519 key in its state directory on first start
+//! and reusing it afterwards.
 
 use std::fs;
 use std::io::Write;
@@ -7,8 +8,26 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use russh::keys::ssh_key::certificate::CertType;
 use russh::keys::ssh_key::LineEnding;
-use russh::keys::{Algorithm, PrivateKey};
+use russh::keys::{Algorithm, Certificate, PrivateKey};
+
+/// What skiffd proves its identity with: its host keys, and host
+/// certificates (signed by a CA clients trust) for some of them.
+#[derive(Debug, Clone, Default)]
+pub struct HostIdentity {
+    pub keys: Vec<PrivateKey>,
+    pub certificates: Vec<Certificate>,
+}
+
+impl From<Vec<PrivateKey>> for HostIdentity {
+    fn from(keys: Vec<PrivateKey>) -> Self {
+        HostIdentity {
+            keys,
+            certificates: Vec::new(),
+        }
+    }
+}
 
 /// The state directory: `$XDG_STATE_HOME/skiffd`, else `~/.local/state/skiffd`.
 pub fn default_state_dir() -> Result<PathBuf> {
@@ -37,6 +56,37 @@ pub fn load_host_keys(paths: &[PathBuf]) -> Result<Vec<PrivateKey>> {
                 );
             }
             Ok(key)
+        })
+        .collect()
+}
+
+/// Loads host certificates (`HostCertificate`, OpenSSH's `*-cert.pub`
+/// files); fails naming the file when one is unreadable, is a user
+/// certificate, or certifies none of `keys`.
+pub fn load_host_certificates(paths: &[PathBuf], keys: &[PrivateKey]) -> Result<Vec<Certificate>> {
+    paths
+        .iter()
+        .map(|p| {
+            let text = fs::read_to_string(p)
+                .with_context(|| format!("cannot read host certificate {}", p.display()))?;
+            let cert = Certificate::from_openssh(text.trim())
+                .with_context(|| format!("{}: not an OpenSSH certificate", p.display()))?;
+            if cert.cert_type() != CertType::Host {
+                bail!(
+                    "{}: a user certificate, not a host certificate (sign with ssh-keygen -h)",
+                    p.display()
+                );
+            }
+            if !keys
+                .iter()
+                .any(|k| k.public_key().key_data() == cert.public_key())
+            {
+                bail!(
+                    "{}: certifies a key that is not one of skiffd's host keys",
+                    p.display()
+                );
+            }
+            Ok(cert)
         })
         .collect()
 }

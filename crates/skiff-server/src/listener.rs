@@ -8,19 +8,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use russh::keys::{Algorithm, EcdsaCurve, HashAlg, PrivateKey};
+use russh::keys::{Algorithm, EcdsaCurve, HashAlg};
 use russh::{cipher, kex, mac, Preferred, SshId};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::Settings;
 use crate::dataplane::Sniffed;
 use crate::handler::{ConnectionHandler, ServerState};
+use crate::hostkey::HostIdentity;
 
 /// The russh server configuration for these settings and host keys.
 ///
 /// Algorithms: post-quantum hybrid and curve25519 key exchange first (strict
 /// kex is negotiated by russh), AEAD ciphers only, SHA-2 host key signatures.
-pub fn russh_config(settings: &Settings, host_keys: Vec<PrivateKey>) -> russh::server::Config {
+pub fn russh_config(settings: &Settings, host: HostIdentity) -> russh::server::Config {
     let preferred = Preferred {
         kex: Cow::Borrowed(&[
             kex::MLKEM768X25519_SHA256,
@@ -73,7 +74,8 @@ pub fn russh_config(settings: &Settings, host_keys: Vec<PrivateKey>) -> russh::s
         // a wrong key look alike; the initial "none" probe is answered at once.
         auth_rejection_time: Duration::from_millis(20),
         auth_rejection_time_initial: Some(Duration::ZERO),
-        keys: host_keys,
+        keys: host.keys,
+        certificates: host.certificates,
         preferred,
         // russh counts the client's initial `none` probe as a failed attempt;
         // sshd does not. One more keeps MaxAuthTries meaning what sshd means.
@@ -90,7 +92,7 @@ pub fn russh_config(settings: &Settings, host_keys: Vec<PrivateKey>) -> russh::s
 }
 
 /// Binds every listen address and serves connections until an accept loop fails.
-pub async fn serve(settings: Settings, host_keys: Vec<PrivateKey>) -> Result<()> {
+pub async fn serve(settings: Settings, host: HostIdentity) -> Result<()> {
     anyhow::ensure!(!settings.listen.is_empty(), "no listen address");
     let mut listeners = Vec::new();
     for addr in &settings.listen {
@@ -99,17 +101,18 @@ pub async fn serve(settings: Settings, host_keys: Vec<PrivateKey>) -> Result<()>
             .with_context(|| format!("cannot listen on {addr}"))?;
         listeners.push(listener);
     }
-    serve_listeners(listeners, settings, host_keys).await
+    serve_listeners(listeners, settings, host).await
 }
 
 /// Serves connections on already bound listeners (`settings.listen` is ignored).
 pub async fn serve_listeners(
     listeners: Vec<TcpListener>,
     settings: Settings,
-    host_keys: Vec<PrivateKey>,
+    host: impl Into<HostIdentity>,
 ) -> Result<()> {
-    anyhow::ensure!(!host_keys.is_empty(), "no host key");
-    let config = Arc::new(russh_config(&settings, host_keys));
+    let host = host.into();
+    anyhow::ensure!(!host.keys.is_empty(), "no host key");
+    let config = Arc::new(russh_config(&settings, host));
     let state = Arc::new(ServerState {
         settings,
         registry: Default::default(),

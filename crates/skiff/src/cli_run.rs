@@ -22,7 +22,11 @@ use crate::cli_connect::ConnectArgs;
 use crate::run_output::{self, HostRecord, LineSplitter};
 
 #[derive(Args, Debug, Clone)]
-#[command(trailing_var_arg = true)]
+#[command(
+    trailing_var_arg = true,
+    override_usage = "skiff run [OPTIONS] HOSTS [--] COMMAND [ARGS]...\n       \
+                      skiff run [OPTIONS] {-w SET | -f FILE}... [--] COMMAND [ARGS]..."
+)]
 pub struct RunArgs {
     #[command(flatten)]
     pub conn: ConnectArgs,
@@ -71,7 +75,7 @@ pub struct RunArgs {
     #[arg(
         required = true,
         allow_hyphen_values = true,
-        value_name = "HOSTS] [--] [COMMAND"
+        value_name = "HOSTS|COMMAND"
     )]
     pub rest: Vec<String>,
 }

@@ -130,9 +130,11 @@ fn run(args: Args) -> Result<()> {
         settings.authorized_keys = ak;
     }
     let keys = hostkey::load_host_keys(&settings.host_keys)?;
+    let certificates = hostkey::load_host_certificates(&settings.host_certificates, &keys)?;
+    let host = hostkey::HostIdentity { keys, certificates };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(skiff_server::serve(settings, keys))
+    runtime.block_on(skiff_server::serve(settings, host))
 }
