@@ -1,6 +1,8 @@
 //! Public-key user authentication: identities from ssh-agent and key files,
 //! tried in OpenSSH's order, with passphrases read from the terminal or
-//! SSH_ASKPASS (never under BatchMode).
+//! SSH_ASKPASS (never under BatchMode). A key's user certificates (its
+//! `KEY-cert.pub`, a `CertificateFile`, or one the agent holds) are offered
+//! just before the key itself.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -8,7 +10,13 @@ use std::sync::Arc;
 use russh::client::{AuthResult, Handle, Handler};
 use russh::keys::agent::client::AgentClient;
 use russh::keys::agent::AgentIdentity;
-use russh::keys::{Algorithm, HashAlg, PrivateKey, PrivateKeyWithHashAlg, PublicKey};
+use russh::keys::signature::Signer as _;
+use russh::keys::ssh_encoding::Encode;
+use russh::keys::ssh_key::certificate::CertType;
+use russh::keys::ssh_key::private::KeypairData;
+use russh::keys::ssh_key::public::KeyData;
+use russh::keys::ssh_key::Signature;
+use russh::keys::{Algorithm, Certificate, HashAlg, PrivateKey, PrivateKeyWithHashAlg, PublicKey};
 
 use crate::error::{ErrorKind, SkiffError};
 use crate::settings::ConnectSettings;
@@ -34,6 +42,109 @@ fn file_public_key(path: &Path) -> Option<PublicKey> {
         .map(|k| k.public_key().clone())
 }
 
+/// A user certificate and where it came from, for messages.
+struct UserCertificate {
+    cert: Certificate,
+    from: String,
+}
+
+/// Reads an OpenSSH certificate file. `Ok(None)`: no such file.
+fn read_certificate(path: &Path) -> Result<Option<Certificate>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    match Certificate::from_openssh(text.trim()) {
+        Ok(c) if c.cert_type() == CertType::User => Ok(Some(c)),
+        Ok(_) => Err(format!(
+            "{} is a host certificate, not a user certificate",
+            path.display()
+        )),
+        Err(e) => Err(format!(
+            "{} is not an OpenSSH certificate: {e}",
+            path.display()
+        )),
+    }
+}
+
+/// `KEY-cert.pub`, beside a key file.
+fn certificate_beside(key_path: &Path) -> PathBuf {
+    let mut p = key_path.as_os_str().to_owned();
+    p.push("-cert.pub");
+    PathBuf::from(p)
+}
+
+/// The certificates in `pool` for `key`, in order.
+fn certificates_for<'a>(
+    pool: &'a [UserCertificate],
+    key: &'a KeyData,
+) -> impl Iterator<Item = &'a UserCertificate> {
+    pool.iter().filter(move |c| c.cert.public_key() == key)
+}
+
+/// Signs user-authentication requests with a key file's private key, for
+/// russh's certificate method (which asks a signer, as it asks ssh-agent):
+/// the request followed by the signature as an SSH string.
+struct FileSigner(Arc<PrivateKey>);
+
+#[derive(Debug, thiserror::Error)]
+enum FileSignError {
+    #[error("the connection is gone")]
+    Send(#[from] russh::SendError),
+    #[error("cannot sign: {0}")]
+    Sign(#[from] russh::keys::signature::Error),
+    #[error("cannot encode the signature: {0}")]
+    Encoding(#[from] russh::keys::ssh_encoding::Error),
+}
+
+impl russh::Signer for FileSigner {
+    type Error = FileSignError;
+
+    async fn auth_sign(
+        &mut self,
+        _key: &AgentIdentity,
+        hash_alg: Option<HashAlg>,
+        mut to_sign: Vec<u8>,
+    ) -> Result<Vec<u8>, Self::Error> {
+        let signature: Signature = match self.0.key_data() {
+            // RSA signs with the SHA-2 hash the server accepts.
+            KeypairData::Rsa(rsa) => (rsa, hash_alg).try_sign(&to_sign)?,
+            _ => self.0.try_sign(&to_sign)?,
+        };
+        signature.encode_vec()?.encode(&mut to_sign)?;
+        Ok(to_sign)
+    }
+}
+
+/// Offers `cert` for `settings.user`, signing with `signer`. `Ok(true)`:
+/// authenticated. Errors are notes for the summary.
+async fn offer_certificate<H: Handler, S: russh::Signer>(
+    handle: &mut Handle<H>,
+    settings: &ConnectSettings,
+    cert: &UserCertificate,
+    hash: Option<HashAlg>,
+    signer: &mut S,
+    tried: &mut Vec<String>,
+) -> Result<bool, String>
+where
+    S::Error: std::fmt::Display,
+{
+    tried.push(format!(
+        "certificate {:?} ({})",
+        cert.cert.key_id(),
+        cert.from
+    ));
+    match handle
+        .authenticate_certificate_with(&settings.user, cert.cert.clone(), hash, signer)
+        .await
+    {
+        Ok(AuthResult::Success) => Ok(true),
+        Ok(AuthResult::Failure { .. }) => Ok(false),
+        Err(e) => Err(format!("certificate {:?}: {e}", cert.cert.key_id())),
+    }
+}
+
 /// Authenticates `handle` as `settings.user`, or explains what was tried.
 pub async fn authenticate<H: Handler>(
     handle: &mut Handle<H>,
@@ -49,21 +160,38 @@ pub async fn authenticate<H: Handler>(
         },
         None => None,
     };
-    let agent_keys: Vec<PublicKey> = match agent.as_mut() {
-        Some(a) => a
-            .request_identities()
-            .await
-            .map(|ids| {
-                ids.into_iter()
-                    .filter_map(|id| match id {
-                        AgentIdentity::PublicKey { key, .. } => Some(key),
-                        _ => None,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
+    let agent_ids = match agent.as_mut() {
+        Some(a) => a.request_identities().await.unwrap_or_default(),
         None => Vec::new(),
     };
+    let mut agent_keys: Vec<PublicKey> = Vec::new();
+    // Certificates configured, then those the agent holds: offered with
+    // the key they certify, after that key's own `KEY-cert.pub`.
+    let mut certificates = Vec::new();
+    let mut notes = Vec::new();
+    for path in &settings.certificate_files {
+        match read_certificate(path) {
+            Ok(Some(cert)) => certificates.push(UserCertificate {
+                cert,
+                from: path.display().to_string(),
+            }),
+            Ok(None) => notes.push(format!("certificate file {} not found", path.display())),
+            Err(note) => notes.push(note),
+        }
+    }
+    for id in agent_ids {
+        match id {
+            AgentIdentity::PublicKey { key, .. } => agent_keys.push(key),
+            AgentIdentity::Certificate { certificate, .. } => {
+                if certificate.cert_type() == CertType::User {
+                    certificates.push(UserCertificate {
+                        cert: certificate,
+                        from: "ssh-agent".to_string(),
+                    });
+                }
+            }
+        }
+    }
 
     // OpenSSH order: configured identities the agent holds (in config order),
     // then the agent's other keys (unless IdentitiesOnly), then key files.
@@ -100,7 +228,6 @@ pub async fn authenticate<H: Handler>(
     // extension info, a round trip that other keys do not need.
     let mut rsa_hash = None;
     let mut tried = Vec::new();
-    let mut notes = Vec::new();
     // Set when a key was skipped only because nobody may type its passphrase.
     let mut needs_person = false;
     for cand in candidates {
@@ -119,6 +246,13 @@ pub async fn authenticate<H: Handler>(
                         continue;
                     }
                 };
+                for cert in certificates_for(&certificates, key.key_data()) {
+                    match offer_certificate(handle, settings, cert, hash, agent, &mut tried).await {
+                        Ok(true) => return Ok(()),
+                        Ok(false) => {}
+                        Err(note) => notes.push(note),
+                    }
+                }
                 tried.push(format!("agent key {}", key.fingerprint(HashAlg::Sha256)));
                 match handle
                     .authenticate_publickey_with(&settings.user, key.clone(), hash, agent)
@@ -146,8 +280,34 @@ pub async fn authenticate<H: Handler>(
                         continue;
                     }
                 };
+                let key = Arc::new(key);
+                let beside = match read_certificate(&certificate_beside(&path)) {
+                    Ok(found) => found.map(|cert| UserCertificate {
+                        cert,
+                        from: certificate_beside(&path).display().to_string(),
+                    }),
+                    Err(note) => {
+                        notes.push(note);
+                        None
+                    }
+                };
+                let public = key.public_key().key_data().clone();
+                let mut signer = FileSigner(key.clone());
+                for cert in beside
+                    .iter()
+                    .filter(|c| c.cert.public_key() == &public)
+                    .chain(certificates_for(&certificates, &public))
+                {
+                    match offer_certificate(handle, settings, cert, hash, &mut signer, &mut tried)
+                        .await
+                    {
+                        Ok(true) => return Ok(()),
+                        Ok(false) => {}
+                        Err(note) => notes.push(note),
+                    }
+                }
                 tried.push(path.display().to_string());
-                let with_hash = PrivateKeyWithHashAlg::new(Arc::new(key), hash);
+                let with_hash = PrivateKeyWithHashAlg::new(key, hash);
                 match handle
                     .authenticate_publickey(&settings.user, with_hash)
                     .await

@@ -37,6 +37,8 @@ pub struct ConnectSettings {
     pub port: u16,
     pub user: String,
     pub identity_files: Vec<PathBuf>,
+    /// `CertificateFile`s, offered with the keys they certify.
+    pub certificate_files: Vec<PathBuf>,
     pub identities_only: bool,
     /// None means no agent (IdentityAgent none, or SSH_AUTH_SOCK unset).
     pub identity_agent: Option<PathBuf>,
@@ -349,6 +351,11 @@ fn settle(
     for f in &cfg.identity_files {
         identity_files.push(expand(f)?);
     }
+    let certificate_files = cfg
+        .certificate_files
+        .iter()
+        .map(|f| expand(f))
+        .collect::<Result<Vec<_>, _>>()?;
     let default_identities = identity_files.is_empty();
     if default_identities {
         for name in [
@@ -400,6 +407,7 @@ fn settle(
         port,
         user,
         identity_files,
+        certificate_files,
         identities_only: cfg.identities_only.unwrap_or(false),
         identity_agent,
         user_known_hosts,

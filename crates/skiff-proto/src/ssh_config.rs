@@ -11,7 +11,7 @@
 //! 2. [`resolve`] applies a list of files in order (for example
 //!    `[command line, ~/.ssh/config, /etc/ssh/ssh_config]`) for one destination and
 //!    returns a [`HostConfig`]. The first value obtained for a single-valued keyword
-//!    wins; `IdentityFile`, `SendEnv` and `SetEnv` accumulate.
+//!    wins; `IdentityFile`, `CertificateFile`, `SendEnv` and `SetEnv` accumulate.
 //! 3. [`expand_tokens`] expands `%h`, `%p`, `~/` and friends in values such as
 //!    `IdentityFile` once the connection parameters are known.
 //!
@@ -160,6 +160,7 @@ enum Directive {
     Port(u16),
     User(String),
     IdentityFile(String),
+    CertificateFile(String),
     IdentitiesOnly(bool),
     IdentityAgent(String),
     UserKnownHostsFile(Vec<String>),
@@ -214,6 +215,7 @@ enum Kw {
     Port,
     User,
     IdentityFile,
+    CertificateFile,
     IdentitiesOnly,
     IdentityAgent,
     UserKnownHostsFile,
@@ -242,6 +244,7 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("Port", Kw::Port),
     ("User", Kw::User),
     ("IdentityFile", Kw::IdentityFile),
+    ("CertificateFile", Kw::CertificateFile),
     ("IdentitiesOnly", Kw::IdentitiesOnly),
     ("IdentityAgent", Kw::IdentityAgent),
     ("UserKnownHostsFile", Kw::UserKnownHostsFile),
@@ -276,7 +279,6 @@ const IGNORED: &[&str] = &[
     "CanonicalizeMaxDots",
     "CanonicalizePermittedCNAMEs",
     "CASignatureAlgorithms",
-    "CertificateFile",
     "ChallengeResponseAuthentication",
     "ChannelTimeout",
     "CheckHostIP",
@@ -679,6 +681,7 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
         Kw::Port => Directive::Port(parse_port(&single(name, args)?)?),
         Kw::User => Directive::User(single(name, args)?),
         Kw::IdentityFile => Directive::IdentityFile(single(name, args)?),
+        Kw::CertificateFile => Directive::CertificateFile(single(name, args)?),
         Kw::IdentitiesOnly => Directive::IdentitiesOnly(parse_flag(name, &single(name, args)?)?),
         Kw::IdentityAgent => Directive::IdentityAgent(single(name, args)?),
         Kw::UserKnownHostsFile => Directive::UserKnownHostsFile(known_hosts_files(name, args)?),
@@ -865,6 +868,9 @@ pub struct HostConfig {
     pub user: Option<String>,
     /// Every `IdentityFile` that applies, in order, without duplicates (unexpanded).
     pub identity_files: Vec<String>,
+    /// Every `CertificateFile` that applies, in order, without duplicates
+    /// (unexpanded).
+    pub certificate_files: Vec<String>,
     pub identities_only: Option<bool>,
     /// Unexpanded; may be `none` or `SSH_AUTH_SOCK`.
     pub identity_agent: Option<String>,
@@ -1095,6 +1101,11 @@ impl Resolver<'_, '_> {
             Directive::IdentityFile(v) => {
                 if !cfg.identity_files.contains(v) {
                     cfg.identity_files.push(v.clone());
+                }
+            }
+            Directive::CertificateFile(v) => {
+                if !cfg.certificate_files.contains(v) {
+                    cfg.certificate_files.push(v.clone());
                 }
             }
             Directive::IdentitiesOnly(v) => first(&mut cfg.identities_only, v),
@@ -1683,6 +1694,19 @@ mod tests {
             "web1",
         );
         assert_eq!(c.identity_files, vec!["~/.ssh/a", "~/.ssh/b", "~/.ssh/d"]);
+    }
+
+    #[test]
+    fn certificate_files_accumulate() {
+        let c = res(
+            "CertificateFile ~/.ssh/a-cert.pub\nHost web*\n  CertificateFile %d/.ssh/b-cert.pub\nHost *\n  CertificateFile ~/.ssh/a-cert.pub\n",
+            "web1",
+        );
+        assert_eq!(
+            c.certificate_files,
+            vec!["~/.ssh/a-cert.pub", "%d/.ssh/b-cert.pub"]
+        );
+        assert!(c.ignored.iter().all(|(k, _)| k != "CertificateFile"));
     }
 
     #[test]
