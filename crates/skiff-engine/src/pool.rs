@@ -49,9 +49,11 @@ pub struct PoolKey {
     hostname: String,
     port: u16,
     identity_files: Vec<PathBuf>,
+    certificate_files: Vec<PathBuf>,
     identities_only: bool,
     identity_agent: Option<PathBuf>,
     known_hosts: Vec<PathBuf>,
+    host_key_alias: Option<String>,
     policy: String,
 }
 
@@ -62,6 +64,7 @@ impl PoolKey {
             hostname: s.hostname.clone(),
             port: s.port,
             identity_files: s.identity_files.clone(),
+            certificate_files: s.certificate_files.clone(),
             identities_only: s.identities_only,
             identity_agent: s.identity_agent.clone(),
             known_hosts: s
@@ -70,6 +73,7 @@ impl PoolKey {
                 .chain(&s.global_known_hosts)
                 .cloned()
                 .collect(),
+            host_key_alias: s.host_key_alias.clone(),
             policy: crate::hostkeys::policy_name(s.strict_host_key_checking).to_string(),
         }
     }

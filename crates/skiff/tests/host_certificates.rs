@@ -385,3 +385,35 @@ fn skiffd_refuses_certificates_it_cannot_present() {
         );
     }
 }
+
+/// Through the agent, which resolves the configuration itself: the CA,
+/// HostKeyAlias and a user certificate beside the key all reach it.
+#[test]
+fn through_the_agent() {
+    let Some((fx, ca, sshd)) = certified_sshd("web1", Some("web1.example.test"), "-5m:+1h") else {
+        return;
+    };
+    let port = sshd.port();
+    let c = server_context(&sshd, "host certificate through the agent");
+    let agent = AgentHome::new();
+    write_known_hosts(&agent.home, &[authority_line("*.example.test", &ca)]);
+    for round in ["first", "warm"] {
+        let out = agent
+            .exec(port, &fx.client_key)
+            .opt("StrictHostKeyChecking=yes")
+            .opt("HostKeyAlias=web1.example.test")
+            .cmd(&format!("echo {round}"))
+            .run();
+        out.expect_code(0, &c)
+            .expect_stdout(&format!("{round}\n"), &c);
+    }
+    // Without the alias no authority applies to 127.0.0.1, whose key is
+    // unknown: the pooled connection, verified under the alias, must not
+    // be reused for it.
+    agent
+        .exec(port, &fx.client_key)
+        .opt("StrictHostKeyChecking=yes")
+        .cmd("echo never")
+        .run()
+        .expect_skiff_failure(&["no ED25519 host key is known"], &c);
+}

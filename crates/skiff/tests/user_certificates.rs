@@ -151,3 +151,33 @@ fn a_certificate_held_by_ssh_agent() {
         "{c}"
     );
 }
+
+/// Through the agent: a CertificateFile reaches it (and, being part of
+/// what a connection was authenticated with, keeps apart the connections
+/// it pools).
+#[test]
+fn through_the_agent() {
+    let Some((fx, ca, sshd)) = setup() else {
+        return;
+    };
+    let port = sshd.port();
+    let c = server_context(&sshd, "user certificate through the agent");
+    let agent = AgentHome::new();
+    agent.home.trust(port, &fx.host_key);
+    let cert = user_certificate(&ca, &fx.stranger_key, user());
+    let moved = fx.path().join("elsewhere-cert.pub");
+    fs::rename(&cert, &moved).unwrap();
+    let out = agent
+        .exec(port, &fx.stranger_key)
+        .opt("IdentitiesOnly=yes")
+        .opt(&format!("CertificateFile={}", moved.display()))
+        .cmd("echo via-agent")
+        .run();
+    out.expect_code(0, &c).expect_stdout("via-agent\n", &c);
+    agent
+        .exec(port, &fx.stranger_key)
+        .opt("IdentitiesOnly=yes")
+        .cmd("echo never")
+        .run()
+        .expect_skiff_failure(&["authentication failed"], &c);
+}
