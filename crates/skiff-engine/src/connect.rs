@@ -1,5 +1,5 @@
-//! Opening an authenticated SSH connection: resolve, TCP connect with a
-//! timeout and TCP_NODELAY, key exchange with skiff's algorithm policy,
+//! Opening an authenticated SSH connection: the way to the server (see
+//! [`crate::transport`]), key exchange with skiff's algorithm policy,
 //! host-key verification, keepalives, then public-key authentication.
 
 use std::borrow::Cow;
@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 use russh::client::{self, Handle};
 use russh::keys::{Algorithm, EcdsaCurve, HashAlg, PublicKeyOrCertificate};
 use russh::{cipher, kex, mac, Preferred, SshId};
-use tokio::net::TcpStream;
 
 use crate::error::{ErrorKind, SkiffError};
 use crate::hostkeys::{CertificateCheck, KnownHosts};
@@ -218,40 +217,6 @@ pub fn russh_config(
     }
 }
 
-async fn tcp_connect(settings: &ConnectSettings) -> Result<TcpStream, SkiffError> {
-    let target = format!("{} port {}", settings.hostname, settings.port);
-    let fail = |what: String| SkiffError::new(ErrorKind::Connect, what);
-    let deadline = tokio::time::Instant::now() + settings.connect_timeout;
-    let addrs: Vec<_> = tokio::time::timeout_at(
-        deadline,
-        tokio::net::lookup_host((settings.hostname.as_str(), settings.port)),
-    )
-    .await
-    .map_err(|_| fail(format!("cannot resolve {}: timed out", settings.hostname)))?
-    .map_err(|e| fail(format!("cannot resolve {}: {e}", settings.hostname)))?
-    .collect();
-    let mut last = None;
-    for addr in addrs {
-        match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
-            Ok(Ok(s)) => {
-                let _ = s.set_nodelay(true);
-                return Ok(s);
-            }
-            Ok(Err(e)) => last = Some(format!("connect to {target}: {e}")),
-            Err(_) => {
-                last = Some(format!(
-                    "connect to {target}: timed out after {}s (ConnectTimeout)",
-                    settings.connect_timeout.as_secs()
-                ));
-                break;
-            }
-        }
-    }
-    Err(fail(last.unwrap_or_else(|| {
-        format!("cannot resolve {}: no addresses", settings.hostname)
-    })))
-}
-
 /// A connection whose keys are exchanged, not yet authenticated.
 struct Handshake {
     handle: client::Handle<ClientHandler>,
@@ -271,9 +236,12 @@ async fn handshake(
 ) -> Result<Option<Handshake>, SkiffError> {
     let certificates = known_hosts.wants_certificates(settings);
     let config = Arc::new(russh_config(settings, known_types, certificates));
-    let stream = tcp_connect(settings).await?;
-    let peer_addr = stream.peer_addr().ok();
-    let (stream, server_id) = Recording::new(stream);
+    let transport = crate::transport::open(settings).await?;
+    for notice in transport.notices {
+        known_hosts.notice(notice);
+    }
+    let (peer_addr, route) = (transport.peer_addr, transport.route);
+    let (stream, server_id) = Recording::new(transport.stream);
     let refusal = Arc::new(Mutex::new(None));
     let order_again = Arc::new(AtomicBool::new(false));
     let handler = ClientHandler {
@@ -302,7 +270,7 @@ async fn handshake(
             Err(SkiffError::new(
                 ErrorKind::Connect,
                 format!(
-                    "{} port {}: SSH handshake failed: {e}",
+                    "{} port {}{route}: SSH handshake failed: {e}",
                     settings.hostname, settings.port
                 ),
             ))
@@ -310,7 +278,7 @@ async fn handshake(
         Err(_) => Err(SkiffError::new(
             ErrorKind::Connect,
             format!(
-                "{} port {}: no SSH handshake within {}s; is an SSH server listening there?",
+                "{} port {}{route}: no SSH handshake within {}s; is an SSH server listening there?",
                 settings.hostname,
                 settings.port,
                 kex_budget.as_secs()

@@ -15,6 +15,7 @@ mod identity;
 pub mod pool;
 pub mod server_id;
 pub mod settings;
+pub mod transport;
 
 pub use connect::{connect, Connection};
 pub use error::{ErrorKind, SkiffError};

@@ -54,6 +54,8 @@ pub struct PoolKey {
     identity_agent: Option<PathBuf>,
     known_hosts: Vec<PathBuf>,
     host_key_alias: Option<String>,
+    /// The way to the host (ProxyCommand, or the jump hosts' settings).
+    proxy: Option<String>,
     policy: String,
 }
 
@@ -74,6 +76,7 @@ impl PoolKey {
                 .cloned()
                 .collect(),
             host_key_alias: s.host_key_alias.clone(),
+            proxy: s.proxy.as_ref().map(|p| format!("{p:?}")),
             policy: crate::hostkeys::policy_name(s.strict_host_key_checking).to_string(),
         }
     }

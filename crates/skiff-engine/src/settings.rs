@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use skiff_proto::known_hosts::StrictHostKeyChecking;
 use skiff_proto::ssh_config::{
-    self, ConfigError, ConfigFile, HostConfig, MatchContext, TokenContext,
+    self, ConfigError, ConfigFile, HostConfig, MatchContext, ProxySpec, TokenContext,
 };
 
 use crate::error::{ErrorKind, SkiffError};
@@ -48,6 +48,9 @@ pub struct ConnectSettings {
     pub hash_known_hosts: bool,
     /// `HostKeyAlias`: the name host keys are looked up and recorded under.
     pub host_key_alias: Option<String>,
+    /// `ProxyCommand` / `ProxyJump`: how to reach the host when not
+    /// directly.
+    pub proxy: Option<Proxy>,
     pub connect_timeout: Duration,
     pub server_alive_interval: Option<Duration>,
     pub server_alive_count_max: usize,
@@ -59,6 +62,21 @@ pub struct ConnectSettings {
     /// Keywords skiff accepts but does not act on, with where they were set (for -v).
     pub ignored: Vec<(String, String)>,
 }
+
+/// How to reach a host other than by a direct TCP connection.
+#[derive(Debug, Clone)]
+pub enum Proxy {
+    /// A shell command (tokens expanded) whose standard input and output
+    /// carry the connection.
+    Command(String),
+    /// A `direct-tcpip` channel through an SSH connection to this jump host
+    /// (which may itself be reached through a proxy).
+    Jump(Box<ConnectSettings>),
+}
+
+/// Most jump hosts one connection may pass through (a guard against
+/// configurations whose jump hosts jump through each other).
+pub const MAX_JUMPS: usize = 8;
 
 impl ConnectSettings {
     /// The host and port host keys are looked up and recorded under:
@@ -293,17 +311,72 @@ impl Resolver {
     /// the ones this resolver was made with.
     pub fn resolve(&self, dest: &Destination) -> Result<ConnectSettings, SkiffError> {
         debug_assert!(dest.options == self.options && dest.config_file == self.config_file);
+        self.resolve_in(dest, &self.files, 0)
+    }
+
+    /// The settings for `dest` from `files`; `jumps` is how many jump
+    /// hosts lead to it.
+    fn resolve_in(
+        &self,
+        dest: &Destination,
+        files: &[ConfigFile],
+        jumps: usize,
+    ) -> Result<ConnectSettings, SkiffError> {
         let ctx = MatchContext {
             original_host: dest.host.to_ascii_lowercase(),
             host: dest.host.to_ascii_lowercase(),
             remote_user: dest.user.clone(),
             local_user: self.local_user.clone(),
         };
-        let cfg = ssh_config::resolve(&self.files, &ctx, &mut |arg, from| {
+        let cfg = ssh_config::resolve(files, &ctx, &mut |arg, from| {
             include_files(arg, from, &self.home)
         })
         .map_err(config_error)?;
-        settle(dest, cfg, &self.home, &self.local_user, &self.env)
+        let jump = match &cfg.proxy {
+            Some(ProxySpec::Jump(hops)) => Some(hops.clone()),
+            _ => None,
+        };
+        let mut settings = settle(dest, cfg, &self.home, &self.local_user, &self.env)?;
+        if let Some(hops) = jump {
+            settings.proxy = Some(Proxy::Jump(Box::new(self.jump_chain(&hops, jumps)?)));
+        }
+        Ok(settings)
+    }
+
+    /// The last of the `ProxyJump` hops in `value`, reached through the
+    /// ones before it. Each hop takes its settings from the configuration
+    /// files (not from `-o` or `-i`, which are for the destination, as with
+    /// ssh); the first hop may have a proxy of its own.
+    fn jump_chain(&self, value: &str, jumps: usize) -> Result<ConnectSettings, SkiffError> {
+        let hops = ssh_config::parse_jump_hosts(value)
+            .map_err(|e| SkiffError::new(ErrorKind::Config, format!("ProxyJump: {e}")))?;
+        let mut via: Option<ConnectSettings> = None;
+        for (n, hop) in hops.iter().enumerate() {
+            if jumps + n >= MAX_JUMPS {
+                return Err(SkiffError::new(
+                    ErrorKind::Config,
+                    format!(
+                        "ProxyJump: more than {MAX_JUMPS} jump hosts on the way to {}; do the jump hosts' own ProxyJump settings loop?",
+                        hop.host
+                    ),
+                ));
+            }
+            let dest = Destination {
+                host: hop.host.clone(),
+                user: hop.user.clone(),
+                port: hop.port,
+                identity_files: Vec::new(),
+                config_file: self.config_file.clone(),
+                options: Vec::new(),
+            };
+            // files[0] holds the -o options.
+            let mut settings = self.resolve_in(&dest, &self.files[1..], jumps + n + 1)?;
+            if let Some(previous) = via.take() {
+                settings.proxy = Some(Proxy::Jump(Box::new(previous)));
+            }
+            via = Some(settings);
+        }
+        via.ok_or_else(|| SkiffError::new(ErrorKind::Config, "ProxyJump: no jump host"))
     }
 }
 
@@ -417,6 +490,18 @@ fn settle(
             .unwrap_or(StrictHostKeyChecking::AcceptNew),
         hash_known_hosts: cfg.hash_known_hosts.unwrap_or(false),
         host_key_alias: cfg.host_key_alias.clone(),
+        proxy: match &cfg.proxy {
+            Some(ProxySpec::Command(command)) => Some(Proxy::Command(
+                ssh_config::expand_tokens(command, &tokens).map_err(|e| {
+                    SkiffError::new(
+                        ErrorKind::Config,
+                        format!("bad ProxyCommand {command:?}: {e}"),
+                    )
+                })?,
+            )),
+            // Jump hosts are resolved by the caller, which has the files.
+            _ => None,
+        },
         connect_timeout: cfg
             .connect_timeout
             .filter(|&s| s > 0)
@@ -498,5 +583,56 @@ mod tests {
         };
         let err = resolve(&dest).unwrap_err().to_string();
         assert!(err.contains(&format!("{}:2", cfg.display())), "{err}");
+    }
+
+    #[test]
+    fn jump_hosts_chain_from_the_config_and_proxy_commands_expand() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("config");
+        std::fs::write(
+            &cfg,
+            "Host db\n  HostName 10.0.0.5\n  ProxyJump me@outer:2201,inner\n\
+             Host outer\n  HostName 192.0.2.1\n  ProxyCommand nc -X connect %h %p\n\
+             Host inner\n  User ops\n  IdentityFile ~/inner-key\n\
+             Host web\n  ProxyCommand ssh -W %h:%p -l %r gw\n",
+        )
+        .unwrap();
+        let dest = |host: &str, options: Vec<String>| Destination {
+            host: host.into(),
+            user: Some("admin".into()),
+            config_file: Some(cfg.clone()),
+            options,
+            ..Default::default()
+        };
+        // -o options are for the destination only.
+        let s = resolve(&dest("db", vec!["Port=2022".into()])).unwrap();
+        assert_eq!((s.hostname.as_str(), s.port), ("10.0.0.5", 2022));
+        let Some(Proxy::Jump(inner)) = &s.proxy else {
+            panic!("{:?}", s.proxy)
+        };
+        assert_eq!(
+            (inner.hostname.as_str(), inner.port, inner.user.as_str()),
+            ("inner", 22, "ops")
+        );
+        assert_eq!(inner.identity_files, vec![home_dir().join("inner-key")]);
+        let Some(Proxy::Jump(outer)) = &inner.proxy else {
+            panic!("{:?}", inner.proxy)
+        };
+        assert_eq!(
+            (outer.hostname.as_str(), outer.port, outer.user.as_str()),
+            ("192.0.2.1", 2201, "me")
+        );
+        let Some(Proxy::Command(command)) = &outer.proxy else {
+            panic!("{:?}", outer.proxy)
+        };
+        assert_eq!(command, "nc -X connect 192.0.2.1 2201");
+        let s = resolve(&dest("web", vec![])).unwrap();
+        let Some(Proxy::Command(command)) = &s.proxy else {
+            panic!("{:?}", s.proxy)
+        };
+        assert_eq!(command, "ssh -W web:22 -l admin gw");
+        // -J on the command line wins over the file.
+        let s = resolve(&dest("web", vec!["ProxyJump=inner".into()])).unwrap();
+        assert!(matches!(&s.proxy, Some(Proxy::Jump(j)) if j.hostname == "inner"));
     }
 }

@@ -105,6 +105,74 @@ pub enum ControlPersist {
     Duration(u64),
 }
 
+/// How to reach a host other than by a direct TCP connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProxySpec {
+    /// `ProxyCommand`: a shell command (tokens not yet expanded) whose
+    /// standard input and output carry the connection.
+    Command(String),
+    /// `ProxyJump`: jump hosts, as written (see [`parse_jump_hosts`]).
+    Jump(String),
+    /// `ProxyCommand none` / `ProxyJump none`: connect directly.
+    None,
+}
+
+/// One `ProxyJump` hop: `[user@]host[:port]` or `ssh://[user@]host[:port]`,
+/// with `[addr]` brackets around an IPv6 address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JumpHost {
+    pub user: Option<String>,
+    pub host: String,
+    pub port: Option<u16>,
+}
+
+/// Parses a `ProxyJump` value: hops separated by commas, first hop first.
+pub fn parse_jump_hosts(value: &str) -> Result<Vec<JumpHost>, String> {
+    value.split(',').map(parse_jump_host).collect()
+}
+
+fn parse_jump_host(hop: &str) -> Result<JumpHost, String> {
+    let bad = |why: &str| format!("bad jump host {hop:?}: {why}");
+    let spec = hop.strip_prefix("ssh://").unwrap_or(hop);
+    let (user, host_port) = match spec.rsplit_once('@') {
+        Some((u, rest)) if !u.is_empty() => (Some(u.to_owned()), rest),
+        Some(_) => return Err(bad("empty user name")),
+        None => (None, spec),
+    };
+    let (host, port) = if let Some(inner) = host_port.strip_prefix('[') {
+        let (addr, after) = inner.split_once(']').ok_or_else(|| bad("missing \"]\""))?;
+        match after {
+            "" => (addr, None),
+            p => (
+                addr,
+                Some(p.strip_prefix(':').ok_or_else(|| bad("junk after \"]\""))?),
+            ),
+        }
+    } else {
+        match host_port.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host_port, None),
+        }
+    };
+    if host.is_empty() || host.contains(|c: char| c.is_whitespace() || c == '/') {
+        return Err(bad("no host name"));
+    }
+    let port = match port {
+        Some(p) => Some(
+            p.parse::<u16>()
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or_else(|| bad("the port must be a number from 1 to 65535"))?,
+        ),
+        None => None,
+    };
+    Ok(JumpHost {
+        user,
+        host: host.to_owned(),
+        port,
+    })
+}
+
 /// `RequestTTY` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestTty {
@@ -176,6 +244,8 @@ enum Directive {
     SendEnv(Vec<String>),
     SetEnv(Vec<(String, String)>),
     RequestTty(RequestTty),
+    /// `ProxyCommand` or `ProxyJump`: they share one slot, the first wins.
+    Proxy(ProxySpec),
     LogLevel(String),
     Tag(String),
     /// A real `ssh_config` keyword that skiff does not implement (canonical spelling).
@@ -231,6 +301,8 @@ enum Kw {
     SendEnv,
     SetEnv,
     RequestTty,
+    ProxyCommand,
+    ProxyJump,
     LogLevel,
     Tag,
 }
@@ -260,6 +332,8 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("SendEnv", Kw::SendEnv),
     ("SetEnv", Kw::SetEnv),
     ("RequestTTY", Kw::RequestTty),
+    ("ProxyCommand", Kw::ProxyCommand),
+    ("ProxyJump", Kw::ProxyJump),
     ("LogLevel", Kw::LogLevel),
     ("Tag", Kw::Tag),
 ];
@@ -338,8 +412,6 @@ const IGNORED: &[&str] = &[
     "PKCS11Provider",
     "PreferredAuthentications",
     "Protocol",
-    "ProxyCommand",
-    "ProxyJump",
     "ProxyUseFdpass",
     "PubkeyAcceptedAlgorithms",
     "PubkeyAcceptedKeyTypes",
@@ -458,6 +530,13 @@ fn parse_line(raw: &str, command_line: bool) -> Result<Option<Directive>, String
             }
             if command_line && matches!(kw, Kw::Host | Kw::Match | Kw::Include) {
                 return Err(format!("{name} is not supported as a command-line option"));
+            }
+            if kw == Kw::ProxyCommand {
+                // The rest of the line is a shell command, kept as written.
+                return Ok(Some(Directive::Proxy(match args.as_slice() {
+                    [none] if none.eq_ignore_ascii_case("none") => ProxySpec::None,
+                    _ => ProxySpec::Command(rest.trim_end_matches(is_ws).to_owned()),
+                })));
             }
             parse_directive(kw, name, args).map(Some)
         }
@@ -701,6 +780,18 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
             })
         }
         Kw::HashKnownHosts => Directive::HashKnownHosts(parse_flag(name, &single(name, args)?)?),
+        // parse_line keeps the command as written; this is the same
+        // command rebuilt from its words.
+        Kw::ProxyCommand => Directive::Proxy(ProxySpec::Command(args.join(" "))),
+        Kw::ProxyJump => {
+            let v = single(name, args)?;
+            Directive::Proxy(if v.eq_ignore_ascii_case("none") {
+                ProxySpec::None
+            } else {
+                parse_jump_hosts(&v).map_err(|e| format!("{name}: {e}"))?;
+                ProxySpec::Jump(v)
+            })
+        }
         Kw::HostKeyAlias => Directive::HostKeyAlias(single(name, args)?.to_ascii_lowercase()),
         Kw::ConnectTimeout => {
             Directive::ConnectTimeout(parse_time_arg(name, &single(name, args)?)?)
@@ -895,6 +986,8 @@ pub struct HostConfig {
     /// `SetEnv` variables, accumulated; the first value for a name wins.
     pub set_env: Vec<(String, String)>,
     pub request_tty: Option<RequestTty>,
+    /// `ProxyCommand` or `ProxyJump`, whichever came first.
+    pub proxy: Option<ProxySpec>,
     /// Upper-case level name (`QUIET`, `FATAL`, `ERROR`, `INFO`, `VERBOSE`, `DEBUG`, `DEBUG1`-`DEBUG3`).
     pub log_level: Option<String>,
     /// `(keyword, "file:line")` for applicable `ssh` options that skiff does not
@@ -1115,6 +1208,7 @@ impl Resolver<'_, '_> {
             Directive::StrictHostKeyChecking(v) => first(&mut cfg.strict_host_key_checking, v),
             Directive::HashKnownHosts(v) => first(&mut cfg.hash_known_hosts, v),
             Directive::HostKeyAlias(v) => first(&mut cfg.host_key_alias, v),
+            Directive::Proxy(v) => first(&mut cfg.proxy, v),
             Directive::ConnectTimeout(v) => first(&mut cfg.connect_timeout, v),
             Directive::ServerAliveInterval(v) => first(&mut cfg.server_alive_interval, v),
             Directive::ServerAliveCountMax(v) => first(&mut cfg.server_alive_count_max, v),
@@ -1625,14 +1719,14 @@ mod tests {
     #[test]
     fn ignored_keywords_are_recorded_when_active() {
         let c = res(
-            "ForwardAgent yes\nHost other\n  Compression yes\nHost *\n  proxyjump bastion\n  UseKeychain yes\n  ForwardAgent no\n",
+            "ForwardAgent yes\nHost other\n  Compression yes\nHost *\n  forwardx11 yes\n  UseKeychain yes\n  ForwardAgent no\n",
             "x",
         );
         assert_eq!(
             c.ignored,
             vec![
                 ("ForwardAgent".to_owned(), "cfg:1".to_owned()),
-                ("ProxyJump".to_owned(), "cfg:5".to_owned()),
+                ("ForwardX11".to_owned(), "cfg:5".to_owned()),
                 ("UseKeychain".to_owned(), "cfg:6".to_owned()),
                 ("ForwardAgent".to_owned(), "cfg:7".to_owned()),
             ]
@@ -1694,6 +1788,55 @@ mod tests {
             "web1",
         );
         assert_eq!(c.identity_files, vec!["~/.ssh/a", "~/.ssh/b", "~/.ssh/d"]);
+    }
+
+    #[test]
+    fn proxy_command_and_jump_share_one_slot() {
+        let c = res(
+            "Host a\n  ProxyCommand ssh -W '%h:%p' \"bastion\"  \nHost *\n  ProxyJump b\n",
+            "a",
+        );
+        assert_eq!(
+            c.proxy,
+            Some(ProxySpec::Command("ssh -W '%h:%p' \"bastion\"".into()))
+        );
+        assert_eq!(
+            res(
+                "Host *\n  ProxyJump u@b:2222,ssh://c\n  ProxyCommand x\n",
+                "a"
+            )
+            .proxy,
+            Some(ProxySpec::Jump("u@b:2222,ssh://c".into()))
+        );
+        assert_eq!(
+            res("Host a\n  ProxyJump none\nHost *\n  ProxyJump b\n", "a").proxy,
+            Some(ProxySpec::None)
+        );
+        assert_eq!(res("ProxyCommand=NONE\n", "a").proxy, Some(ProxySpec::None));
+        assert_eq!(res("Port 1\n", "a").proxy, None);
+        assert!(parse_err("ProxyJump b:99999\n").starts_with("cfg:1: ProxyJump: bad jump host"));
+        assert!(parse_err("ProxyJump a,,b\n").contains("no host name"));
+    }
+
+    #[test]
+    fn jump_hosts_parse() {
+        let hop = |user: Option<&str>, host: &str, port: Option<u16>| JumpHost {
+            user: user.map(str::to_owned),
+            host: host.to_owned(),
+            port,
+        };
+        assert_eq!(
+            parse_jump_hosts("bastion,me@b2:2200,ssh://ops@[::1]:22,[fe80::1]").unwrap(),
+            vec![
+                hop(None, "bastion", None),
+                hop(Some("me"), "b2", Some(2200)),
+                hop(Some("ops"), "::1", Some(22)),
+                hop(None, "fe80::1", None),
+            ]
+        );
+        for bad in ["", "@h", "h:", "h:0", "[::1", "[::1]x", "a b", "h:port"] {
+            assert!(parse_jump_hosts(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

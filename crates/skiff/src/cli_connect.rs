@@ -1,5 +1,5 @@
 //! Command-line options shared by every command that connects somewhere
-//! (`skiff exec`, `skiff run`): ssh's -p -l -i -F -o, -v, and whether to
+//! (`skiff exec`, `skiff run`): ssh's -p -l -i -F -o -J, -v, and whether to
 //! go through the agent.
 
 use std::path::PathBuf;
@@ -23,6 +23,9 @@ pub struct ConnectArgs {
     /// ssh_config option, e.g. -o StrictHostKeyChecking=yes; repeatable.
     #[arg(short = 'o', value_name = "Keyword=Value")]
     pub options: Vec<String>,
+    /// Connect through these jump hosts, first to last (ProxyJump).
+    #[arg(short = 'J', value_name = "[user@]host[:port],...")]
+    pub jump: Option<String>,
     /// More diagnostics on stderr (repeatable).
     #[arg(short = 'v', action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -32,6 +35,12 @@ pub struct ConnectArgs {
 }
 
 impl ConnectArgs {
+    /// The `-o` options, with `-J` as `ProxyJump` in front (so it wins over
+    /// the configuration files, as ssh's -J does).
+    pub fn ssh_options(&self) -> Vec<String> {
+        with_jump(self.jump.as_deref(), &self.options)
+    }
+
     /// Whether to go through the agent: not with `--no-agent` or SKIFF_AGENT=off.
     pub fn agent_enabled(&self) -> bool {
         let off =
@@ -59,4 +68,12 @@ fn absolute(p: &std::path::Path) -> String {
         .unwrap_or_else(|_| p.to_path_buf())
         .display()
         .to_string()
+}
+
+/// `options` with `ProxyJump=JUMP` in front when `jump` is given.
+pub fn with_jump(jump: Option<&str>, options: &[String]) -> Vec<String> {
+    jump.map(|j| format!("ProxyJump={j}"))
+        .into_iter()
+        .chain(options.iter().cloned())
+        .collect()
 }

@@ -34,6 +34,9 @@ pub struct CpArgs {
     /// ssh_config option, e.g. -o StrictHostKeyChecking=yes; repeatable.
     #[arg(short = 'o', value_name = "Keyword=Value")]
     pub options: Vec<String>,
+    /// Connect through these jump hosts, first to last (ProxyJump).
+    #[arg(short = 'J', value_name = "[user@]host[:port],...")]
+    pub jump: Option<String>,
     /// More diagnostics on stderr (repeatable).
     #[arg(short = 'v', action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -227,7 +230,7 @@ fn plan(args: &CpArgs) -> Result<Plan, String> {
             port: args.port,
             identity_files: args.identity.clone(),
             config_file: args.config.clone(),
-            options: args.options.clone(),
+            options: crate::cli_connect::with_jump(args.jump.as_deref(), &args.options),
         },
     })
 }
@@ -649,6 +652,7 @@ mod tests {
             login: Some("dflt".into()),
             config: None,
             options: vec![],
+            jump: None,
             verbose: 0,
             quiet: false,
             streams: None,

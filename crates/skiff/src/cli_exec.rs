@@ -83,7 +83,7 @@ fn destination(args: &ExecArgs) -> Destination {
         port: args.conn.port,
         identity_files: args.conn.identity.clone(),
         config_file: args.conn.config.clone(),
-        options: args.conn.options.clone(),
+        options: args.conn.ssh_options(),
     }
 }
 
@@ -166,7 +166,7 @@ fn via_agent(
         port: args.conn.port,
         identity_files: args.conn.identity_for_agent(),
         config_file: args.conn.config_for_agent(),
-        options: args.conn.options.clone(),
+        options: args.conn.ssh_options(),
         command: args.command.join(" "),
         env: remote_env(settings),
         client_env: skiff_engine::settings::ClientEnv::from_process().vars,

@@ -179,7 +179,7 @@ fn resolve_targets(args: &RunArgs, hosts: &[nodeset::Target]) -> Result<Vec<Targ
     if let Some(secs) = args.connect_timeout {
         options.push(format!("ConnectTimeout={secs}"));
     }
-    options.extend(args.conn.options.iter().cloned());
+    options.extend(args.conn.ssh_options());
     let env = skiff_engine::settings::ClientEnv::from_process();
     let resolver =
         skiff_engine::settings::Resolver::new(args.conn.config.as_deref(), &options, &env)
@@ -327,7 +327,7 @@ fn through_agent(
     if let Some(secs) = args.connect_timeout {
         options.push(format!("ConnectTimeout={secs}"));
     }
-    options.extend(args.conn.options.iter().cloned());
+    options.extend(args.conn.ssh_options());
     let wire = RunWire {
         base: ExecWire {
             user: args.conn.login.clone(),

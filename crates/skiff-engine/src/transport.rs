@@ -1,0 +1,234 @@
+//! How a connection reaches its server: a direct TCP connection, the
+//! standard input and output of a `ProxyCommand`, or a `direct-tcpip`
+//! channel through an SSH connection to a jump host (`ProxyJump`, which
+//! may itself be reached through a proxy).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::process::Stdio;
+use std::task::{Context, Poll};
+
+use russh::client::Msg;
+use russh::ChannelStream;
+use tokio::io::{AsyncRead, AsyncWrite, Join, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::process::{Child, ChildStdin, ChildStdout};
+
+use crate::connect::Connection;
+use crate::error::{ErrorKind, SkiffError};
+use crate::settings::{ConnectSettings, Proxy};
+
+/// A byte stream an SSH session can run over.
+pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+/// An open way to the server.
+pub struct Transport {
+    pub stream: Box<dyn Stream>,
+    /// The server's address, when connected to it directly (extra
+    /// data-plane connections need it; through a proxy there is none).
+    pub peer_addr: Option<SocketAddr>,
+    /// How the server is reached, for messages: empty when directly.
+    pub route: String,
+    /// Warnings from connecting to jump hosts.
+    pub notices: Vec<String>,
+}
+
+/// The future of [`open`], boxed: through a jump host, [`open`] calls
+/// [`crate::connect::connect`], which calls [`open`] for the jump host.
+pub type Opening<'a> = Pin<Box<dyn Future<Output = Result<Transport, SkiffError>> + Send + 'a>>;
+
+/// Opens the way to `settings`' host and port.
+pub fn open(settings: &ConnectSettings) -> Opening<'_> {
+    Box::pin(open_now(settings))
+}
+
+async fn open_now(settings: &ConnectSettings) -> Result<Transport, SkiffError> {
+    match &settings.proxy {
+        None => {
+            let stream = tcp_connect(settings).await?;
+            Ok(Transport {
+                peer_addr: stream.peer_addr().ok(),
+                stream: Box::new(stream),
+                route: String::new(),
+                notices: Vec::new(),
+            })
+        }
+        Some(Proxy::Command(command)) => Ok(Transport {
+            stream: Box::new(spawn_command(command)?),
+            peer_addr: None,
+            route: format!(" (through ProxyCommand {command:?})"),
+            notices: Vec::new(),
+        }),
+        Some(Proxy::Jump(jump)) => through_jump_host(settings, jump).await,
+    }
+}
+
+async fn tcp_connect(settings: &ConnectSettings) -> Result<TcpStream, SkiffError> {
+    let target = format!("{} port {}", settings.hostname, settings.port);
+    let fail = |what: String| SkiffError::new(ErrorKind::Connect, what);
+    let deadline = tokio::time::Instant::now() + settings.connect_timeout;
+    let addrs: Vec<_> = tokio::time::timeout_at(
+        deadline,
+        tokio::net::lookup_host((settings.hostname.as_str(), settings.port)),
+    )
+    .await
+    .map_err(|_| fail(format!("cannot resolve {}: timed out", settings.hostname)))?
+    .map_err(|e| fail(format!("cannot resolve {}: {e}", settings.hostname)))?
+    .collect();
+    let mut last = None;
+    for addr in addrs {
+        match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => {
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Ok(Err(e)) => last = Some(format!("connect to {target}: {e}")),
+            Err(_) => {
+                last = Some(format!(
+                    "connect to {target}: timed out after {}s (ConnectTimeout)",
+                    settings.connect_timeout.as_secs()
+                ));
+                break;
+            }
+        }
+    }
+    Err(fail(last.unwrap_or_else(|| {
+        format!("cannot resolve {}: no addresses", settings.hostname)
+    })))
+}
+
+/// A `ProxyCommand` run by the shell, as ssh runs it; its standard error
+/// stays ours. It is killed when the connection is dropped.
+fn spawn_command(command: &str) -> Result<CommandStream, SkiffError> {
+    let mut child = tokio::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!("exec {command}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| {
+            SkiffError::new(
+                ErrorKind::Connect,
+                format!("cannot run ProxyCommand {command:?}: {e}"),
+            )
+        })?;
+    let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+        return Err(SkiffError::new(
+            ErrorKind::Connect,
+            format!("ProxyCommand {command:?}: no pipes to it"),
+        ));
+    };
+    Ok(CommandStream {
+        io: tokio::io::join(stdout, stdin),
+        _child: child,
+    })
+}
+
+/// A channel from `jump` to `settings`' host and port.
+async fn through_jump_host(
+    settings: &ConnectSettings,
+    jump: &ConnectSettings,
+) -> Result<Transport, SkiffError> {
+    let name = jump_name(jump);
+    let connection = crate::connect::connect(jump)
+        .await
+        .map_err(|e| SkiffError {
+            message: format!("jump host {name}: {}", e.message),
+            ..e
+        })?;
+    let channel = connection
+        .handle
+        .channel_open_direct_tcpip(
+            settings.hostname.as_str(),
+            u32::from(settings.port),
+            "127.0.0.1",
+            0,
+        )
+        .await
+        .map_err(|e| {
+            SkiffError::new(
+                ErrorKind::Connect,
+                format!(
+                    "jump host {name} could not open a connection to {} port {}: {e}",
+                    settings.hostname, settings.port
+                ),
+            )
+        })?;
+    let notices = connection.notices.clone();
+    Ok(Transport {
+        stream: Box::new(JumpStream {
+            channel: channel.into_stream(),
+            _jump: connection,
+        }),
+        peer_addr: None,
+        route: format!(" (through jump host {name})"),
+        notices,
+    })
+}
+
+/// `user@host:port` of a jump host, for messages.
+fn jump_name(jump: &ConnectSettings) -> String {
+    if jump.port == 22 {
+        format!("{}@{}", jump.user, jump.hostname)
+    } else {
+        format!("{}@{}:{}", jump.user, jump.hostname, jump.port)
+    }
+}
+
+/// A `ProxyCommand`'s output and input, with the process they belong to.
+struct CommandStream {
+    io: Join<ChildStdout, ChildStdin>,
+    _child: Child,
+}
+
+/// A channel through a jump host, with the connection it runs in.
+struct JumpStream {
+    channel: ChannelStream<Msg>,
+    _jump: Connection,
+}
+
+/// Reading and writing go to the inner stream.
+macro_rules! delegate_io {
+    ($ty:ty, $field:ident) => {
+        impl AsyncRead for $ty {
+            fn poll_read(
+                mut self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                Pin::new(&mut self.$field).poll_read(cx, buf)
+            }
+        }
+
+        impl AsyncWrite for $ty {
+            fn poll_write(
+                mut self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<std::io::Result<usize>> {
+                Pin::new(&mut self.$field).poll_write(cx, buf)
+            }
+
+            fn poll_flush(
+                mut self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                Pin::new(&mut self.$field).poll_flush(cx)
+            }
+
+            fn poll_shutdown(
+                mut self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                Pin::new(&mut self.$field).poll_shutdown(cx)
+            }
+        }
+    };
+}
+
+delegate_io!(CommandStream, io);
+delegate_io!(JumpStream, channel);
