@@ -2,11 +2,17 @@
 //! standard input and output of a `ProxyCommand`, or a `direct-tcpip`
 //! channel through an SSH connection to a jump host (`ProxyJump`, which
 //! may itself be reached through a proxy).
+//!
+//! Connections through the same jump host (with the same settings) share
+//! one connection to it while any of them is open, so a fan-out to a
+//! thousand hosts behind a bastion logs in to the bastion once.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::{Context, Poll};
 
 use russh::client::Msg;
@@ -134,12 +140,10 @@ async fn through_jump_host(
     jump: &ConnectSettings,
 ) -> Result<Transport, SkiffError> {
     let name = jump_name(jump);
-    let connection = crate::connect::connect(jump)
-        .await
-        .map_err(|e| SkiffError {
-            message: format!("jump host {name}: {}", e.message),
-            ..e
-        })?;
+    let (connection, fresh) = shared_jump_connection(jump).await.map_err(|e| SkiffError {
+        message: format!("jump host {name}: {}", e.message),
+        ..e
+    })?;
     let channel = connection
         .handle
         .channel_open_direct_tcpip(
@@ -158,7 +162,12 @@ async fn through_jump_host(
                 ),
             )
         })?;
-    let notices = connection.notices.clone();
+    // Warnings from logging in to the jump host, once.
+    let notices = if fresh {
+        connection.notices.clone()
+    } else {
+        Vec::new()
+    };
     Ok(Transport {
         stream: Box::new(JumpStream {
             channel: channel.into_stream(),
@@ -168,6 +177,72 @@ async fn through_jump_host(
         route: format!(" (through jump host {name})"),
         notices,
     })
+}
+
+/// Jump-host connections in use, by their settings. An entry is the slot
+/// for one jump host: held while connecting, so that many connections
+/// starting at once log in to it once.
+type JumpSlots = HashMap<String, Arc<tokio::sync::Mutex<JumpSlot>>>;
+
+#[derive(Default)]
+enum JumpSlot {
+    #[default]
+    Empty,
+    /// The connection, while some connection through it is open.
+    Open(Weak<Connection>),
+    /// The last attempt failed, at this time: connections that waited for
+    /// it fail the same way instead of each trying (and perhaps timing
+    /// out) again in turn.
+    Failed(SkiffError, std::time::Instant),
+}
+
+/// How long a failure to reach a jump host answers for it.
+const JUMP_FAILURE_HOLDS: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The open connection to `jump` that other connections use, or a new one
+/// (then `true`). It closes when the last connection through it is
+/// dropped.
+async fn shared_jump_connection(
+    jump: &ConnectSettings,
+) -> Result<(Arc<Connection>, bool), SkiffError> {
+    static SLOTS: OnceLock<Mutex<JumpSlots>> = OnceLock::new();
+    let key = format!("{jump:?}");
+    let slot = {
+        let mut slots = SLOTS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Forget the slots nobody uses: no one waiting on them, nothing open.
+        slots.retain(|_, s| {
+            Arc::strong_count(s) > 1
+                || s.try_lock().map_or(
+                    true,
+                    |state| matches!(&*state, JumpSlot::Open(w) if w.strong_count() > 0),
+                )
+        });
+        slots.entry(key).or_default().clone()
+    };
+    let mut state = slot.lock().await;
+    match &*state {
+        JumpSlot::Open(weak) => {
+            if let Some(open) = weak.upgrade().filter(|c| !c.handle.is_closed()) {
+                return Ok((open, false));
+            }
+        }
+        JumpSlot::Failed(e, at) if at.elapsed() < JUMP_FAILURE_HOLDS => return Err(e.clone()),
+        _ => {}
+    }
+    match crate::connect::connect(jump).await {
+        Ok(connection) => {
+            let fresh = Arc::new(connection);
+            *state = JumpSlot::Open(Arc::downgrade(&fresh));
+            Ok((fresh, true))
+        }
+        Err(e) => {
+            *state = JumpSlot::Failed(e.clone(), std::time::Instant::now());
+            Err(e)
+        }
+    }
 }
 
 /// `user@host:port` of a jump host, for messages.
@@ -188,7 +263,7 @@ struct CommandStream {
 /// A channel through a jump host, with the connection it runs in.
 struct JumpStream {
     channel: ChannelStream<Msg>,
-    _jump: Connection,
+    _jump: Arc<Connection>,
 }
 
 /// Reading and writing go to the inner stream.

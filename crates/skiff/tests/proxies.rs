@@ -82,6 +82,8 @@ fn exec_and_run_through_a_jump_host() {
         ),
         0o600,
     );
+    let logins = |sshd: &Sshd| sshd.log().matches("Accepted publickey").count();
+    let before = logins(&jump.sshd);
     let out = Run::new(skiff_bin())
         .env("HOME", jump.home.path())
         .env("SKIFF_AGENT", "off")
@@ -93,6 +95,8 @@ fn exec_and_run_through_a_jump_host() {
         .run();
     out.expect_code(0, &c);
     assert!(out.stdout_str().contains("fanned"), "{c}\n{out}");
+    // Both hosts went through one login to the jump host.
+    assert_eq!(logins(&jump.sshd), before + 1, "{c}\n{out}");
 
     // A destination the jump host will not forward to: the jump host says
     // no, and the message says which one.
