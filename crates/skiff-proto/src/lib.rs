@@ -14,4 +14,7 @@ pub mod nodeset;
 pub mod pattern;
 pub mod signals;
 pub mod ssh_config;
+#[cfg(test)]
+mod test_keys;
+pub mod user_cert;
 pub mod window;

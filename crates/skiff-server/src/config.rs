@@ -19,6 +19,9 @@ pub struct Settings {
     pub host_keys: Vec<PathBuf>,
     /// Host certificates for some of the host keys (`HostCertificate`).
     pub host_certificates: Vec<PathBuf>,
+    /// CA keys trusted to sign user certificates for every account
+    /// (`TrustedUserCAKeys`).
+    pub trusted_user_ca_keys: Option<PathBuf>,
     /// Path template with `%h` and `%u` tokens. A path without tokens applies to every account.
     pub authorized_keys: String,
     /// Environment variable name patterns a client may set (`LANG LC_*` by default).
@@ -89,6 +92,7 @@ impl Default for Settings {
             listen: Vec::new(),
             host_keys: Vec::new(),
             host_certificates: Vec::new(),
+            trusted_user_ca_keys: None,
             authorized_keys: DEFAULT_AUTHORIZED_KEYS.to_string(),
             accept_env: vec!["LANG".into(), "LC_*".into()],
             permit_user_environment: false,
@@ -158,6 +162,12 @@ pub fn apply_config_text(
             }
             "hostkey" => settings.host_keys.push(PathBuf::from(one()?)),
             "hostcertificate" => settings.host_certificates.push(PathBuf::from(one()?)),
+            "trustedusercakeys" => {
+                settings.trusted_user_ca_keys = match one()? {
+                    "none" => None,
+                    path => Some(PathBuf::from(path)),
+                }
+            }
             "authorizedkeysfile" => settings.authorized_keys = one()?.to_string(),
             "acceptenv" => {
                 if args.is_empty() {

@@ -181,3 +181,160 @@ fn through_the_agent() {
         .run()
         .expect_skiff_failure(&["authentication failed"], &c);
 }
+
+/// Signs `key` with `ca` for `principals`, with extra `ssh-keygen -O`
+/// options, as `name-cert.pub` beside a copy of the key named `name`.
+fn user_certificate_with(
+    fx: &Fixture,
+    ca: &Key,
+    key: &Key,
+    name: &str,
+    principals: &str,
+    options: &[&str],
+) -> Key {
+    let private = fx.path().join(name);
+    fs::copy(&key.private, &private).unwrap();
+    let public = fx.path().join(format!("{name}.pub"));
+    fs::copy(&key.public, &public).unwrap();
+    let mut cmd = Command::new("ssh-keygen");
+    cmd.args(["-q", "-s"])
+        .arg(&ca.private)
+        .args(["-I", name, "-n", principals, "-V", "-5m:+1h"]);
+    for o in options {
+        cmd.args(["-O", o]);
+    }
+    let out = cmd.arg(&public).output().expect("run ssh-keygen -s");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Key {
+        private,
+        public,
+        kind: key.kind,
+    }
+}
+
+/// skiffd trusting a user CA, server-wide (`TrustedUserCAKeys`) or through
+/// a `cert-authority` line of the account's authorized_keys.
+fn skiffd_trusting(fx: &Fixture, ca: &Key, server_wide: bool) -> Skiffd {
+    let mut opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys);
+    if server_wide {
+        opts = opts.config(&format!("TrustedUserCAKeys {}\n", ca.public.display()));
+    } else {
+        fx.authorize_extra(&[format!("cert-authority {}", ca.key_material())]);
+    }
+    Skiffd::start_with(opts)
+}
+
+#[test]
+fn skiffd_admits_certificates_from_trusted_cas() {
+    if !require_openssh() {
+        return;
+    }
+    for server_wide in [true, false] {
+        let fx = Fixture::new();
+        let ca = fx.keygen("user_ca", KeyType::Ed25519, None);
+        let skiffd = skiffd_trusting(&fx, &ca, server_wide);
+        let port = skiffd.port();
+        let c = server_context(
+            &skiffd,
+            &format!("skiffd, TrustedUserCAKeys: {server_wide}"),
+        );
+        let home = trusting_home(port, &fx);
+
+        // Stock ssh offers KEY-cert.pub with the key.
+        let alice = user_certificate_with(&fx, &ca, &fx.stranger_key, "alice", user(), &[]);
+        let out = ssh(port, user(), &alice)
+            .known_hosts(&home.known_hosts())
+            .args(&["echo", "ssh-cert"])
+            .run();
+        out.expect_code(0, &c).expect_stdout("ssh-cert\n", &c);
+        assert!(skiffd.log().contains("accepted certificate"), "{c}");
+
+        // And skiff.
+        let out = run_as(&home, port, &alice.private, "echo skiff-cert");
+        out.expect_code(0, &c).expect_stdout("skiff-cert\n", &c);
+
+        // Without its certificate the same key is refused, although
+        // skiffd lets any key's probe through where a CA is trusted.
+        let out = ssh(port, user(), &fx.stranger_key)
+            .known_hosts(&home.known_hosts())
+            .args(&["echo", "never"])
+            .run();
+        out.expect_code(255, &c);
+
+        // Another principal, another CA, a source address elsewhere.
+        let bob = user_certificate_with(&fx, &ca, &fx.stranger_key, "bob", "bob", &[]);
+        let rogue_ca = fx.keygen("rogue_ca", KeyType::Ed25519, None);
+        let rogue = user_certificate_with(&fx, &rogue_ca, &fx.stranger_key, "rogue", user(), &[]);
+        let far = user_certificate_with(
+            &fx,
+            &ca,
+            &fx.stranger_key,
+            "far",
+            user(),
+            &["source-address=192.0.2.0/24"],
+        );
+        for key in [&bob, &rogue, &far] {
+            let out = ssh(port, user(), key)
+                .known_hosts(&home.known_hosts())
+                .args(&["echo", "never"])
+                .run();
+            out.expect_code(255, &c);
+            assert_eq!(out.stdout_str(), "", "{c}\n{out}");
+        }
+        let log = skiffd.log();
+        assert!(log.contains("certificate refused"), "{c}");
+    }
+}
+
+#[test]
+fn skiffd_enforces_a_certificates_forced_command_and_extensions() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let ca = fx.keygen("user_ca", KeyType::Ed25519, None);
+    let skiffd = skiffd_trusting(&fx, &ca, true);
+    let port = skiffd.port();
+    let c = server_context(&skiffd, "forced command");
+    let home = trusting_home(port, &fx);
+    let forced = user_certificate_with(
+        &fx,
+        &ca,
+        &fx.stranger_key,
+        "forced",
+        user(),
+        &["force-command=echo forced $SSH_ORIGINAL_COMMAND"],
+    );
+    let out = ssh(port, user(), &forced)
+        .known_hosts(&home.known_hosts())
+        .args(&["echo", "asked"])
+        .run();
+    out.expect_code(0, &c)
+        .expect_stdout("forced echo asked\n", &c);
+
+    // `clear` drops every extension, permit-pty included.
+    let bare = user_certificate_with(&fx, &ca, &fx.stranger_key, "bare", user(), &["clear"]);
+    let out = ssh(port, user(), &bare)
+        .known_hosts(&home.known_hosts())
+        .flag("-tt")
+        .args(&["tty"])
+        .run();
+    assert!(
+        out.stderr.contains("PTY allocation request failed")
+            && !is_pts_path(out.stdout_str().trim_end()),
+        "{c}: a certificate without permit-pty got a terminal\n{out}"
+    );
+    // With permit-pty (ssh-keygen's default extensions) it gets one.
+    let full = user_certificate_with(&fx, &ca, &fx.stranger_key, "full", user(), &[]);
+    let out = ssh(port, user(), &full)
+        .known_hosts(&home.known_hosts())
+        .flag("-tt")
+        .args(&["tty"])
+        .run();
+    out.expect_code(0, &c);
+    assert!(is_pts_path(out.stdout_str().trim_end()), "{c}\n{out}");
+}

@@ -226,14 +226,7 @@ mod tests {
     use base64::Engine as _;
 
     /// An ed25519 public key blob with the given 32 key bytes.
-    fn blob(fill: u8) -> Vec<u8> {
-        let mut b = Vec::new();
-        b.extend_from_slice(&11u32.to_be_bytes());
-        b.extend_from_slice(b"ssh-ed25519");
-        b.extend_from_slice(&32u32.to_be_bytes());
-        b.extend_from_slice(&[fill; 32]);
-        b
-    }
+    use crate::test_keys::ed25519_blob as blob;
 
     fn line(marker: &str, hosts: &str, key: &[u8]) -> String {
         format!("{marker} {hosts} ssh-ed25519 {}\n", STANDARD.encode(key))
