@@ -17,6 +17,7 @@
 use std::net::IpAddr;
 
 use crate::authorized_keys::{self, AuthorizedKey, KeyOptions};
+use crate::known_hosts::host_cert::DEFAULT_CA_SIGNATURE_ALGORITHMS;
 
 /// What the decision needs to know of a certificate.
 #[derive(Debug, Clone, Copy)]
@@ -33,6 +34,8 @@ pub struct UserCertificate<'a> {
     /// The CA key's type and blob.
     pub ca_key_type: &'a str,
     pub ca_blob: &'a [u8],
+    /// The algorithm of the CA's signature, e.g. `rsa-sha2-512`.
+    pub signature_algorithm: &'a str,
 }
 
 /// Who vouched for an admitted certificate, for the log.
@@ -61,6 +64,12 @@ pub fn admit(
     let id = cert.key_id;
     if !cert.is_user_certificate {
         return Err(format!("certificate {id:?} is a host certificate"));
+    }
+    if !DEFAULT_CA_SIGNATURE_ALGORITHMS.contains(&cert.signature_algorithm) {
+        return Err(format!(
+            "certificate {id:?} is signed with {}, which skiffd does not accept (SHA-1)",
+            cert.signature_algorithm
+        ));
     }
     let line = authorized_keys::find_cert_authority(authorized, cert.ca_key_type, cert.ca_blob);
     let in_trusted = trusted
@@ -199,6 +208,7 @@ mod tests {
                 extensions: &self.extensions,
                 ca_key_type: "ssh-ed25519",
                 ca_blob: &self.ca,
+                signature_algorithm: "ssh-ed25519",
             }
         }
     }
@@ -261,6 +271,13 @@ mod tests {
         };
         let ak = key_line("cert-authority", &c.ca);
         assert!(admit_with(&ak, "", "alice", &user_as_host).is_err());
+        let sha1 = UserCertificate {
+            signature_algorithm: "ssh-rsa",
+            ..c.view()
+        };
+        assert!(admit_with(&ak, "", "alice", &sha1)
+            .unwrap_err()
+            .contains("SHA-1"));
     }
 
     #[test]

@@ -738,6 +738,7 @@ impl russh::server::Handler for ConnectionHandler {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let extensions: Vec<String> = certificate.extensions().keys().cloned().collect();
+        let signature_algorithm = certificate.signature().algorithm();
         let view = user_cert::UserCertificate {
             is_user_certificate: certificate.cert_type() == CertType::User,
             key_id: certificate.key_id(),
@@ -746,6 +747,7 @@ impl russh::server::Handler for ConnectionHandler {
             extensions: &extensions,
             ca_key_type: ca_key_type.as_str(),
             ca_blob: &ca_blob,
+            signature_algorithm: signature_algorithm.as_str(),
         };
         match user_cert::admit(
             keys,
