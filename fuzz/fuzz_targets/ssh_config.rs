@@ -6,13 +6,19 @@
 
 use libfuzzer_sys::fuzz_target;
 use skiff_proto::ssh_config::{
-    expand_tokens, parse, parse_options, resolve, ConfigError, ConfigFile, MatchContext,
-    TokenContext,
+    expand_tokens, parse, parse_jump_hosts, parse_options, resolve, ConfigError, ConfigFile,
+    MatchContext, TokenContext,
 };
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     let line_count = text.lines().count();
+
+    // A ProxyJump value: hops parse back to what was written, or fail.
+    if let Ok(hops) = parse_jump_hosts(&text) {
+        assert_eq!(hops.len(), text.split(',').count());
+        assert!(hops.iter().all(|h| !h.host.is_empty() && h.port != Some(0)));
+    }
 
     let contexts = [
         MatchContext {
