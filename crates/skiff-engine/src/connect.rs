@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use russh::client::{self, Handle};
-use russh::keys::{Algorithm, EcdsaCurve, HashAlg, PublicKeyOrCertificate};
+use russh::keys::{Algorithm, PublicKeyOrCertificate};
 use russh::{cipher, kex, mac, Preferred, SshId};
 
 use crate::error::{ErrorKind, SkiffError};
@@ -118,27 +118,14 @@ impl client::Handler for ClientHandler {
     }
 }
 
-/// Host key algorithms in preference order, putting types already recorded
-/// in known_hosts first so that a known key is offered when the server has several.
-fn host_key_order(known_types: &[String]) -> Vec<Algorithm> {
-    let mut all = vec![
-        Algorithm::Ed25519,
-        Algorithm::Ecdsa {
-            curve: EcdsaCurve::NistP256,
-        },
-        Algorithm::Ecdsa {
-            curve: EcdsaCurve::NistP384,
-        },
-        Algorithm::Ecdsa {
-            curve: EcdsaCurve::NistP521,
-        },
-        Algorithm::Rsa {
-            hash: Some(HashAlg::Sha512),
-        },
-        Algorithm::Rsa {
-            hash: Some(HashAlg::Sha256),
-        },
-    ];
+/// The configured host key algorithms, those of key types already recorded
+/// in known_hosts first (in the configured order otherwise), so that a known
+/// key is offered when the server has several, as ssh does.
+fn host_key_order(configured: &[String], known_types: &[String]) -> Vec<Algorithm> {
+    let mut all: Vec<Algorithm> = configured
+        .iter()
+        .filter_map(|name| Algorithm::new(name).ok())
+        .collect();
     let family = |a: &Algorithm| match a {
         Algorithm::Rsa { .. } => "ssh-rsa".to_string(),
         other => other.as_str().to_string(),
@@ -153,6 +140,21 @@ fn host_key_order(known_types: &[String]) -> Vec<Algorithm> {
     all
 }
 
+/// russh's names for `names`, in order, with `extra` (pseudo-algorithms
+/// that announce extensions) at the end. Names russh does not know are
+/// left out; skiff-proto's supported lists hold only names it knows.
+fn russh_names<N: Copy + AsRef<str> + 'static>(
+    names: &[String],
+    known: &[&'static N],
+    extra: &[N],
+) -> Vec<N> {
+    names
+        .iter()
+        .filter_map(|n| known.iter().find(|k| k.as_ref() == n).map(|k| **k))
+        .chain(extra.iter().copied())
+        .collect()
+}
+
 /// The russh client configuration for these settings. With `certificates`,
 /// host certificates are asked for ahead of plain keys.
 pub fn russh_config(
@@ -160,40 +162,25 @@ pub fn russh_config(
     known_types: &[String],
     certificates: bool,
 ) -> client::Config {
-    let key_order = host_key_order(known_types);
+    let algorithms = &settings.algorithms;
+    let key_order = host_key_order(&algorithms.host_key, known_types);
     let preferred = Preferred {
-        kex: Cow::Borrowed(&[
-            kex::MLKEM768X25519_SHA256,
-            kex::CURVE25519,
-            kex::CURVE25519_PRE_RFC_8731,
-            kex::ECDH_SHA2_NISTP256,
-            kex::ECDH_SHA2_NISTP384,
-            kex::ECDH_SHA2_NISTP521,
-            kex::DH_GEX_SHA256,
-            kex::DH_G16_SHA512,
-            kex::DH_G14_SHA256,
-            kex::EXTENSION_SUPPORT_AS_CLIENT,
-            kex::EXTENSION_OPENSSH_STRICT_KEX_AS_CLIENT,
-        ]),
+        kex: Cow::Owned(russh_names(
+            &algorithms.kex,
+            kex::ALL_KEX_ALGORITHMS,
+            &[
+                kex::EXTENSION_SUPPORT_AS_CLIENT,
+                kex::EXTENSION_OPENSSH_STRICT_KEX_AS_CLIENT,
+            ],
+        )),
         host_key_certificates: if certificates {
             Cow::Owned(key_order.clone())
         } else {
             Cow::Borrowed(&[])
         },
         key: Cow::Owned(key_order),
-        cipher: Cow::Borrowed(&[
-            cipher::AES_128_GCM,
-            cipher::AES_256_GCM,
-            cipher::CHACHA20_POLY1305,
-            cipher::AES_256_CTR,
-            cipher::AES_128_CTR,
-        ]),
-        mac: Cow::Borrowed(&[
-            mac::HMAC_SHA256_ETM,
-            mac::HMAC_SHA512_ETM,
-            mac::HMAC_SHA256,
-            mac::HMAC_SHA512,
-        ]),
+        cipher: Cow::Owned(russh_names(&algorithms.ciphers, cipher::ALL_CIPHERS, &[])),
+        mac: Cow::Owned(russh_names(&algorithms.macs, mac::ALL_MAC_ALGORITHMS, &[])),
         ..Preferred::default()
     };
     client::Config {
@@ -345,4 +332,50 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
         peer_addr,
         server_id,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_proto::algorithms::{CIPHERS, HOST_KEY, KEX, MACS};
+
+    fn owned<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+        names.into_iter().map(|n| n.to_string()).collect()
+    }
+
+    /// Every name skiff lets a configuration ask for is one russh knows, so
+    /// none is silently dropped on the way to the key exchange.
+    #[test]
+    fn every_supported_algorithm_reaches_russh() {
+        let kex = russh_names(&owned(KEX.supported()), kex::ALL_KEX_ALGORITHMS, &[]);
+        assert_eq!(kex.len(), KEX.supported().count());
+        let ciphers = russh_names(&owned(CIPHERS.supported()), cipher::ALL_CIPHERS, &[]);
+        assert_eq!(ciphers.len(), CIPHERS.supported().count());
+        let macs = russh_names(&owned(MACS.supported()), mac::ALL_MAC_ALGORITHMS, &[]);
+        assert_eq!(macs.len(), MACS.supported().count());
+        let keys = host_key_order(&owned(HOST_KEY.supported()), &[]);
+        let names: Vec<&str> = keys.iter().map(Algorithm::as_str).collect();
+        assert_eq!(names, HOST_KEY.supported().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn known_key_types_come_first_in_the_configured_order() {
+        let configured = owned([
+            "ssh-ed25519",
+            "rsa-sha2-512",
+            "rsa-sha2-256",
+            "ecdsa-sha2-nistp256",
+        ]);
+        let order = host_key_order(&configured, &["ssh-rsa".to_string()]);
+        let names: Vec<&str> = order.iter().map(Algorithm::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "rsa-sha2-512",
+                "rsa-sha2-256",
+                "ssh-ed25519",
+                "ecdsa-sha2-nistp256"
+            ]
+        );
+    }
 }

@@ -56,6 +56,7 @@ pub struct PoolKey {
     host_key_alias: Option<String>,
     /// The way to the host (ProxyCommand, or the jump hosts' settings).
     proxy: Option<String>,
+    algorithms: skiff_proto::algorithms::Algorithms,
     policy: String,
 }
 
@@ -77,6 +78,7 @@ impl PoolKey {
                 .collect(),
             host_key_alias: s.host_key_alias.clone(),
             proxy: s.proxy.as_ref().map(|p| format!("{p:?}")),
+            algorithms: s.algorithms.clone(),
             policy: crate::hostkeys::policy_name(s.strict_host_key_checking).to_string(),
         }
     }

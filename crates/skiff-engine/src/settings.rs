@@ -51,6 +51,8 @@ pub struct ConnectSettings {
     /// `ProxyCommand` / `ProxyJump`: how to reach the host when not
     /// directly.
     pub proxy: Option<Proxy>,
+    /// Key exchange, host key, cipher and MAC algorithms, in preference order.
+    pub algorithms: skiff_proto::algorithms::Algorithms,
     pub connect_timeout: Duration,
     pub server_alive_interval: Option<Duration>,
     pub server_alive_count_max: usize,
@@ -490,6 +492,15 @@ fn settle(
             .unwrap_or(StrictHostKeyChecking::AcceptNew),
         hash_known_hosts: cfg.hash_known_hosts.unwrap_or(false),
         host_key_alias: cfg.host_key_alias.clone(),
+        algorithms: {
+            let d = skiff_proto::algorithms::Algorithms::default();
+            skiff_proto::algorithms::Algorithms {
+                kex: cfg.kex_algorithms.clone().unwrap_or(d.kex),
+                host_key: cfg.host_key_algorithms.clone().unwrap_or(d.host_key),
+                ciphers: cfg.ciphers.clone().unwrap_or(d.ciphers),
+                macs: cfg.macs.clone().unwrap_or(d.macs),
+            }
+        },
         proxy: match &cfg.proxy {
             Some(ProxySpec::Command(command)) => Some(Proxy::Command(
                 ssh_config::expand_tokens(command, &tokens).map_err(|e| {

@@ -5,6 +5,7 @@
 //! it can be unit-tested and fuzzed (see `fuzz/`).
 
 pub mod agent_wire;
+pub mod algorithms;
 pub mod authorized_keys;
 pub mod dataplane;
 pub mod flow;

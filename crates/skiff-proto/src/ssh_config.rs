@@ -58,6 +58,7 @@
 //! * `UserKnownHostsFile`/`GlobalKnownHostsFile` entries equal to `none` are
 //!   dropped, so `Some(vec![])` means "no files".
 
+use crate::algorithms;
 use crate::pattern::{match_list, wildcard_match, ListMatch};
 
 /// Label used for options given with `-o` (see [`parse_options`]).
@@ -236,6 +237,11 @@ enum Directive {
     StrictHostKeyChecking(StrictHostKeyChecking),
     HashKnownHosts(bool),
     HostKeyAlias(String),
+    /// An algorithm list, already resolved against the default.
+    KexAlgorithms(Vec<String>),
+    HostKeyAlgorithms(Vec<String>),
+    Ciphers(Vec<String>),
+    Macs(Vec<String>),
     ConnectTimeout(u64),
     ServerAliveInterval(u64),
     ServerAliveCountMax(u32),
@@ -293,6 +299,10 @@ enum Kw {
     StrictHostKeyChecking,
     HashKnownHosts,
     HostKeyAlias,
+    KexAlgorithms,
+    HostKeyAlgorithms,
+    Ciphers,
+    Macs,
     ConnectTimeout,
     ServerAliveInterval,
     ServerAliveCountMax,
@@ -324,6 +334,10 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("StrictHostKeyChecking", Kw::StrictHostKeyChecking),
     ("HashKnownHosts", Kw::HashKnownHosts),
     ("HostKeyAlias", Kw::HostKeyAlias),
+    ("KexAlgorithms", Kw::KexAlgorithms),
+    ("HostKeyAlgorithms", Kw::HostKeyAlgorithms),
+    ("Ciphers", Kw::Ciphers),
+    ("MACs", Kw::Macs),
     ("ConnectTimeout", Kw::ConnectTimeout),
     ("ServerAliveInterval", Kw::ServerAliveInterval),
     ("ServerAliveCountMax", Kw::ServerAliveCountMax),
@@ -357,7 +371,6 @@ const IGNORED: &[&str] = &[
     "ChannelTimeout",
     "CheckHostIP",
     "Cipher",
-    "Ciphers",
     "ClearAllForwardings",
     "Compression",
     "CompressionLevel",
@@ -390,19 +403,16 @@ const IGNORED: &[&str] = &[
     "HostbasedAcceptedAlgorithms",
     "HostbasedAuthentication",
     "HostbasedKeyTypes",
-    "HostKeyAlgorithms",
     "IPQoS",
     "KbdInteractiveAuthentication",
     "KbdInteractiveDevices",
     "KeepAlive",
     "KerberosAuthentication",
     "KerberosTGTPassing",
-    "KexAlgorithms",
     "KnownHostsCommand",
     "LocalCommand",
     "LocalForward",
     "LogVerbose",
-    "MACs",
     "NoHostAuthenticationForLocalhost",
     "NumberOfPasswordPrompts",
     "ObscureKeystrokeTiming",
@@ -792,6 +802,14 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
                 ProxySpec::Jump(v)
             })
         }
+        Kw::KexAlgorithms => {
+            Directive::KexAlgorithms(algorithms::KEX.resolve(&single(name, args)?)?)
+        }
+        Kw::HostKeyAlgorithms => {
+            Directive::HostKeyAlgorithms(algorithms::HOST_KEY.resolve(&single(name, args)?)?)
+        }
+        Kw::Ciphers => Directive::Ciphers(algorithms::CIPHERS.resolve(&single(name, args)?)?),
+        Kw::Macs => Directive::Macs(algorithms::MACS.resolve(&single(name, args)?)?),
         Kw::HostKeyAlias => Directive::HostKeyAlias(single(name, args)?.to_ascii_lowercase()),
         Kw::ConnectTimeout => {
             Directive::ConnectTimeout(parse_time_arg(name, &single(name, args)?)?)
@@ -974,6 +992,12 @@ pub struct HostConfig {
     /// `HostKeyAlias`, lowercased: the name host keys are looked up and
     /// recorded under instead of the host name (and without a port).
     pub host_key_alias: Option<String>,
+    /// `KexAlgorithms`, `HostKeyAlgorithms`, `Ciphers`, `MACs`, resolved
+    /// against skiff's defaults (see [`crate::algorithms`]).
+    pub kex_algorithms: Option<Vec<String>>,
+    pub host_key_algorithms: Option<Vec<String>>,
+    pub ciphers: Option<Vec<String>>,
+    pub macs: Option<Vec<String>>,
     /// Seconds.
     pub connect_timeout: Option<u64>,
     /// Seconds; 0 disables keep-alives.
@@ -1208,6 +1232,10 @@ impl Resolver<'_, '_> {
             Directive::StrictHostKeyChecking(v) => first(&mut cfg.strict_host_key_checking, v),
             Directive::HashKnownHosts(v) => first(&mut cfg.hash_known_hosts, v),
             Directive::HostKeyAlias(v) => first(&mut cfg.host_key_alias, v),
+            Directive::KexAlgorithms(v) => first(&mut cfg.kex_algorithms, v),
+            Directive::HostKeyAlgorithms(v) => first(&mut cfg.host_key_algorithms, v),
+            Directive::Ciphers(v) => first(&mut cfg.ciphers, v),
+            Directive::Macs(v) => first(&mut cfg.macs, v),
             Directive::Proxy(v) => first(&mut cfg.proxy, v),
             Directive::ConnectTimeout(v) => first(&mut cfg.connect_timeout, v),
             Directive::ServerAliveInterval(v) => first(&mut cfg.server_alive_interval, v),

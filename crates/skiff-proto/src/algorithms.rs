@@ -1,0 +1,240 @@
+//! The client's algorithm lists and the ssh_config keywords that change them
+//! (`KexAlgorithms`, `HostKeyAlgorithms`, `Ciphers`, `MACs`).
+//!
+//! A value is a comma-separated list that replaces the default, or edits it:
+//! `+list` appends, `-list` removes, `^list` puts first, as in ssh_config(5).
+//! Items may be `*`/`?` patterns over the names skiff supports. The defaults
+//! leave out SHA-1, CBC and finite-field groups below 2048 bits; the
+//! supported lists have them, for old servers, only when asked for by name.
+
+use crate::pattern::{has_wildcard, wildcard_match};
+
+/// One algorithm list: its default, and what else may be asked for.
+#[derive(Debug, Clone, Copy)]
+pub struct AlgorithmList {
+    pub keyword: &'static str,
+    pub default: &'static [&'static str],
+    /// Supported too, but only when a configuration names them.
+    pub more: &'static [&'static str],
+}
+
+/// Key exchange. The post-quantum hybrid comes first.
+pub const KEX: AlgorithmList = AlgorithmList {
+    keyword: "KexAlgorithms",
+    default: &[
+        "mlkem768x25519-sha256",
+        "curve25519-sha256",
+        "curve25519-sha256@libssh.org",
+        "ecdh-sha2-nistp256",
+        "ecdh-sha2-nistp384",
+        "ecdh-sha2-nistp521",
+        "diffie-hellman-group-exchange-sha256",
+        "diffie-hellman-group16-sha512",
+        "diffie-hellman-group14-sha256",
+    ],
+    more: &[
+        "diffie-hellman-group15-sha512",
+        "diffie-hellman-group17-sha512",
+        "diffie-hellman-group18-sha512",
+        "diffie-hellman-group14-sha1",
+        "diffie-hellman-group-exchange-sha1",
+        "diffie-hellman-group1-sha1",
+    ],
+};
+
+/// Host key signature algorithms (certificates follow the same list).
+pub const HOST_KEY: AlgorithmList = AlgorithmList {
+    keyword: "HostKeyAlgorithms",
+    default: &[
+        "ssh-ed25519",
+        "ecdsa-sha2-nistp256",
+        "ecdsa-sha2-nistp384",
+        "ecdsa-sha2-nistp521",
+        "rsa-sha2-512",
+        "rsa-sha2-256",
+    ],
+    more: &["ssh-rsa"],
+};
+
+/// Ciphers.
+pub const CIPHERS: AlgorithmList = AlgorithmList {
+    keyword: "Ciphers",
+    default: &[
+        "aes128-gcm@openssh.com",
+        "aes256-gcm@openssh.com",
+        "chacha20-poly1305@openssh.com",
+        "aes256-ctr",
+        "aes128-ctr",
+    ],
+    more: &["aes192-ctr", "aes256-cbc", "aes192-cbc", "aes128-cbc"],
+};
+
+/// MACs (used only with the non-AEAD ciphers).
+pub const MACS: AlgorithmList = AlgorithmList {
+    keyword: "MACs",
+    default: &[
+        "hmac-sha2-256-etm@openssh.com",
+        "hmac-sha2-512-etm@openssh.com",
+        "hmac-sha2-256",
+        "hmac-sha2-512",
+    ],
+    more: &["hmac-sha1-etm@openssh.com", "hmac-sha1"],
+};
+
+impl AlgorithmList {
+    /// The default, as owned names.
+    pub fn defaults(&self) -> Vec<String> {
+        self.default.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Every name that may be asked for: the default, then the others.
+    pub fn supported(&self) -> impl Iterator<Item = &'static str> {
+        self.default.iter().chain(self.more).copied()
+    }
+
+    /// The list a `value` of this keyword asks for.
+    pub fn resolve(&self, value: &str) -> Result<Vec<String>, String> {
+        let keyword = self.keyword;
+        let (mode, list) = match value.chars().next() {
+            Some(c @ ('+' | '-' | '^')) => (Some(c), &value[1..]),
+            _ => (None, value),
+        };
+        let items: Vec<&str> = list.split(',').map(str::trim).collect();
+        if items.iter().any(|i| i.is_empty()) {
+            return Err(format!("{keyword}: empty name in {value:?}"));
+        }
+        let in_default = |name: &&str| items.iter().any(|p| wildcard_match(p, name));
+        let result: Vec<String> = match mode {
+            Some('-') => self
+                .default
+                .iter()
+                .filter(|n| !in_default(n))
+                .map(|n| n.to_string())
+                .collect(),
+            _ => {
+                let named = self.expand(&items)?;
+                let mut out: Vec<String> = Vec::new();
+                let mut push = |n: &str| {
+                    if !out.iter().any(|o| o == n) {
+                        out.push(n.to_string());
+                    }
+                };
+                match mode {
+                    Some('+') => self.default.iter().chain(&named).for_each(|n| push(n)),
+                    Some('^') => named.iter().chain(self.default).for_each(|n| push(n)),
+                    _ => named.iter().for_each(|n| push(n)),
+                }
+                out
+            }
+        };
+        if result.is_empty() {
+            return Err(format!("{keyword}: {value:?} leaves no algorithm"));
+        }
+        Ok(result)
+    }
+
+    /// The supported names `items` stand for, in order; an exact name skiff
+    /// does not support is an error, a pattern matching nothing is not.
+    fn expand(&self, items: &[&str]) -> Result<Vec<&'static str>, String> {
+        let mut out = Vec::new();
+        for item in items {
+            if has_wildcard(item) {
+                out.extend(self.supported().filter(|n| wildcard_match(item, n)));
+            } else {
+                let found = self.supported().find(|n| n == item).ok_or_else(|| {
+                    format!(
+                        "{}: unsupported algorithm {item:?} (supported: {})",
+                        self.keyword,
+                        self.supported().collect::<Vec<_>>().join(",")
+                    )
+                })?;
+                out.push(found);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The four lists for one connection.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Algorithms {
+    pub kex: Vec<String>,
+    pub host_key: Vec<String>,
+    pub ciphers: Vec<String>,
+    pub macs: Vec<String>,
+}
+
+impl Default for Algorithms {
+    fn default() -> Self {
+        Algorithms {
+            kex: KEX.defaults(),
+            host_key: HOST_KEY.defaults(),
+            ciphers: CIPHERS.defaults(),
+            macs: MACS.defaults(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replace_append_remove_and_prepend() {
+        assert_eq!(
+            CIPHERS
+                .resolve("aes256-ctr,aes128-gcm@openssh.com")
+                .unwrap(),
+            ["aes256-ctr", "aes128-gcm@openssh.com"]
+        );
+        let plus = KEX.resolve("+diffie-hellman-group14-sha1").unwrap();
+        assert_eq!(plus.len(), KEX.default.len() + 1);
+        assert_eq!(plus.last().unwrap(), "diffie-hellman-group14-sha1");
+        let minus = KEX.resolve("-mlkem*,ecdh-*").unwrap();
+        assert_eq!(minus[0], "curve25519-sha256");
+        assert!(minus
+            .iter()
+            .all(|n| !n.starts_with("ecdh") && !n.starts_with("mlkem")));
+        let caret = HOST_KEY.resolve("^ssh-rsa,rsa-sha2-512").unwrap();
+        assert_eq!(&caret[..3], ["ssh-rsa", "rsa-sha2-512", "ssh-ed25519"]);
+        assert_eq!(caret.len(), HOST_KEY.default.len() + 1);
+        // Patterns expand over the supported names, in their order.
+        assert_eq!(
+            MACS.resolve("hmac-sha1*").unwrap(),
+            ["hmac-sha1-etm@openssh.com", "hmac-sha1"]
+        );
+        // Adding what is already there changes nothing.
+        assert_eq!(MACS.resolve("+hmac-sha2-256").unwrap(), MACS.defaults());
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        let err = CIPHERS.resolve("aes128-gcm,blowfish-cbc").unwrap_err();
+        assert!(
+            err.starts_with("Ciphers: unsupported algorithm \"aes128-gcm\""),
+            "{err}"
+        );
+        assert!(KEX
+            .resolve("-*")
+            .unwrap_err()
+            .contains("leaves no algorithm"));
+        assert!(MACS
+            .resolve("hmac-sha2-256,,hmac-sha1")
+            .unwrap_err()
+            .contains("empty name"));
+        assert!(HOST_KEY.resolve("+").is_err());
+        assert!(HOST_KEY
+            .resolve("nothing*")
+            .unwrap_err()
+            .contains("leaves no algorithm"));
+    }
+
+    #[test]
+    fn defaults_leave_out_legacy() {
+        for list in [KEX, HOST_KEY, CIPHERS, MACS] {
+            for name in list.default {
+                assert!(!name.contains("sha1") && !name.ends_with("-cbc") && *name != "ssh-rsa");
+            }
+        }
+    }
+}
