@@ -178,14 +178,16 @@ impl ConnectionHandler {
         }
     }
 
-    /// Whether some CA may sign certificates for `user`: a `cert-authority`
-    /// line in its authorized_keys, or `TrustedUserCAKeys`.
+    /// Whether some CA may sign certificates for `user`: `TrustedUserCAKeys`
+    /// (then for every user name, existing or not, so that the answer to a
+    /// probe says nothing about which accounts exist), or a `cert-authority`
+    /// line in the account's authorized_keys.
     fn trusts_a_user_ca(&mut self, user: &str) -> bool {
-        let server_wide = !self.trusted_user_cas().is_empty();
-        match self.load_candidate(user) {
-            Some((_, keys)) => server_wide || keys.iter().any(|k| k.options.cert_authority),
-            None => false,
+        if self.state.settings.trusted_user_ca_keys.is_some() {
+            return true;
         }
+        self.load_candidate(user)
+            .is_some_and(|(_, keys)| keys.iter().any(|k| k.options.cert_authority))
     }
 
     fn environment_for(

@@ -287,6 +287,23 @@ fn skiffd_admits_certificates_from_trusted_cas() {
         }
         let log = skiffd.log();
         assert!(log.contains("certificate refused"), "{c}");
+
+        // Where the CA is server-wide, an unsigned offer gets the same answer
+        // for an account that exists and for one that does not.
+        if server_wide {
+            for who in [user(), "no-such-account-here"] {
+                let out = ssh(port, who, &fx.stranger_key)
+                    .known_hosts(&home.known_hosts())
+                    .log_level("DEBUG1")
+                    .args(&["echo", "never"])
+                    .run();
+                out.expect_code(255, &c);
+                assert!(
+                    out.stderr.contains("Server accepts key"),
+                    "{c}: the offer for {who} was answered differently\n{out}"
+                );
+            }
+        }
     }
 }
 
