@@ -420,6 +420,12 @@ impl KnownHosts {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let name = known_hosts::host_port_name(host, port);
+        let allowed: Vec<&str> = settings
+            .algorithms
+            .ca_signature
+            .iter()
+            .map(String::as_str)
+            .collect();
         let verdict = self.with_files(|files| {
             match host_cert::check_host_certificate(
                 files,
@@ -427,7 +433,7 @@ impl KnownHosts {
                 port,
                 host,
                 &facts,
-                host_cert::DEFAULT_CA_SIGNATURE_ALGORITHMS,
+                &allowed,
                 now,
             ) {
                 CertVerdict::Trusted(found) => Ok(found.to_string()),

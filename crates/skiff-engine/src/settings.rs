@@ -499,6 +499,10 @@ fn settle(
                 host_key: cfg.host_key_algorithms.clone().unwrap_or(d.host_key),
                 ciphers: cfg.ciphers.clone().unwrap_or(d.ciphers),
                 macs: cfg.macs.clone().unwrap_or(d.macs),
+                ca_signature: cfg
+                    .ca_signature_algorithms
+                    .clone()
+                    .unwrap_or(d.ca_signature),
             }
         },
         proxy: match &cfg.proxy {

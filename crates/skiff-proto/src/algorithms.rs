@@ -1,5 +1,6 @@
 //! The client's algorithm lists and the ssh_config keywords that change them
-//! (`KexAlgorithms`, `HostKeyAlgorithms`, `Ciphers`, `MACs`).
+//! (`KexAlgorithms`, `HostKeyAlgorithms`, `Ciphers`, `MACs`,
+//! `CASignatureAlgorithms`).
 //!
 //! A value is a comma-separated list that replaces the default, or edits it:
 //! `+list` appends, `-list` removes, `^list` puts first, as in ssh_config(5).
@@ -81,6 +82,23 @@ pub const MACS: AlgorithmList = AlgorithmList {
     more: &["hmac-sha1-etm@openssh.com", "hmac-sha1"],
 };
 
+/// Signature algorithms a CA may have signed a host certificate with:
+/// OpenSSH's default, which leaves out `ssh-rsa` (RSA with SHA-1).
+pub const CA_SIGNATURE: AlgorithmList = AlgorithmList {
+    keyword: "CASignatureAlgorithms",
+    default: &[
+        "ssh-ed25519",
+        "ecdsa-sha2-nistp256",
+        "ecdsa-sha2-nistp384",
+        "ecdsa-sha2-nistp521",
+        "sk-ssh-ed25519@openssh.com",
+        "sk-ecdsa-sha2-nistp256@openssh.com",
+        "rsa-sha2-512",
+        "rsa-sha2-256",
+    ],
+    more: &["ssh-rsa"],
+};
+
 impl AlgorithmList {
     /// The default, as owned names.
     pub fn defaults(&self) -> Vec<String> {
@@ -155,13 +173,14 @@ impl AlgorithmList {
     }
 }
 
-/// The four lists for one connection.
+/// The lists for one connection.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Algorithms {
     pub kex: Vec<String>,
     pub host_key: Vec<String>,
     pub ciphers: Vec<String>,
     pub macs: Vec<String>,
+    pub ca_signature: Vec<String>,
 }
 
 impl Default for Algorithms {
@@ -171,6 +190,7 @@ impl Default for Algorithms {
             host_key: HOST_KEY.defaults(),
             ciphers: CIPHERS.defaults(),
             macs: MACS.defaults(),
+            ca_signature: CA_SIGNATURE.defaults(),
         }
     }
 }
@@ -231,7 +251,7 @@ mod tests {
 
     #[test]
     fn defaults_leave_out_legacy() {
-        for list in [KEX, HOST_KEY, CIPHERS, MACS] {
+        for list in [KEX, HOST_KEY, CIPHERS, MACS, CA_SIGNATURE] {
             for name in list.default {
                 assert!(!name.contains("sha1") && !name.ends_with("-cbc") && *name != "ssh-rsa");
             }

@@ -242,6 +242,7 @@ enum Directive {
     HostKeyAlgorithms(Vec<String>),
     Ciphers(Vec<String>),
     Macs(Vec<String>),
+    CaSignatureAlgorithms(Vec<String>),
     ConnectTimeout(u64),
     ServerAliveInterval(u64),
     ServerAliveCountMax(u32),
@@ -303,6 +304,7 @@ enum Kw {
     HostKeyAlgorithms,
     Ciphers,
     Macs,
+    CaSignatureAlgorithms,
     ConnectTimeout,
     ServerAliveInterval,
     ServerAliveCountMax,
@@ -338,6 +340,7 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("HostKeyAlgorithms", Kw::HostKeyAlgorithms),
     ("Ciphers", Kw::Ciphers),
     ("MACs", Kw::Macs),
+    ("CASignatureAlgorithms", Kw::CaSignatureAlgorithms),
     ("ConnectTimeout", Kw::ConnectTimeout),
     ("ServerAliveInterval", Kw::ServerAliveInterval),
     ("ServerAliveCountMax", Kw::ServerAliveCountMax),
@@ -366,7 +369,6 @@ const IGNORED: &[&str] = &[
     "CanonicalizeHostname",
     "CanonicalizeMaxDots",
     "CanonicalizePermittedCNAMEs",
-    "CASignatureAlgorithms",
     "ChallengeResponseAuthentication",
     "ChannelTimeout",
     "CheckHostIP",
@@ -810,6 +812,9 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
         }
         Kw::Ciphers => Directive::Ciphers(algorithms::CIPHERS.resolve(&single(name, args)?)?),
         Kw::Macs => Directive::Macs(algorithms::MACS.resolve(&single(name, args)?)?),
+        Kw::CaSignatureAlgorithms => Directive::CaSignatureAlgorithms(
+            algorithms::CA_SIGNATURE.resolve(&single(name, args)?)?,
+        ),
         Kw::HostKeyAlias => Directive::HostKeyAlias(single(name, args)?.to_ascii_lowercase()),
         Kw::ConnectTimeout => {
             Directive::ConnectTimeout(parse_time_arg(name, &single(name, args)?)?)
@@ -998,6 +1003,7 @@ pub struct HostConfig {
     pub host_key_algorithms: Option<Vec<String>>,
     pub ciphers: Option<Vec<String>>,
     pub macs: Option<Vec<String>>,
+    pub ca_signature_algorithms: Option<Vec<String>>,
     /// Seconds.
     pub connect_timeout: Option<u64>,
     /// Seconds; 0 disables keep-alives.
@@ -1236,6 +1242,7 @@ impl Resolver<'_, '_> {
             Directive::HostKeyAlgorithms(v) => first(&mut cfg.host_key_algorithms, v),
             Directive::Ciphers(v) => first(&mut cfg.ciphers, v),
             Directive::Macs(v) => first(&mut cfg.macs, v),
+            Directive::CaSignatureAlgorithms(v) => first(&mut cfg.ca_signature_algorithms, v),
             Directive::Proxy(v) => first(&mut cfg.proxy, v),
             Directive::ConnectTimeout(v) => first(&mut cfg.connect_timeout, v),
             Directive::ServerAliveInterval(v) => first(&mut cfg.server_alive_interval, v),

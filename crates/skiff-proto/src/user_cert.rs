@@ -16,8 +16,8 @@
 
 use std::net::IpAddr;
 
+use crate::algorithms::CA_SIGNATURE;
 use crate::authorized_keys::{self, AuthorizedKey, KeyOptions};
-use crate::known_hosts::host_cert::DEFAULT_CA_SIGNATURE_ALGORITHMS;
 
 /// What the decision needs to know of a certificate.
 #[derive(Debug, Clone, Copy)]
@@ -65,7 +65,7 @@ pub fn admit(
     if !cert.is_user_certificate {
         return Err(format!("certificate {id:?} is a host certificate"));
     }
-    if !DEFAULT_CA_SIGNATURE_ALGORITHMS.contains(&cert.signature_algorithm) {
+    if !CA_SIGNATURE.default.contains(&cert.signature_algorithm) {
         return Err(format!(
             "certificate {id:?} is signed with {}, which skiffd does not accept (SHA-1)",
             cert.signature_algorithm

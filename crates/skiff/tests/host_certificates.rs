@@ -417,3 +417,46 @@ fn through_the_agent() {
         .run()
         .expect_skiff_failure(&["no ED25519 host key is known"], &c);
 }
+
+/// A CA that signed with RSA/SHA-1 (`ssh-rsa`) is refused by default, as
+/// OpenSSH's CASignatureAlgorithms does, and accepted when asked for.
+#[test]
+fn sha1_ca_signatures_only_when_asked_for() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let ca = fx.keygen("rsa_ca", KeyType::Rsa, None);
+    let public = fx.path().join("sha1.pub");
+    fs::copy(&fx.host_key.public, &public).unwrap();
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-s"])
+        .arg(&ca.private)
+        .args(["-t", "ssh-rsa", "-I", "sha1", "-h", "-V", "-5m:+1h"])
+        .arg(&public)
+        .output()
+        .expect("ssh-keygen -s");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cert = fx.path().join("sha1-cert.pub");
+    let sshd = sshd_with_certificate(&fx, &cert);
+    let port = sshd.port();
+    let c = server_context(&sshd, "SHA-1 CA signature");
+    let home = ClientHome::new();
+    write_known_hosts(&home, &[authority_line("*", &ca)]);
+    strict_skiff(&home, port, &fx)
+        .cmd("echo never")
+        .run()
+        .expect_skiff_failure(
+            &["host certificate not trusted", "CASignatureAlgorithms"],
+            &c,
+        );
+    let out = strict_skiff(&home, port, &fx)
+        .opt("CASignatureAlgorithms=+ssh-rsa")
+        .cmd("echo allowed")
+        .run();
+    out.expect_code(0, &c).expect_stdout("allowed\n", &c);
+}

@@ -16,20 +16,9 @@
 use std::borrow::Borrow;
 
 use super::{cert_authorities, fingerprint_sha256, host_port_name, revoked, Found, KnownHostsFile};
+#[cfg(test)]
+use crate::algorithms::CA_SIGNATURE;
 use crate::pattern::wildcard_match;
-
-/// `CASignatureAlgorithms` as OpenSSH ships it: every signature algorithm
-/// but `ssh-rsa` (RSA with SHA-1) and DSA.
-pub const DEFAULT_CA_SIGNATURE_ALGORITHMS: &[&str] = &[
-    "ssh-ed25519",
-    "ecdsa-sha2-nistp256",
-    "ecdsa-sha2-nistp384",
-    "ecdsa-sha2-nistp521",
-    "sk-ssh-ed25519@openssh.com",
-    "sk-ecdsa-sha2-nistp256@openssh.com",
-    "rsa-sha2-512",
-    "rsa-sha2-256",
-];
 
 /// What the checks need to know of a certificate the server presented.
 #[derive(Debug, Clone, Copy)]
@@ -278,7 +267,7 @@ mod tests {
             22,
             host,
             cert,
-            DEFAULT_CA_SIGNATURE_ALGORITHMS,
+            CA_SIGNATURE.default,
             now,
         )
     }
@@ -342,7 +331,7 @@ mod tests {
             2222,
             "web1.example.com",
             &f.cert(),
-            DEFAULT_CA_SIGNATURE_ALGORITHMS,
+            CA_SIGNATURE.default,
             NOW,
         );
         assert!(matches!(verdict, CertVerdict::Trusted(_)), "{verdict:?}");
