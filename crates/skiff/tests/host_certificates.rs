@@ -20,7 +20,8 @@ use common::*;
 
 /// Signs a copy of `host_key`'s public half named `name` with `ca` as a
 /// host certificate (`-h`) for `principals` (none: `-n` left out, valid for
-/// any host) and `validity` (`ssh-keygen -V`), and returns its path.
+/// any host) and `validity` (`ssh-keygen -V`), with `more` ssh-keygen
+/// arguments, and returns its path.
 fn host_certificate(
     fx: &Fixture,
     ca: &Key,
@@ -28,13 +29,15 @@ fn host_certificate(
     name: &str,
     principals: Option<&str>,
     validity: &str,
+    more: &[&str],
 ) -> PathBuf {
     let public = fx.path().join(format!("{name}.pub"));
     fs::copy(&host_key.public, &public).expect("copy host public key");
     let mut cmd = Command::new("ssh-keygen");
     cmd.args(["-q", "-s"])
         .arg(&ca.private)
-        .args(["-I", name, "-h", "-V", validity]);
+        .args(["-I", name, "-h", "-V", validity])
+        .args(more);
     if let Some(p) = principals {
         cmd.args(["-n", p]);
     }
@@ -45,6 +48,17 @@ fn host_certificate(
         String::from_utf8_lossy(&out.stderr)
     );
     fx.path().join(format!("{name}-cert.pub"))
+}
+
+/// With only `ca` known, `skiff exec` to `port` is refused for an
+/// untrusted certificate, saying `why`.
+fn refused_with_only_the_ca(fx: &Fixture, ca: &Key, port: u16, why: &str, c: &str) {
+    let home = ClientHome::new();
+    write_known_hosts(&home, &[authority_line("*", ca)]);
+    strict_skiff(&home, port, fx)
+        .cmd("echo never")
+        .run()
+        .expect_skiff_failure(&["host certificate not trusted", why], c);
 }
 
 /// `@cert-authority PATTERNS CA-KEY`.
@@ -82,7 +96,7 @@ fn certified(
     }
     let fx = Fixture::new();
     let ca = fx.keygen("host_ca", KeyType::Ed25519, None);
-    let cert = host_certificate(&fx, &ca, &fx.host_key, name, principals, validity);
+    let cert = host_certificate(&fx, &ca, &fx.host_key, name, principals, validity, &[]);
     Some((fx, ca, cert))
 }
 
@@ -230,15 +244,7 @@ fn an_untrusted_certificate_falls_back_to_the_plain_key() {
     let c = server_context(&sshd, "expired host certificate");
 
     // Only the CA is known: refused, saying why the certificate failed.
-    let home = ClientHome::new();
-    write_known_hosts(&home, &[authority_line("*", &ca)]);
-    strict_skiff(&home, port, &fx)
-        .cmd("echo never")
-        .run()
-        .expect_skiff_failure(
-            &["host certificate not trusted", "expired at 2020-02-01"],
-            &c,
-        );
+    refused_with_only_the_ca(&fx, &ca, port, "expired at 2020-02-01", &c);
 
     // The plain key is known as well: connected, with a warning.
     let home = ClientHome::new();
@@ -261,7 +267,7 @@ fn an_untrusted_certificate_falls_back_to_the_plain_key() {
     let other_ca = fx.keygen("other_ca", KeyType::Ed25519, None);
     let home = ClientHome::new();
     write_known_hosts(&home, &[authority_line("*", &other_ca)]);
-    let cert = host_certificate(&fx, &ca, &fx.host_key, "fresh", None, "-5m:+1h");
+    let cert = host_certificate(&fx, &ca, &fx.host_key, "fresh", None, "-5m:+1h", &[]);
     let sshd = sshd_with_certificate(&fx, &cert);
     let port = sshd.port();
     let out = skiff_exec(&home, port, user(), Some(&fx.client_key))
@@ -348,7 +354,7 @@ fn skiffd_refuses_certificates_it_cannot_present() {
     let fx = Fixture::new();
     let ca = fx.keygen("host_ca", KeyType::Ed25519, None);
     // A certificate for another key, and a user certificate for this one.
-    let other = host_certificate(&fx, &ca, &fx.stranger_key, "other", None, "-5m:+1h");
+    let other = host_certificate(&fx, &ca, &fx.stranger_key, "other", None, "-5m:+1h", &[]);
     let user_cert_pub = fx.path().join("as-user.pub");
     fs::copy(&fx.host_key.public, &user_cert_pub).unwrap();
     let out = Command::new("ssh-keygen")
@@ -427,33 +433,21 @@ fn sha1_ca_signatures_only_when_asked_for() {
     }
     let fx = Fixture::new();
     let ca = fx.keygen("rsa_ca", KeyType::Rsa, None);
-    let public = fx.path().join("sha1.pub");
-    fs::copy(&fx.host_key.public, &public).unwrap();
-    let out = Command::new("ssh-keygen")
-        .args(["-q", "-s"])
-        .arg(&ca.private)
-        .args(["-t", "ssh-rsa", "-I", "sha1", "-h", "-V", "-5m:+1h"])
-        .arg(&public)
-        .output()
-        .expect("ssh-keygen -s");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let cert = host_certificate(
+        &fx,
+        &ca,
+        &fx.host_key,
+        "sha1",
+        None,
+        "-5m:+1h",
+        &["-t", "ssh-rsa"],
     );
-    let cert = fx.path().join("sha1-cert.pub");
     let sshd = sshd_with_certificate(&fx, &cert);
     let port = sshd.port();
     let c = server_context(&sshd, "SHA-1 CA signature");
+    refused_with_only_the_ca(&fx, &ca, port, "CASignatureAlgorithms", &c);
     let home = ClientHome::new();
     write_known_hosts(&home, &[authority_line("*", &ca)]);
-    strict_skiff(&home, port, &fx)
-        .cmd("echo never")
-        .run()
-        .expect_skiff_failure(
-            &["host certificate not trusted", "CASignatureAlgorithms"],
-            &c,
-        );
     let out = strict_skiff(&home, port, &fx)
         .opt("CASignatureAlgorithms=+ssh-rsa")
         .cmd("echo allowed")
