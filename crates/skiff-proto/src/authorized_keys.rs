@@ -127,12 +127,22 @@ pub struct AuthorizedKey {
 /// not match the key data are skipped with a warning naming `label:line`;
 /// all other lines are returned.
 pub fn parse(label: &str, text: &str) -> (Vec<AuthorizedKey>, Vec<ParseWarning>) {
-    let mut keys = Vec::new();
+    parse_lines(label, text, parse_line)
+}
+
+/// Every line of `text` through `parse_line`, keeping the entries and
+/// turning errors into warnings that name `label:line`.
+fn parse_lines<T>(
+    label: &str,
+    text: &str,
+    parse_line: impl Fn(&str, usize) -> Result<Option<T>, String>,
+) -> (Vec<T>, Vec<ParseWarning>) {
+    let mut entries = Vec::new();
     let mut warnings = Vec::new();
     for (idx, raw) in text.split('\n').enumerate() {
         let line_no = idx + 1;
         match parse_line(raw, line_no) {
-            Ok(Some(key)) => keys.push(key),
+            Ok(Some(entry)) => entries.push(entry),
             Ok(None) => {}
             Err(message) => warnings.push(ParseWarning {
                 file: label.to_string(),
@@ -141,7 +151,45 @@ pub fn parse(label: &str, text: &str) -> (Vec<AuthorizedKey>, Vec<ParseWarning>)
             }),
         }
     }
-    (keys, warnings)
+    (entries, warnings)
+}
+
+/// One usable line of an `AuthorizedPrincipalsFile`: a certificate
+/// principal the account admits, with the options in front of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthorizedPrincipal {
+    /// 1-based line number in the file.
+    pub line: usize,
+    pub options: KeyOptions,
+    pub name: String,
+}
+
+/// Parses an `AuthorizedPrincipalsFile`: one principal a line, preceded by
+/// authorized_keys options when the line has more than one word (as in
+/// sshd). Blank and `#` lines are skipped; bad lines are skipped with a
+/// warning naming `label:line`.
+pub fn parse_principals(label: &str, text: &str) -> (Vec<AuthorizedPrincipal>, Vec<ParseWarning>) {
+    parse_lines(label, text, |raw, line| {
+        let raw = raw.strip_suffix('\r').unwrap_or(raw);
+        let s = skip_blanks(raw).trim_end_matches([' ', '\t']);
+        if s.is_empty() || s.starts_with('#') {
+            return Ok(None);
+        }
+        let (options, name) = if s.contains([' ', '\t']) {
+            let (options, rest) = parse_options(s).map_err(|e| explain_option_error(s, e))?;
+            (options, skip_blanks(rest))
+        } else {
+            (KeyOptions::default(), s)
+        };
+        if name.contains([' ', '\t']) {
+            return Err(format!("more than one principal name: `{name}`"));
+        }
+        Ok(Some(AuthorizedPrincipal {
+            line,
+            options,
+            name: name.to_string(),
+        }))
+    })
 }
 
 /// Parses a single line (without its `\n`; a trailing `\r` is ignored).
@@ -1284,6 +1332,29 @@ mod tests {
             P256.trim_end_matches('=')
         ));
         assert_eq!(k.key_type, "ecdsa-sha2-nistp256");
+    }
+
+    #[test]
+    fn principals_files() {
+        let text = "# admins\nalice\n\ncommand=\"uptime\",from=\"10.0.0.0/8\" monitoring \r\n\
+                    bogus-option ops\nno-pty two names\n  \tdba\n";
+        let (list, warnings) = parse_principals("ap", text);
+        let names: Vec<(&str, usize)> = list.iter().map(|p| (p.name.as_str(), p.line)).collect();
+        assert_eq!(names, [("alice", 2), ("monitoring", 4), ("dba", 7)]);
+        assert_eq!(list[1].options.command.as_deref(), Some("uptime"));
+        assert_eq!(
+            list[1].options.from.as_deref(),
+            Some(&["10.0.0.0/8".to_string()][..])
+        );
+        assert_eq!(list[0].options, KeyOptions::default());
+        let lines: Vec<usize> = warnings.iter().map(|w| w.line).collect();
+        assert_eq!(lines, [5, 6]);
+        assert!(warnings.iter().all(|w| w.file == "ap"));
+        assert!(
+            warnings[1].message.contains("more than one principal"),
+            "{:?}",
+            warnings[1]
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@
 use std::net::IpAddr;
 
 use crate::algorithms::CA_SIGNATURE;
-use crate::authorized_keys::{self, AuthorizedKey, KeyOptions};
+use crate::authorized_keys::{self, AuthorizedKey, AuthorizedPrincipal, KeyOptions};
 
 /// What the decision needs to know of a certificate.
 #[derive(Debug, Clone, Copy)]
@@ -45,16 +45,24 @@ pub enum Authority {
     AuthorizedKeys(usize),
     /// `TrustedUserCAKeys`.
     TrustedUserCaKeys,
+    /// `TrustedUserCAKeys`, with the principal at this line of the
+    /// account's `AuthorizedPrincipalsFile`.
+    PrincipalsFile(usize),
 }
 
 /// Decides whether `user`, connecting from `peer`, may log in with `cert`.
 /// `authorized` is the account's authorized_keys, `trusted` the server's
-/// `TrustedUserCAKeys`. `now` is Unix time, `utc_offset` the local zone's
-/// offset in seconds (for `expiry-time`). On success, the options the
-/// session runs under.
+/// `TrustedUserCAKeys`, `principals_file` the account's
+/// `AuthorizedPrincipalsFile` when one is configured (empty when it is
+/// missing): for a `TrustedUserCAKeys` CA, a certificate principal must
+/// then be listed there instead of the account's name. `now` is Unix time,
+/// `utc_offset` the local zone's offset in seconds (for `expiry-time`). On
+/// success, the options the session runs under.
+#[allow(clippy::too_many_arguments)]
 pub fn admit(
     authorized: &[AuthorizedKey],
     trusted: &[AuthorizedKey],
+    principals_file: Option<&[AuthorizedPrincipal]>,
     user: &str,
     cert: &UserCertificate<'_>,
     peer: IpAddr,
@@ -78,20 +86,8 @@ pub fn admit(
     let (mut options, authority) = match (line, in_trusted) {
         (Some(line), _) => {
             let o = &line.options;
-            if let Some(from) = &o.from {
-                if !authorized_keys::from_allows(from, peer, None) {
-                    return Err(format!(
-                        "the cert-authority line {} does not allow {peer} (from=)",
-                        line.line
-                    ));
-                }
-            }
-            if authorized_keys::is_expired(o, now, utc_offset) {
-                return Err(format!(
-                    "the cert-authority line {} has expired (expiry-time=)",
-                    line.line
-                ));
-            }
+            let what = format!("the cert-authority line {}", line.line);
+            line_allows(o, &what, peer, now, utc_offset)?;
             let named = match &o.principals {
                 // One of the line's names must be among the certificate's.
                 Some(allowed) => cert.principals.iter().any(|p| allowed.contains(p)),
@@ -111,16 +107,36 @@ pub fn admit(
             options.principals = None;
             (options, Authority::AuthorizedKeys(line.line))
         }
-        (None, true) => {
-            // TrustedUserCAKeys: the account's name must be listed.
-            if !cert.principals.iter().any(|p| p == user) {
-                return Err(format!(
-                    "{user} is not among the principals of certificate {id:?} ({})",
-                    cert.principals.join(", ")
-                ));
+        (None, true) => match principals_file {
+            // TrustedUserCAKeys: the account's name must be listed...
+            None => {
+                if !cert.principals.iter().any(|p| p == user) {
+                    return Err(format!(
+                        "{user} is not among the principals of certificate {id:?} ({})",
+                        cert.principals.join(", ")
+                    ));
+                }
+                (KeyOptions::default(), Authority::TrustedUserCaKeys)
             }
-            (KeyOptions::default(), Authority::TrustedUserCaKeys)
-        }
+            // ...or, with a principals file, one of the names in it.
+            Some(allowed) => {
+                let entry = allowed
+                    .iter()
+                    .find(|a| cert.principals.contains(&a.name))
+                    .ok_or_else(|| {
+                        format!(
+                            "none of the principals of certificate {id:?} ({}) is in {user}'s AuthorizedPrincipalsFile",
+                            cert.principals.join(", ")
+                        )
+                    })?;
+                let what = format!("the AuthorizedPrincipalsFile line {}", entry.line);
+                line_allows(&entry.options, &what, peer, now, utc_offset)?;
+                let mut options = entry.options.clone();
+                options.cert_authority = false;
+                options.principals = None;
+                (options, Authority::PrincipalsFile(entry.line))
+            }
+        },
         (None, false) => {
             return Err(format!(
                 "certificate {id:?} is signed by a CA that is trusted neither in authorized_keys nor in TrustedUserCAKeys"
@@ -162,6 +178,25 @@ pub fn admit(
     options.no_x11_forwarding |= !has("permit-X11-forwarding");
     options.no_user_rc |= !has("permit-user-rc");
     Ok((options, authority))
+}
+
+/// Whether a line's `from=` and `expiry-time=` let `peer` in now.
+fn line_allows(
+    options: &KeyOptions,
+    what: &str,
+    peer: IpAddr,
+    now: i64,
+    utc_offset: i64,
+) -> Result<(), String> {
+    if let Some(from) = &options.from {
+        if !authorized_keys::from_allows(from, peer, None) {
+            return Err(format!("{what} does not allow {peer} (from=)"));
+        }
+    }
+    if authorized_keys::is_expired(options, now, utc_offset) {
+        return Err(format!("{what} has expired (expiry-time=)"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -225,7 +260,7 @@ mod tests {
         let (ak, w1) = parse("ak", authorized);
         let (tk, w2) = parse("ca", trusted);
         assert!(w1.is_empty() && w2.is_empty(), "{w1:?} {w2:?}");
-        admit(&ak, &tk, user, cert, LOOPBACK, NOW, 0)
+        admit(&ak, &tk, None, user, cert, LOOPBACK, NOW, 0)
     }
 
     #[test]
@@ -291,6 +326,37 @@ mod tests {
         // Here a certificate without principals is valid for no one.
         let none = Cert::new(&[]);
         assert!(admit_with("", &key_line("", &none.ca), "alice", &none.view()).is_err());
+    }
+
+    #[test]
+    fn a_principals_file_replaces_the_account_name() {
+        let (tk, _) = parse("ca", &key_line("", &blob(1)));
+        let (file, w) = authorized_keys::parse_principals(
+            "ap",
+            "dba\ncommand=\"uptime\",from=\"127.0.0.0/8\" ops\nfrom=\"10.0.0.0/8\" web\n",
+        );
+        assert!(w.is_empty(), "{w:?}");
+        let with = |c: &Cert| admit(&[], &tk, Some(&file), "alice", &c.view(), LOOPBACK, NOW, 0);
+        // The account's own name is not enough any more.
+        assert!(with(&Cert::new(&["alice"]))
+            .unwrap_err()
+            .contains("AuthorizedPrincipalsFile"));
+        let (options, authority) = with(&Cert::new(&["alice", "ops"])).unwrap();
+        assert_eq!(authority, Authority::PrincipalsFile(2));
+        assert_eq!(options.command.as_deref(), Some("uptime"));
+        assert!(with(&Cert::new(&["web"])).unwrap_err().contains("from="));
+        // A configured file that is missing admits no one.
+        let none = admit(
+            &[],
+            &tk,
+            Some(&[]),
+            "alice",
+            &Cert::new(&["alice"]).view(),
+            LOOPBACK,
+            NOW,
+            0,
+        );
+        assert!(none.is_err());
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub struct Settings {
     /// CA keys trusted to sign user certificates for every account
     /// (`TrustedUserCAKeys`).
     pub trusted_user_ca_keys: Option<PathBuf>,
+    /// Path template (`%h`, `%u`) of the file listing the certificate
+    /// principals an account admits (`AuthorizedPrincipalsFile`).
+    pub authorized_principals_file: Option<String>,
     /// Path template with `%h` and `%u` tokens. A path without tokens applies to every account.
     pub authorized_keys: String,
     /// Environment variable name patterns a client may set (`LANG LC_*` by default).
@@ -93,6 +96,7 @@ impl Default for Settings {
             host_keys: Vec::new(),
             host_certificates: Vec::new(),
             trusted_user_ca_keys: None,
+            authorized_principals_file: None,
             authorized_keys: DEFAULT_AUTHORIZED_KEYS.to_string(),
             accept_env: vec!["LANG".into(), "LC_*".into()],
             permit_user_environment: false,
@@ -162,6 +166,12 @@ pub fn apply_config_text(
             }
             "hostkey" => settings.host_keys.push(PathBuf::from(one()?)),
             "hostcertificate" => settings.host_certificates.push(PathBuf::from(one()?)),
+            "authorizedprincipalsfile" => {
+                settings.authorized_principals_file = match one()? {
+                    "none" => None,
+                    template => Some(template.to_string()),
+                }
+            }
             "trustedusercakeys" => {
                 settings.trusted_user_ca_keys = match one()? {
                     "none" => None,

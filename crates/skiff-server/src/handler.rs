@@ -11,7 +11,7 @@ use russh::keys::ssh_key::certificate::CertType;
 use russh::keys::{Certificate, PublicKey};
 use russh::server::{Auth, ChannelOpenHandle, Msg, PublicKeyOffer, Session, VerifiedPublicKey};
 use russh::{Channel, ChannelId, ChannelMsg, ChannelOpenFailure, Pty, Sig};
-use skiff_proto::authorized_keys::{self, AuthorizedKey, KeyOptions};
+use skiff_proto::authorized_keys::{self, AuthorizedKey, AuthorizedPrincipal, KeyOptions};
 use skiff_proto::pattern;
 use skiff_proto::user_cert;
 use tokio::io::AsyncWriteExt;
@@ -725,9 +725,13 @@ impl russh::server::Handler for ConnectionHandler {
         // validity period and the client's signature with its key.
         let peer = self.peer;
         let trusted = self.trusted_user_cas();
+        let principals_template = self.state.settings.authorized_principals_file.clone();
         let Some((account, keys)) = self.load_candidate(user) else {
             return Ok(publickey_only());
         };
+        let principals_file = principals_template
+            .as_deref()
+            .map(|template| load_authorized_principals(template, account));
         let Ok(ca_blob) =
             russh::keys::PublicKey::from(certificate.signature_key().clone()).to_bytes()
         else {
@@ -754,6 +758,7 @@ impl russh::server::Handler for ConnectionHandler {
         match user_cert::admit(
             keys,
             &trusted,
+            principals_file.as_deref(),
             user,
             &view,
             peer.ip(),
@@ -1053,16 +1058,42 @@ pub fn authorized_keys_path(template: &str, acct: &Account) -> String {
     out
 }
 
-/// Reads and parses the account's authorized_keys. As root, refuses files the
-/// account does not own (other than root's) or that others may write.
+/// Reads and parses the account's authorized_keys (see [`read_account_file`]).
 fn load_authorized_keys(template: &str, acct: &Account) -> Vec<AuthorizedKey> {
+    let Some((path, text)) = read_account_file(template, acct) else {
+        return Vec::new();
+    };
+    let (keys, warnings) = authorized_keys::parse(&path, &text);
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    keys
+}
+
+/// Reads and parses the account's `AuthorizedPrincipalsFile` (see
+/// [`read_account_file`]); a missing file lists no one.
+fn load_authorized_principals(template: &str, acct: &Account) -> Vec<AuthorizedPrincipal> {
+    let Some((path, text)) = read_account_file(template, acct) else {
+        return Vec::new();
+    };
+    let (principals, warnings) = authorized_keys::parse_principals(&path, &text);
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    principals
+}
+
+/// The path `template` gives for the account, and the file's text. As
+/// root, refuses files the account does not own (other than root's) or
+/// that others may write.
+fn read_account_file(template: &str, acct: &Account) -> Option<(String, String)> {
     use std::os::unix::fs::MetadataExt;
     let path = authorized_keys_path(template, acct);
     let file = match std::fs::File::open(&path) {
         Ok(f) => f,
         Err(e) => {
             tracing::debug!(user = %acct.name, "cannot open {path}: {e}");
-            return Vec::new();
+            return None;
         }
     };
     if nix::unistd::Uid::effective().is_root() {
@@ -1073,24 +1104,20 @@ fn load_authorized_keys(template: &str, acct: &Account) -> Vec<AuthorizedKey> {
                     && m.is_file() => {}
             Ok(_) => {
                 tracing::warn!(user = %acct.name, "ignoring {path}: must be a regular file owned by the user or root and not writable by others");
-                return Vec::new();
+                return None;
             }
             Err(e) => {
                 tracing::warn!("cannot stat {path}: {e}");
-                return Vec::new();
+                return None;
             }
         }
     }
     let mut text = String::new();
     if let Err(e) = std::io::Read::read_to_string(&mut std::io::BufReader::new(file), &mut text) {
         tracing::warn!("cannot read {path}: {e}");
-        return Vec::new();
+        return None;
     }
-    let (keys, warnings) = authorized_keys::parse(&path, &text);
-    for w in warnings {
-        tracing::warn!("{w}");
-    }
-    keys
+    Some((path, text))
 }
 
 fn unix_now() -> i64 {

@@ -355,3 +355,46 @@ fn skiffd_enforces_a_certificates_forced_command_and_extensions() {
     out.expect_code(0, &c);
     assert!(is_pts_path(out.stdout_str().trim_end()), "{c}\n{out}");
 }
+
+/// With an AuthorizedPrincipalsFile, a certificate from a TrustedUserCAKeys
+/// CA must carry one of the principals the file lists (with its options),
+/// not the account's name.
+#[test]
+fn skiffd_maps_principals_through_a_principals_file() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let ca = fx.keygen("user_ca", KeyType::Ed25519, None);
+    let principals = fx.path().join("principals");
+    write_file(
+        &principals,
+        "# who may log in\ncommand=\"echo as-ops\" ops\n",
+        0o644,
+    );
+    let opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&format!(
+        "TrustedUserCAKeys {}\nAuthorizedPrincipalsFile {}\n",
+        ca.public.display(),
+        principals.display()
+    ));
+    let skiffd = Skiffd::start_with(opts);
+    let port = skiffd.port();
+    let c = server_context(&skiffd, "AuthorizedPrincipalsFile");
+    let home = trusting_home(port, &fx);
+
+    let ops = user_certificate_with(&fx, &ca, &fx.stranger_key, "ops", "ops", &[]);
+    let out = ssh(port, user(), &ops)
+        .known_hosts(&home.known_hosts())
+        .args(&["echo", "asked"])
+        .run();
+    out.expect_code(0, &c).expect_stdout("as-ops\n", &c);
+
+    // The account's own name no longer lets a certificate in.
+    let named = user_certificate_with(&fx, &ca, &fx.stranger_key, "named", user(), &[]);
+    let out = ssh(port, user(), &named)
+        .known_hosts(&home.known_hosts())
+        .args(&["echo", "never"])
+        .run();
+    out.expect_code(255, &c);
+    assert!(skiffd.log().contains("AuthorizedPrincipalsFile"), "{c}");
+}
