@@ -154,6 +154,25 @@ fn parse_lines<T>(
     (entries, warnings)
 }
 
+/// Parses a `RevokedKeys` file of public keys (one a line, as in
+/// authorized_keys, options not needed) into the set of revoked key blobs.
+/// OpenSSH's binary key revocation lists (KRLs) are not understood: that is
+/// an error, so that the caller can refuse every key rather than none.
+pub fn parse_revoked_keys(
+    label: &str,
+    bytes: &[u8],
+) -> Result<(std::collections::HashSet<Vec<u8>>, Vec<ParseWarning>), String> {
+    if bytes.starts_with(b"SSHKRL\n") {
+        return Err(format!(
+            "{label} is a binary key revocation list (KRL), which skiffd does not read; list the revoked public keys instead"
+        ));
+    }
+    let text = std::str::from_utf8(bytes)
+        .map_err(|_| format!("{label} is neither a list of public keys nor text"))?;
+    let (keys, warnings) = parse(label, text);
+    Ok((keys.into_iter().map(|k| k.key_blob).collect(), warnings))
+}
+
 /// One usable line of an `AuthorizedPrincipalsFile`: a certificate
 /// principal the account admits, with the options in front of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1332,6 +1351,19 @@ mod tests {
             P256.trim_end_matches('=')
         ));
         assert_eq!(k.key_type, "ecdsa-sha2-nistp256");
+    }
+
+    #[test]
+    fn revoked_key_lists() {
+        let text = format!("# gone\n{}\nnot a key\n{}\n", ed_line(1), ed_line(2));
+        let (revoked, warnings) = parse_revoked_keys("rk", text.as_bytes()).unwrap();
+        assert!(revoked.contains(&ed_blob(1)) && revoked.contains(&ed_blob(2)));
+        assert_eq!(revoked.len(), 2);
+        assert_eq!(warnings.len(), 1);
+        assert_eq!(warnings[0].line, 3);
+        let krl = parse_revoked_keys("rk", b"SSHKRL\n\0\0\0\x01").unwrap_err();
+        assert!(krl.contains("KRL"), "{krl}");
+        assert!(parse_revoked_keys("rk", &[0xff, 0xfe]).is_err());
     }
 
     #[test]

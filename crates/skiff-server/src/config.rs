@@ -25,6 +25,9 @@ pub struct Settings {
     /// Path template (`%h`, `%u`) of the file listing the certificate
     /// principals an account admits (`AuthorizedPrincipalsFile`).
     pub authorized_principals_file: Option<String>,
+    /// Public keys that may never authenticate, nor sign certificates
+    /// (`RevokedKeys`).
+    pub revoked_keys: Option<PathBuf>,
     /// Path template with `%h` and `%u` tokens. A path without tokens applies to every account.
     pub authorized_keys: String,
     /// Environment variable name patterns a client may set (`LANG LC_*` by default).
@@ -97,6 +100,7 @@ impl Default for Settings {
             host_certificates: Vec::new(),
             trusted_user_ca_keys: None,
             authorized_principals_file: None,
+            revoked_keys: None,
             authorized_keys: DEFAULT_AUTHORIZED_KEYS.to_string(),
             accept_env: vec!["LANG".into(), "LC_*".into()],
             permit_user_environment: false,
@@ -166,6 +170,12 @@ pub fn apply_config_text(
             }
             "hostkey" => settings.host_keys.push(PathBuf::from(one()?)),
             "hostcertificate" => settings.host_certificates.push(PathBuf::from(one()?)),
+            "revokedkeys" => {
+                settings.revoked_keys = match one()? {
+                    "none" => None,
+                    path => Some(PathBuf::from(path)),
+                }
+            }
             "authorizedprincipalsfile" => {
                 settings.authorized_principals_file = match one()? {
                     "none" => None,

@@ -137,6 +137,10 @@ impl ConnectionHandler {
     /// The authorized_keys entry that admits `key` from this peer now, if any.
     fn admitting_entry(&mut self, user: &str, key: &PublicKey) -> Option<(Account, KeyOptions)> {
         let blob = key.to_bytes().ok()?;
+        if let Some(why) = self.revoked(&[&blob]) {
+            tracing::info!(peer = %self.peer, user, "key refused: {why}");
+            return None;
+        }
         let key_type = key.algorithm().as_str().to_string();
         let peer_ip = self.peer.ip();
         let peer = self.peer;
@@ -154,6 +158,36 @@ impl ConnectionHandler {
             return None;
         }
         Some((acct.clone(), opts.clone()))
+    }
+
+    /// Why one of `blobs` may not be used: it is in `RevokedKeys`, or that
+    /// file cannot be read (then no key may be used, as with sshd). Read at
+    /// every check, so that a revocation takes effect at once.
+    fn revoked(&self, blobs: &[&[u8]]) -> Option<String> {
+        let path = self.state.settings.revoked_keys.as_ref()?;
+        let label = path.display().to_string();
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!("cannot read RevokedKeys {label}: {e}; refusing every key");
+                return Some(format!("RevokedKeys {label} cannot be read"));
+            }
+        };
+        match authorized_keys::parse_revoked_keys(&label, &bytes) {
+            Ok((revoked, warnings)) => {
+                for w in warnings {
+                    tracing::warn!("{w}");
+                }
+                blobs
+                    .iter()
+                    .any(|b| revoked.contains(*b))
+                    .then(|| format!("revoked in {label}"))
+            }
+            Err(e) => {
+                tracing::error!("{e}; refusing every key");
+                Some(format!("RevokedKeys {label} is unusable"))
+            }
+        }
     }
 
     /// The server's `TrustedUserCAKeys`, read now (so a changed file takes
@@ -724,6 +758,18 @@ impl russh::server::Handler for ConnectionHandler {
         // russh has checked the CA's signature over the certificate, its
         // validity period and the client's signature with its key.
         let peer = self.peer;
+        let Ok(ca_blob) =
+            russh::keys::PublicKey::from(certificate.signature_key().clone()).to_bytes()
+        else {
+            return Ok(publickey_only());
+        };
+        let Ok(key_blob) = PublicKey::from(certificate.public_key().clone()).to_bytes() else {
+            return Ok(publickey_only());
+        };
+        if let Some(why) = self.revoked(&[&key_blob, &ca_blob]) {
+            tracing::info!(%peer, user, id = certificate.key_id(), "certificate refused: {why}");
+            return Ok(publickey_only());
+        }
         let trusted = self.trusted_user_cas();
         let principals_template = self.state.settings.authorized_principals_file.clone();
         let Some((account, keys)) = self.load_candidate(user) else {
@@ -732,11 +778,6 @@ impl russh::server::Handler for ConnectionHandler {
         let principals_file = principals_template
             .as_deref()
             .map(|template| load_authorized_principals(template, account));
-        let Ok(ca_blob) =
-            russh::keys::PublicKey::from(certificate.signature_key().clone()).to_bytes()
-        else {
-            return Ok(publickey_only());
-        };
         let ca_key_type = certificate.signature_key().algorithm();
         let critical: Vec<(String, String)> = certificate
             .critical_options()

@@ -398,3 +398,49 @@ fn skiffd_maps_principals_through_a_principals_file() {
     out.expect_code(255, &c);
     assert!(skiffd.log().contains("AuthorizedPrincipalsFile"), "{c}");
 }
+
+/// RevokedKeys: a listed key may not log in, nor may a certificate for it
+/// or one signed by a listed CA; an unreadable list refuses every key.
+#[test]
+fn skiffd_refuses_revoked_keys() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let ca = fx.keygen("user_ca", KeyType::Ed25519, None);
+    let revoked = fx.path().join("revoked_keys");
+    write_file(&revoked, format!("{}\n", fx.client_key.pub_line()), 0o644);
+    let opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&format!(
+        "TrustedUserCAKeys {}\nRevokedKeys {}\n",
+        ca.public.display(),
+        revoked.display()
+    ));
+    let skiffd = Skiffd::start_with(opts);
+    let port = skiffd.port();
+    let c = server_context(&skiffd, "RevokedKeys");
+    let home = trusting_home(port, &fx);
+    let login = |key: &Key| {
+        ssh(port, user(), key)
+            .known_hosts(&home.known_hosts())
+            .args(&["echo", "in"])
+            .run()
+    };
+
+    // An authorized key that is revoked, next to one that is not.
+    login(&fx.client_key).expect_code(255, &c);
+    login(&fx.ecdsa_key).expect_code(0, &c);
+    assert!(skiffd.log().contains("revoked in"), "{c}");
+
+    // A certificate is refused when its key or its CA is revoked.
+    let good = user_certificate_with(&fx, &ca, &fx.stranger_key, "good", user(), &[]);
+    login(&good).expect_code(0, &c);
+    let of_revoked = user_certificate_with(&fx, &ca, &fx.client_key, "of-revoked", user(), &[]);
+    login(&of_revoked).expect_code(255, &c);
+    write_file(&revoked, format!("{}\n", ca.pub_line()), 0o644);
+    login(&good).expect_code(255, &c);
+
+    // A list skiffd cannot read (here, gone) refuses every key.
+    std::fs::remove_file(&revoked).unwrap();
+    login(&fx.ecdsa_key).expect_code(255, &c);
+    assert!(skiffd.log().contains("refusing every key"), "{c}");
+}
