@@ -281,10 +281,11 @@ pub async fn authenticate<H: Handler>(
                     }
                 };
                 let key = Arc::new(key);
-                let beside = match read_certificate(&certificate_beside(&path)) {
+                let beside_path = certificate_beside(&path);
+                let beside = match read_certificate(&beside_path) {
                     Ok(found) => found.map(|cert| UserCertificate {
                         cert,
-                        from: certificate_beside(&path).display().to_string(),
+                        from: beside_path.display().to_string(),
                     }),
                     Err(note) => {
                         notes.push(note);

@@ -476,8 +476,13 @@ impl KnownHostsFile {
         self.index
             .authorities
             .iter()
-            .filter_map(|&i| self.entries.get(i))
-            .filter(|e| e.hosts.matches(&name))
+            .filter_map(|&i| self.entries.get(i).map(|e| (i, e)))
+            .filter(|(i, e)| match &e.hosts {
+                // Patterns were lowercased once, when the file was indexed.
+                HostField::Patterns(_) => self.index.patterns_match(*i, &name),
+                HostField::Hashed { .. } => e.hosts.matches(&name),
+            })
+            .map(|(_, e)| e)
             .collect()
     }
 

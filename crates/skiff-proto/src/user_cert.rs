@@ -102,10 +102,7 @@ pub fn admit(
                     cert.principals.join(", ")
                 ));
             }
-            let mut options = o.clone();
-            options.cert_authority = false;
-            options.principals = None;
-            (options, Authority::AuthorizedKeys(line.line))
+            (o.clone(), Authority::AuthorizedKeys(line.line))
         }
         (None, true) => match principals_file {
             // TrustedUserCAKeys: the account's name must be listed...
@@ -131,10 +128,7 @@ pub fn admit(
                     })?;
                 let what = format!("the AuthorizedPrincipalsFile line {}", entry.line);
                 line_allows(&entry.options, &what, peer, now, utc_offset)?;
-                let mut options = entry.options.clone();
-                options.cert_authority = false;
-                options.principals = None;
-                (options, Authority::PrincipalsFile(entry.line))
+                (entry.options.clone(), Authority::PrincipalsFile(entry.line))
             }
         },
         (None, false) => {
@@ -143,6 +137,9 @@ pub fn admit(
             ))
         }
     };
+    // What admitted the certificate says nothing about the session.
+    options.cert_authority = false;
+    options.principals = None;
     for (name, value) in cert.critical_options {
         match name.as_str() {
             "force-command" => match &options.command {

@@ -160,6 +160,16 @@ impl ConnectionHandler {
         Some((acct.clone(), opts.clone()))
     }
 
+    /// Records a successful login (a key or a certificate) as `account`,
+    /// whose sessions run under `options`.
+    fn logged_in(&mut self, account: Account, options: KeyOptions) -> Auth {
+        self.auth = Some(Authenticated { account, options });
+        self.candidate = None;
+        self.session_rtt = self.probe_answered.take().map(|t| t.elapsed());
+        self.authenticated_flag.send_replace(true);
+        Auth::Accept
+    }
+
     /// Why one of `blobs` may not be used: it is in `RevokedKeys`, or that
     /// file cannot be read (then no key may be used, as with sshd). Read at
     /// every check, so that a revocation takes effect at once.
@@ -811,11 +821,7 @@ impl russh::server::Handler for ConnectionHandler {
                     ca = %certificate.signature_key().fingerprint(Default::default()),
                     via = ?authority, "accepted certificate");
                 let account = account.clone();
-                self.auth = Some(Authenticated { account, options });
-                self.candidate = None;
-                self.session_rtt = self.probe_answered.take().map(|t| t.elapsed());
-                self.authenticated_flag.send_replace(true);
-                Ok(Auth::Accept)
+                Ok(self.logged_in(account, options))
             }
             Err(why) => {
                 tracing::info!(%peer, user, "certificate refused: {why}");
@@ -836,11 +842,7 @@ impl russh::server::Handler for ConnectionHandler {
             Some((account, options)) => {
                 tracing::info!(peer = %self.peer, user, key = %key.public_key.fingerprint(Default::default()),
                     "accepted publickey");
-                self.auth = Some(Authenticated { account, options });
-                self.candidate = None;
-                self.session_rtt = self.probe_answered.take().map(|t| t.elapsed());
-                self.authenticated_flag.send_replace(true);
-                Ok(Auth::Accept)
+                Ok(self.logged_in(account, options))
             }
             None => Ok(publickey_only()),
         }
