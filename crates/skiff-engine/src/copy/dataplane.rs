@@ -539,8 +539,10 @@ async fn upload(
                 std::thread::spawn(move || {
                     let acked = pending.acknowledged().map(drop);
                     if let Err(e) = &acked {
-                        queue.abort();
+                        // Told before the other streams stop, so it is
+                        // there to explain their failures.
                         let _ = refused_tx.send(e.to_string());
+                        queue.abort();
                     }
                     acked
                 })
@@ -582,6 +584,8 @@ async fn upload(
     let mut producing = true;
     // Why the server gave up on the whole transfer, if it said.
     let mut server_reason = None;
+    // A stream the server refused: the cause of everything else that failed.
+    let mut refusal = None;
     let outcome: Result<(), SkiffError> = loop {
         tokio::select! {
             produced = rx.recv(), if producing => match produced {
@@ -619,7 +623,8 @@ async fn upload(
                 Err(e) => break Err(e),
             },
             Some(reason) = refused_rx.recv() => {
-                break Err(SkiffError::new(ErrorKind::Connect, format!("{host}: {reason}")));
+                refusal = Some(reason);
+                break Err(SkiffError::new(ErrorKind::Connect, format!("{host}: refused")));
             }
             _ = tick.tick() => counter.flush(progress),
         }
@@ -640,6 +645,15 @@ async fn upload(
     let _ = tokio::task::spawn_blocking(move || producer.join()).await;
     for (_, e) in read_failures.lock().expect("lock").drain(..) {
         report.failures.push(e);
+    }
+    // The refusal may be reported after the server's complaint about the
+    // other streams, which stopped because of it (the senders are joined
+    // now, so a refusal is queued if there was one).
+    if let Some(reason) = refusal.or_else(|| refused_rx.try_recv().ok()) {
+        return Err(SkiffError::new(
+            ErrorKind::Connect,
+            format!("{host}: {reason}"),
+        ));
     }
     match (outcome, stream_error) {
         (Ok(()), None) => {}
