@@ -328,7 +328,11 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
     Ok(Connection {
         handle,
         settings: settings.clone(),
-        notices: known_hosts.take_notices(),
+        notices: if settings.show_notices {
+            known_hosts.take_notices()
+        } else {
+            Vec::new()
+        },
         peer_addr,
         server_id,
     })

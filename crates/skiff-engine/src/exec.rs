@@ -23,6 +23,7 @@ pub struct PtyRequest {
 #[derive(Debug, Clone, Default)]
 pub struct ExecRequest {
     /// The command line, or the subsystem's name when `subsystem` is set.
+    /// Empty (without `subsystem`) asks for the login shell.
     pub command: String,
     /// Start the subsystem named by `command` (such as `sftp`) instead.
     pub subsystem: bool,
@@ -172,6 +173,9 @@ where
             .request_subsystem(true, &req.command)
             .await
             .map_err(|e| lost(&e))?;
+    } else if req.command.is_empty() {
+        // No command: the account's login shell, as ssh does.
+        channel.request_shell(true).await.map_err(|e| lost(&e))?;
     } else {
         channel
             .exec(true, req.command.as_bytes())
@@ -378,6 +382,8 @@ where
             ErrorKind::Protocol,
             if req.subsystem {
                 format!("{host}: the server refused the {} subsystem", req.command)
+            } else if req.command.is_empty() {
+                format!("{host}: the server refused to start a shell")
             } else {
                 format!("{host}: the server refused to run the command")
             },

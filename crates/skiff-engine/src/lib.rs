@@ -10,6 +10,7 @@ pub mod copy;
 pub mod error;
 pub mod exec;
 pub mod fanout;
+pub mod forward;
 pub mod hostkeys;
 mod identity;
 pub mod pool;

@@ -57,6 +57,11 @@ pub struct ConnectSettings {
     pub server_alive_interval: Option<Duration>,
     pub server_alive_count_max: usize,
     pub batch_mode: bool,
+    /// `RequestTTY` (default `auto`: a terminal for a login shell run from one).
+    pub request_tty: skiff_proto::ssh_config::RequestTty,
+    /// Whether informational notices (such as "Permanently added ... to the
+    /// list of known hosts") are shown: not at `LogLevel` QUIET, FATAL or ERROR.
+    pub show_notices: bool,
     pub send_env: Vec<String>,
     pub set_env: Vec<(String, String)>,
     /// How long a pooled connection may stay idle (None: the agent's default).
@@ -525,6 +530,10 @@ fn settle(
         server_alive_interval: alive,
         server_alive_count_max: cfg.server_alive_count_max.unwrap_or(3).max(1) as usize,
         batch_mode: cfg.batch_mode.unwrap_or(false),
+        request_tty: cfg
+            .request_tty
+            .unwrap_or(skiff_proto::ssh_config::RequestTty::Auto),
+        show_notices: !matches!(cfg.log_level.as_deref(), Some("QUIET" | "FATAL" | "ERROR")),
         send_env: cfg.send_env.clone(),
         set_env: cfg.set_env.clone(),
         control_persist: cfg.control_persist,

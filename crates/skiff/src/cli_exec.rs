@@ -7,6 +7,7 @@ use clap::Args;
 use skiff_engine::{Destination, ExecRequest, PtyRequest, SkiffError, WindowSize};
 
 use crate::cli_connect::ConnectArgs;
+pub use crate::ssh_args::TtyFlag;
 use crate::terminal;
 
 #[derive(Args, Debug, Clone)]
@@ -35,7 +36,43 @@ pub fn split_destination(dest: &str) -> (Option<String>, String) {
     }
 }
 
+/// One command (or login shell, or subsystem) on one host, however the
+/// command line spelled it: `skiff exec`, or ssh's syntax (`skiff ssh`).
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    pub conn: ConnectArgs,
+    /// `[user@]host`.
+    pub destination: String,
+    /// The command line; empty asks for a login shell, as with ssh.
+    pub command: String,
+    /// `command` names a subsystem (`ssh -s`).
+    pub subsystem: bool,
+    pub no_stdin: bool,
+    pub tty: TtyFlag,
+}
+
+impl From<ExecArgs> for Invocation {
+    fn from(args: ExecArgs) -> Self {
+        Invocation {
+            command: args.command.join(" "),
+            conn: args.conn,
+            destination: args.destination,
+            subsystem: false,
+            no_stdin: args.no_stdin,
+            tty: match args.tty {
+                0 => TtyFlag::Unset,
+                n => TtyFlag::Request(n),
+            },
+        }
+    }
+}
+
 pub fn run(args: ExecArgs) -> i32 {
+    run_invocation(args.into())
+}
+
+/// Runs `args` and returns the exit status to leave with.
+pub fn run_invocation(args: Invocation) -> i32 {
     crate::init_logging(args.conn.verbose);
     let dest = destination(&args);
     // Resolved once, for both paths: a bad config fails fast, and the
@@ -47,10 +84,16 @@ pub fn run(args: ExecArgs) -> i32 {
             return 255;
         }
     };
-    let pty = pty_request(&args);
+    let pty = pty_request(&args, &settings);
     if let Some(code) = via_agent(&args, &dest, &settings, pty.clone()) {
         return code;
     }
+    on_one_thread(exec_main(args, settings, pty))
+}
+
+/// Runs `work` on a single-threaded runtime and returns the exit status it
+/// gives; an error is printed and gives 255.
+pub fn on_one_thread(work: impl std::future::Future<Output = Result<i32, SkiffError>>) -> i32 {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -61,7 +104,7 @@ pub fn run(args: ExecArgs) -> i32 {
             return 255;
         }
     };
-    let result = runtime.block_on(exec_main(args, settings, pty));
+    let result = runtime.block_on(work);
     // A read of a terminal stdin may still be blocked in tokio's blocking
     // pool; waiting for it would hang until the user pressed a key.
     runtime.shutdown_background();
@@ -75,7 +118,7 @@ pub fn run(args: ExecArgs) -> i32 {
 }
 
 /// The destination as the command line gives it.
-fn destination(args: &ExecArgs) -> Destination {
+pub fn destination(args: &Invocation) -> Destination {
     let (user, host) = split_destination(&args.destination);
     Destination {
         host,
@@ -88,11 +131,11 @@ fn destination(args: &ExecArgs) -> Destination {
 }
 
 async fn exec_main(
-    args: ExecArgs,
+    args: Invocation,
     settings: skiff_engine::ConnectSettings,
     pty: Option<PtyRequest>,
 ) -> Result<i32, SkiffError> {
-    let command = args.command.join(" ");
+    let command = args.command.clone();
     tracing::debug!(
         "connecting to {}@{} port {} (StrictHostKeyChecking={})",
         settings.user,
@@ -124,7 +167,7 @@ async fn exec_main(
         env,
         pty,
         timeout: None,
-        subsystem: false,
+        subsystem: args.subsystem,
     };
     let stdin = (!args.no_stdin).then(tokio::io::stdin);
     let outcome = skiff_engine::exec(
@@ -151,7 +194,7 @@ async fn exec_main(
 /// Runs the command through the agent (starting one if needed). `None`
 /// means: do it directly (no agent, or a person has to decide something).
 fn via_agent(
-    args: &ExecArgs,
+    args: &Invocation,
     dest: &Destination,
     settings: &skiff_engine::ConnectSettings,
     pty: Option<PtyRequest>,
@@ -167,7 +210,7 @@ fn via_agent(
         identity_files: args.conn.identity_for_agent(),
         config_file: args.conn.config_for_agent(),
         options: args.conn.ssh_options(),
-        command: args.command.join(" "),
+        command: args.command.clone(),
         env: remote_env(settings),
         client_env: skiff_engine::settings::ClientEnv::from_process().vars,
         pty: pty.map(|p| skiff_proto::agent_wire::PtyWire {
@@ -177,7 +220,7 @@ fn via_agent(
             required: p.required,
         }),
         no_stdin: args.no_stdin,
-        subsystem: false,
+        subsystem: args.subsystem,
     };
     // Raw mode while a remote terminal is attached; restored on drop.
     let _raw = if wire.pty.is_some() && std::io::stdin().is_terminal() {
@@ -211,24 +254,39 @@ fn via_agent(
     }
 }
 
-/// The terminal to ask for: `-t` with a local terminal, or `-tt` always.
-fn pty_request(args: &ExecArgs) -> Option<PtyRequest> {
-    match args.tty {
-        0 => None,
-        1 if !std::io::stdin().is_terminal() => {
-            eprintln!("Pseudo-terminal will not be allocated because stdin is not a terminal.");
-            None
+/// The terminal to ask for. `-t`/`-T` win over `RequestTTY`; `auto` (the
+/// default) asks for one for a login shell run from a terminal, `yes` when
+/// stdin is a terminal, `force` always.
+fn pty_request(args: &Invocation, settings: &skiff_engine::ConnectSettings) -> Option<PtyRequest> {
+    use skiff_proto::ssh_config::RequestTty;
+    let mode = match args.tty {
+        TtyFlag::Unset => settings.request_tty,
+        TtyFlag::Disable => RequestTty::No,
+        TtyFlag::Request(1) => RequestTty::Yes,
+        TtyFlag::Request(_) => RequestTty::Force,
+    };
+    let stdin_tty = std::io::stdin().is_terminal();
+    let wanted = match mode {
+        RequestTty::No => false,
+        RequestTty::Auto => args.command.is_empty() && !args.subsystem && stdin_tty,
+        RequestTty::Yes if !stdin_tty => {
+            if settings.show_notices {
+                eprintln!("Pseudo-terminal will not be allocated because stdin is not a terminal.");
+            }
+            false
         }
-        _ => {
-            let (cols, rows) = terminal::window_size().unwrap_or((80, 24));
-            Some(PtyRequest {
-                term: std::env::var("TERM").unwrap_or_else(|_| "xterm".into()),
-                cols,
-                rows,
-                required: args.tty >= 2,
-            })
-        }
+        RequestTty::Yes | RequestTty::Force => true,
+    };
+    if !wanted {
+        return None;
     }
+    let (cols, rows) = terminal::window_size().unwrap_or((80, 24));
+    Some(PtyRequest {
+        term: std::env::var("TERM").unwrap_or_else(|_| "xterm".into()),
+        cols,
+        rows,
+        required: mode == RequestTty::Force,
+    })
 }
 
 /// Variables to pass to the remote command: SendEnv matches from this

@@ -6,8 +6,11 @@ mod cli_connect;
 mod cli_cp;
 mod cli_exec;
 mod cli_run;
+mod cli_ssh;
 mod demo;
 mod run_output;
+mod ssh_args;
+mod stdio;
 mod terminal;
 
 use clap::{Parser, Subcommand};
@@ -31,6 +34,13 @@ enum Command {
     Run(cli_run::RunArgs),
     /// Copy files to or from a host (scp syntax: [user@]host:path).
     Cp(cli_cp::CpArgs),
+    /// ssh's own command line, for programs that run `ssh` (also what skiff
+    /// does when run as `ssh` or `skiff-ssh`); see README.
+    #[command(disable_help_flag = true, disable_version_flag = true)]
+    Ssh {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Start a throwaway skiffd on loopback and run a few timed commands against it.
     Demo(demo::DemoArgs),
     /// The per-user agent that keeps connections warm (started automatically).
@@ -42,12 +52,33 @@ enum Command {
 }
 
 fn main() {
+    let stdio = stdio::BlockingStdio::enter();
+    let exit = |code: i32| -> ! {
+        stdio.restore();
+        std::process::exit(code)
+    };
+    // Run under the name `ssh` or `skiff-ssh`, or as `skiff ssh`: ssh's
+    // command line, parsed as ssh parses it rather than by clap.
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let program = argv
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("skiff");
+    if matches!(program, "ssh" | "skiff-ssh") {
+        exit(cli_ssh::main(argv.split_off(1)));
+    }
+    if argv.get(1).is_some_and(|a| a == "ssh") {
+        exit(cli_ssh::main(argv.split_off(2)));
+    }
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Exec(args) => cli_exec::run(args),
         Command::Run(args) => cli_run::run(args),
         Command::Cp(args) => cli_cp::run(args),
         Command::Demo(args) => demo::run(args),
+        // Handled above; reached only if clap saw it some other way.
+        Command::Ssh { args } => cli_ssh::main(args.into_iter().map(Into::into).collect()),
         Command::Agent(args) => cli_agent::run(args),
         Command::TransferServer => match skiff_server::transfer::serve_stdio() {
             Ok(()) => 0,
@@ -57,7 +88,7 @@ fn main() {
             }
         },
     };
-    std::process::exit(code);
+    exit(code);
 }
 
 /// Sets up logging on stderr. Without `-v` or `SKIFF_LOG`, only warnings

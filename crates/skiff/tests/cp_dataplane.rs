@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 
 use common::server_context as ctx;
 use common::*;
-use tempfile::TempDir;
 
 const MIB: usize = 1 << 20;
 
@@ -43,16 +42,6 @@ fn skiffd(fx: &Fixture, extra_config: &str) -> Skiffd {
         opts = opts.config(&config);
     }
     Skiffd::start_with(opts)
-}
-
-/// A fresh directory owned by the test account.
-fn account_dir() -> TempDir {
-    let dir = tempdir();
-    if is_root() {
-        let acct = account();
-        std::os::unix::fs::chown(dir.path(), Some(acct.uid), Some(acct.gid)).expect("chown");
-    }
-    dir
 }
 
 /// `skiff cp` with hermetic options, as the test account, to `port`.
@@ -78,12 +67,6 @@ fn cp(port: u16, key: &Key, args: &[&str]) -> CmdOutput {
 
 fn remote(path: &Path) -> String {
     format!("{}@127.0.0.1:{}", user(), path.display())
-}
-
-fn sha256(path: &Path) -> String {
-    let out = Run::new("sha256sum").arg(path).run();
-    out.expect_code(0, "sha256sum");
-    first_token(&out.stdout)
 }
 
 /// Temporaries (`.NAME.skiff-XXXX`) anywhere under `dir`.

@@ -104,16 +104,6 @@ fn s(p: &Path) -> &str {
     p.to_str().expect("UTF-8 test path")
 }
 
-/// SHA-256 (hex) of a file, by the local `sha256sum`.
-fn sha256(path: &Path) -> String {
-    let out = Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .expect("run sha256sum");
-    assert!(out.status.success(), "sha256sum {}", path.display());
-    first_token(&out.stdout)
-}
-
 /// Every path under `dir` whose name holds skiff's temporary marker.
 fn temporaries(dir: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();

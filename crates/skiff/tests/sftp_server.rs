@@ -14,7 +14,6 @@ use std::path::Path;
 
 use common::server_context as ctx;
 use common::*;
-use tempfile::TempDir;
 
 /// sftp and scp come with ssh in openssh-client; under CI a missing one
 /// fails the test, elsewhere it is skipped with a notice.
@@ -24,22 +23,13 @@ fn require_clients() -> bool {
         && require_tool("scp", "openssh-client")
 }
 
-/// The `--config` text skiffd needs to serve SFTP here: nothing when the
-/// default (skiffd's own path) works, else a `Subsystem sftp` line naming
-/// the copy.
-fn sftp_config() -> Option<String> {
-    let exe = account_skiffd();
-    (exe != Path::new(skiffd_bin()))
-        .then(|| format!("Subsystem sftp '{}' --sftp-server\n", exe.display()))
-}
-
 /// A fixture and a skiffd serving SFTP (plus `extra` config lines).
 fn setup_with(extra: &str) -> Option<(Fixture, Skiffd)> {
     if !require_clients() {
         return None;
     }
     let fx = Fixture::new();
-    let config = format!("{}{extra}", sftp_config().unwrap_or_default());
+    let config = format!("{}{extra}", sftp_subsystem_config().unwrap_or_default());
     let mut opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys);
     if !config.is_empty() {
         opts = opts.config(&config);
@@ -50,17 +40,6 @@ fn setup_with(extra: &str) -> Option<(Fixture, Skiffd)> {
 
 fn setup() -> Option<(Fixture, Skiffd)> {
     setup_with("")
-}
-
-/// A fresh directory owned by the test account (removed on drop).
-fn account_dir() -> TempDir {
-    let dir = tempdir();
-    let acct = account();
-    if is_root() {
-        std::os::unix::fs::chown(dir.path(), Some(acct.uid), Some(acct.gid))
-            .expect("chown account dir");
-    }
-    dir
 }
 
 /// `prog` (sftp or scp) with the hermetic options the harness's `ssh` uses,
@@ -107,12 +86,6 @@ fn scp(port: u16, key: &Key, args: &[&str]) -> CmdOutput {
         .arg("-s")
         .args(args)
         .run()
-}
-
-fn sha256(path: &Path) -> String {
-    let out = Run::new("sha256sum").arg(path).run();
-    out.expect_code(0, "sha256sum");
-    first_token(&out.stdout)
 }
 
 fn mtime(path: &Path) -> i64 {
@@ -479,7 +452,7 @@ fn forced_command_replaces_the_subsystem() {
         marker.display()
     );
     let [key] = fx.keys_with_options([("forced", forced.as_str())]);
-    let config = sftp_config().unwrap_or_default();
+    let config = sftp_subsystem_config().unwrap_or_default();
     let mut opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys);
     if !config.is_empty() {
         opts = opts.config(&config);

@@ -491,6 +491,16 @@ pub fn random_file(path: &Path, size: usize) -> String {
     first_token(&out.stdout)
 }
 
+/// SHA-256 (hex) of a file, by the local `sha256sum`.
+pub fn sha256(path: &Path) -> String {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("run sha256sum");
+    assert!(out.status.success(), "sha256sum {}", path.display());
+    first_token(&out.stdout)
+}
+
 /// First whitespace-separated token of some output, e.g. a sha256sum hash.
 pub fn first_token(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes)
@@ -1692,6 +1702,18 @@ pub fn check_ssh_connection(conn: &str, client: &str, port: u16, c: &str) {
     );
 }
 
+/// A scratch directory the test account owns (when the tests run as root
+/// and log in as that account), for remote commands to write in.
+pub fn account_dir() -> TempDir {
+    let dir = tempdir();
+    if is_root() {
+        let acct = account();
+        std::os::unix::fs::chown(dir.path(), Some(acct.uid), Some(acct.gid))
+            .expect("chown account dir");
+    }
+    dir
+}
+
 /// True when `line` (a `tty` output line, `\r` allowed at the end) is a
 /// pseudo-terminal path `/dev/pts/N`.
 pub fn is_pts_path(line: &str) -> bool {
@@ -1998,4 +2020,13 @@ pub fn account_skiffd() -> &'static Path {
         (Some(dir), copy)
     });
     path
+}
+
+/// The `--config` text skiffd needs to serve SFTP here: nothing when the
+/// default (skiffd's own path) works, else a `Subsystem sftp` line naming
+/// the copy.
+pub fn sftp_subsystem_config() -> Option<String> {
+    let exe = account_skiffd();
+    (exe != Path::new(skiffd_bin()))
+        .then(|| format!("Subsystem sftp '{}' --sftp-server\n", exe.display()))
 }

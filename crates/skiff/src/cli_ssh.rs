@@ -1,0 +1,212 @@
+//! `skiff ssh`: ssh's own command line, for programs that run `ssh` (rsync
+//! `-e`, `GIT_SSH`, `DISTCC_SSH`, scp/sftp `-S`, monitoring checks). skiff
+//! also answers to it when run under the name `ssh` or `skiff-ssh` (a
+//! symlink), so such programs get the agent's warm connections without
+//! learning a new syntax. Parsing is in [`crate::ssh_args`].
+
+use std::ffi::OsString;
+
+use skiff_engine::ConnectSettings;
+
+use crate::cli_connect::ConnectArgs;
+use crate::cli_exec::{self, Invocation};
+use crate::ssh_args::{self, SshCommandLine};
+
+const USAGE: &str =
+    "usage: skiff ssh [-46qnsTtvV] [-c ciphers] [-F config] [-i identity] [-J jump] \
+[-l user] [-m macs] [-o option] [-p port] [-W host:port] [-G] destination [command [argument ...]]";
+
+/// Runs ssh's command line `args` (without the program name); returns the
+/// exit status.
+pub fn main(args: Vec<OsString>) -> i32 {
+    let args: Vec<String> = match args.into_iter().map(OsString::into_string).collect() {
+        Ok(a) => a,
+        Err(bad) => {
+            eprintln!("skiff ssh: argument {bad:?} is not valid UTF-8");
+            return 255;
+        }
+    };
+    let line = match ssh_args::parse(&args) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("skiff ssh: {e}\n{USAGE}");
+            return 255;
+        }
+    };
+    if line.version {
+        eprintln!(
+            "skiff {} (ssh command line; SSH protocol 2.0)",
+            env!("CARGO_PKG_VERSION")
+        );
+        return 0;
+    }
+    if line.subsystem && line.command.is_empty() {
+        eprintln!("skiff ssh: -s needs the subsystem's name after the destination\n{USAGE}");
+        return 255;
+    }
+    let (print_config, forward, warnings) = (
+        line.print_config,
+        line.forward_stdio.clone(),
+        line.warnings.clone(),
+    );
+    let inv = invocation(line);
+    if print_config || forward.is_some() || !warnings.is_empty() {
+        crate::init_logging(inv.conn.verbose);
+        let settings = match skiff_engine::settings::resolve(&cli_exec::destination(&inv)) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("skiff: {e}");
+                return 255;
+            }
+        };
+        if print_config {
+            print!("{}", describe(&settings));
+            return 0;
+        }
+        if settings.show_notices {
+            for w in &warnings {
+                eprintln!("skiff: warning: {w}");
+            }
+        }
+        if let Some((host, port)) = forward {
+            return forward_stdio(&settings, &host, port);
+        }
+    }
+    cli_exec::run_invocation(inv)
+}
+
+fn invocation(line: SshCommandLine) -> Invocation {
+    Invocation {
+        conn: ConnectArgs {
+            port: line.port,
+            login: line.login,
+            identity: line.identity,
+            config: line.config,
+            options: line.options,
+            jump: line.jump,
+            verbose: line.verbose,
+            no_agent: false,
+        },
+        destination: line.destination,
+        command: line.command.join(" "),
+        subsystem: line.subsystem,
+        no_stdin: line.no_stdin,
+        tty: line.tty,
+    }
+}
+
+/// `-W host:port`: a direct connection (the agent does not forward).
+fn forward_stdio(settings: &ConnectSettings, host: &str, port: u16) -> i32 {
+    cli_exec::on_one_thread(async {
+        let conn = skiff_engine::connect(settings).await?;
+        for notice in &conn.notices {
+            eprintln!("{notice}");
+        }
+        skiff_engine::forward::forward_stdio(
+            &conn,
+            host,
+            port,
+            tokio::io::stdin(),
+            tokio::io::stdout(),
+        )
+        .await
+        .map(|()| 0)
+    })
+}
+
+/// `-G`: the settings skiff would use, one `keyword value` per line in
+/// lower case, as `ssh -G` prints them (only the keywords skiff acts on).
+pub fn describe(s: &ConnectSettings) -> String {
+    let yes_no = |b: bool| if b { "yes" } else { "no" };
+    let paths = |list: &[std::path::PathBuf]| {
+        list.iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut out = vec![
+        format!("host {}", s.original_host),
+        format!("hostname {}", s.hostname),
+        format!("port {}", s.port),
+        format!("user {}", s.user),
+    ];
+    out.extend(
+        s.identity_files
+            .iter()
+            .map(|p| format!("identityfile {}", p.display())),
+    );
+    out.extend(
+        s.certificate_files
+            .iter()
+            .map(|p| format!("certificatefile {}", p.display())),
+    );
+    out.push(format!("identitiesonly {}", yes_no(s.identities_only)));
+    out.push(format!(
+        "identityagent {}",
+        s.identity_agent
+            .as_ref()
+            .map_or("none".into(), |p| p.display().to_string())
+    ));
+    out.push(format!("userknownhostsfile {}", paths(&s.user_known_hosts)));
+    out.push(format!(
+        "globalknownhostsfile {}",
+        paths(&s.global_known_hosts)
+    ));
+    out.push(format!(
+        "stricthostkeychecking {}",
+        skiff_engine::hostkeys::policy_name(s.strict_host_key_checking)
+    ));
+    out.push(format!("hashknownhosts {}", yes_no(s.hash_known_hosts)));
+    if let Some(alias) = &s.host_key_alias {
+        out.push(format!("hostkeyalias {alias}"));
+    }
+    match &s.proxy {
+        Some(skiff_engine::settings::Proxy::Command(c)) => out.push(format!("proxycommand {c}")),
+        Some(skiff_engine::settings::Proxy::Jump(_)) => {
+            out.push(format!("proxyjump {}", jump_chain(s).join(",")))
+        }
+        None => {}
+    }
+    let a = &s.algorithms;
+    out.push(format!("kexalgorithms {}", a.kex.join(",")));
+    out.push(format!("hostkeyalgorithms {}", a.host_key.join(",")));
+    out.push(format!("ciphers {}", a.ciphers.join(",")));
+    out.push(format!("macs {}", a.macs.join(",")));
+    out.push(format!(
+        "casignaturealgorithms {}",
+        a.ca_signature.join(",")
+    ));
+    out.push(format!("connecttimeout {}", s.connect_timeout.as_secs()));
+    out.push(format!(
+        "serveraliveinterval {}",
+        s.server_alive_interval.map_or(0, |d| d.as_secs())
+    ));
+    out.push(format!("serveralivecountmax {}", s.server_alive_count_max));
+    out.push(format!("batchmode {}", yes_no(s.batch_mode)));
+    out.push(format!(
+        "requesttty {}",
+        match s.request_tty {
+            skiff_proto::ssh_config::RequestTty::No => "false",
+            skiff_proto::ssh_config::RequestTty::Yes => "true",
+            skiff_proto::ssh_config::RequestTty::Force => "force",
+            skiff_proto::ssh_config::RequestTty::Auto => "auto",
+        }
+    ));
+    out.extend(s.send_env.iter().map(|v| format!("sendenv {v}")));
+    out.extend(s.set_env.iter().map(|(k, v)| format!("setenv {k}={v}")));
+    let mut text = out.join("\n");
+    text.push('\n');
+    text
+}
+
+/// The jump hosts in front of `s`, first to last, as `user@host:port`.
+fn jump_chain(s: &ConnectSettings) -> Vec<String> {
+    let mut chain = Vec::new();
+    let mut next = &s.proxy;
+    while let Some(skiff_engine::settings::Proxy::Jump(jump)) = next {
+        chain.push(format!("{}@{}:{}", jump.user, jump.hostname, jump.port));
+        next = &jump.proxy;
+    }
+    chain.reverse();
+    chain
+}
