@@ -256,8 +256,8 @@ fn git_clones_and_pushes_through_skiff() {
         git(work.path(), &["clone", "-q", &url, "clone"]).expect_code(0, &format!("{c}: clone"));
         let clone = work.path().join("clone");
         write_file(&clone.join("README"), "pushed through skiff\n", 0o644);
-        git(&clone, &["add", "README"]).expect_code(0, &c);
-        git(&clone, &["commit", "-q", "-m", "first"]).expect_code(0, &c);
+        git(&clone, &["add", "README"]).expect_code(0, c);
+        git(&clone, &["commit", "-q", "-m", "first"]).expect_code(0, c);
         git(&clone, &["push", "-q", "origin", "HEAD:refs/heads/main"])
             .expect_code(0, &format!("{c}: push"));
 
