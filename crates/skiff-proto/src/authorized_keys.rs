@@ -154,23 +154,59 @@ fn parse_lines<T>(
     (entries, warnings)
 }
 
-/// Parses a `RevokedKeys` file of public keys (one a line, as in
-/// authorized_keys, options not needed) into the set of revoked key blobs.
-/// OpenSSH's binary key revocation lists (KRLs) are not understood: that is
-/// an error, so that the caller can refuse every key rather than none.
+/// A `RevokedKeys` file: a list of public keys (text, as in
+/// authorized_keys, options not needed) or an OpenSSH key revocation list
+/// (KRL, binary).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RevokedKeys {
+    Listed(std::collections::HashSet<Vec<u8>>),
+    Krl(crate::krl::Krl),
+}
+
+impl RevokedKeys {
+    /// Whether the plain key `blob` may not be used.
+    pub fn revokes_key(&self, blob: &[u8]) -> bool {
+        match self {
+            RevokedKeys::Listed(set) => set.contains(blob),
+            RevokedKeys::Krl(krl) => krl.revokes_key(blob),
+        }
+    }
+
+    /// Whether a certificate for the key `key_blob` may not be used: that
+    /// key or the CA's is revoked, or (in a KRL) its serial or key ID.
+    pub fn revokes_certificate(
+        &self,
+        key_blob: &[u8],
+        cert: &crate::krl::CertificateRef<'_>,
+    ) -> bool {
+        self.revokes_key(key_blob)
+            || match self {
+                RevokedKeys::Listed(set) => set.contains(cert.ca_key),
+                RevokedKeys::Krl(krl) => krl.revokes_certificate(cert),
+            }
+    }
+}
+
+/// Parses a `RevokedKeys` file. A KRL that cannot be fully understood, or
+/// a file that is neither a KRL nor text, is an error, so that the caller
+/// can refuse every key rather than none.
 pub fn parse_revoked_keys(
     label: &str,
     bytes: &[u8],
-) -> Result<(std::collections::HashSet<Vec<u8>>, Vec<ParseWarning>), String> {
+) -> Result<(RevokedKeys, Vec<ParseWarning>), String> {
     if bytes.starts_with(b"SSHKRL\n") {
-        return Err(format!(
-            "{label} is a binary key revocation list (KRL), which skiffd does not read; list the revoked public keys instead"
-        ));
+        return crate::krl::Krl::parse(bytes)
+            .map(|krl| (RevokedKeys::Krl(krl), Vec::new()))
+            .map_err(|e| format!("{label}: key revocation list: {e}"));
     }
-    let text = std::str::from_utf8(bytes)
-        .map_err(|_| format!("{label} is neither a list of public keys nor text"))?;
+    let text = std::str::from_utf8(bytes).map_err(|_| {
+        format!("{label} is neither a list of public keys nor a key revocation list")
+    })?;
     let (keys, warnings) = parse(label, text);
-    Ok((keys.into_iter().map(|k| k.key_blob).collect(), warnings))
+    Ok((
+        RevokedKeys::Listed(keys.into_iter().map(|k| k.key_blob).collect()),
+        warnings,
+    ))
 }
 
 /// One usable line of an `AuthorizedPrincipalsFile`: a certificate
@@ -1357,12 +1393,28 @@ mod tests {
     fn revoked_key_lists() {
         let text = format!("# gone\n{}\nnot a key\n{}\n", ed_line(1), ed_line(2));
         let (revoked, warnings) = parse_revoked_keys("rk", text.as_bytes()).unwrap();
-        assert!(revoked.contains(&ed_blob(1)) && revoked.contains(&ed_blob(2)));
-        assert_eq!(revoked.len(), 2);
+        let RevokedKeys::Listed(set) = &revoked else {
+            panic!("a text list: {revoked:?}");
+        };
+        assert_eq!(set.len(), 2);
+        assert!(revoked.revokes_key(&ed_blob(1)) && revoked.revokes_key(&ed_blob(2)));
+        assert!(!revoked.revokes_key(&ed_blob(3)));
+        fn cert(ca: &[u8]) -> crate::krl::CertificateRef<'_> {
+            crate::krl::CertificateRef {
+                ca_key: ca,
+                serial: 1,
+                key_id: "id",
+            }
+        }
+        // A certificate for a listed key, or from a listed CA.
+        assert!(revoked.revokes_certificate(&ed_blob(1), &cert(b"ca")));
+        assert!(revoked.revokes_certificate(&ed_blob(3), &cert(&ed_blob(2))));
+        assert!(!revoked.revokes_certificate(&ed_blob(3), &cert(b"ca")));
         assert_eq!(warnings.len(), 1);
         assert_eq!(warnings[0].line, 3);
-        let krl = parse_revoked_keys("rk", b"SSHKRL\n\0\0\0\x01").unwrap_err();
-        assert!(krl.contains("KRL"), "{krl}");
+        // A truncated KRL is an error that says what the file is.
+        let krl = parse_revoked_keys("rk", b"SSHKRL\n\0\0\0\0\x01").unwrap_err();
+        assert!(krl.contains("rk: key revocation list: truncated"), "{krl}");
         assert!(parse_revoked_keys("rk", &[0xff, 0xfe]).is_err());
     }
 

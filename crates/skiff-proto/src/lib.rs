@@ -11,6 +11,7 @@ pub mod dataplane;
 pub mod flow;
 pub mod frame;
 pub mod known_hosts;
+pub mod krl;
 pub mod nodeset;
 pub mod pattern;
 pub mod signals;

@@ -11,7 +11,9 @@ use russh::keys::ssh_key::certificate::CertType;
 use russh::keys::{Certificate, PublicKey};
 use russh::server::{Auth, ChannelOpenHandle, Msg, PublicKeyOffer, Session, VerifiedPublicKey};
 use russh::{Channel, ChannelId, ChannelMsg, ChannelOpenFailure, Pty, Sig};
-use skiff_proto::authorized_keys::{self, AuthorizedKey, AuthorizedPrincipal, KeyOptions};
+use skiff_proto::authorized_keys::{
+    self, AuthorizedKey, AuthorizedPrincipal, KeyOptions, RevokedKeys,
+};
 use skiff_proto::pattern;
 use skiff_proto::user_cert;
 use tokio::io::AsyncWriteExt;
@@ -137,7 +139,7 @@ impl ConnectionHandler {
     /// The authorized_keys entry that admits `key` from this peer now, if any.
     fn admitting_entry(&mut self, user: &str, key: &PublicKey) -> Option<(Account, KeyOptions)> {
         let blob = key.to_bytes().ok()?;
-        if let Some(why) = self.revoked(&[&blob]) {
+        if let Some(why) = self.revoked(|list| list.revokes_key(&blob)) {
             tracing::info!(peer = %self.peer, user, "key refused: {why}");
             return None;
         }
@@ -173,7 +175,7 @@ impl ConnectionHandler {
     /// Why one of `blobs` may not be used: it is in `RevokedKeys`, or that
     /// file cannot be read (then no key may be used, as with sshd). Read at
     /// every check, so that a revocation takes effect at once.
-    fn revoked(&self, blobs: &[&[u8]]) -> Option<String> {
+    fn revoked(&self, is_revoked: impl Fn(&RevokedKeys) -> bool) -> Option<String> {
         let path = self.state.settings.revoked_keys.as_ref()?;
         let label = path.display().to_string();
         let bytes = match std::fs::read(path) {
@@ -188,10 +190,7 @@ impl ConnectionHandler {
                 for w in warnings {
                     tracing::warn!("{w}");
                 }
-                blobs
-                    .iter()
-                    .any(|b| revoked.contains(*b))
-                    .then(|| format!("revoked in {label}"))
+                is_revoked(&revoked).then(|| format!("revoked in {label}"))
             }
             Err(e) => {
                 tracing::error!("{e}; refusing every key");
@@ -776,7 +775,12 @@ impl russh::server::Handler for ConnectionHandler {
         let Ok(key_blob) = PublicKey::from(certificate.public_key().clone()).to_bytes() else {
             return Ok(publickey_only());
         };
-        if let Some(why) = self.revoked(&[&key_blob, &ca_blob]) {
+        let cert = skiff_proto::krl::CertificateRef {
+            ca_key: &ca_blob,
+            serial: certificate.serial(),
+            key_id: certificate.key_id(),
+        };
+        if let Some(why) = self.revoked(|list| list.revokes_certificate(&key_blob, &cert)) {
             tracing::info!(%peer, user, id = certificate.key_id(), "certificate refused: {why}");
             return Ok(publickey_only());
         }

@@ -196,24 +196,47 @@ fn user_certificate_with(
     fs::copy(&key.private, &private).unwrap();
     let public = fx.path().join(format!("{name}.pub"));
     fs::copy(&key.public, &public).unwrap();
-    let mut cmd = Command::new("ssh-keygen");
-    cmd.args(["-q", "-s"])
-        .arg(&ca.private)
-        .args(["-I", name, "-n", principals, "-V", "-5m:+1h"]);
+    let mut args = Vec::new();
     for o in options {
-        cmd.args(["-O", o]);
+        args.extend(["-O", o]);
     }
-    let out = cmd.arg(&public).output().expect("run ssh-keygen -s");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    sign(ca, &public, name, principals, &args);
     Key {
         private,
         public,
         kind: key.kind,
     }
+}
+
+/// Like [`user_certificate_with`] with no options and serial `serial`.
+fn user_certificate_with_serial(fx: &Fixture, ca: &Key, key: &Key, name: &str, serial: u64) -> Key {
+    let private = fx.path().join(name);
+    fs::copy(&key.private, &private).unwrap();
+    let public = fx.path().join(format!("{name}.pub"));
+    fs::copy(&key.public, &public).unwrap();
+    sign(ca, &public, name, user(), &["-z", &serial.to_string()]);
+    Key {
+        private,
+        public,
+        kind: key.kind,
+    }
+}
+
+/// `ssh-keygen -s CA -I ID -n PRINCIPALS -V -5m:+1h ARGS PUBLIC`.
+fn sign(ca: &Key, public: &Path, id: &str, principals: &str, args: &[&str]) {
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-s"])
+        .arg(&ca.private)
+        .args(["-I", id, "-n", principals, "-V", "-5m:+1h"])
+        .args(args)
+        .arg(public)
+        .output()
+        .expect("run ssh-keygen -s");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// skiffd trusting a user CA, server-wide (`TrustedUserCAKeys`) or through
@@ -399,6 +422,27 @@ fn skiffd_maps_principals_through_a_principals_file() {
     assert!(skiffd.log().contains("AuthorizedPrincipalsFile"), "{c}");
 }
 
+/// skiffd trusting `ca` (TrustedUserCAKeys) with `RevokedKeys revoked`, and
+/// a client home that knows its host key.
+fn skiffd_revoking(fx: &Fixture, ca: &Key, revoked: &Path) -> (Skiffd, ClientHome) {
+    let opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&format!(
+        "TrustedUserCAKeys {}\nRevokedKeys {}\n",
+        ca.public.display(),
+        revoked.display()
+    ));
+    let skiffd = Skiffd::start_with(opts);
+    let home = trusting_home(skiffd.port(), fx);
+    (skiffd, home)
+}
+
+/// Stock ssh logs in to `skiffd` with `key` and runs `echo in`.
+fn login_to(skiffd: &Skiffd, home: &ClientHome, key: &Key) -> CmdOutput {
+    ssh(skiffd.port(), user(), key)
+        .known_hosts(&home.known_hosts())
+        .args(&["echo", "in"])
+        .run()
+}
+
 /// RevokedKeys: a listed key may not log in, nor may a certificate for it
 /// or one signed by a listed CA; an unreadable list refuses every key.
 #[test]
@@ -410,21 +454,9 @@ fn skiffd_refuses_revoked_keys() {
     let ca = fx.keygen("user_ca", KeyType::Ed25519, None);
     let revoked = fx.path().join("revoked_keys");
     write_file(&revoked, format!("{}\n", fx.client_key.pub_line()), 0o644);
-    let opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&format!(
-        "TrustedUserCAKeys {}\nRevokedKeys {}\n",
-        ca.public.display(),
-        revoked.display()
-    ));
-    let skiffd = Skiffd::start_with(opts);
-    let port = skiffd.port();
+    let (skiffd, home) = skiffd_revoking(&fx, &ca, &revoked);
     let c = server_context(&skiffd, "RevokedKeys");
-    let home = trusting_home(port, &fx);
-    let login = |key: &Key| {
-        ssh(port, user(), key)
-            .known_hosts(&home.known_hosts())
-            .args(&["echo", "in"])
-            .run()
-    };
+    let login = |key: &Key| login_to(&skiffd, &home, key);
 
     // An authorized key that is revoked, next to one that is not.
     login(&fx.client_key).expect_code(255, &c);
@@ -443,4 +475,91 @@ fn skiffd_refuses_revoked_keys() {
     std::fs::remove_file(&revoked).unwrap();
     login(&fx.ecdsa_key).expect_code(255, &c);
     assert!(skiffd.log().contains("refusing every key"), "{c}");
+}
+
+/// RevokedKeys as an OpenSSH key revocation list made by `ssh-keygen -k`:
+/// certificates revoked by serial (ranges, a single serial, and scattered
+/// serials, which ssh-keygen stores as a bitmap) and by key ID; plain keys
+/// by their public key and by their SHA-256 hash. A list skiffd cannot read
+/// in full refuses every key.
+#[test]
+fn skiffd_reads_key_revocation_lists() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let ca = fx.keygen("user_ca", KeyType::Ed25519, None);
+    let scattered: Vec<String> = (1000..1300)
+        .step_by(3)
+        .map(|s| format!("serial: {s}\n"))
+        .collect();
+    let spec = fx.path().join("krl-spec");
+    write_file(
+        &spec,
+        format!(
+            "serial: 10-20\nserial: 100\nserial: 5000-900000\n{}id: lost-laptop\nkey: {}\nhash: {}\n",
+            scattered.concat(),
+            fx.ecdsa_key.pub_line(),
+            fx.rsa_key.fingerprint()
+        ),
+        0o644,
+    );
+    let krl = fx.path().join("revoked.krl");
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-k", "-f"])
+        .arg(&krl)
+        .arg("-s")
+        .arg(&ca.public)
+        .arg(&spec)
+        .output()
+        .expect("run ssh-keygen -k");
+    assert!(
+        out.status.success(),
+        "ssh-keygen -k: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (skiffd, home) = skiffd_revoking(&fx, &ca, &krl);
+    let c = server_context(&skiffd, "RevokedKeys KRL");
+    let login = |key: &Key| login_to(&skiffd, &home, key).code;
+
+    // Plain keys: revoked by key and by hash, next to one that is not.
+    assert_eq!(login(&fx.ecdsa_key), 255, "{c}: revoked by key");
+    assert_eq!(login(&fx.rsa_key), 255, "{c}: revoked by hash");
+    assert_eq!(login(&fx.client_key), 0, "{c}: not revoked");
+
+    // Certificates by serial and by key ID.
+    for (serial, revoked) in [
+        (9, false),
+        (10, true),
+        (15, true),
+        (20, true),
+        (21, false),
+        (100, true),
+        (1000, true),
+        (1003, true),
+        (1004, false),
+        (1297, true),
+        (1300, false),
+        (4999, false),
+        (5000, true),
+        (900_000, true),
+        (900_001, false),
+    ] {
+        let name = format!("serial-{serial}");
+        let cert = user_certificate_with_serial(&fx, &ca, &fx.stranger_key, &name, serial);
+        let expected = if revoked { 255 } else { 0 };
+        assert_eq!(login(&cert), expected, "{c}: certificate serial {serial}");
+    }
+    let lost = user_certificate_with(&fx, &ca, &fx.stranger_key, "lost-laptop", user(), &[]);
+    assert_eq!(login(&lost), 255, "{c}: revoked key ID");
+    assert!(skiffd.log().contains("revoked in"), "{c}");
+
+    // A KRL cut short cannot be read in full: every key is refused.
+    let bytes = fs::read(&krl).unwrap();
+    fs::write(&krl, &bytes[..bytes.len() - 3]).unwrap();
+    assert_eq!(login(&fx.client_key), 255, "{c}: truncated KRL");
+    assert!(
+        skiffd.log().contains("key revocation list: truncated"),
+        "{c}: the log says why"
+    );
 }
