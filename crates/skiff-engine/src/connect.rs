@@ -69,6 +69,10 @@ impl client::Handler for ClientHandler {
         // A host certificate from a CA we trust settles it. One we do not
         // trust leaves the key inside it, checked as a plain host key (as
         // ssh does); the reason is shown whatever the outcome.
+        if let Err(refused) = crate::revoked_host_keys::check(&self.settings, key) {
+            *self.refusal.lock().expect("not poisoned") = Some(refused);
+            return Ok(false);
+        }
         let mut untrusted_certificate = None;
         let public = match key {
             PublicKeyOrCertificate::PublicKey { key, .. } => key.clone(),

@@ -55,7 +55,7 @@ impl FileStamp {
 
     /// True when the file changed so shortly before `now` that another change
     /// within the same timestamp tick could leave the stamp as it is.
-    fn racy(&self, now: SystemTime) -> bool {
+    pub(crate) fn racy(&self, now: SystemTime) -> bool {
         let whole_seconds = self.mtime.1 == 0 && self.ctime.1 == 0;
         let window = if whole_seconds {
             Duration::from_secs(2)

@@ -14,6 +14,7 @@ pub mod forward;
 pub mod hostkeys;
 mod identity;
 pub mod pool;
+mod revoked_host_keys;
 pub mod server_id;
 pub mod settings;
 pub mod transport;

@@ -54,6 +54,7 @@ pub struct PoolKey {
     identity_agent: Option<PathBuf>,
     known_hosts: Vec<PathBuf>,
     host_key_alias: Option<String>,
+    revoked_host_keys: Option<PathBuf>,
     /// The way to the host (ProxyCommand, or the jump hosts' settings).
     proxy: Option<String>,
     algorithms: skiff_proto::algorithms::Algorithms,
@@ -77,6 +78,7 @@ impl PoolKey {
                 .cloned()
                 .collect(),
             host_key_alias: s.host_key_alias.clone(),
+            revoked_host_keys: s.revoked_host_keys.clone(),
             proxy: s.proxy.as_ref().map(|p| format!("{p:?}")),
             algorithms: s.algorithms.clone(),
             policy: crate::hostkeys::policy_name(s.strict_host_key_checking).to_string(),

@@ -48,6 +48,9 @@ pub struct ConnectSettings {
     pub hash_known_hosts: bool,
     /// `HostKeyAlias`: the name host keys are looked up and recorded under.
     pub host_key_alias: Option<String>,
+    /// `RevokedHostKeys`: host keys and host certificates refused whatever
+    /// known_hosts says.
+    pub revoked_host_keys: Option<PathBuf>,
     /// `ProxyCommand` / `ProxyJump`: how to reach the host when not
     /// directly.
     pub proxy: Option<Proxy>,
@@ -497,6 +500,10 @@ fn settle(
             .unwrap_or(StrictHostKeyChecking::AcceptNew),
         hash_known_hosts: cfg.hash_known_hosts.unwrap_or(false),
         host_key_alias: cfg.host_key_alias.clone(),
+        revoked_host_keys: match cfg.revoked_host_keys.as_deref() {
+            None | Some("none") => None,
+            Some(v) => Some(expand(v)?),
+        },
         algorithms: {
             let d = skiff_proto::algorithms::Algorithms::default();
             skiff_proto::algorithms::Algorithms {

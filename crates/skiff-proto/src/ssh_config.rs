@@ -237,6 +237,8 @@ enum Directive {
     StrictHostKeyChecking(StrictHostKeyChecking),
     HashKnownHosts(bool),
     HostKeyAlias(String),
+    /// `RevokedHostKeys`, unexpanded.
+    RevokedHostKeys(String),
     /// An algorithm list, already resolved against the default.
     KexAlgorithms(Vec<String>),
     HostKeyAlgorithms(Vec<String>),
@@ -300,6 +302,7 @@ enum Kw {
     StrictHostKeyChecking,
     HashKnownHosts,
     HostKeyAlias,
+    RevokedHostKeys,
     KexAlgorithms,
     HostKeyAlgorithms,
     Ciphers,
@@ -336,6 +339,7 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("StrictHostKeyChecking", Kw::StrictHostKeyChecking),
     ("HashKnownHosts", Kw::HashKnownHosts),
     ("HostKeyAlias", Kw::HostKeyAlias),
+    ("RevokedHostKeys", Kw::RevokedHostKeys),
     ("KexAlgorithms", Kw::KexAlgorithms),
     ("HostKeyAlgorithms", Kw::HostKeyAlgorithms),
     ("Ciphers", Kw::Ciphers),
@@ -433,7 +437,6 @@ const IGNORED: &[&str] = &[
     "RemoteCommand",
     "RemoteForward",
     "RequiredRSASize",
-    "RevokedHostKeys",
     "RhostsRSAAuthentication",
     "RSAAuthentication",
     "SecurityKeyProvider",
@@ -816,6 +819,7 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
             algorithms::CA_SIGNATURE.resolve(&single(name, args)?)?,
         ),
         Kw::HostKeyAlias => Directive::HostKeyAlias(single(name, args)?.to_ascii_lowercase()),
+        Kw::RevokedHostKeys => Directive::RevokedHostKeys(single(name, args)?),
         Kw::ConnectTimeout => {
             Directive::ConnectTimeout(parse_time_arg(name, &single(name, args)?)?)
         }
@@ -997,6 +1001,8 @@ pub struct HostConfig {
     /// `HostKeyAlias`, lowercased: the name host keys are looked up and
     /// recorded under instead of the host name (and without a port).
     pub host_key_alias: Option<String>,
+    /// `RevokedHostKeys`, unexpanded (`none`: no file).
+    pub revoked_host_keys: Option<String>,
     /// `KexAlgorithms`, `HostKeyAlgorithms`, `Ciphers`, `MACs`, resolved
     /// against skiff's defaults (see [`crate::algorithms`]).
     pub kex_algorithms: Option<Vec<String>>,
@@ -1238,6 +1244,7 @@ impl Resolver<'_, '_> {
             Directive::StrictHostKeyChecking(v) => first(&mut cfg.strict_host_key_checking, v),
             Directive::HashKnownHosts(v) => first(&mut cfg.hash_known_hosts, v),
             Directive::HostKeyAlias(v) => first(&mut cfg.host_key_alias, v),
+            Directive::RevokedHostKeys(v) => first(&mut cfg.revoked_host_keys, v),
             Directive::KexAlgorithms(v) => first(&mut cfg.kex_algorithms, v),
             Directive::HostKeyAlgorithms(v) => first(&mut cfg.host_key_algorithms, v),
             Directive::Ciphers(v) => first(&mut cfg.ciphers, v),
@@ -1642,6 +1649,16 @@ mod tests {
             parse_err("StrictHostKeyChecking sometimes\n"),
             "cfg:1: StrictHostKeyChecking: expected yes, no, ask, accept-new or off, got \"sometimes\""
         );
+    }
+
+    #[test]
+    fn revoked_host_keys_first_value_wins() {
+        let c = res(
+            "Host x\n  RevokedHostKeys ~/.ssh/revoked.krl\nHost *\n  RevokedHostKeys /etc/other\n",
+            "x",
+        );
+        assert_eq!(c.revoked_host_keys.as_deref(), Some("~/.ssh/revoked.krl"));
+        assert!(c.ignored.iter().all(|(k, _)| k != "RevokedHostKeys"));
     }
 
     #[test]

@@ -160,6 +160,9 @@ pub fn describe(s: &ConnectSettings) -> String {
     if let Some(alias) = &s.host_key_alias {
         out.push(format!("hostkeyalias {alias}"));
     }
+    if let Some(path) = &s.revoked_host_keys {
+        out.push(format!("revokedhostkeys {}", path.display()));
+    }
     match &s.proxy {
         Some(skiff_engine::settings::Proxy::Command(c)) => out.push(format!("proxycommand {c}")),
         Some(skiff_engine::settings::Proxy::Jump(_)) => {

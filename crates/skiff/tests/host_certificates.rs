@@ -454,3 +454,86 @@ fn sha1_ca_signatures_only_when_asked_for() {
         .run();
     out.expect_code(0, &c).expect_stdout("allowed\n", &c);
 }
+
+/// RevokedHostKeys, a list of keys or a key revocation list (KRL): a
+/// revoked host key, or a host certificate revoked by serial, is refused
+/// although known_hosts trusts it; a file that is missing refuses every
+/// host, as in ssh.
+#[test]
+fn revoked_host_keys_are_refused() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let ca = fx.keygen("host_ca", KeyType::Ed25519, None);
+    let cert = host_certificate(
+        &fx,
+        &ca,
+        &fx.host_key,
+        "serial-7",
+        None,
+        "-5m:+1h",
+        &["-z", "7"],
+    );
+    let sshd = sshd_with_certificate(&fx, &cert);
+    let port = sshd.port();
+    let c = server_context(&sshd, "RevokedHostKeys");
+    // Trusted both ways: the CA vouches for the certificate, and the plain
+    // key is known.
+    let home = ClientHome::new();
+    write_known_hosts(
+        &home,
+        &[
+            authority_line("*", &ca),
+            known_hosts_line(port, &fx.host_key),
+        ],
+    );
+    let with_list = |list: &Path| {
+        strict_skiff(&home, port, &fx)
+            .opt(&format!("RevokedHostKeys={}", list.display()))
+            .cmd("echo in")
+            .run()
+    };
+    let refused = &["host key verification failed", "revoked by"];
+
+    let krl = |name: &str, spec: &str| {
+        let spec_file = fx.path().join(format!("{name}.spec"));
+        write_file(&spec_file, spec, 0o644);
+        let path = fx.path().join(name);
+        make_krl(&path, Some(&ca), &spec_file);
+        path
+    };
+    // Another serial revoked: the certificate passes.
+    with_list(&krl("serial-8.krl", "serial: 8\n"))
+        .expect_code(0, &c)
+        .expect_stdout("in\n", &c);
+    // Its serial revoked: refused, although the CA and the key are trusted.
+    with_list(&krl("serial-7.krl", "serial: 7\n")).expect_skiff_failure(refused, &c);
+    // The host key revoked by its hash.
+    let by_hash = krl(
+        "hash.krl",
+        &format!("hash: {}\n", fx.host_key.fingerprint()),
+    );
+    with_list(&by_hash).expect_skiff_failure(refused, &c);
+    // A text list naming the host key.
+    let listed = fx.path().join("revoked-hosts");
+    write_file(&listed, format!("{}\n", fx.host_key.pub_line()), 0o644);
+    with_list(&listed).expect_skiff_failure(refused, &c);
+    // Without the CA in known_hosts skiff asks for the plain key: it is
+    // refused too.
+    let plain_home = ClientHome::new();
+    plain_home.trust(port, &fx.host_key);
+    strict_skiff(&plain_home, port, &fx)
+        .opt(&format!("RevokedHostKeys={}", listed.display()))
+        .cmd("echo never")
+        .run()
+        .expect_skiff_failure(refused, &c);
+    // A missing file refuses every host.
+    with_list(&fx.path().join("no-such-file")).expect_skiff_failure(
+        &[
+            "host key verification failed",
+            "RevokedHostKeys cannot be used",
+        ],
+        &c,
+    );
+}

@@ -505,19 +505,7 @@ fn skiffd_reads_key_revocation_lists() {
         0o644,
     );
     let krl = fx.path().join("revoked.krl");
-    let out = Command::new("ssh-keygen")
-        .args(["-q", "-k", "-f"])
-        .arg(&krl)
-        .arg("-s")
-        .arg(&ca.public)
-        .arg(&spec)
-        .output()
-        .expect("run ssh-keygen -k");
-    assert!(
-        out.status.success(),
-        "ssh-keygen -k: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    make_krl(&krl, Some(&ca), &spec);
     let (skiffd, home) = skiffd_revoking(&fx, &ca, &krl);
     let c = server_context(&skiffd, "RevokedKeys KRL");
     let login = |key: &Key| login_to(&skiffd, &home, key).code;

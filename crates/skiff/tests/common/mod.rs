@@ -1702,6 +1702,23 @@ pub fn check_ssh_connection(conn: &str, client: &str, port: u16, c: &str) {
     );
 }
 
+/// Writes the key revocation list `krl` from the `ssh-keygen -k`
+/// specification file `spec` (lines `serial:`, `id:`, `key:`, `hash:`),
+/// with `ca` as the CA its certificate lines are for.
+pub fn make_krl(krl: &Path, ca: Option<&Key>, spec: &Path) {
+    let mut cmd = Command::new("ssh-keygen");
+    cmd.args(["-q", "-k", "-f"]).arg(krl);
+    if let Some(ca) = ca {
+        cmd.arg("-s").arg(&ca.public);
+    }
+    let out = cmd.arg(spec).output().expect("run ssh-keygen -k");
+    assert!(
+        out.status.success(),
+        "ssh-keygen -k: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A scratch directory the test account owns (when the tests run as root
 /// and log in as that account), for remote commands to write in.
 pub fn account_dir() -> TempDir {
