@@ -283,6 +283,15 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
     for (keyword, place) in &settings.ignored {
         tracing::debug!("{place}: {keyword} is not supported by skiff; ignored");
     }
+    if let Some(place) = &settings.refused_by {
+        return Err(SkiffError::new(
+            ErrorKind::Config,
+            format!(
+                "{}: not connecting: RefuseConnection yes at {place}",
+                settings.original_host
+            ),
+        ));
+    }
     let known_hosts = Arc::new(KnownHosts::load(settings));
     let (key_host, key_port) = settings.host_key_name();
     let order = known_hosts.preferred_key_types(key_host, key_port);

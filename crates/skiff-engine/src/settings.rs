@@ -60,6 +60,9 @@ pub struct ConnectSettings {
     pub server_alive_interval: Option<Duration>,
     pub server_alive_count_max: usize,
     pub batch_mode: bool,
+    /// Where `RefuseConnection yes` was set for this host: connecting is
+    /// then an error.
+    pub refused_by: Option<String>,
     /// `RequestTTY` (default `auto`: a terminal for a login shell run from one).
     pub request_tty: skiff_proto::ssh_config::RequestTty,
     /// Whether informational notices (such as "Permanently added ... to the
@@ -537,6 +540,10 @@ fn settle(
         server_alive_interval: alive,
         server_alive_count_max: cfg.server_alive_count_max.unwrap_or(3).max(1) as usize,
         batch_mode: cfg.batch_mode.unwrap_or(false),
+        refused_by: cfg
+            .refuse_connection
+            .clone()
+            .and_then(|(refuse, at)| refuse.then_some(at)),
         request_tty: cfg
             .request_tty
             .unwrap_or(skiff_proto::ssh_config::RequestTty::Auto),

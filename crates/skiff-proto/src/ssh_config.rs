@@ -249,6 +249,7 @@ enum Directive {
     ServerAliveInterval(u64),
     ServerAliveCountMax(u32),
     BatchMode(bool),
+    RefuseConnection(bool),
     ControlPersist(ControlPersist),
     SendEnv(Vec<String>),
     SetEnv(Vec<(String, String)>),
@@ -312,6 +313,7 @@ enum Kw {
     ServerAliveInterval,
     ServerAliveCountMax,
     BatchMode,
+    RefuseConnection,
     ControlPersist,
     SendEnv,
     SetEnv,
@@ -349,6 +351,7 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("ServerAliveInterval", Kw::ServerAliveInterval),
     ("ServerAliveCountMax", Kw::ServerAliveCountMax),
     ("BatchMode", Kw::BatchMode),
+    ("RefuseConnection", Kw::RefuseConnection),
     ("ControlPersist", Kw::ControlPersist),
     ("SendEnv", Kw::SendEnv),
     ("SetEnv", Kw::SetEnv),
@@ -432,7 +435,6 @@ const IGNORED: &[&str] = &[
     "PubkeyAcceptedAlgorithms",
     "PubkeyAcceptedKeyTypes",
     "PubkeyAuthentication",
-    "RefuseConnection",
     "RekeyLimit",
     "RemoteCommand",
     "RemoteForward",
@@ -830,6 +832,9 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
             Directive::ServerAliveCountMax(parse_u32(name, &single(name, args)?)?)
         }
         Kw::BatchMode => Directive::BatchMode(parse_flag(name, &single(name, args)?)?),
+        Kw::RefuseConnection => {
+            Directive::RefuseConnection(parse_flag(name, &single(name, args)?)?)
+        }
         Kw::ControlPersist => {
             let v = single(name, args)?;
             Directive::ControlPersist(match v.to_ascii_lowercase().as_str() {
@@ -1016,6 +1021,8 @@ pub struct HostConfig {
     pub server_alive_interval: Option<u64>,
     pub server_alive_count_max: Option<u32>,
     pub batch_mode: Option<bool>,
+    /// `RefuseConnection yes`: connecting is an error (with where it was set).
+    pub refuse_connection: Option<(bool, String)>,
     pub control_persist: Option<ControlPersist>,
     /// `SendEnv` patterns, accumulated; `-pattern` removes earlier matching entries.
     pub send_env: Vec<String>,
@@ -1255,6 +1262,10 @@ impl Resolver<'_, '_> {
             Directive::ServerAliveInterval(v) => first(&mut cfg.server_alive_interval, v),
             Directive::ServerAliveCountMax(v) => first(&mut cfg.server_alive_count_max, v),
             Directive::BatchMode(v) => first(&mut cfg.batch_mode, v),
+            Directive::RefuseConnection(v) => {
+                let at = format!("{}:{}", file.label, line);
+                first(&mut cfg.refuse_connection, &(*v, at))
+            }
             Directive::ControlPersist(v) => first(&mut cfg.control_persist, v),
             Directive::SendEnv(patterns) => {
                 for p in patterns {
@@ -1649,6 +1660,17 @@ mod tests {
             parse_err("StrictHostKeyChecking sometimes\n"),
             "cfg:1: StrictHostKeyChecking: expected yes, no, ask, accept-new or off, got \"sometimes\""
         );
+    }
+
+    #[test]
+    fn refuse_connection_records_where() {
+        let c = res(
+            "Host x\n  RefuseConnection yes\nHost *\n  RefuseConnection no\n",
+            "x",
+        );
+        assert_eq!(c.refuse_connection, Some((true, "cfg:2".to_string())));
+        let c = res("Host x\n  RefuseConnection yes\n", "y");
+        assert_eq!(c.refuse_connection, None);
     }
 
     #[test]

@@ -450,6 +450,28 @@ fn command_line_details() {
         assert!(text.lines().any(|l| l == line), "-G lacks {line:?}\n{out}");
     }
 
+    // RefuseConnection in the configuration: an error naming where, and
+    // no connection.
+    let config = u.home().join(".ssh/config");
+    let mut text = fs::read_to_string(&config).unwrap();
+    text.push_str("Host shut\n  HostName 127.0.0.1\n  RefuseConnection yes\n");
+    write_file(&config, &text, 0o600);
+    let before = d.log().matches("connection").count();
+    let out = u
+        .run(&shim.path)
+        .args(["-p", &d.port().to_string(), "shut", "true"])
+        .run();
+    out.expect_code(255, "RefuseConnection");
+    assert!(
+        out.stderr.contains("RefuseConnection yes at") && out.stderr.contains("config:"),
+        "{out}"
+    );
+    assert_eq!(
+        d.log().matches("connection").count(),
+        before,
+        "{c}: RefuseConnection must not connect"
+    );
+
     // What skiff does not do is an error that says so, before connecting.
     let out = u.run(&shim.path).args(["-L", "8080:x:80", "box"]).run();
     out.expect_code(255, "-L");
