@@ -152,11 +152,9 @@ fn russh_names<N: Copy + AsRef<str> + 'static>(
     known: &[&'static N],
     extra: &[N],
 ) -> Vec<N> {
-    names
-        .iter()
-        .filter_map(|n| known.iter().find(|k| k.as_ref() == n).map(|k| **k))
-        .chain(extra.iter().copied())
-        .collect()
+    let mut picked = skiff_proto::algorithms::pick(names, known);
+    picked.extend_from_slice(extra);
+    picked
 }
 
 /// The russh client configuration for these settings. With `certificates`,

@@ -99,6 +99,78 @@ pub const CA_SIGNATURE: AlgorithmList = AlgorithmList {
     more: &["ssh-rsa"],
 };
 
+/// skiffd's key exchange (`KexAlgorithms` in its configuration). The
+/// group-exchange methods are client-only here.
+pub const SERVER_KEX: AlgorithmList = AlgorithmList {
+    keyword: "KexAlgorithms",
+    default: &[
+        "mlkem768x25519-sha256",
+        "curve25519-sha256",
+        "curve25519-sha256@libssh.org",
+        "ecdh-sha2-nistp256",
+        "ecdh-sha2-nistp384",
+        "diffie-hellman-group16-sha512",
+        "diffie-hellman-group14-sha256",
+    ],
+    more: &[
+        "ecdh-sha2-nistp521",
+        "diffie-hellman-group15-sha512",
+        "diffie-hellman-group17-sha512",
+        "diffie-hellman-group18-sha512",
+        "diffie-hellman-group14-sha1",
+        "diffie-hellman-group1-sha1",
+    ],
+};
+
+/// skiffd's host key signature algorithms (`HostKeyAlgorithms`).
+pub const SERVER_HOST_KEY: AlgorithmList = AlgorithmList {
+    keyword: "HostKeyAlgorithms",
+    default: HOST_KEY.default,
+    more: HOST_KEY.more,
+};
+
+/// skiffd's ciphers (`Ciphers`): AEAD only unless asked for.
+pub const SERVER_CIPHERS: AlgorithmList = AlgorithmList {
+    keyword: "Ciphers",
+    default: &[
+        "aes128-gcm@openssh.com",
+        "aes256-gcm@openssh.com",
+        "chacha20-poly1305@openssh.com",
+    ],
+    more: &[
+        "aes256-ctr",
+        "aes192-ctr",
+        "aes128-ctr",
+        "aes256-cbc",
+        "aes192-cbc",
+        "aes128-cbc",
+    ],
+};
+
+/// skiffd's MACs (`MACs`): encrypt-then-MAC SHA-2 unless asked for.
+pub const SERVER_MACS: AlgorithmList = AlgorithmList {
+    keyword: "MACs",
+    default: &[
+        "hmac-sha2-256-etm@openssh.com",
+        "hmac-sha2-512-etm@openssh.com",
+    ],
+    more: &[
+        "hmac-sha2-256",
+        "hmac-sha2-512",
+        "hmac-sha1-etm@openssh.com",
+        "hmac-sha1",
+    ],
+};
+
+/// The entries of `known` (an SSH library's algorithm names) that `names`
+/// lists, in the order of `names`; names it does not know are left out.
+pub fn pick<N: Copy + AsRef<str>>(names: &[String], known: &[&N]) -> Vec<N> {
+    names
+        .iter()
+        .filter_map(|n| known.iter().find(|k| k.as_ref() == n).map(|k| **k))
+        .collect()
+}
+
 impl AlgorithmList {
     /// The default, as owned names.
     pub fn defaults(&self) -> Vec<String> {

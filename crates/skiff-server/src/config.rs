@@ -9,6 +9,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use skiff_proto::algorithms;
+
 /// Default authorized_keys location, with `%h` (home) and `%u` (user) tokens.
 pub const DEFAULT_AUTHORIZED_KEYS: &str = "%h/.ssh/authorized_keys";
 
@@ -16,6 +18,12 @@ pub const DEFAULT_AUTHORIZED_KEYS: &str = "%h/.ssh/authorized_keys";
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub listen: Vec<SocketAddr>,
+    /// `KexAlgorithms`, `HostKeyAlgorithms`, `Ciphers`, `MACs`: names in
+    /// preference order (see [`skiff_proto::algorithms`]'s `SERVER_*`).
+    pub kex_algorithms: Vec<String>,
+    pub host_key_algorithms: Vec<String>,
+    pub ciphers: Vec<String>,
+    pub macs: Vec<String>,
     pub host_keys: Vec<PathBuf>,
     /// Host certificates for some of the host keys (`HostCertificate`).
     pub host_certificates: Vec<PathBuf>,
@@ -115,6 +123,10 @@ impl Default for Settings {
             data_plane: true,
             unencrypted_data_plane: UnencryptedPolicy::Loopback,
             max_channel_window: skiff_proto::window::DEFAULT_MAX_WINDOW,
+            kex_algorithms: algorithms::SERVER_KEX.defaults(),
+            host_key_algorithms: algorithms::SERVER_HOST_KEY.defaults(),
+            ciphers: algorithms::SERVER_CIPHERS.defaults(),
+            macs: algorithms::SERVER_MACS.defaults(),
         }
     }
 }
@@ -169,6 +181,17 @@ pub fn apply_config_text(
                 settings.listen.push(parse_listen(v).map_err(err)?);
             }
             "hostkey" => settings.host_keys.push(PathBuf::from(one()?)),
+            "kexalgorithms" => {
+                settings.kex_algorithms = algorithms::SERVER_KEX.resolve(one()?).map_err(err)?
+            }
+            "hostkeyalgorithms" => {
+                settings.host_key_algorithms =
+                    algorithms::SERVER_HOST_KEY.resolve(one()?).map_err(err)?
+            }
+            "ciphers" => {
+                settings.ciphers = algorithms::SERVER_CIPHERS.resolve(one()?).map_err(err)?
+            }
+            "macs" => settings.macs = algorithms::SERVER_MACS.resolve(one()?).map_err(err)?,
             "hostcertificate" => settings.host_certificates.push(PathBuf::from(one()?)),
             "revokedkeys" => {
                 settings.revoked_keys = match one()? {
@@ -340,6 +363,23 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn algorithm_lists_replace_or_edit_the_defaults() {
+        let mut s = Settings::default();
+        assert_eq!(s.ciphers, algorithms::SERVER_CIPHERS.defaults());
+        let text = "Ciphers +aes256-ctr\nMACs hmac-sha2-512-etm@openssh.com\n\
+                    KexAlgorithms -mlkem*\nHostKeyAlgorithms ^rsa-sha2-512\n";
+        apply_config_text(&mut s, "f", text).unwrap();
+        assert_eq!(s.ciphers.last().map(String::as_str), Some("aes256-ctr"));
+        assert_eq!(s.macs, ["hmac-sha2-512-etm@openssh.com"]);
+        assert!(!s.kex_algorithms.iter().any(|k| k.starts_with("mlkem")));
+        assert_eq!(s.host_key_algorithms[0], "rsa-sha2-512");
+        let e = apply_config_text(&mut s, "f", "\nCiphers des-cbc\n").unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.to_string().contains("des-cbc"), "{e}");
+        assert!(apply_config_text(&mut s, "f", "MACs -*\n").is_err());
+    }
 
     #[test]
     fn parses_keywords_and_accumulates() {

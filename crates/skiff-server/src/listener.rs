@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use russh::keys::{Algorithm, EcdsaCurve, HashAlg};
+use russh::keys::Algorithm;
 use russh::{cipher, kex, mac, Preferred, SshId};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -19,45 +19,29 @@ use crate::hostkey::HostIdentity;
 
 /// The russh server configuration for these settings and host keys.
 ///
-/// Algorithms: post-quantum hybrid and curve25519 key exchange first (strict
-/// kex is negotiated by russh), AEAD ciphers only, SHA-2 host key signatures.
+/// Algorithms: `KexAlgorithms`, `HostKeyAlgorithms`, `Ciphers` and `MACs`
+/// from the configuration (by default post-quantum hybrid and curve25519
+/// key exchange first, AEAD ciphers only, SHA-2 host key signatures; see
+/// `skiff_proto::algorithms::SERVER_*`). Strict kex and extension
+/// negotiation are always announced.
 pub fn russh_config(settings: &Settings, host: HostIdentity) -> russh::server::Config {
+    use skiff_proto::algorithms::pick;
+    let mut kex_names = pick(&settings.kex_algorithms, kex::ALL_KEX_ALGORITHMS);
+    kex_names.extend([
+        kex::EXTENSION_SUPPORT_AS_SERVER,
+        kex::EXTENSION_OPENSSH_STRICT_KEX_AS_SERVER,
+    ]);
     let preferred = Preferred {
-        kex: Cow::Borrowed(&[
-            kex::MLKEM768X25519_SHA256,
-            kex::CURVE25519,
-            kex::CURVE25519_PRE_RFC_8731,
-            kex::ECDH_SHA2_NISTP256,
-            kex::ECDH_SHA2_NISTP384,
-            kex::DH_G16_SHA512,
-            kex::DH_G14_SHA256,
-            kex::EXTENSION_SUPPORT_AS_SERVER,
-            kex::EXTENSION_OPENSSH_STRICT_KEX_AS_SERVER,
-        ]),
-        key: Cow::Borrowed(&[
-            Algorithm::Ed25519,
-            Algorithm::Ecdsa {
-                curve: EcdsaCurve::NistP256,
-            },
-            Algorithm::Ecdsa {
-                curve: EcdsaCurve::NistP384,
-            },
-            Algorithm::Ecdsa {
-                curve: EcdsaCurve::NistP521,
-            },
-            Algorithm::Rsa {
-                hash: Some(HashAlg::Sha512),
-            },
-            Algorithm::Rsa {
-                hash: Some(HashAlg::Sha256),
-            },
-        ]),
-        cipher: Cow::Borrowed(&[
-            cipher::AES_128_GCM,
-            cipher::AES_256_GCM,
-            cipher::CHACHA20_POLY1305,
-        ]),
-        mac: Cow::Borrowed(&[mac::HMAC_SHA256_ETM, mac::HMAC_SHA512_ETM]),
+        kex: Cow::Owned(kex_names),
+        key: Cow::Owned(
+            settings
+                .host_key_algorithms
+                .iter()
+                .filter_map(|n| Algorithm::new(n).ok())
+                .collect(),
+        ),
+        cipher: Cow::Owned(pick(&settings.ciphers, cipher::ALL_CIPHERS)),
+        mac: Cow::Owned(pick(&settings.macs, mac::ALL_MAC_ALGORITHMS)),
         ..Preferred::default()
     };
     russh::server::Config {
@@ -239,4 +223,37 @@ async fn handle_connection(
     }
     drop(socket);
     session.await.map_err(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_proto::algorithms::{
+        pick, AlgorithmList, SERVER_CIPHERS, SERVER_HOST_KEY, SERVER_KEX, SERVER_MACS,
+    };
+
+    fn all(list: &AlgorithmList) -> Vec<String> {
+        list.supported().map(str::to_string).collect()
+    }
+
+    /// Every name skiffd's configuration accepts is one russh knows.
+    #[test]
+    fn every_server_algorithm_reaches_russh() {
+        let n = |l: &AlgorithmList| l.supported().count();
+        assert_eq!(
+            pick(&all(&SERVER_KEX), kex::ALL_KEX_ALGORITHMS).len(),
+            n(&SERVER_KEX)
+        );
+        assert_eq!(
+            pick(&all(&SERVER_CIPHERS), cipher::ALL_CIPHERS).len(),
+            n(&SERVER_CIPHERS)
+        );
+        assert_eq!(
+            pick(&all(&SERVER_MACS), mac::ALL_MAC_ALGORITHMS).len(),
+            n(&SERVER_MACS)
+        );
+        for name in SERVER_HOST_KEY.supported() {
+            assert!(Algorithm::new(name).is_ok(), "{name}");
+        }
+    }
 }

@@ -75,3 +75,88 @@ fn unknown_algorithms_are_configuration_errors() {
         "empty KexAlgorithms",
     );
 }
+
+/// skiffd's own `KexAlgorithms`, `Ciphers`, `MACs` and `HostKeyAlgorithms`:
+/// stock ssh negotiates what skiffd's configuration allows and nothing
+/// else; a non-AEAD cipher is offered only when the configuration names it.
+#[test]
+fn skiffd_offers_what_its_configuration_lists() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let start = |config: &str| {
+        Skiffd::start_with(SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(config))
+    };
+    let ssh_with = |d: &Skiffd, opts: &[&str]| {
+        let mut s = ssh(d.port(), user(), &fx.client_key).log_level("DEBUG1");
+        for o in opts {
+            s = s.opt(o);
+        }
+        s.args(&["echo", "in"]).run()
+    };
+    let refused = |d: &Skiffd, opt: &str, c: &str| {
+        let out = ssh_with(d, &[opt]);
+        assert_eq!(out.code, 255, "{c}: {opt} must fail\n{out}");
+        assert!(out.stderr.contains("no matching"), "{c}: {opt}\n{out}");
+    };
+
+    // By default: AEAD ciphers only.
+    let d = start("");
+    let c = server_context(&d, "skiffd, default lists");
+    refused(&d, "Ciphers=aes256-ctr", &c);
+
+    let d = start(
+        "KexAlgorithms curve25519-sha256\nCiphers aes256-ctr\nMACs hmac-sha2-512-etm@openssh.com\n",
+    );
+    let c = server_context(&d, "skiffd with algorithm lists");
+    // Stock ssh's defaults meet the only algorithms listed.
+    let out = ssh_with(&d, &[]);
+    out.expect_code(0, &c).expect_stdout("in\n", &c);
+    assert!(
+        out.stderr.contains("kex: algorithm: curve25519-sha256")
+            && out
+                .stderr
+                .contains("cipher: aes256-ctr MAC: hmac-sha2-512-etm@openssh.com"),
+        "{c}: negotiated\n{out}"
+    );
+    // What skiffd no longer offers cannot be had.
+    for opt in [
+        "KexAlgorithms=ecdh-sha2-nistp256",
+        "Ciphers=aes128-gcm@openssh.com",
+        "MACs=hmac-sha2-256-etm@openssh.com",
+    ] {
+        refused(&d, opt, &c);
+    }
+
+    // Host key algorithms: an ed25519 host key with only RSA signatures
+    // allowed leaves nothing to agree on.
+    let d = start("HostKeyAlgorithms rsa-sha2-512,rsa-sha2-256\n");
+    let c = server_context(&d, "skiffd, RSA host key algorithms only");
+    let out = ssh_with(&d, &[]);
+    assert_eq!(out.code, 255, "{c}\n{out}");
+    assert!(
+        out.stderr.contains("no matching host key type"),
+        "{c}\n{out}"
+    );
+}
+
+#[test]
+fn skiffd_refuses_unknown_algorithms_naming_the_line() {
+    let fx = Fixture::new();
+    let config = fx.path().join("skiffd.conf");
+    write_file(
+        &config,
+        "# algorithms\nCiphers aes128-gcm@openssh.com,blowfish-cbc\n",
+        0o644,
+    );
+    let out = skiffd_with_bad_config(&fx.host_key, &config);
+    assert_ne!(out.code, 0, "{out}");
+    assert!(
+        out.stderr.contains(&format!("{}:2", config.display()))
+            && out
+                .stderr
+                .contains("unsupported algorithm \"blowfish-cbc\""),
+        "skiffd names the file, the line and the name\n{out}"
+    );
+}

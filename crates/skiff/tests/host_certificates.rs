@@ -14,7 +14,6 @@ mod common;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use common::*;
 
@@ -376,14 +375,7 @@ fn skiffd_refuses_certificates_it_cannot_present() {
             format!("HostCertificate {}\n", cert.display()),
             0o644,
         );
-        let out = Run::new(skiffd_bin())
-            .args(["--listen", &format!("127.0.0.1:{}", free_port())])
-            .arg("--host-key")
-            .arg(&fx.host_key.private)
-            .arg("--config")
-            .arg(&config)
-            .timeout(Duration::from_secs(20))
-            .run();
+        let out = skiffd_with_bad_config(&fx.host_key, &config);
         assert_ne!(out.code, 0, "{out}");
         assert!(
             out.stderr.contains(needle) && out.stderr.contains(&cert.display().to_string()),

@@ -1719,6 +1719,19 @@ pub fn make_krl(krl: &Path, ca: Option<&Key>, spec: &Path) {
     );
 }
 
+/// Runs skiffd with `config` and `host_key` on a free port, for a
+/// configuration it must refuse: returns once it exits (at most 20 s).
+pub fn skiffd_with_bad_config(host_key: &Key, config: &Path) -> CmdOutput {
+    Run::new(skiffd_bin())
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .arg("--host-key")
+        .arg(&host_key.private)
+        .arg("--config")
+        .arg(config)
+        .timeout(Duration::from_secs(20))
+        .run()
+}
+
 /// A scratch directory the test account owns (when the tests run as root
 /// and log in as that account), for remote commands to write in.
 pub fn account_dir() -> TempDir {
