@@ -38,6 +38,11 @@ pub struct Settings {
     pub revoked_keys: Option<PathBuf>,
     /// Path template with `%h` and `%u` tokens. A path without tokens applies to every account.
     pub authorized_keys: String,
+    /// `AuthorizedKeysCommand`: the program (absolute) and its argument
+    /// templates (see [`crate::keys_command`]).
+    pub authorized_keys_command: Option<Vec<String>>,
+    /// `AuthorizedKeysCommandUser`: who runs it.
+    pub authorized_keys_command_user: Option<String>,
     /// Environment variable name patterns a client may set (`LANG LC_*` by default).
     pub accept_env: Vec<String>,
     /// Honour `environment=` in authorized_keys.
@@ -107,6 +112,8 @@ impl Default for Settings {
             host_keys: Vec::new(),
             host_certificates: Vec::new(),
             trusted_user_ca_keys: None,
+            authorized_keys_command: None,
+            authorized_keys_command_user: None,
             authorized_principals_file: None,
             revoked_keys: None,
             authorized_keys: DEFAULT_AUTHORIZED_KEYS.to_string(),
@@ -212,6 +219,15 @@ pub fn apply_config_text(
                 }
             }
             "authorizedkeysfile" => settings.authorized_keys = one()?.to_string(),
+            "authorizedkeyscommand" => {
+                settings.authorized_keys_command = match rest.trim() {
+                    "none" => None,
+                    value => Some(crate::keys_command::parse_command_line(value).map_err(err)?),
+                }
+            }
+            "authorizedkeyscommanduser" => {
+                settings.authorized_keys_command_user = Some(one()?.to_string())
+            }
             "acceptenv" => {
                 if args.is_empty() {
                     return Err(err("AcceptEnv needs at least one pattern".into()));

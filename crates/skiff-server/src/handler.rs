@@ -25,6 +25,8 @@ use crate::process::{self, ChildIo, PtySpec, SpawnRequest};
 /// State shared by every connection of one server.
 pub struct ServerState {
     pub settings: Settings,
+    /// `AuthorizedKeysCommand`, checked at start.
+    pub keys_command: Option<crate::keys_command::KeysCommand>,
     /// Outstanding data-plane stream tokens.
     pub registry: crate::dataplane::Registry,
 }
@@ -76,6 +78,8 @@ pub struct ConnectionHandler {
     authenticated_flag: tokio::sync::watch::Sender<bool>,
     /// authorized_keys of the user being authenticated (cached across offers).
     candidate: Option<(String, Option<UserKeys>)>,
+    /// The last `AuthorizedKeysCommand` answer: user, key blob, entries.
+    command_answer: Option<(String, Vec<u8>, Vec<AuthorizedKey>)>,
     auth: Option<Authenticated>,
     channels: HashMap<ChannelId, SessionChannel>,
     /// A second handle on the socket, for the kernel's RTT estimate.
@@ -102,6 +106,7 @@ impl ConnectionHandler {
             local,
             authenticated_flag,
             candidate: None,
+            command_answer: None,
             auth: None,
             channels: HashMap::new(),
             socket: None,
@@ -136,8 +141,55 @@ impl ConnectionHandler {
         self.candidate.as_ref().and_then(|(_, c)| c.as_ref())
     }
 
-    /// The authorized_keys entry that admits `key` from this peer now, if any.
-    fn admitting_entry(&mut self, user: &str, key: &PublicKey) -> Option<(Account, KeyOptions)> {
+    /// The entries `AuthorizedKeysCommand` prints for `user` and `key`
+    /// (none without the command, or when the account's file already lists
+    /// the key). Run once per user and key on a connection: the probe and
+    /// the signed request share the answer.
+    async fn command_keys(&mut self, user: &str, key: &PublicKey) -> Vec<AuthorizedKey> {
+        let Some(command) = self.state.keys_command.clone() else {
+            return Vec::new();
+        };
+        let Ok(blob) = key.to_bytes() else {
+            return Vec::new();
+        };
+        if let Some((u, b, keys)) = &self.command_answer {
+            if u == user && *b == blob {
+                return keys.clone();
+            }
+        }
+        let key_type = key.algorithm().as_str().to_string();
+        let Some((acct, file_keys)) = self.load_candidate(user) else {
+            return Vec::new();
+        };
+        if authorized_keys::find(file_keys, &key_type, &blob).is_some() {
+            return Vec::new();
+        }
+        let acct = acct.clone();
+        let openssh = key.to_openssh().unwrap_or_default();
+        let base64 = openssh.split_whitespace().nth(1).unwrap_or_default();
+        let fingerprint = key.fingerprint(russh::keys::HashAlg::Sha256).to_string();
+        let home = acct.home.to_string_lossy().into_owned();
+        let tokens = crate::keys_command::Tokens {
+            user: &acct.name,
+            home: &home,
+            uid: acct.uid,
+            key_type: &key_type,
+            key_base64: base64,
+            fingerprint: &fingerprint,
+        };
+        let keys = command.keys(&acct, &tokens).await;
+        self.command_answer = Some((user.to_string(), blob, keys.clone()));
+        keys
+    }
+
+    /// The authorized_keys entry (from the account's file, else from
+    /// `command_keys`) that admits `key` from this peer now, if any.
+    fn admitting_entry(
+        &mut self,
+        user: &str,
+        key: &PublicKey,
+        command_keys: &[AuthorizedKey],
+    ) -> Option<(Account, KeyOptions)> {
         let blob = key.to_bytes().ok()?;
         if let Some(why) = self.revoked(|list| list.revokes_key(&blob)) {
             tracing::info!(peer = %self.peer, user, "key refused: {why}");
@@ -147,7 +199,8 @@ impl ConnectionHandler {
         let peer_ip = self.peer.ip();
         let peer = self.peer;
         let (acct, keys) = self.load_candidate(user)?;
-        let entry = authorized_keys::find(keys, &key_type, &blob)?;
+        let entry = authorized_keys::find(keys, &key_type, &blob)
+            .or_else(|| authorized_keys::find(command_keys, &key_type, &blob))?;
         let opts = &entry.options;
         if let Some(from) = &opts.from {
             if !authorized_keys::from_allows(from, peer_ip, None) {
@@ -745,7 +798,10 @@ impl russh::server::Handler for ConnectionHandler {
             tracing::info!(peer = %self.peer, user, "refusing {} signatures (SHA-1)", offer.algorithm.as_str());
             return Ok(publickey_only());
         }
-        let admitted = self.admitting_entry(user, offer.public_key).is_some()
+        let command_keys = self.command_keys(user, offer.public_key).await;
+        let admitted = self
+            .admitting_entry(user, offer.public_key, &command_keys)
+            .is_some()
             // russh does not say whether a probe is for a certificate, so
             // where a CA is trusted every key may go on to sign: the signed
             // request is judged in full (auth_publickey or
@@ -842,7 +898,8 @@ impl russh::server::Handler for ConnectionHandler {
         if !signature_algorithm_allowed(key.algorithm) {
             return Ok(publickey_only());
         }
-        match self.admitting_entry(user, key.public_key) {
+        let command_keys = self.command_keys(user, key.public_key).await;
+        match self.admitting_entry(user, key.public_key, &command_keys) {
             Some((account, options)) => {
                 tracing::info!(peer = %self.peer, user, key = %key.public_key.fingerprint(Default::default()),
                     "accepted publickey");

@@ -3,7 +3,7 @@
 //!
 //! [`serve`] binds the listeners and runs until the process ends. The pieces:
 //! [`config`] (settings and their file format), [`hostkey`] (host keys),
-//! [`account`] (who may log in), `handler` (authentication and sessions) and
+//! [`account`] (who may log in), [`keys_command`] (`AuthorizedKeysCommand`), `handler` (authentication and sessions) and
 //! `process` (starting commands as the account, with pipes or a pty), on top
 //! of `spawn` (a vfork-style process start that can drop privileges).
 //! [`sftp`] is the file server that the `sftp` subsystem runs as the account
@@ -14,6 +14,7 @@ pub mod config;
 mod dataplane;
 mod handler;
 pub mod hostkey;
+pub mod keys_command;
 mod listener;
 mod process;
 pub mod sftp;

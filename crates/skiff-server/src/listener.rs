@@ -97,7 +97,10 @@ pub async fn serve_listeners(
     let host = host.into();
     anyhow::ensure!(!host.keys.is_empty(), "no host key");
     let config = Arc::new(russh_config(&settings, host));
+    let keys_command =
+        crate::keys_command::KeysCommand::from_settings(&settings).map_err(anyhow::Error::msg)?;
     let state = Arc::new(ServerState {
+        keys_command,
         settings,
         registry: Default::default(),
     });
