@@ -43,6 +43,8 @@ pub struct Settings {
     pub authorized_keys_command: Option<Vec<String>>,
     /// `AuthorizedKeysCommandUser`: who runs it.
     pub authorized_keys_command_user: Option<String>,
+    /// `AllowUsers`, `DenyUsers`, `AllowGroups`, `DenyGroups`, `PermitRootLogin`.
+    pub access: crate::access::AccessRules,
     /// Environment variable name patterns a client may set (`LANG LC_*` by default).
     pub accept_env: Vec<String>,
     /// Honour `environment=` in authorized_keys.
@@ -114,6 +116,7 @@ impl Default for Settings {
             trusted_user_ca_keys: None,
             authorized_keys_command: None,
             authorized_keys_command_user: None,
+            access: Default::default(),
             authorized_principals_file: None,
             revoked_keys: None,
             authorized_keys: DEFAULT_AUTHORIZED_KEYS.to_string(),
@@ -224,6 +227,22 @@ pub fn apply_config_text(
                     "none" => None,
                     value => Some(crate::keys_command::parse_command_line(value).map_err(err)?),
                 }
+            }
+            "allowusers" | "denyusers" | "allowgroups" | "denygroups" => {
+                if args.is_empty() {
+                    return Err(err(format!("{keyword} needs at least one pattern")));
+                }
+                let access = &mut settings.access;
+                let list = match keyword.to_ascii_lowercase().as_str() {
+                    "allowusers" => &mut access.allow_users,
+                    "denyusers" => &mut access.deny_users,
+                    "allowgroups" => &mut access.allow_groups,
+                    _ => &mut access.deny_groups,
+                };
+                list.extend(args.iter().map(|s| s.to_string()));
+            }
+            "permitrootlogin" => {
+                settings.access.root_login = crate::access::RootLogin::parse(one()?).map_err(err)?
             }
             "authorizedkeyscommanduser" => {
                 settings.authorized_keys_command_user = Some(one()?.to_string())

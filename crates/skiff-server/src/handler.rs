@@ -123,10 +123,22 @@ impl ConnectionHandler {
         self
     }
 
+    /// The account `user` names, if it may log in at all from this peer
+    /// (see [`account::lookup`] and [`crate::access`]).
+    fn admissible_account(&self, user: &str) -> Result<Account, String> {
+        let acct = account::lookup(user).map_err(|r| r.to_string())?;
+        let access = &self.state.settings.access;
+        let groups = group_names(access, &acct);
+        match access.refusal(user, acct.uid, &groups, self.peer.ip()) {
+            Some(why) => Err(why),
+            None => Ok(acct),
+        }
+    }
+
     /// Loads (once per user name) the account and its authorized keys.
     fn load_candidate(&mut self, user: &str) -> Option<&UserKeys> {
         if self.candidate.as_ref().map(|(u, _)| u.as_str()) != Some(user) {
-            let loaded = match account::lookup(user) {
+            let loaded = match self.admissible_account(user) {
                 Ok(acct) => {
                     let keys = load_authorized_keys(&self.state.settings.authorized_keys, &acct);
                     Some((acct, keys))
@@ -218,6 +230,14 @@ impl ConnectionHandler {
     /// Records a successful login (a key or a certificate) as `account`,
     /// whose sessions run under `options`.
     fn logged_in(&mut self, account: Account, options: KeyOptions) -> Auth {
+        if account.uid == 0
+            && self.state.settings.access.root_login == crate::access::RootLogin::ForcedCommandsOnly
+            && options.command.is_none()
+        {
+            tracing::info!(peer = %self.peer, user = %account.name,
+                "refusing login: PermitRootLogin forced-commands-only, and the key forces no command");
+            return publickey_only();
+        }
         self.auth = Some(Authenticated { account, options });
         self.candidate = None;
         self.session_rtt = self.probe_answered.take().map(|t| t.elapsed());
@@ -1222,6 +1242,22 @@ fn read_account_file(template: &str, acct: &Account) -> Option<(String, String)>
         return None;
     }
     Some((path, text))
+}
+
+/// The names of `acct`'s groups, looked up only when group rules need them.
+fn group_names(access: &crate::access::AccessRules, acct: &Account) -> Vec<String> {
+    if access.allow_groups.is_empty() && access.deny_groups.is_empty() {
+        return Vec::new();
+    }
+    std::iter::once(acct.gid)
+        .chain(acct.groups.iter().copied())
+        .filter_map(|g| {
+            nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(g))
+                .ok()
+                .flatten()
+        })
+        .map(|g| g.name)
+        .collect()
 }
 
 fn unix_now() -> i64 {

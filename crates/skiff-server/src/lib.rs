@@ -9,6 +9,7 @@
 //! [`sftp`] is the file server that the `sftp` subsystem runs as the account
 //! (`skiffd --sftp-server`), never inside the server process.
 
+pub mod access;
 pub mod account;
 pub mod config;
 mod dataplane;

@@ -911,3 +911,90 @@ fn max_auth_tries_limits_failed_attempts() {
         .run();
     out.expect_code(0, &c).expect_stdout("ran\n", &c);
 }
+
+/// AllowUsers, DenyUsers, AllowGroups, DenyGroups and PermitRootLogin
+/// decide who may log in at all, whatever the key; a refusal is logged.
+#[test]
+fn access_rules_decide_who_may_log_in() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let [forced] = fx.keys_with_options([("forced", "command=\"echo forced\"")]);
+    let group = {
+        let out = Command::new("id").args(["-gn", user()]).output().unwrap();
+        assert!(out.status.success(), "id -gn");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let u = user();
+    let login =
+        |d: &Skiffd, name: &str, key: &Key| ssh(d.port(), name, key).args(&["echo", "in"]).run();
+    let mut cases = vec![
+        (format!("AllowUsers {u}"), u.to_string(), 0),
+        (
+            "AllowUsers someone-else nobody*".to_string(),
+            u.to_string(),
+            255,
+        ),
+        (format!("DenyUsers {u}"), u.to_string(), 255),
+        (format!("AllowUsers {u}@127.0.0.1"), u.to_string(), 0),
+        (format!("AllowUsers {u}@10.0.0.0/8"), u.to_string(), 255),
+        (format!("AllowUsers *\nDenyUsers {u}"), u.to_string(), 255),
+        (format!("AllowGroups {group}"), u.to_string(), 0),
+        (
+            "AllowGroups no-such-group-skiff".to_string(),
+            u.to_string(),
+            255,
+        ),
+        (format!("DenyGroups {group}"), u.to_string(), 255),
+    ];
+    if is_root() {
+        cases.push(("PermitRootLogin prohibit-password".into(), "root".into(), 0));
+        cases.push(("PermitRootLogin no".into(), "root".into(), 255));
+        cases.push((
+            "PermitRootLogin forced-commands-only".into(),
+            "root".into(),
+            255,
+        ));
+    }
+    for (config, name, code) in cases {
+        let d = Skiffd::start_with(
+            SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&format!("{config}\n")),
+        );
+        let c = ctx(&d, &format!("{config:?} as {name}"));
+        let out = login(&d, &name, &fx.client_key);
+        assert_eq!(out.code, code, "{c}\n{out}");
+        if code == 0 {
+            out.expect_stdout("in\n", &c);
+        } else {
+            assert!(
+                d.log().contains("refusing login"),
+                "{c}: the reason is logged"
+            );
+        }
+        if config == "PermitRootLogin forced-commands-only" {
+            // A key that forces a command lets root in, running it.
+            login(&d, "root", &forced)
+                .expect_code(0, &c)
+                .expect_stdout("forced\n", &c);
+        }
+    }
+}
+
+#[test]
+fn bad_access_rules_stop_skiffd() {
+    let fx = Fixture::new();
+    let config = fx.path().join("skiffd.conf");
+    for (text, needle) in [
+        ("AllowUsers\n", "needs at least one pattern"),
+        ("PermitRootLogin sometimes\n", "PermitRootLogin: expected"),
+    ] {
+        write_file(&config, text, 0o644);
+        let out = skiffd_with_bad_config(&fx.host_key, &config);
+        assert_ne!(out.code, 0, "{text:?}\n{out}");
+        assert!(
+            out.stderr.contains(needle) && out.stderr.contains(":1"),
+            "{text:?}: expected {needle:?} and the line\n{out}"
+        );
+    }
+}
