@@ -65,6 +65,12 @@ pub struct ConnectSettings {
     pub refused_by: Option<String>,
     /// `RequestTTY` (default `auto`: a terminal for a login shell run from one).
     pub request_tty: skiff_proto::ssh_config::RequestTty,
+    /// `RemoteCommand`, tokens expanded: run when no command is given.
+    pub remote_command: Option<String>,
+    /// `StdinNull`: read no input (as `-n`).
+    pub stdin_null: bool,
+    /// `SessionType` (default: a command or the login shell).
+    pub session_type: skiff_proto::ssh_config::SessionType,
     /// Whether informational notices (such as "Permanently added ... to the
     /// list of known hosts") are shown: not at `LogLevel` QUIET, FATAL or ERROR.
     pub show_notices: bool,
@@ -544,6 +550,19 @@ fn settle(
             .refuse_connection
             .clone()
             .and_then(|(refuse, at)| refuse.then_some(at)),
+        remote_command: match cfg.remote_command.clone().flatten() {
+            Some(command) => Some(ssh_config::expand_tokens(&command, &tokens).map_err(|e| {
+                SkiffError::new(
+                    ErrorKind::Config,
+                    format!("bad RemoteCommand {command:?}: {e}"),
+                )
+            })?),
+            None => None,
+        },
+        stdin_null: cfg.stdin_null.unwrap_or(false),
+        session_type: cfg
+            .session_type
+            .unwrap_or(skiff_proto::ssh_config::SessionType::Default),
         request_tty: cfg
             .request_tty
             .unwrap_or(skiff_proto::ssh_config::RequestTty::Auto),

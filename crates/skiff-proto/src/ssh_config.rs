@@ -174,6 +174,17 @@ fn parse_jump_host(hop: &str) -> Result<JumpHost, String> {
     })
 }
 
+/// `SessionType` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionType {
+    /// A command, or the login shell.
+    Default,
+    /// The command names a subsystem (as `ssh -s`).
+    Subsystem,
+    /// No session at all (as `ssh -N`).
+    None,
+}
+
 /// `RequestTTY` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestTty {
@@ -254,6 +265,11 @@ enum Directive {
     SendEnv(Vec<String>),
     SetEnv(Vec<(String, String)>),
     RequestTty(RequestTty),
+    /// `RemoteCommand`, kept as written (tokens not yet expanded); `None`
+    /// for `none`.
+    RemoteCommand(Option<String>),
+    StdinNull(bool),
+    SessionType(SessionType),
     /// `ProxyCommand` or `ProxyJump`: they share one slot, the first wins.
     Proxy(ProxySpec),
     LogLevel(String),
@@ -318,6 +334,9 @@ enum Kw {
     SendEnv,
     SetEnv,
     RequestTty,
+    RemoteCommand,
+    StdinNull,
+    SessionType,
     ProxyCommand,
     ProxyJump,
     LogLevel,
@@ -357,6 +376,9 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("SetEnv", Kw::SetEnv),
     ("RequestTTY", Kw::RequestTty),
     ("ProxyCommand", Kw::ProxyCommand),
+    ("RemoteCommand", Kw::RemoteCommand),
+    ("StdinNull", Kw::StdinNull),
+    ("SessionType", Kw::SessionType),
     ("ProxyJump", Kw::ProxyJump),
     ("LogLevel", Kw::LogLevel),
     ("Tag", Kw::Tag),
@@ -436,16 +458,13 @@ const IGNORED: &[&str] = &[
     "PubkeyAcceptedKeyTypes",
     "PubkeyAuthentication",
     "RekeyLimit",
-    "RemoteCommand",
     "RemoteForward",
     "RequiredRSASize",
     "RhostsRSAAuthentication",
     "RSAAuthentication",
     "SecurityKeyProvider",
-    "SessionType",
     "SKeyAuthentication",
     "SmartcardDevice",
-    "StdinNull",
     "StreamLocalBindMask",
     "StreamLocalBindUnlink",
     "SyslogFacility",
@@ -547,6 +566,13 @@ fn parse_line(raw: &str, command_line: bool) -> Result<Option<Directive>, String
             }
             if command_line && matches!(kw, Kw::Host | Kw::Match | Kw::Include) {
                 return Err(format!("{name} is not supported as a command-line option"));
+            }
+            if kw == Kw::RemoteCommand {
+                // The rest of the line is the remote command, kept as written.
+                return Ok(Some(Directive::RemoteCommand(match args.as_slice() {
+                    [none] if none.eq_ignore_ascii_case("none") => None,
+                    _ => Some(rest.trim_end_matches(is_ws).to_owned()),
+                })));
             }
             if kw == Kw::ProxyCommand {
                 // The rest of the line is a shell command, kept as written.
@@ -800,6 +826,21 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
         // parse_line keeps the command as written; this is the same
         // command rebuilt from its words.
         Kw::ProxyCommand => Directive::Proxy(ProxySpec::Command(args.join(" "))),
+        Kw::RemoteCommand => Directive::RemoteCommand(Some(args.join(" "))),
+        Kw::StdinNull => Directive::StdinNull(parse_flag(name, &single(name, args)?)?),
+        Kw::SessionType => {
+            let v = single(name, args)?;
+            Directive::SessionType(match v.to_ascii_lowercase().as_str() {
+                "default" => SessionType::Default,
+                "subsystem" => SessionType::Subsystem,
+                "none" => SessionType::None,
+                _ => {
+                    return Err(format!(
+                        "{name}: expected default, subsystem or none, got \"{v}\""
+                    ))
+                }
+            })
+        }
         Kw::ProxyJump => {
             let v = single(name, args)?;
             Directive::Proxy(if v.eq_ignore_ascii_case("none") {
@@ -1029,6 +1070,10 @@ pub struct HostConfig {
     /// `SetEnv` variables, accumulated; the first value for a name wins.
     pub set_env: Vec<(String, String)>,
     pub request_tty: Option<RequestTty>,
+    /// `RemoteCommand`, unexpanded; `Some(None)` for `none`.
+    pub remote_command: Option<Option<String>>,
+    pub stdin_null: Option<bool>,
+    pub session_type: Option<SessionType>,
     /// `ProxyCommand` or `ProxyJump`, whichever came first.
     pub proxy: Option<ProxySpec>,
     /// Upper-case level name (`QUIET`, `FATAL`, `ERROR`, `INFO`, `VERBOSE`, `DEBUG`, `DEBUG1`-`DEBUG3`).
@@ -1284,6 +1329,9 @@ impl Resolver<'_, '_> {
                 }
             }
             Directive::RequestTty(v) => first(&mut cfg.request_tty, v),
+            Directive::RemoteCommand(v) => first(&mut cfg.remote_command, v),
+            Directive::StdinNull(v) => first(&mut cfg.stdin_null, v),
+            Directive::SessionType(v) => first(&mut cfg.session_type, v),
             Directive::LogLevel(v) => first(&mut cfg.log_level, v),
             Directive::Ignored(name) => {
                 let loc = format!("{}:{}", file.label, line);
@@ -1659,6 +1707,24 @@ mod tests {
         assert_eq!(
             parse_err("StrictHostKeyChecking sometimes\n"),
             "cfg:1: StrictHostKeyChecking: expected yes, no, ask, accept-new or off, got \"sometimes\""
+        );
+    }
+
+    #[test]
+    fn remote_command_session_type_and_stdin_null() {
+        let c = res(
+            "Host x\n  RemoteCommand tmux new -A -s \"main %h\"\n  StdinNull yes\n  SessionType subsystem\n",
+            "x",
+        );
+        assert_eq!(
+            c.remote_command,
+            Some(Some("tmux new -A -s \"main %h\"".to_string()))
+        );
+        assert_eq!(c.stdin_null, Some(true));
+        assert_eq!(c.session_type, Some(SessionType::Subsystem));
+        assert_eq!(res("RemoteCommand none\n", "x").remote_command, Some(None));
+        assert!(
+            parse_err("SessionType sometimes\n").contains("expected default, subsystem or none")
         );
     }
 

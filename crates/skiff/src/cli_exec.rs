@@ -72,7 +72,7 @@ pub fn run(args: ExecArgs) -> i32 {
 }
 
 /// Runs `args` and returns the exit status to leave with.
-pub fn run_invocation(args: Invocation) -> i32 {
+pub fn run_invocation(mut args: Invocation) -> i32 {
     crate::init_logging(args.conn.verbose);
     let dest = destination(&args);
     // Resolved once, for both paths: a bad config fails fast, and the
@@ -84,6 +84,10 @@ pub fn run_invocation(args: Invocation) -> i32 {
             return 255;
         }
     };
+    if let Err(e) = apply_session_settings(&mut args, &settings) {
+        eprintln!("skiff: {e}");
+        return 255;
+    }
     let pty = pty_request(&args, &settings);
     if let Some(code) = via_agent(&args, &dest, &settings, pty.clone()) {
         return code;
@@ -252,6 +256,40 @@ fn via_agent(
             None
         }
     }
+}
+
+/// What the configuration says about the session, as ssh applies it:
+/// `SessionType`, `RemoteCommand` (when the command line gives none; both
+/// is an error) and `StdinNull`.
+fn apply_session_settings(
+    args: &mut Invocation,
+    settings: &skiff_engine::ConnectSettings,
+) -> Result<(), String> {
+    use skiff_proto::ssh_config::SessionType;
+    match settings.session_type {
+        SessionType::None => {
+            return Err(
+                "SessionType none (no session, for forwarding only) is not supported by skiff"
+                    .into(),
+            )
+        }
+        SessionType::Subsystem => args.subsystem = true,
+        SessionType::Default => {}
+    }
+    if let Some(remote) = &settings.remote_command {
+        if !args.command.is_empty() {
+            return Err(format!(
+                "a command was given and RemoteCommand is set for {}: use one or the other (RemoteCommand=none on the command line)",
+                settings.original_host
+            ));
+        }
+        args.command = remote.clone();
+    }
+    if args.subsystem && args.command.is_empty() {
+        return Err("a subsystem was asked for without its name".into());
+    }
+    args.no_stdin |= settings.stdin_null;
+    Ok(())
 }
 
 /// The terminal to ask for. `-t`/`-T` win over `RequestTTY`; `auto` (the

@@ -195,6 +195,18 @@ pub fn describe(s: &ConnectSettings) -> String {
             skiff_proto::ssh_config::RequestTty::Auto => "auto",
         }
     ));
+    if let Some(command) = &s.remote_command {
+        out.push(format!("remotecommand {command}"));
+    }
+    out.push(format!("stdinnull {}", yes_no(s.stdin_null)));
+    out.push(format!(
+        "sessiontype {}",
+        match s.session_type {
+            skiff_proto::ssh_config::SessionType::Default => "default",
+            skiff_proto::ssh_config::SessionType::Subsystem => "subsystem",
+            skiff_proto::ssh_config::SessionType::None => "none",
+        }
+    ));
     out.extend(s.send_env.iter().map(|v| format!("sendenv {v}")));
     out.extend(s.set_env.iter().map(|(k, v)| format!("setenv {k}={v}")));
     let mut text = out.join("\n");

@@ -472,6 +472,42 @@ fn command_line_details() {
         "{c}: RefuseConnection must not connect"
     );
 
+    // RemoteCommand (tokens expanded) runs when no command is given, and
+    // with a command it is an error; StdinNull reads no input; SessionType
+    // none is not supported.
+    text.push_str(&format!(
+        "Host rc\n  HostName 127.0.0.1\n  RemoteCommand echo remote \"%h\"\n\
+         Host quiet\n  HostName 127.0.0.1\n  StdinNull yes\n\
+         Host nosession\n  HostName 127.0.0.1\n  SessionType none\n\
+         Host rc quiet nosession\n  Port {}\n  User {}\n  IdentityFile {}\n  BatchMode yes\n",
+        d.port(),
+        user(),
+        fx.client_key.private.display()
+    ));
+    write_file(&config, &text, 0o600);
+    u.run(&shim.path)
+        .arg("rc")
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout("remote 127.0.0.1\n", &c);
+    let out = u.run(&shim.path).args(["rc", "true"]).run();
+    out.expect_code(255, "RemoteCommand and a command");
+    assert!(out.stderr.contains("RemoteCommand"), "{out}");
+    u.run(&shim.path)
+        .args(["-o", "RemoteCommand=none", "rc", "echo", "given"])
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout("given\n", &c);
+    u.run(&shim.path)
+        .args(["quiet", "cat"])
+        .input(Input::Bytes(b"never read\n".to_vec()))
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout("", &c);
+    let out = u.run(&shim.path).args(["nosession", "true"]).run();
+    out.expect_code(255, "SessionType none");
+    assert!(out.stderr.contains("SessionType none"), "{out}");
+
     // What skiff does not do is an error that says so, before connecting.
     let out = u.run(&shim.path).args(["-L", "8080:x:80", "box"]).run();
     out.expect_code(255, "-L");
