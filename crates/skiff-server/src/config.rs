@@ -39,10 +39,13 @@ pub struct Settings {
     /// Path template with `%h` and `%u` tokens. A path without tokens applies to every account.
     pub authorized_keys: String,
     /// `AuthorizedKeysCommand`: the program (absolute) and its argument
-    /// templates (see [`crate::keys_command`]).
+    /// templates (see [`crate::lookup_command`]).
     pub authorized_keys_command: Option<Vec<String>>,
     /// `AuthorizedKeysCommandUser`: who runs it.
     pub authorized_keys_command_user: Option<String>,
+    /// `AuthorizedPrincipalsCommand` and its user, as for keys.
+    pub authorized_principals_command: Option<Vec<String>>,
+    pub authorized_principals_command_user: Option<String>,
     /// `AllowUsers`, `DenyUsers`, `AllowGroups`, `DenyGroups`, `PermitRootLogin`.
     pub access: crate::access::AccessRules,
     /// Environment variable name patterns a client may set (`LANG LC_*` by default).
@@ -116,6 +119,8 @@ impl Default for Settings {
             trusted_user_ca_keys: None,
             authorized_keys_command: None,
             authorized_keys_command_user: None,
+            authorized_principals_command: None,
+            authorized_principals_command_user: None,
             access: Default::default(),
             authorized_principals_file: None,
             revoked_keys: None,
@@ -222,11 +227,26 @@ pub fn apply_config_text(
                 }
             }
             "authorizedkeysfile" => settings.authorized_keys = one()?.to_string(),
-            "authorizedkeyscommand" => {
-                settings.authorized_keys_command = match rest.trim() {
+            "authorizedkeyscommand" | "authorizedprincipalscommand" => {
+                use crate::lookup_command::{parse_command_line, KEYS_TOKENS, PRINCIPALS_TOKENS};
+                let keys = keyword.eq_ignore_ascii_case("authorizedkeyscommand");
+                let (name, tokens) = if keys {
+                    ("AuthorizedKeysCommand", KEYS_TOKENS)
+                } else {
+                    ("AuthorizedPrincipalsCommand", PRINCIPALS_TOKENS)
+                };
+                let argv = match rest.trim() {
                     "none" => None,
-                    value => Some(crate::keys_command::parse_command_line(value).map_err(err)?),
+                    value => Some(parse_command_line(name, value, tokens).map_err(err)?),
+                };
+                if keys {
+                    settings.authorized_keys_command = argv;
+                } else {
+                    settings.authorized_principals_command = argv;
                 }
+            }
+            "authorizedprincipalscommanduser" => {
+                settings.authorized_principals_command_user = Some(one()?.to_string())
             }
             "allowusers" | "denyusers" | "allowgroups" | "denygroups" => {
                 if args.is_empty() {

@@ -26,7 +26,9 @@ use crate::process::{self, ChildIo, PtySpec, SpawnRequest};
 pub struct ServerState {
     pub settings: Settings,
     /// `AuthorizedKeysCommand`, checked at start.
-    pub keys_command: Option<crate::keys_command::KeysCommand>,
+    pub keys_command: Option<crate::lookup_command::LookupCommand>,
+    /// `AuthorizedPrincipalsCommand`, checked at start.
+    pub principals_command: Option<crate::lookup_command::LookupCommand>,
     /// Outstanding data-plane stream tokens.
     pub registry: crate::dataplane::Registry,
 }
@@ -181,17 +183,62 @@ impl ConnectionHandler {
         let base64 = openssh.split_whitespace().nth(1).unwrap_or_default();
         let fingerprint = key.fingerprint(russh::keys::HashAlg::Sha256).to_string();
         let home = acct.home.to_string_lossy().into_owned();
-        let tokens = crate::keys_command::Tokens {
+        let tokens = crate::lookup_command::Tokens {
             user: &acct.name,
             home: &home,
             uid: acct.uid,
             key_type: &key_type,
             key_base64: base64,
             fingerprint: &fingerprint,
+            certificate: None,
         };
         let keys = command.keys(&acct, &tokens).await;
         self.command_answer = Some((user.to_string(), blob, keys.clone()));
         keys
+    }
+
+    /// The principals `AuthorizedPrincipalsCommand` prints for `user` and
+    /// `certificate`; `None` without the command or the account.
+    async fn command_principals(
+        &mut self,
+        user: &str,
+        certificate: &Certificate,
+    ) -> Option<Vec<AuthorizedPrincipal>> {
+        let command = self.state.principals_command.clone()?;
+        let acct = self.load_candidate(user)?.0.clone();
+        let openssh = certificate.to_openssh().unwrap_or_default();
+        let mut fields = openssh.split_whitespace();
+        let (cert_type, cert_base64) = (
+            fields.next().unwrap_or_default(),
+            fields.next().unwrap_or_default(),
+        );
+        let key = PublicKey::from(certificate.public_key().clone());
+        let ca = PublicKey::from(certificate.signature_key().clone());
+        let ca_openssh = ca.to_openssh().unwrap_or_default();
+        let ca_base64 = ca_openssh.split_whitespace().nth(1).unwrap_or_default();
+        let sha256 = russh::keys::HashAlg::Sha256;
+        let (fingerprint, ca_fingerprint) = (
+            key.fingerprint(sha256).to_string(),
+            ca.fingerprint(sha256).to_string(),
+        );
+        let home = acct.home.to_string_lossy().into_owned();
+        let ca_type = ca.algorithm();
+        let tokens = crate::lookup_command::Tokens {
+            user: &acct.name,
+            home: &home,
+            uid: acct.uid,
+            key_type: cert_type,
+            key_base64: cert_base64,
+            fingerprint: &fingerprint,
+            certificate: Some(crate::lookup_command::CertificateTokens {
+                key_id: certificate.key_id(),
+                serial: certificate.serial(),
+                ca_type: ca_type.as_str(),
+                ca_base64,
+                ca_fingerprint: &ca_fingerprint,
+            }),
+        };
+        Some(command.principals(&acct, &tokens).await)
     }
 
     /// The authorized_keys entry (from the account's file, else from
@@ -860,6 +907,7 @@ impl russh::server::Handler for ConnectionHandler {
             tracing::info!(%peer, user, id = certificate.key_id(), "certificate refused: {why}");
             return Ok(publickey_only());
         }
+        let command_principals = self.command_principals(user, certificate).await;
         let trusted = self.trusted_user_cas();
         let principals_template = self.state.settings.authorized_principals_file.clone();
         let Some((account, keys)) = self.load_candidate(user) else {
@@ -868,6 +916,16 @@ impl russh::server::Handler for ConnectionHandler {
         let principals_file = principals_template
             .as_deref()
             .map(|template| load_authorized_principals(template, account));
+        // With either set, the certificate must carry a principal one lists.
+        let principals = match (principals_file, command_principals) {
+            (None, None) => None,
+            (file, command) => Some(
+                file.into_iter()
+                    .flatten()
+                    .chain(command.into_iter().flatten())
+                    .collect::<Vec<_>>(),
+            ),
+        };
         let ca_key_type = certificate.signature_key().algorithm();
         let critical: Vec<(String, String)> = certificate
             .critical_options()
@@ -889,7 +947,7 @@ impl russh::server::Handler for ConnectionHandler {
         match user_cert::admit(
             keys,
             &trusted,
-            principals_file.as_deref(),
+            principals.as_deref(),
             user,
             &view,
             peer.ip(),

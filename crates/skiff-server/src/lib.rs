@@ -3,7 +3,7 @@
 //!
 //! [`serve`] binds the listeners and runs until the process ends. The pieces:
 //! [`config`] (settings and their file format), [`hostkey`] (host keys),
-//! [`account`] (who may log in), [`keys_command`] (`AuthorizedKeysCommand`), `handler` (authentication and sessions) and
+//! [`account`] (who may log in), [`lookup_command`] (`AuthorizedKeysCommand`, `AuthorizedPrincipalsCommand`), `handler` (authentication and sessions) and
 //! `process` (starting commands as the account, with pipes or a pty), on top
 //! of `spawn` (a vfork-style process start that can drop privileges).
 //! [`sftp`] is the file server that the `sftp` subsystem runs as the account
@@ -15,8 +15,8 @@ pub mod config;
 mod dataplane;
 mod handler;
 pub mod hostkey;
-pub mod keys_command;
 mod listener;
+pub mod lookup_command;
 mod process;
 pub mod sftp;
 mod spawn;

@@ -97,10 +97,22 @@ pub async fn serve_listeners(
     let host = host.into();
     anyhow::ensure!(!host.keys.is_empty(), "no host key");
     let config = Arc::new(russh_config(&settings, host));
-    let keys_command =
-        crate::keys_command::KeysCommand::from_settings(&settings).map_err(anyhow::Error::msg)?;
+    use crate::lookup_command::LookupCommand;
+    let keys_command = LookupCommand::new(
+        "AuthorizedKeysCommand",
+        settings.authorized_keys_command.as_ref(),
+        settings.authorized_keys_command_user.as_ref(),
+    )
+    .map_err(anyhow::Error::msg)?;
+    let principals_command = LookupCommand::new(
+        "AuthorizedPrincipalsCommand",
+        settings.authorized_principals_command.as_ref(),
+        settings.authorized_principals_command_user.as_ref(),
+    )
+    .map_err(anyhow::Error::msg)?;
     let state = Arc::new(ServerState {
         keys_command,
+        principals_command,
         settings,
         registry: Default::default(),
     });

@@ -1,7 +1,8 @@
-//! skiffd's `AuthorizedKeysCommand`: a program that prints authorized_keys
-//! lines for the account, run as `AuthorizedKeysCommandUser` with the
-//! offered key in its arguments; stock OpenSSH `ssh` logs in with keys
-//! that only the program knows.
+//! skiffd's `AuthorizedKeysCommand` and `AuthorizedPrincipalsCommand`:
+//! programs that print authorized_keys lines or certificate principals for
+//! the account, run as the command user with the offered key (or
+//! certificate) in their arguments; stock OpenSSH `ssh` logs in with keys
+//! and certificates that only the program vouches for.
 
 mod common;
 
@@ -11,9 +12,9 @@ use std::path::PathBuf;
 
 use common::*;
 
-/// A keys program in its own directory: it appends `RUNNER ARGS` to
-/// `calls`, fails after printing when `fail` exists, and prints `keys` when
-/// asked about the test account.
+/// A lookup program in its own directory: it appends `RUNNER ARGS` to
+/// `calls`, prints the file `keys` when asked about the test account, and
+/// then fails when `fail` exists.
 struct KeysProgram {
     dir: tempfile::TempDir,
     /// Written by the program (as the command user).
@@ -62,6 +63,15 @@ impl KeysProgram {
             .collect()
     }
 
+    /// Asserts that the program was called once as `line` (`RUNNER ARGS`).
+    fn expect_call(&self, line: &str, c: &str) {
+        let calls = self.call_lines();
+        assert!(
+            calls.iter().any(|l| l == line),
+            "{c}: expected a call {line:?} in {calls:?}"
+        );
+    }
+
     fn config(&self) -> String {
         format!(
             "AuthorizedKeysCommand {} %u %t %k %f\nAuthorizedKeysCommandUser {}\n",
@@ -106,11 +116,7 @@ fn keys_from_the_command_let_their_holders_in() {
         user = user(),
         fp = fx.stranger_key.fingerprint()
     );
-    assert!(
-        program.call_lines().contains(&expected),
-        "{c}: expected a call {expected:?} in {:?}",
-        program.call_lines()
-    );
+    program.expect_call(&expected, &c);
 
     // Options on the printed line apply.
     write_file(
@@ -196,4 +202,67 @@ fn bad_command_settings_stop_skiffd() {
             "{text:?}: expected {needle:?}\n{out}"
         );
     }
+}
+
+/// AuthorizedPrincipalsCommand: the certificate must carry a principal the
+/// program prints for the account (with that line's options); the program
+/// is told the key ID, the serial and the CA's fingerprint.
+#[test]
+fn principals_from_the_command_admit_certificates() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let ca = fx.keygen("user_ca", KeyType::Ed25519, None);
+    let program = KeysProgram::new();
+    let config = format!(
+        "TrustedUserCAKeys {}\nAuthorizedPrincipalsCommand {} %u %i %s %F\n\
+         AuthorizedPrincipalsCommandUser {}\n",
+        ca.public.display(),
+        program.program().display(),
+        user()
+    );
+    let d =
+        Skiffd::start_with(SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&config));
+    let c = server_context(&d, "AuthorizedPrincipalsCommand");
+    // A certificate for the stranger's key naming a team, not the account.
+    let public = fx.path().join("stranger-cert-src.pub");
+    fs::copy(&fx.stranger_key.public, &public).unwrap();
+    let out = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-s"])
+        .arg(&ca.private)
+        .args([
+            "-I", "laptop-7", "-z", "7", "-n", "ops-team", "-V", "-5m:+1h",
+        ])
+        .arg(&public)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ssh-keygen -s: {out:?}");
+    let private = fx.path().join("stranger-cert-src");
+    fs::copy(&fx.stranger_key.private, &private).unwrap();
+    fs::set_permissions(&private, fs::Permissions::from_mode(0o600)).unwrap();
+    let cert_key = Key {
+        private,
+        public,
+        kind: KeyType::Ed25519,
+    };
+    let login = || ssh(d.port(), user(), &cert_key).args(&["echo", "in"]).run();
+
+    // No principal printed: refused.
+    login().expect_code(255, &c);
+    // The team printed: in, and the program saw the certificate.
+    write_file(&program.keys(), "ops-team\n", 0o644);
+    login().expect_code(0, &c).expect_stdout("in\n", &c);
+    let expected = format!("{u} {u} laptop-7 7 {}", ca.fingerprint(), u = user());
+    program.expect_call(&expected, &c);
+    // The line's options apply.
+    write_file(
+        &program.keys(),
+        "command=\"echo via-team\" ops-team\n",
+        0o644,
+    );
+    login().expect_code(0, &c).expect_stdout("via-team\n", &c);
+    // Another team: refused.
+    write_file(&program.keys(), "db-team\n", 0o644);
+    login().expect_code(255, &c);
 }

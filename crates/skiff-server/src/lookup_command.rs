@@ -1,14 +1,18 @@
-//! `AuthorizedKeysCommand`: a program that prints authorized_keys lines for
-//! an account (from LDAP, a cloud metadata service, ...), consulted when the
-//! account's authorized_keys file does not admit the offered key.
+//! `AuthorizedKeysCommand` and `AuthorizedPrincipalsCommand`: programs that
+//! print authorized_keys lines, or certificate principals, for an account
+//! (from LDAP, a cloud metadata service, ...). The keys command is asked
+//! when the account's authorized_keys file does not admit the offered key;
+//! the principals command for every user certificate, next to
+//! `AuthorizedPrincipalsFile`.
 //!
 //! As in sshd, the program must be given by absolute path and may only be
 //! run from a file and directories that nobody but root (or the user skiffd
 //! runs as) can change. skiffd checks that before every run and refuses to
 //! use it otherwise. One difference: a world-writable directory with the
 //! sticky bit (`/tmp`) is accepted, since nobody else can replace an entry
-//! in it. As root, skiffd runs the program as `AuthorizedKeysCommandUser`,
-//! never as root. It runs with an empty environment but for `PATH`, with
+//! in it. As root, skiffd runs the program as the command's user
+//! (`AuthorizedKeysCommandUser`, `AuthorizedPrincipalsCommandUser`), never
+//! as root. It runs with an empty environment but for `PATH`, with
 //! `/` as working directory and no input, and gets at most 10 seconds and
 //! 1 MiB of output. Output from a run that fails is not used.
 
@@ -17,7 +21,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use skiff_proto::authorized_keys::{self, AuthorizedKey};
+use skiff_proto::authorized_keys::{self, AuthorizedKey, AuthorizedPrincipal};
 use tokio::io::AsyncReadExt;
 
 use crate::account::Account;
@@ -27,12 +31,23 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// Most output read from a run.
 const MAX_OUTPUT: u64 = 1 << 20;
 
-/// The configured command: the program and its argument templates.
+/// How an output is read: a label for messages and the text, to the items
+/// and warnings for bad lines.
+type Parser<T> = fn(&str, &str) -> (Vec<T>, Vec<authorized_keys::ParseWarning>);
+
+/// Tokens `AuthorizedKeysCommand` takes.
+pub const KEYS_TOKENS: &str = "%uhUtkf";
+/// Tokens `AuthorizedPrincipalsCommand` takes: those, and the certificate's.
+pub const PRINCIPALS_TOKENS: &str = "%uhUtkfisTKF";
+
+/// A configured command: the program and its argument templates.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeysCommand {
+pub struct LookupCommand {
+    /// `AuthorizedKeysCommand` or `AuthorizedPrincipalsCommand`.
+    pub keyword: &'static str,
     pub argv: Vec<String>,
-    /// Who runs it: `AuthorizedKeysCommandUser`'s uid and gid; `None` runs
-    /// it as skiffd's own user (only when skiffd is not root).
+    /// Who runs it: the command user's uid and gid; `None` runs it as
+    /// skiffd's own user (only when skiffd is not root).
     pub run_as: Option<(u32, u32)>,
 }
 
@@ -41,57 +56,55 @@ pub struct Tokens<'a> {
     pub user: &'a str,
     pub home: &'a str,
     pub uid: u32,
-    /// Key type, e.g. `ssh-ed25519`.
+    /// Key type, e.g. `ssh-ed25519` (for a certificate, its type).
     pub key_type: &'a str,
-    /// The key, base64 as in authorized_keys.
+    /// The key (or certificate), base64 as in authorized_keys.
     pub key_base64: &'a str,
-    /// `SHA256:...`.
+    /// `SHA256:...` of the key (for a certificate, of the key it certifies).
     pub fingerprint: &'a str,
+    /// For a certificate: what `%i %s %T %K %F` stand for.
+    pub certificate: Option<CertificateTokens<'a>>,
 }
 
-/// Splits the configured value into the program and its arguments. The
-/// program must be an absolute path; every `%` must start a known token
-/// (`%% %u %h %U %t %k %f`). Without arguments, the user name is passed (as
-/// sshd does).
-pub fn parse_command_line(value: &str) -> Result<Vec<String>, String> {
+/// A certificate's tokens.
+pub struct CertificateTokens<'a> {
+    pub key_id: &'a str,
+    pub serial: u64,
+    /// The CA key's type, base64 and fingerprint.
+    pub ca_type: &'a str,
+    pub ca_base64: &'a str,
+    pub ca_fingerprint: &'a str,
+}
+
+/// Splits the configured value of `keyword` into the program and its
+/// arguments. The program must be an absolute path; every `%` must start
+/// one of the `tokens` ([`KEYS_TOKENS`], [`PRINCIPALS_TOKENS`]). Without
+/// arguments, the user name is passed (as sshd does).
+pub fn parse_command_line(keyword: &str, value: &str, tokens: &str) -> Result<Vec<String>, String> {
     let mut argv: Vec<String> = value.split_whitespace().map(str::to_owned).collect();
     let Some(program) = argv.first() else {
-        return Err("AuthorizedKeysCommand needs a program".into());
+        return Err(format!("{keyword} needs a program"));
     };
     if !program.starts_with('/') {
-        return Err(format!(
-            "AuthorizedKeysCommand {program:?} must be an absolute path"
-        ));
+        return Err(format!("{keyword} {program:?} must be an absolute path"));
     }
     if argv.len() == 1 {
         argv.push("%u".into());
     }
     for arg in &argv {
-        check_tokens(arg)?;
-    }
-    Ok(argv)
-}
-
-fn check_tokens(arg: &str) -> Result<(), String> {
-    let mut chars = arg.chars();
-    while let Some(c) = chars.next() {
-        if c == '%' {
+        let mut chars = arg.chars();
+        while let Some(c) = chars.next() {
+            if c != '%' {
+                continue;
+            }
             match chars.next() {
-                Some('%' | 'u' | 'h' | 'U' | 't' | 'k' | 'f') => {}
-                Some(other) => {
-                    return Err(format!(
-                        "AuthorizedKeysCommand: unknown token %{other} in {arg:?}"
-                    ))
-                }
-                None => {
-                    return Err(format!(
-                        "AuthorizedKeysCommand: lone % at the end of {arg:?}"
-                    ))
-                }
+                Some(t) if tokens.contains(t) => {}
+                Some(other) => return Err(format!("{keyword}: unknown token %{other} in {arg:?}")),
+                None => return Err(format!("{keyword}: lone % at the end of {arg:?}")),
             }
         }
     }
-    Ok(())
+    Ok(argv)
 }
 
 /// `arg` with its tokens replaced (see [`parse_command_line`]).
@@ -111,6 +124,17 @@ pub fn expand(arg: &str, t: &Tokens<'_>) -> String {
             Some('k') => out.push_str(t.key_base64),
             Some('f') => out.push_str(t.fingerprint),
             Some('%') => out.push('%'),
+            Some(c @ ('i' | 's' | 'T' | 'K' | 'F')) => {
+                if let Some(cert) = &t.certificate {
+                    match c {
+                        'i' => out.push_str(cert.key_id),
+                        's' => out.push_str(&cert.serial.to_string()),
+                        'T' => out.push_str(cert.ca_type),
+                        'K' => out.push_str(cert.ca_base64),
+                        _ => out.push_str(cert.ca_fingerprint),
+                    }
+                }
+            }
             Some(other) => {
                 out.push('%');
                 out.push(other);
@@ -156,63 +180,86 @@ fn check_program(program: &Path) -> Result<(), String> {
     Ok(())
 }
 
-impl KeysCommand {
-    /// The command `settings` configure, checked before skiffd serves
-    /// anyone: as root, `AuthorizedKeysCommandUser` must name an account
-    /// other than root; otherwise it may only name skiffd's own user.
-    pub fn from_settings(
-        settings: &crate::config::Settings,
-    ) -> Result<Option<KeysCommand>, String> {
-        let Some(argv) = &settings.authorized_keys_command else {
+impl LookupCommand {
+    /// The command `keyword` configures (`argv`, run by `user`), checked
+    /// before skiffd serves anyone: as root, the command user must name an
+    /// account other than root; otherwise it may only name skiffd's own
+    /// user.
+    pub fn new(
+        keyword: &'static str,
+        argv: Option<&Vec<String>>,
+        user: Option<&String>,
+    ) -> Result<Option<LookupCommand>, String> {
+        let Some(argv) = argv else {
             return Ok(None);
         };
         let me = nix::unistd::Uid::effective();
-        let user = match &settings.authorized_keys_command_user {
+        let user = match user {
             Some(name) => Some(
                 nix::unistd::User::from_name(name)
                     .ok()
                     .flatten()
-                    .ok_or_else(|| format!("AuthorizedKeysCommandUser {name:?}: no such user"))?,
+                    .ok_or_else(|| format!("{keyword}User {name:?}: no such user"))?,
             ),
             None => None,
         };
         let run_as = match (me.is_root(), user) {
             (true, None) => {
-                return Err("AuthorizedKeysCommand needs AuthorizedKeysCommandUser when skiffd runs as root".into())
+                return Err(format!(
+                    "{keyword} needs {keyword}User when skiffd runs as root"
+                ))
             }
             (true, Some(u)) if u.uid.is_root() => {
-                return Err("AuthorizedKeysCommandUser may not be root: name an account that does nothing else".into())
+                return Err(format!(
+                    "{keyword}User may not be root: name an account that does nothing else"
+                ))
             }
             (true, Some(u)) => Some((u.uid.as_raw(), u.gid.as_raw())),
             (false, Some(u)) if u.uid != me => {
                 return Err(format!(
-                    "AuthorizedKeysCommandUser {}: skiffd is not root, so it can only run the command as itself",
-                    u.name
-                ))
+                "{keyword}User {}: skiffd is not root, so it can only run the command as itself",
+                u.name
+            ))
             }
             (false, _) => None,
         };
-        Ok(Some(KeysCommand {
+        Ok(Some(LookupCommand {
+            keyword,
             argv: argv.clone(),
             run_as,
         }))
     }
 
-    /// Runs the command for `account` and the offered key, and returns the
-    /// authorized_keys entries it printed (none if it could not be run or
-    /// failed; the reason is logged).
+    /// Runs the command for `account` and returns the authorized_keys
+    /// entries it printed (none if it could not be run or failed; the
+    /// reason is logged).
     pub async fn keys(&self, account: &Account, tokens: &Tokens<'_>) -> Vec<AuthorizedKey> {
+        self.parsed(account, tokens, authorized_keys::parse).await
+    }
+
+    /// Runs the command for `account` and returns the principals it
+    /// printed, with their options (as in `AuthorizedPrincipalsFile`).
+    pub async fn principals(
+        &self,
+        account: &Account,
+        tokens: &Tokens<'_>,
+    ) -> Vec<AuthorizedPrincipal> {
+        self.parsed(account, tokens, authorized_keys::parse_principals)
+            .await
+    }
+
+    async fn parsed<T>(&self, account: &Account, tokens: &Tokens<'_>, parse: Parser<T>) -> Vec<T> {
         match self.run(tokens).await {
             Ok(text) => {
-                let label = format!("AuthorizedKeysCommand output for {}", account.name);
-                let (keys, warnings) = authorized_keys::parse(&label, &text);
+                let label = format!("{} output for {}", self.keyword, account.name);
+                let (items, warnings) = parse(&label, &text);
                 for w in warnings {
                     tracing::warn!("{w}");
                 }
-                keys
+                items
             }
             Err(why) => {
-                tracing::warn!(user = %account.name, "AuthorizedKeysCommand not used: {why}");
+                tracing::warn!(user = %account.name, "{} not used: {why}", self.keyword);
                 Vec::new()
             }
         }
@@ -267,29 +314,42 @@ mod tests {
 
     #[test]
     fn command_lines_and_tokens() {
+        let keys = |v| parse_command_line("AuthorizedKeysCommand", v, KEYS_TOKENS);
+        assert_eq!(keys("/usr/bin/keys").unwrap(), ["/usr/bin/keys", "%u"]);
         assert_eq!(
-            parse_command_line("/usr/bin/keys").unwrap(),
-            ["/usr/bin/keys", "%u"]
-        );
-        assert_eq!(
-            parse_command_line("/k  --user=%u   %t %k").unwrap(),
+            keys("/k  --user=%u   %t %k").unwrap(),
             ["/k", "--user=%u", "%t", "%k"]
         );
-        assert!(parse_command_line("keys %u").is_err());
-        assert!(parse_command_line("").is_err());
-        assert!(parse_command_line("/k %x").is_err());
-        assert!(parse_command_line("/k 100%").is_err());
-        let t = Tokens {
+        assert!(keys("keys %u").is_err());
+        assert!(keys("").is_err());
+        assert!(keys("/k %x").is_err());
+        assert!(keys("/k 100%").is_err());
+        // Certificate tokens only for the principals command.
+        assert!(keys("/k %i").is_err());
+        assert!(parse_command_line("P", "/p %u %i %s %T %K %F", PRINCIPALS_TOKENS).is_ok());
+        let mut t = Tokens {
             user: "alice",
             home: "/home/alice",
             uid: 1000,
             key_type: "ssh-ed25519",
             key_base64: "AAAA",
             fingerprint: "SHA256:abc",
+            certificate: None,
         };
         assert_eq!(
             expand("%u:%h:%U:%t:%k:%f:%%", &t),
             "alice:/home/alice:1000:ssh-ed25519:AAAA:SHA256:abc:%"
+        );
+        t.certificate = Some(CertificateTokens {
+            key_id: "laptop",
+            serial: 42,
+            ca_type: "ssh-ed25519",
+            ca_base64: "BBBB",
+            ca_fingerprint: "SHA256:ca",
+        });
+        assert_eq!(
+            expand("%i %s %T %K %F", &t),
+            "laptop 42 ssh-ed25519 BBBB SHA256:ca"
         );
     }
 
