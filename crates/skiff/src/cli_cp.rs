@@ -1,7 +1,8 @@
 //! `skiff cp`: copy files and directories to or from one host, with scp's
-//! syntax (`[user@]host:path`, `-r`, `-p`, `-P PORT`). Exit status: 0 when
-//! every file was copied, 1 when any failed (each named on stderr), 255 when
-//! skiff could not connect or authenticate.
+//! syntax (`[user@]host:path`, `-r`, `-p`, `-P PORT`), or to every host of
+//! a node set (`web[01-20]:path`, see [`crate::cli_cp_fanout`]). Exit
+//! status: 0 when every file was copied, 1 when any failed (each named on
+//! stderr), 255 when skiff could not connect or authenticate.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -53,7 +54,15 @@ pub struct CpArgs {
     /// Connect directly instead of through the agent (also SKIFF_AGENT=off).
     #[arg(long = "no-agent")]
     pub no_agent: bool,
-    /// SRC... DST: sources, then the target; one side is `[user@]host:path`.
+    /// Copying to a node set: hosts in progress at once.
+    #[arg(short = 'j', long = "parallel", value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub parallel: u16,
+    /// Groups file for @name in a node set (default: $XDG_CONFIG_HOME/skiff/groups, else ~/.config/skiff/groups).
+    #[arg(long = "groups", value_name = "FILE")]
+    pub groups_file: Option<PathBuf>,
+    /// SRC... DST: sources, then the target; one side is `[user@]host:path`
+    /// (a target's host may be a node set: `web[01-20]:path`, `@group:path`).
     #[arg(required = true, num_args = 2.., value_name = "PATH")]
     pub paths: Vec<String>,
 }
@@ -120,6 +129,8 @@ fn parse_endpoint(arg: &str) -> Result<Endpoint, String> {
     };
     let (user_host, path) = (&arg[..colon], &arg[colon + 1..]);
     let (user, host) = match user_host.rsplit_once('@') {
+        // `@group:path`: a node-set group, not an empty user.
+        Some(("", group)) if !group.is_empty() => (None, user_host),
         Some((u, h)) => ((!u.is_empty()).then(|| u.to_string()), h),
         None => (None, user_host),
     };
@@ -138,13 +149,25 @@ fn parse_endpoint(arg: &str) -> Result<Endpoint, String> {
 }
 
 /// What the command line asks for: the job and where to connect.
-#[derive(Debug)]
-struct Plan {
-    job: CopyJob,
-    destination: Destination,
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub job: CopyJob,
+    pub destination: Destination,
 }
 
-fn plan(args: &CpArgs) -> Result<Plan, String> {
+/// One host, or a node set of them (uploads only).
+#[derive(Debug)]
+enum Planned {
+    One(Plan),
+    Many(crate::cli_cp_fanout::FanoutPlan),
+}
+
+/// Whether a target's host field is a node set rather than one host.
+fn is_node_set(host: &str) -> bool {
+    host.starts_with('@') || host.contains('[') || host.contains(',')
+}
+
+fn plan(args: &CpArgs) -> Result<Planned, String> {
     let (target, sources) = args.paths.split_last().ok_or("no target given")?;
     if sources.is_empty() {
         return Err("usage: skiff cp [options] SRC... DST".into());
@@ -157,6 +180,7 @@ fn plan(args: &CpArgs) -> Result<Plan, String> {
     let any_remote_source = sources.iter().any(|s| matches!(s, Endpoint::Remote { .. }));
     let (direction, user, host) = match target {
         Endpoint::Remote { user, host, path } => {
+            let many = is_node_set(&host);
             if any_remote_source {
                 return Err(
                     "copying between two remote paths is not supported; one side must be local"
@@ -170,14 +194,14 @@ fn plan(args: &CpArgs) -> Result<Plan, String> {
                     Endpoint::Remote { .. } => unreachable!("checked above"),
                 })
                 .collect();
-            (
-                Direction::Upload {
-                    sources: local,
-                    target: path,
-                },
-                user,
-                host,
-            )
+            let direction = Direction::Upload {
+                sources: local,
+                target: path,
+            };
+            if many {
+                return crate::cli_cp_fanout::plan(args, direction, user, &host).map(Planned::Many);
+            }
+            (direction, user, host)
         }
         Endpoint::Local(target) => {
             if !any_remote_source {
@@ -194,6 +218,11 @@ fn plan(args: &CpArgs) -> Result<Plan, String> {
                         ))
                     }
                     Endpoint::Remote { user, host, path } => {
+                        if is_node_set(&host) {
+                            return Err(format!(
+                                "{host}: copying from several hosts at once is not supported; copy to them, or from one host at a time"
+                            ));
+                        }
                         match &remote {
                             Some((u, h)) if *u != user || *h != host => {
                                 return Err(
@@ -218,27 +247,42 @@ fn plan(args: &CpArgs) -> Result<Plan, String> {
             )
         }
     };
-    Ok(Plan {
-        job: CopyJob {
-            direction,
-            recursive: args.recursive,
-            preserve: args.preserve,
-        },
+    Ok(Planned::One(Plan {
+        job: job(args, direction),
         destination: Destination {
             host,
             user: user.or_else(|| args.login.clone()),
-            port: args.port,
-            identity_files: args.identity.clone(),
-            config_file: args.config.clone(),
-            options: crate::cli_connect::with_jump(args.jump.as_deref(), &args.options),
+            ..base_destination(args)
         },
-    })
+    }))
+}
+
+/// The copy job `args` ask for, in `direction`.
+pub(crate) fn job(args: &CpArgs, direction: Direction) -> CopyJob {
+    CopyJob {
+        direction,
+        recursive: args.recursive,
+        preserve: args.preserve,
+    }
+}
+
+/// Everything about where to connect that the command line gives, but the
+/// host and user.
+pub(crate) fn base_destination(args: &CpArgs) -> Destination {
+    Destination {
+        host: String::new(),
+        user: None,
+        port: args.port,
+        identity_files: args.identity.clone(),
+        config_file: args.config.clone(),
+        options: crate::cli_connect::with_jump(args.jump.as_deref(), &args.options),
+    }
 }
 
 /// Logging as for every command, except that without `-v` the SFTP
 /// client's own warnings stay quiet: when its channel closes under it,
 /// skiff says so itself, in one line.
-fn init_logging(verbose: u8) {
+pub(crate) fn init_logging(verbose: u8) {
     if verbose == 0 && std::env::var_os("SKIFF_LOG").is_none() {
         let _ = tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
@@ -254,7 +298,8 @@ fn init_logging(verbose: u8) {
 pub fn run(args: CpArgs) -> i32 {
     init_logging(args.verbose);
     let plan = match plan(&args) {
-        Ok(p) => p,
+        Ok(Planned::One(p)) => p,
+        Ok(Planned::Many(many)) => return crate::cli_cp_fanout::run(&args, many),
         Err(message) => {
             eprintln!("skiff: {message}");
             return 255;
@@ -267,25 +312,12 @@ pub fn run(args: CpArgs) -> i32 {
             return 255;
         }
     };
-    // Two workers: the SSH session's crypto runs beside the copy loop.
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("skiff: cannot start the async runtime: {e}");
-            return 255;
-        }
+    let Some(runtime) = copy_runtime() else {
+        return 255;
     };
-    let plane = PlaneOptions {
-        streams: args.streams,
-        cipher: args.cipher,
-    };
+    let plane = plane_of(&args);
     let show_bar = !args.quiet && std::io::stderr().is_terminal();
-    let use_agent = !args.no_agent
-        && !std::env::var("SKIFF_AGENT").is_ok_and(|v| matches!(v.as_str(), "off" | "no" | "0"));
+    let use_agent = agent_wanted(&args);
     let result = runtime.block_on(cp_main(&plan, settings, &plane, show_bar, use_agent));
     runtime.shutdown_background();
     match result {
@@ -319,6 +351,32 @@ pub fn run(args: CpArgs) -> i32 {
     }
 }
 
+/// The runtime copies run on: two workers, so that the SSH session's
+/// crypto runs beside the copy loop. `None` (said on stderr) if it cannot
+/// start.
+pub(crate) fn copy_runtime() -> Option<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| eprintln!("skiff: cannot start the async runtime: {e}"))
+        .ok()
+}
+
+/// The data-plane options `args` ask for.
+pub(crate) fn plane_of(args: &CpArgs) -> PlaneOptions {
+    PlaneOptions {
+        streams: args.streams,
+        cipher: args.cipher,
+    }
+}
+
+/// Whether to copy through the agent: not with `--no-agent` or SKIFF_AGENT=off.
+pub(crate) fn agent_wanted(args: &CpArgs) -> bool {
+    !args.no_agent
+        && !std::env::var("SKIFF_AGENT").is_ok_and(|v| matches!(v.as_str(), "off" | "no" | "0"))
+}
+
 /// How a copy ended, short of an error.
 enum Finish {
     Done(CopyReport),
@@ -327,7 +385,7 @@ enum Finish {
 }
 
 /// Waits for SIGINT, SIGTERM or SIGHUP and returns its number.
-async fn interrupted() -> i32 {
+pub(crate) async fn interrupted() -> i32 {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
         signal(SignalKind::interrupt()),
@@ -408,7 +466,7 @@ fn plane_options(plane: &PlaneOptions) -> skiff_engine::copy::dataplane::PlaneOp
 /// channel over a socket pair; data-plane streams go straight to the
 /// server. `None`: no agent, or it defers to a direct connection (a person
 /// must confirm a host key or type a passphrase).
-async fn via_agent(
+pub(crate) async fn via_agent(
     plan: &Plan,
     settings: &skiff_engine::ConnectSettings,
     plane: &PlaneOptions,
@@ -557,7 +615,7 @@ async fn server_address(
 
 /// Copies `job` on `conn`: over the skiff data plane when the server offers
 /// one, else over SFTP.
-async fn copy_over(
+pub(crate) async fn copy_over(
     conn: &Connection,
     job: &CopyJob,
     plane: &PlaneOptions,
@@ -658,13 +716,22 @@ mod tests {
             streams: None,
             cipher: CipherMode::Aead,
             no_agent: false,
+            parallel: 16,
+            groups_file: None,
             paths: paths.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn one(planned: Result<Planned, String>) -> Plan {
+        match planned {
+            Ok(Planned::One(p)) => p,
+            other => panic!("one host: {other:?}"),
         }
     }
 
     #[test]
     fn plans_uploads_and_downloads() {
-        let up = plan(&args(&["a", "b/", "bob@h:dst"])).unwrap();
+        let up = one(plan(&args(&["a", "b/", "bob@h:dst"])));
         assert_eq!(
             up.job.direction,
             Direction::Upload {
@@ -676,7 +743,7 @@ mod tests {
         assert_eq!(up.destination.port, Some(2222));
         assert!(up.job.recursive);
 
-        let down = plan(&args(&["h:x", "h:y/z", "."])).unwrap();
+        let down = one(plan(&args(&["h:x", "h:y/z", "."])));
         assert_eq!(
             down.job.direction,
             Direction::Download {
@@ -699,5 +766,26 @@ mod tests {
         assert!(e.contains("same host"), "{e}");
         let e = plan(&args(&["h:a", "local", "dst"])).unwrap_err();
         assert!(e.contains("local source"), "{e}");
+        let e = plan(&args(&["web[1-3]:a", "dst"])).unwrap_err();
+        assert!(e.contains("several hosts"), "{e}");
+    }
+
+    #[test]
+    fn node_set_targets_fan_out() {
+        assert_eq!(
+            parse_endpoint("@web:/srv").unwrap(),
+            remote(None, "@web", "/srv"),
+            "a group, not an empty user"
+        );
+        match plan(&args(&["f", "ops@web[1-3],db:/srv/"])) {
+            Ok(Planned::Many(many)) => {
+                let hosts: Vec<String> = many.hosts.iter().map(|h| h.to_string()).collect();
+                assert_eq!(hosts, ["db", "web1", "web2", "web3"]);
+                assert_eq!(many.user.as_deref(), Some("ops"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = plan(&args(&["f", "web[3-1:/srv"])).unwrap_err();
+        assert!(e.contains("web[3-1"), "{e}");
     }
 }

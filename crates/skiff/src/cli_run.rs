@@ -149,8 +149,14 @@ fn dedup(targets: Vec<nodeset::Target>) -> Vec<nodeset::Target> {
 }
 
 fn load_groups(args: &RunArgs) -> Result<nodeset::Groups, String> {
-    let (path, explicit) = match &args.groups_file {
-        Some(p) => (p.clone(), true),
+    load_groups_from(args.groups_file.as_deref())
+}
+
+/// The groups for `@name` in node sets: from `file`, else from the default
+/// groups file when it exists.
+pub(crate) fn load_groups_from(file: Option<&Path>) -> Result<nodeset::Groups, String> {
+    let (path, explicit) = match file {
+        Some(p) => (p.to_path_buf(), true),
         None => (default_groups_path(), false),
     };
     match std::fs::read_to_string(&path) {

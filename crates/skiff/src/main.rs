@@ -4,6 +4,7 @@
 mod cli_agent;
 mod cli_connect;
 mod cli_cp;
+mod cli_cp_fanout;
 mod cli_exec;
 mod cli_run;
 mod cli_ssh;

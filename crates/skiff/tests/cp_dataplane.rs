@@ -28,14 +28,7 @@ const MAGIC: &[u8; 8] = b"SKIFFDP\x01";
 
 /// skiffd with the transfer subsystem runnable by the test account.
 fn skiffd(fx: &Fixture, extra_config: &str) -> Skiffd {
-    let exe = account_skiffd();
-    let mut config = String::new();
-    if exe != Path::new(skiffd_bin()) {
-        config.push_str(&format!(
-            "Subsystem transfer@skiff '{}' --transfer-server\n",
-            exe.display()
-        ));
-    }
+    let mut config = transfer_subsystem_config().unwrap_or_default();
     config.push_str(extra_config);
     let mut opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys);
     if !config.is_empty() {

@@ -2060,3 +2060,14 @@ pub fn sftp_subsystem_config() -> Option<String> {
     (exe != Path::new(skiffd_bin()))
         .then(|| format!("Subsystem sftp '{}' --sftp-server\n", exe.display()))
 }
+
+/// Like [`sftp_subsystem_config`], for the data plane's `transfer@skiff`.
+pub fn transfer_subsystem_config() -> Option<String> {
+    let exe = account_skiffd();
+    (exe != Path::new(skiffd_bin())).then(|| {
+        format!(
+            "Subsystem transfer@skiff '{}' --transfer-server\n",
+            exe.display()
+        )
+    })
+}

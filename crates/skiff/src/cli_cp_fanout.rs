@@ -1,0 +1,206 @@
+//! `skiff cp SRC... NODESET:PATH`: the same upload to every host of a node
+//! set (`web[01-20]:/srv/app/`, `a,b:dir`, `@group:dir`), from one process,
+//! at most `-j` hosts at a time, each over the data plane (skiffd) or SFTP
+//! (any sshd), through the agent's warm connections when there is one.
+//!
+//! Each host that finishes prints one line on stdout (`host: N files, B
+//! bytes`); its failures go to stderr, named by host. A summary on stderr
+//! folds the hosts by outcome. Exit status: 0 when every host got every
+//! file, 1 when some files failed, 255 when a host could not be reached or
+//! authenticated.
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use skiff_engine::copy::{CopyJob, CopyReport, Direction, NoProgress};
+use skiff_engine::{Destination, SkiffError};
+use skiff_proto::nodeset;
+
+use crate::cli_cp::{CpArgs, Plan, PlaneOptions};
+
+/// An upload to several hosts.
+#[derive(Debug)]
+pub struct FanoutPlan {
+    pub job: CopyJob,
+    pub hosts: Vec<nodeset::Target>,
+    /// The `user@` in front of the node set, for hosts that name none.
+    pub user: Option<String>,
+}
+
+/// The hosts `set` names (groups from `--groups` or the default file).
+pub(crate) fn plan(
+    args: &CpArgs,
+    direction: Direction,
+    user: Option<String>,
+    set: &str,
+) -> Result<FanoutPlan, String> {
+    let groups = crate::cli_run::load_groups_from(args.groups_file.as_deref())?;
+    let lookup = |name: &str| groups.get(name).map(str::to_string);
+    let mut hosts = nodeset::parse(set, &lookup).map_err(|e| e.to_string())?;
+    nodeset::sort_canonical(&mut hosts);
+    hosts.dedup();
+    if hosts.is_empty() {
+        return Err(format!("{set}: the host set is empty"));
+    }
+    Ok(FanoutPlan {
+        job: crate::cli_cp::job(args, direction),
+        hosts,
+        user,
+    })
+}
+
+/// How one host's copy ended.
+enum HostOutcome {
+    Copied(CopyReport),
+    Failed(SkiffError),
+}
+
+pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
+    // Many hosts cannot each ask a person something.
+    let mut options = vec!["BatchMode=yes".to_string()];
+    options.extend(crate::cli_cp::base_destination(args).options);
+    let env = skiff_engine::settings::ClientEnv::from_process();
+    let resolver =
+        match skiff_engine::settings::Resolver::new(args.config.as_deref(), &options, &env) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("skiff: {e}");
+                return 255;
+            }
+        };
+    let Some(runtime) = crate::cli_cp::copy_runtime() else {
+        return 255;
+    };
+    let plane = crate::cli_cp::plane_of(args);
+    let use_agent = crate::cli_cp::agent_wanted(args);
+    let limit = tokio::sync::Semaphore::new(usize::from(args.parallel));
+    // Polled together on this thread: a host's copy starts when a slot is free.
+    let mut copies: FuturesUnordered<_> = plan
+        .hosts
+        .iter()
+        .map(|target| {
+            let destination = Destination {
+                host: target.host.clone(),
+                user: target
+                    .user
+                    .clone()
+                    .or_else(|| plan.user.clone())
+                    .or_else(|| args.login.clone()),
+                port: target.port.or(args.port),
+                options: options.clone(),
+                ..crate::cli_cp::base_destination(args)
+            };
+            let settings = resolver.resolve(&destination);
+            let host_plan = Plan {
+                job: plan.job.clone(),
+                destination,
+            };
+            let (label, plane, limit) = (target.to_string(), &plane, &limit);
+            async move {
+                let _slot = limit.acquire().await;
+                let outcome = match settings {
+                    Ok(settings) => copy_one(&label, &host_plan, settings, plane, use_agent).await,
+                    Err(e) => Err(e),
+                };
+                let outcome = match outcome {
+                    Ok(report) => HostOutcome::Copied(report),
+                    Err(e) => HostOutcome::Failed(e),
+                };
+                (label, outcome)
+            }
+        })
+        .collect();
+    let results = runtime.block_on(async {
+        let mut results = Vec::new();
+        loop {
+            tokio::select! {
+                next = copies.next() => match next {
+                    Some((label, outcome)) => {
+                        report_host(&label, &outcome);
+                        results.push((label, outcome));
+                    }
+                    None => break Ok(results),
+                },
+                signal = crate::cli_cp::interrupted() => break Err(signal),
+            }
+        }
+    });
+    drop(copies);
+    runtime.shutdown_background();
+    match results {
+        Ok(results) => summarize(&plan.hosts, &results),
+        Err(signal) => {
+            eprintln!("skiff: interrupted; files not yet complete were not written");
+            128 + signal
+        }
+    }
+}
+
+/// One host's copy: through the agent when it can, else directly.
+async fn copy_one(
+    label: &str,
+    plan: &Plan,
+    settings: skiff_engine::ConnectSettings,
+    plane: &PlaneOptions,
+    use_agent: bool,
+) -> Result<CopyReport, SkiffError> {
+    if use_agent {
+        if let Some(result) = crate::cli_cp::via_agent(plan, &settings, plane, &NoProgress).await {
+            return result;
+        }
+    }
+    let conn = skiff_engine::connect(&settings).await?;
+    for notice in &conn.notices {
+        eprintln!("{label}: {notice}");
+    }
+    crate::cli_cp::copy_over(&conn, &plan.job, plane, &NoProgress).await
+}
+
+/// The host's line on stdout, and its failures on stderr.
+fn report_host(label: &str, outcome: &HostOutcome) {
+    match outcome {
+        HostOutcome::Copied(r) => {
+            let failed = if r.failures.is_empty() {
+                String::new()
+            } else {
+                format!(", {} failed", r.failures.len())
+            };
+            println!("{label}: {} files, {} bytes{failed}", r.files, r.bytes);
+            for f in &r.failures {
+                eprintln!("skiff: {label}: {f}");
+            }
+        }
+        HostOutcome::Failed(e) => eprintln!("skiff: {label}: {e}"),
+    }
+}
+
+/// The summary on stderr, and the exit status.
+fn summarize(hosts: &[nodeset::Target], results: &[(String, HostOutcome)]) -> i32 {
+    let mut ok = Vec::new();
+    let mut partial = Vec::new();
+    let mut failed = Vec::new();
+    for (label, outcome) in results {
+        match outcome {
+            HostOutcome::Copied(r) if r.failures.is_empty() => ok.push(label.clone()),
+            HostOutcome::Copied(_) => partial.push(label.clone()),
+            HostOutcome::Failed(_) => failed.push(label.clone()),
+        }
+    }
+    let line = |what: &str, labels: &[String]| {
+        if !labels.is_empty() {
+            eprintln!(
+                "skiff: {what} ({}): {}",
+                labels.len(),
+                nodeset::fold(labels)
+            );
+        }
+    };
+    eprintln!("skiff: copied to {} of {} hosts", ok.len(), hosts.len());
+    line("some files failed", &partial);
+    line("not reached", &failed);
+    if !failed.is_empty() {
+        255
+    } else if !partial.is_empty() {
+        1
+    } else {
+        0
+    }
+}
