@@ -110,6 +110,9 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
         .collect();
     let results = runtime.block_on(async {
         let mut results = Vec::new();
+        // Listening from the start, so a signal between two hosts counts.
+        let interrupt = crate::cli_cp::interrupted();
+        tokio::pin!(interrupt);
         loop {
             tokio::select! {
                 next = copies.next() => match next {
@@ -119,7 +122,7 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
                     }
                     None => break Ok(results),
                 },
-                signal = crate::cli_cp::interrupted() => break Err(signal),
+                signal = &mut interrupt => break Err(signal),
             }
         }
     });
