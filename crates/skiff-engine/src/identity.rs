@@ -150,6 +150,16 @@ pub async fn authenticate<H: Handler>(
     handle: &mut Handle<H>,
     settings: &ConnectSettings,
 ) -> Result<(), SkiffError> {
+    if !settings.pubkey_authentication {
+        // No key is offered: a server the configuration distrusts learns none.
+        return Err(SkiffError::new(
+            ErrorKind::Auth,
+            format!(
+                "{}: PubkeyAuthentication is off for this host, and public keys are the only way skiff authenticates",
+                settings.original_host
+            ),
+        ));
+    }
     let mut agent = match &settings.identity_agent {
         Some(sock) => match AgentClient::connect_uds(sock).await {
             Ok(a) => Some(a),

@@ -55,6 +55,7 @@ pub struct PoolKey {
     known_hosts: Vec<PathBuf>,
     host_key_alias: Option<String>,
     revoked_host_keys: Option<PathBuf>,
+    pubkey_authentication: bool,
     /// The way to the host (ProxyCommand, or the jump hosts' settings).
     proxy: Option<String>,
     algorithms: skiff_proto::algorithms::Algorithms,
@@ -79,6 +80,7 @@ impl PoolKey {
                 .collect(),
             host_key_alias: s.host_key_alias.clone(),
             revoked_host_keys: s.revoked_host_keys.clone(),
+            pubkey_authentication: s.pubkey_authentication,
             proxy: s.proxy.as_ref().map(|p| format!("{p:?}")),
             algorithms: s.algorithms.clone(),
             policy: crate::hostkeys::policy_name(s.strict_host_key_checking).to_string(),

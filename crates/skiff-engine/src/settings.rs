@@ -60,6 +60,9 @@ pub struct ConnectSettings {
     pub server_alive_interval: Option<Duration>,
     pub server_alive_count_max: usize,
     pub batch_mode: bool,
+    /// `PubkeyAuthentication` (default yes). skiff only authenticates with
+    /// keys, so `no` leaves it nothing to offer.
+    pub pubkey_authentication: bool,
     /// Where `RefuseConnection yes` was set for this host: connecting is
     /// then an error.
     pub refused_by: Option<String>,
@@ -546,6 +549,7 @@ fn settle(
         server_alive_interval: alive,
         server_alive_count_max: cfg.server_alive_count_max.unwrap_or(3).max(1) as usize,
         batch_mode: cfg.batch_mode.unwrap_or(false),
+        pubkey_authentication: cfg.pubkey_authentication.unwrap_or(true),
         refused_by: cfg
             .refuse_connection
             .clone()

@@ -260,6 +260,7 @@ enum Directive {
     ServerAliveInterval(u64),
     ServerAliveCountMax(u32),
     BatchMode(bool),
+    PubkeyAuthentication(bool),
     RefuseConnection(bool),
     ControlPersist(ControlPersist),
     SendEnv(Vec<String>),
@@ -329,6 +330,7 @@ enum Kw {
     ServerAliveInterval,
     ServerAliveCountMax,
     BatchMode,
+    PubkeyAuthentication,
     RefuseConnection,
     ControlPersist,
     SendEnv,
@@ -370,6 +372,7 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("ServerAliveInterval", Kw::ServerAliveInterval),
     ("ServerAliveCountMax", Kw::ServerAliveCountMax),
     ("BatchMode", Kw::BatchMode),
+    ("PubkeyAuthentication", Kw::PubkeyAuthentication),
     ("RefuseConnection", Kw::RefuseConnection),
     ("ControlPersist", Kw::ControlPersist),
     ("SendEnv", Kw::SendEnv),
@@ -456,7 +459,6 @@ const IGNORED: &[&str] = &[
     "ProxyUseFdpass",
     "PubkeyAcceptedAlgorithms",
     "PubkeyAcceptedKeyTypes",
-    "PubkeyAuthentication",
     "RekeyLimit",
     "RemoteForward",
     "RequiredRSASize",
@@ -873,6 +875,14 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
             Directive::ServerAliveCountMax(parse_u32(name, &single(name, args)?)?)
         }
         Kw::BatchMode => Directive::BatchMode(parse_flag(name, &single(name, args)?)?),
+        Kw::PubkeyAuthentication => {
+            // OpenSSH 8.9 also takes `unbound` and `host-bound`, both "yes" here.
+            let v = single(name, args)?;
+            Directive::PubkeyAuthentication(match v.to_ascii_lowercase().as_str() {
+                "unbound" | "host-bound" => true,
+                _ => parse_flag(name, &v)?,
+            })
+        }
         Kw::RefuseConnection => {
             Directive::RefuseConnection(parse_flag(name, &single(name, args)?)?)
         }
@@ -1062,6 +1072,7 @@ pub struct HostConfig {
     pub server_alive_interval: Option<u64>,
     pub server_alive_count_max: Option<u32>,
     pub batch_mode: Option<bool>,
+    pub pubkey_authentication: Option<bool>,
     /// `RefuseConnection yes`: connecting is an error (with where it was set).
     pub refuse_connection: Option<(bool, String)>,
     pub control_persist: Option<ControlPersist>,
@@ -1307,6 +1318,7 @@ impl Resolver<'_, '_> {
             Directive::ServerAliveInterval(v) => first(&mut cfg.server_alive_interval, v),
             Directive::ServerAliveCountMax(v) => first(&mut cfg.server_alive_count_max, v),
             Directive::BatchMode(v) => first(&mut cfg.batch_mode, v),
+            Directive::PubkeyAuthentication(v) => first(&mut cfg.pubkey_authentication, v),
             Directive::RefuseConnection(v) => {
                 let at = format!("{}:{}", file.label, line);
                 first(&mut cfg.refuse_connection, &(*v, at))

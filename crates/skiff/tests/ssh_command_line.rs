@@ -507,6 +507,19 @@ fn command_line_details() {
     let out = u.run(&shim.path).args(["nosession", "true"]).run();
     out.expect_code(255, "SessionType none");
     assert!(out.stderr.contains("SessionType none"), "{out}");
+    // PubkeyAuthentication no: no key is offered, so skiff cannot log in.
+    let before = d.log().matches("publickey").count();
+    let out = u
+        .run(&shim.path)
+        .args(["-o", "PubkeyAuthentication=no", "box", "true"])
+        .run();
+    out.expect_code(255, "PubkeyAuthentication no");
+    assert!(out.stderr.contains("PubkeyAuthentication is off"), "{out}");
+    assert_eq!(
+        d.log().matches("publickey").count(),
+        before,
+        "{c}: no key offered"
+    );
 
     // What skiff does not do is an error that says so, before connecting.
     let out = u.run(&shim.path).args(["-L", "8080:x:80", "box"]).run();
