@@ -86,11 +86,18 @@ fn many_hosts_with_agent() -> Option<(Fixture, Skiffd, AgentHome, PathBuf)> {
     Some((fx, d, ah, cfg))
 }
 
-/// Exits 1 on 127.0.0.10-19, hangs on 127.0.0.70-79, else prints ok.
-const MIXED: &str = "set -- $SSH_CONNECTION; case $3 in \
-     127.0.0.1?) echo fail; exit 1;; \
-     127.0.0.7?) exec sleep 31.5;; \
-     *) echo ok;; esac";
+/// Exits 1 on 127.0.0.10-19, hangs on 127.0.0.70-79 (`sleep SECS`), else
+/// prints ok. Tests that run at the same time give different SECS, so that
+/// each can look for its own leftover sleepers.
+fn mixed(secs: &str) -> String {
+    format!(
+        "set -- $SSH_CONNECTION; case $3 in \
+         127.0.0.1?) echo fail; exit 1;; \
+         127.0.0.7?) exec sleep {secs};; \
+         *) echo ok;; esac"
+    )
+}
+const MIXED_SLEEP: &str = "31.5";
 
 /// The `skiff:` lines and the summary of a run's stderr, for failure messages.
 fn errors(out: &CmdOutput) -> String {
@@ -112,7 +119,15 @@ fn fan_out_to_two_hundred_hosts_with_mixed_outcomes() {
         &home,
         &cfg,
         // Debug builds on a loaded 2-core CI machine: keep handshakes few at once.
-        &["-j", "40", "--timeout", "3", "node[001-205]", "--", MIXED],
+        &[
+            "-j",
+            "40",
+            "--timeout",
+            "10",
+            "node[001-205]",
+            "--",
+            &mixed(MIXED_SLEEP),
+        ],
     )
     .run();
     out.expect_code(255, &c);
@@ -166,7 +181,7 @@ fn fan_out_to_two_hundred_hosts_with_mixed_outcomes() {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let left = std::process::Command::new("pgrep")
-            .args(["-f", "sleep 31.5"])
+            .args(["-f", &format!("sleep {MIXED_SLEEP}")])
             .output()
             .expect("pgrep");
         if left.stdout.is_empty() {
@@ -188,7 +203,7 @@ fn grouped_json_and_outdir_output() {
     };
     let c = ctx(&d, "skiff run -b / --json / --outdir");
 
-    let out = skiff_run(&home, &cfg, &["-b", "node[001-030]", MIXED]).run();
+    let out = skiff_run(&home, &cfg, &["-b", "node[001-030]", &mixed(MIXED_SLEEP)]).run();
     out.expect_code(1, &c);
     let expected = "---------------------\nnode[001-009,020-030]\n---------------------\nok\n\
                     ---------------\nnode[010-019]\n---------------\nfail\n";
@@ -393,7 +408,14 @@ fn fan_out_through_the_agent_reuses_warm_connections() {
     let out = run_via_agent(
         &ah,
         &cfg,
-        &["-j", "40", "--timeout", "3", "node[001-100]", MIXED],
+        &[
+            "-j",
+            "40",
+            "--timeout",
+            "10",
+            "node[001-100]",
+            &mixed("32.5"),
+        ],
     )
     .run();
     out.expect_code(124, &c);
