@@ -218,11 +218,6 @@ fn plan(args: &CpArgs) -> Result<Planned, String> {
                         ))
                     }
                     Endpoint::Remote { user, host, path } => {
-                        if is_node_set(&host) {
-                            return Err(format!(
-                                "{host}: copying from several hosts at once is not supported; copy to them, or from one host at a time"
-                            ));
-                        }
                         match &remote {
                             Some((u, h)) if *u != user || *h != host => {
                                 return Err(
@@ -237,14 +232,14 @@ fn plan(args: &CpArgs) -> Result<Planned, String> {
                 }
             }
             let (user, host) = remote.expect("at least one remote source");
-            (
-                Direction::Download {
-                    sources: paths,
-                    target,
-                },
-                user,
-                host,
-            )
+            let direction = Direction::Download {
+                sources: paths,
+                target,
+            };
+            if is_node_set(&host) {
+                return crate::cli_cp_fanout::plan(args, direction, user, &host).map(Planned::Many);
+            }
+            (direction, user, host)
         }
     };
     Ok(Planned::One(Plan {
@@ -766,8 +761,6 @@ mod tests {
         assert!(e.contains("same host"), "{e}");
         let e = plan(&args(&["h:a", "local", "dst"])).unwrap_err();
         assert!(e.contains("local source"), "{e}");
-        let e = plan(&args(&["web[1-3]:a", "dst"])).unwrap_err();
-        assert!(e.contains("several hosts"), "{e}");
     }
 
     #[test]
@@ -787,5 +780,16 @@ mod tests {
         }
         let e = plan(&args(&["f", "web[3-1:/srv"])).unwrap_err();
         assert!(e.contains("web[3-1"), "{e}");
+        // From a node set: every source on the same set.
+        assert!(matches!(
+            plan(&args(&[
+                "web[1-3]:/var/log/app.log",
+                "web[1-3]:/etc/app.conf",
+                "dst"
+            ])),
+            Ok(Planned::Many(_))
+        ));
+        let e = plan(&args(&["web[1-3]:a", "web[1-4]:b", "dst"])).unwrap_err();
+        assert!(e.contains("same host"), "{e}");
     }
 }

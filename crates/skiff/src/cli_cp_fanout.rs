@@ -2,6 +2,9 @@
 //! set (`web[01-20]:/srv/app/`, `a,b:dir`, `@group:dir`), from one process,
 //! at most `-j` hosts at a time, each over the data plane (skiffd) or SFTP
 //! (any sshd), through the agent's warm connections when there is one.
+//! `skiff cp NODESET:PATH... DIR` gathers from every host instead, each
+//! host's files into `DIR/HOST/` (created), as `clush --rcopy` keeps them
+//! apart.
 //!
 //! Each host that finishes prints one line on stdout (`host: N files, B
 //! bytes`); its failures go to stderr, named by host. A summary on stderr
@@ -16,7 +19,7 @@ use skiff_proto::nodeset;
 
 use crate::cli_cp::{CpArgs, Plan, PlaneOptions};
 
-/// An upload to several hosts.
+/// An upload to, or a download from, several hosts.
 #[derive(Debug)]
 pub struct FanoutPlan {
     pub job: CopyJob,
@@ -90,7 +93,7 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
             };
             let settings = resolver.resolve(&destination);
             let host_plan = Plan {
-                job: plan.job.clone(),
+                job: job_for(&plan.job, &target.to_string()),
                 destination,
             };
             let (label, plane, limit) = (target.to_string(), &plane, &limit);
@@ -137,6 +140,21 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
     }
 }
 
+/// `job` for the host labelled `label`: a download goes into `TARGET/label`.
+fn job_for(job: &CopyJob, label: &str) -> CopyJob {
+    let mut job = job.clone();
+    if let Direction::Download { target, .. } = &mut job.direction {
+        *target = target.join(file_safe(label));
+    }
+    job
+}
+
+/// `label` as one path component: `/` (never in a host name, but in a
+/// node set's user part it could be) becomes `_`.
+fn file_safe(label: &str) -> String {
+    label.replace('/', "_")
+}
+
 /// One host's copy: through the agent when it can, else directly.
 async fn copy_one(
     label: &str,
@@ -145,6 +163,14 @@ async fn copy_one(
     plane: &PlaneOptions,
     use_agent: bool,
 ) -> Result<CopyReport, SkiffError> {
+    if let Direction::Download { target, .. } = &plan.job.direction {
+        if let Err(e) = std::fs::create_dir_all(target) {
+            return Ok(CopyReport {
+                failures: vec![format!("cannot create {}: {e}", target.display())],
+                ..CopyReport::default()
+            });
+        }
+    }
     if use_agent {
         if let Some(result) = crate::cli_cp::via_agent(plan, &settings, plane, &NoProgress).await {
             return result;
@@ -198,7 +224,7 @@ fn summarize(hosts: &[nodeset::Target], results: &[(String, HostOutcome)]) -> i3
     };
     eprintln!("skiff: copied to {} of {} hosts", ok.len(), hosts.len());
     line("some files failed", &partial);
-    line("not reached", &failed);
+    line("not copied (no connection, host key or login)", &failed);
     if !failed.is_empty() {
         255
     } else if !partial.is_empty() {

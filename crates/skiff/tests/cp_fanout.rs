@@ -163,7 +163,11 @@ fn hosts_that_fail_are_named_and_the_others_go_on() {
         "{c}\n{out}"
     );
     assert!(out.stderr.contains("skiff: h4: "), "{c}\n{out}");
-    assert!(out.stderr.contains("not reached (1): h4"), "{c}\n{out}");
+    assert!(
+        out.stderr
+            .contains("not copied (no connection, host key or login) (1): h4"),
+        "{c}\n{out}"
+    );
     assert_eq!(
         fs::read_to_string(remote.path().join("f")).unwrap(),
         "payload\n"
@@ -181,9 +185,47 @@ fn hosts_that_fail_are_named_and_the_others_go_on() {
         );
     }
 
-    // From several hosts at once: refused before connecting.
-    let out = fleet.cp(false, &["h[1-2]:/etc/hostname", "."]);
-    out.expect_code(255, "download from a node set");
-    assert!(out.stderr.contains("several hosts"), "{out}");
     drop(fleet.fx);
+}
+
+/// `skiff cp NODESET:PATH DIR`: every host's files land in `DIR/HOST/`.
+#[test]
+fn gathering_from_a_node_set_keeps_hosts_apart() {
+    if !require_openssh() {
+        return;
+    }
+    let fleet = Fleet::start();
+    let remote = account_dir();
+    write_file(&remote.path().join("app.log"), "log line\n", 0o644);
+    fs::create_dir(remote.path().join("conf.d")).unwrap();
+    write_file(&remote.path().join("conf.d/x.conf"), "x=1\n", 0o644);
+    let local = tempdir();
+    let out = fleet.cp(
+        true,
+        &[
+            "-r",
+            &format!("h[1-3]:{}/app.log", remote.path().display()),
+            &format!("h[1-3]:{}/conf.d", remote.path().display()),
+            &local.path().display().to_string(),
+        ],
+    );
+    let c = fleet.context();
+    out.expect_code(0, &c);
+    for h in ["h1", "h2", "h3"] {
+        let dir = local.path().join(h);
+        assert_eq!(
+            fs::read_to_string(dir.join("app.log")).unwrap_or_default(),
+            "log line\n",
+            "{c}: {h}'s copy\n{out}"
+        );
+        assert_eq!(
+            fs::read_to_string(dir.join("conf.d/x.conf")).unwrap_or_default(),
+            "x=1\n",
+            "{c}: {h}'s tree\n{out}"
+        );
+    }
+    // Sources from different sets: refused before connecting.
+    let out = fleet.cp(false, &["h[1-2]:/etc/hostname", "h3:/etc/hostname", "."]);
+    out.expect_code(255, "sources from different hosts");
+    assert!(out.stderr.contains("same host"), "{out}");
 }
