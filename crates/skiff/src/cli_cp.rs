@@ -635,10 +635,10 @@ pub(crate) async fn copy_over(
 }
 
 /// A progress bar on stderr: bytes, rate and time left.
-struct Bar(indicatif::ProgressBar);
+pub(crate) struct Bar(pub(crate) indicatif::ProgressBar);
 
 impl Bar {
-    fn new() -> Bar {
+    pub(crate) fn new() -> Bar {
         let bar = indicatif::ProgressBar::with_draw_target(
             Some(0),
             indicatif::ProgressDrawTarget::stderr(),

@@ -6,6 +6,7 @@
 //! host's files into `DIR/HOST/` (created), as `clush --rcopy` keeps them
 //! apart.
 //!
+//! On a terminal (unless `-q`) one progress bar adds up every host's bytes.
 //! Each host that finishes prints one line on stdout (`host: N files, B
 //! bytes`); its failures go to stderr, named by host. A summary on stderr
 //! folds the hosts by outcome. Exit status: 0 when every host got every
@@ -13,7 +14,9 @@
 //! authenticated.
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use skiff_engine::copy::{CopyJob, CopyReport, Direction, NoProgress};
+use std::io::IsTerminal;
+
+use skiff_engine::copy::{CopyJob, CopyReport, Direction, NoProgress, Progress};
 use skiff_engine::{Destination, SkiffError};
 use skiff_proto::nodeset;
 
@@ -73,6 +76,15 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
         return 255;
     };
     let plane = crate::cli_cp::plane_of(args);
+    let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
+        let bar = crate::cli_cp::Bar::new();
+        bar.0.set_message(format!("0/{} hosts", plan.hosts.len()));
+        HostsBar(bar)
+    });
+    let progress: &dyn Progress = match &bar {
+        Some(b) => b,
+        None => &NoProgress,
+    };
     let use_agent = crate::cli_cp::agent_wanted(args);
     let limit = tokio::sync::Semaphore::new(usize::from(args.parallel));
     // Polled together on this thread: a host's copy starts when a slot is free.
@@ -100,7 +112,9 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
             async move {
                 let _slot = limit.acquire().await;
                 let outcome = match settings {
-                    Ok(settings) => copy_one(&label, &host_plan, settings, plane, use_agent).await,
+                    Ok(settings) => {
+                        copy_one(&label, &host_plan, settings, plane, progress, use_agent).await
+                    }
                     Err(e) => Err(e),
                 };
                 let outcome = match outcome {
@@ -120,8 +134,19 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
             tokio::select! {
                 next = copies.next() => match next {
                     Some((label, outcome)) => {
-                        report_host(&label, &outcome);
                         results.push((label, outcome));
+                        let (label, outcome) = results.last().expect("just pushed");
+                        match &bar {
+                            Some(b) => {
+                                b.0 .0.suspend(|| report_host(label, outcome));
+                                b.0 .0.set_message(format!(
+                                    "{}/{} hosts",
+                                    results.len(),
+                                    plan.hosts.len()
+                                ));
+                            }
+                            None => report_host(label, outcome),
+                        }
                     }
                     None => break Ok(results),
                 },
@@ -130,6 +155,9 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
         }
     });
     drop(copies);
+    if let Some(b) = &bar {
+        b.0 .0.finish_and_clear();
+    }
     runtime.shutdown_background();
     match results {
         Ok(results) => summarize(&plan.hosts, &results),
@@ -161,6 +189,7 @@ async fn copy_one(
     plan: &Plan,
     settings: skiff_engine::ConnectSettings,
     plane: &PlaneOptions,
+    progress: &dyn Progress,
     use_agent: bool,
 ) -> Result<CopyReport, SkiffError> {
     if let Direction::Download { target, .. } = &plan.job.direction {
@@ -172,7 +201,7 @@ async fn copy_one(
         }
     }
     if use_agent {
-        if let Some(result) = crate::cli_cp::via_agent(plan, &settings, plane, &NoProgress).await {
+        if let Some(result) = crate::cli_cp::via_agent(plan, &settings, plane, progress).await {
             return result;
         }
     }
@@ -180,7 +209,23 @@ async fn copy_one(
     for notice in &conn.notices {
         eprintln!("{label}: {notice}");
     }
-    crate::cli_cp::copy_over(&conn, &plan.job, plane, &NoProgress).await
+    crate::cli_cp::copy_over(&conn, &plan.job, plane, progress).await
+}
+
+/// One bar for every host's bytes; its message counts finished hosts
+/// (file names from many hosts at once would only flicker).
+struct HostsBar(crate::cli_cp::Bar);
+
+impl Progress for HostsBar {
+    fn add_total(&self, bytes: u64) {
+        self.0 .0.inc_length(bytes);
+    }
+
+    fn advance(&self, bytes: u64) {
+        self.0 .0.inc(bytes);
+    }
+
+    fn file_done(&self, _path: &str) {}
 }
 
 /// The host's line on stdout, and its failures on stderr.
