@@ -638,7 +638,10 @@ fn window_changes_reach_the_remote_terminal() {
             "#!/bin/sh\nexport HOME={home} XDG_RUNTIME_DIR={rt} XDG_STATE_HOME={home}/state \
              SKIFF_AGENT={agent} TERM=xterm\nunset SSH_AUTH_SOCK\n\
              {skiff} exec -F /dev/null -o BatchMode=yes -i {key} -p {port} -tt {user}@127.0.0.1 {remote} >{out} 2>&1\n\
-             echo $? >{rc}\n",
+             echo $? >{rc}\n\
+             # Keep the pane (and tmux) alive for the size check after a\n\
+             # quick exit; the tmux server is killed on drop.\n\
+             exec sleep 60\n",
             home = quote(&ah.home.path().display().to_string()),
             rt = quote(&ah.runtime.path().display().to_string()),
             agent = if through_agent { "on" } else { "off" },
