@@ -72,18 +72,22 @@ pub fn run(args: ExecArgs) -> i32 {
 }
 
 /// Runs `args` and returns the exit status to leave with.
-pub fn run_invocation(mut args: Invocation) -> i32 {
+pub fn run_invocation(args: Invocation) -> i32 {
     crate::init_logging(args.conn.verbose);
-    let dest = destination(&args);
     // Resolved once, for both paths: a bad config fails fast, and the
     // environment to send is the CLI's own (SendEnv/SetEnv).
-    let settings = match skiff_engine::settings::resolve(&dest) {
-        Ok(s) => s,
+    match skiff_engine::settings::resolve(&destination(&args)) {
+        Ok(settings) => run_resolved(args, settings),
         Err(e) => {
             eprintln!("skiff: {e}");
-            return 255;
+            255
         }
-    };
+    }
+}
+
+/// [`run_invocation`] with the settings already resolved (and logging set up).
+pub fn run_resolved(mut args: Invocation, settings: skiff_engine::ConnectSettings) -> i32 {
+    let dest = destination(&args);
     if let Err(e) = apply_session_settings(&mut args, &settings) {
         eprintln!("skiff: {e}");
         return 255;

@@ -40,39 +40,36 @@ pub fn main(args: Vec<OsString>) -> i32 {
         );
         return 0;
     }
-    if line.subsystem && line.command.is_empty() {
-        eprintln!("skiff ssh: -s needs the subsystem's name after the destination\n{USAGE}");
-        return 255;
-    }
     let (print_config, forward, warnings) = (
         line.print_config,
         line.forward_stdio.clone(),
         line.warnings.clone(),
     );
     let inv = invocation(line);
-    if print_config || forward.is_some() || !warnings.is_empty() {
-        crate::init_logging(inv.conn.verbose);
-        let settings = match skiff_engine::settings::resolve(&cli_exec::destination(&inv)) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("skiff: {e}");
-                return 255;
-            }
-        };
-        if print_config {
-            print!("{}", describe(&settings));
-            return 0;
+    if !print_config && forward.is_none() && warnings.is_empty() {
+        return cli_exec::run_invocation(inv);
+    }
+    crate::init_logging(inv.conn.verbose);
+    let settings = match skiff_engine::settings::resolve(&cli_exec::destination(&inv)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("skiff: {e}");
+            return 255;
         }
-        if settings.show_notices {
-            for w in &warnings {
-                eprintln!("skiff: warning: {w}");
-            }
-        }
-        if let Some((host, port)) = forward {
-            return forward_stdio(&settings, &host, port);
+    };
+    if print_config {
+        print!("{}", describe(&settings));
+        return 0;
+    }
+    if settings.show_notices {
+        for w in &warnings {
+            eprintln!("skiff: warning: {w}");
         }
     }
-    cli_exec::run_invocation(inv)
+    match forward {
+        Some((host, port)) => forward_stdio(&settings, &host, port),
+        None => cli_exec::run_resolved(inv, settings),
+    }
 }
 
 fn invocation(line: SshCommandLine) -> Invocation {
