@@ -53,19 +53,17 @@ pub(crate) fn plan(
     })
 }
 
-/// How one host's copy ended.
-enum HostOutcome {
-    Copied(CopyReport),
-    Failed(SkiffError),
-}
+/// How one host's copy ended: what it copied (perhaps with file
+/// failures), or why nothing could be.
+type HostOutcome = Result<CopyReport, SkiffError>;
 
 pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
     // Many hosts cannot each ask a person something.
-    let mut options = vec!["BatchMode=yes".to_string()];
-    options.extend(crate::cli_cp::base_destination(args).options);
+    let mut base = crate::cli_cp::base_destination(args);
+    base.options.insert(0, "BatchMode=yes".to_string());
     let env = skiff_engine::settings::ClientEnv::from_process();
     let resolver =
-        match skiff_engine::settings::Resolver::new(args.config.as_deref(), &options, &env) {
+        match skiff_engine::settings::Resolver::new(args.config.as_deref(), &base.options, &env) {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("skiff: {e}");
@@ -100,26 +98,22 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
                     .or_else(|| plan.user.clone())
                     .or_else(|| args.login.clone()),
                 port: target.port.or(args.port),
-                options: options.clone(),
-                ..crate::cli_cp::base_destination(args)
+                ..base.clone()
             };
             let settings = resolver.resolve(&destination);
+            let label = target.to_string();
             let host_plan = Plan {
-                job: job_for(&plan.job, &target.to_string()),
+                job: job_for(&plan.job, &label),
                 destination,
             };
-            let (label, plane, limit) = (target.to_string(), &plane, &limit);
+            let (plane, limit) = (&plane, &limit);
             async move {
                 let _slot = limit.acquire().await;
-                let outcome = match settings {
+                let outcome: HostOutcome = match settings {
                     Ok(settings) => {
                         copy_one(&label, &host_plan, settings, plane, progress, use_agent).await
                     }
                     Err(e) => Err(e),
-                };
-                let outcome = match outcome {
-                    Ok(report) => HostOutcome::Copied(report),
-                    Err(e) => HostOutcome::Failed(e),
                 };
                 (label, outcome)
             }
@@ -231,7 +225,7 @@ impl Progress for HostsBar {
 /// The host's line on stdout, and its failures on stderr.
 fn report_host(label: &str, outcome: &HostOutcome) {
     match outcome {
-        HostOutcome::Copied(r) => {
+        Ok(r) => {
             let failed = if r.failures.is_empty() {
                 String::new()
             } else {
@@ -242,7 +236,7 @@ fn report_host(label: &str, outcome: &HostOutcome) {
                 eprintln!("skiff: {label}: {f}");
             }
         }
-        HostOutcome::Failed(e) => eprintln!("skiff: {label}: {e}"),
+        Err(e) => eprintln!("skiff: {label}: {e}"),
     }
 }
 
@@ -253,9 +247,9 @@ fn summarize(hosts: &[nodeset::Target], results: &[(String, HostOutcome)]) -> i3
     let mut failed = Vec::new();
     for (label, outcome) in results {
         match outcome {
-            HostOutcome::Copied(r) if r.failures.is_empty() => ok.push(label.clone()),
-            HostOutcome::Copied(_) => partial.push(label.clone()),
-            HostOutcome::Failed(_) => failed.push(label.clone()),
+            Ok(r) if r.failures.is_empty() => ok.push(label.clone()),
+            Ok(_) => partial.push(label.clone()),
+            Err(_) => failed.push(label.clone()),
         }
     }
     let line = |what: &str, labels: &[String]| {
