@@ -20,6 +20,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::account::{self, Account};
 use crate::config::Settings;
+use crate::lookup_command::Parser;
 use crate::process::{self, ChildIo, PtySpec, SpawnRequest};
 
 /// State shared by every connection of one server.
@@ -142,7 +143,11 @@ impl ConnectionHandler {
         if self.candidate.as_ref().map(|(u, _)| u.as_str()) != Some(user) {
             let loaded = match self.admissible_account(user) {
                 Ok(acct) => {
-                    let keys = load_authorized_keys(&self.state.settings.authorized_keys, &acct);
+                    let keys = load_account_file(
+                        &self.state.settings.authorized_keys,
+                        &acct,
+                        authorized_keys::parse,
+                    );
                     Some((acct, keys))
                 }
                 Err(why) => {
@@ -913,9 +918,9 @@ impl russh::server::Handler for ConnectionHandler {
         let Some((account, keys)) = self.load_candidate(user) else {
             return Ok(publickey_only());
         };
-        let principals_file = principals_template
-            .as_deref()
-            .map(|template| load_authorized_principals(template, account));
+        let principals_file = principals_template.as_deref().map(|template| {
+            load_account_file(template, account, authorized_keys::parse_principals)
+        });
         // With either set, the certificate must carry a principal one lists.
         let principals = match (principals_file, command_principals) {
             (None, None) => None,
@@ -1240,29 +1245,19 @@ pub fn authorized_keys_path(template: &str, acct: &Account) -> String {
     out
 }
 
-/// Reads and parses the account's authorized_keys (see [`read_account_file`]).
-fn load_authorized_keys(template: &str, acct: &Account) -> Vec<AuthorizedKey> {
+/// Reads the file `template` names for the account (see
+/// [`read_account_file`]) and parses it with `parse`, logging bad lines; a
+/// missing or refused file gives nothing (for `AuthorizedPrincipalsFile`:
+/// it admits no one).
+fn load_account_file<T>(template: &str, acct: &Account, parse: Parser<T>) -> Vec<T> {
     let Some((path, text)) = read_account_file(template, acct) else {
         return Vec::new();
     };
-    let (keys, warnings) = authorized_keys::parse(&path, &text);
+    let (items, warnings) = parse(&path, &text);
     for w in warnings {
         tracing::warn!("{w}");
     }
-    keys
-}
-
-/// Reads and parses the account's `AuthorizedPrincipalsFile` (see
-/// [`read_account_file`]); a missing file lists no one.
-fn load_authorized_principals(template: &str, acct: &Account) -> Vec<AuthorizedPrincipal> {
-    let Some((path, text)) = read_account_file(template, acct) else {
-        return Vec::new();
-    };
-    let (principals, warnings) = authorized_keys::parse_principals(&path, &text);
-    for w in warnings {
-        tracing::warn!("{w}");
-    }
-    principals
+    items
 }
 
 /// The path `template` gives for the account, and the file's text. As

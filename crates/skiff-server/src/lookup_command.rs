@@ -31,9 +31,9 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// Most output read from a run.
 const MAX_OUTPUT: u64 = 1 << 20;
 
-/// How an output is read: a label for messages and the text, to the items
-/// and warnings for bad lines.
-type Parser<T> = fn(&str, &str) -> (Vec<T>, Vec<authorized_keys::ParseWarning>);
+/// How a list is read: a label for messages and the text, to the items
+/// and warnings for bad lines (`authorized_keys::parse`, `parse_principals`).
+pub(crate) type Parser<T> = fn(&str, &str) -> (Vec<T>, Vec<authorized_keys::ParseWarning>);
 
 /// Tokens `AuthorizedKeysCommand` takes.
 pub const KEYS_TOKENS: &str = "%uhUtkf";
