@@ -226,26 +226,14 @@ fn principals_from_the_command_admit_certificates() {
         Skiffd::start_with(SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&config));
     let c = server_context(&d, "AuthorizedPrincipalsCommand");
     // A certificate for the stranger's key naming a team, not the account.
-    let public = fx.path().join("stranger-cert-src.pub");
-    fs::copy(&fx.stranger_key.public, &public).unwrap();
-    let out = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-s"])
-        .arg(&ca.private)
-        .args([
-            "-I", "laptop-7", "-z", "7", "-n", "ops-team", "-V", "-5m:+1h",
-        ])
-        .arg(&public)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "ssh-keygen -s: {out:?}");
-    let private = fx.path().join("stranger-cert-src");
-    fs::copy(&fx.stranger_key.private, &private).unwrap();
-    fs::set_permissions(&private, fs::Permissions::from_mode(0o600)).unwrap();
-    let cert_key = Key {
-        private,
-        public,
-        kind: KeyType::Ed25519,
-    };
+    let cert_key = user_certificate_copy(
+        &fx,
+        &ca,
+        &fx.stranger_key,
+        "stranger-cert-src",
+        ("laptop-7", "ops-team"),
+        &["-z", "7"],
+    );
     let login = || ssh(d.port(), user(), &cert_key).args(&["echo", "in"]).run();
 
     // No principal printed: refused.

@@ -8,25 +8,13 @@ mod common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::*;
 
 /// Signs `key`'s public half with `ca` as a user certificate for
 /// `principals`, written beside the key as `KEY-cert.pub`.
 fn user_certificate(ca: &Key, key: &Key, principals: &str) -> PathBuf {
-    let out = Command::new("ssh-keygen")
-        .args(["-q", "-s"])
-        .arg(&ca.private)
-        .args(["-I", "skiff-test-user", "-n", principals, "-V", "-5m:+1h"])
-        .arg(&key.public)
-        .output()
-        .expect("run ssh-keygen -s");
-    assert!(
-        out.status.success(),
-        "ssh-keygen -s failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    sign_user_key(ca, &key.public, "skiff-test-user", principals, &[]);
     let mut cert = key.private.as_os_str().to_owned();
     cert.push("-cert.pub");
     PathBuf::from(cert)
@@ -192,51 +180,14 @@ fn user_certificate_with(
     principals: &str,
     options: &[&str],
 ) -> Key {
-    let private = fx.path().join(name);
-    fs::copy(&key.private, &private).unwrap();
-    let public = fx.path().join(format!("{name}.pub"));
-    fs::copy(&key.public, &public).unwrap();
-    let mut args = Vec::new();
-    for o in options {
-        args.extend(["-O", o]);
-    }
-    sign(ca, &public, name, principals, &args);
-    Key {
-        private,
-        public,
-        kind: key.kind,
-    }
+    let more: Vec<&str> = options.iter().flat_map(|o| ["-O", o]).collect();
+    user_certificate_copy(fx, ca, key, name, (name, principals), &more)
 }
 
 /// Like [`user_certificate_with`] with no options and serial `serial`.
 fn user_certificate_with_serial(fx: &Fixture, ca: &Key, key: &Key, name: &str, serial: u64) -> Key {
-    let private = fx.path().join(name);
-    fs::copy(&key.private, &private).unwrap();
-    let public = fx.path().join(format!("{name}.pub"));
-    fs::copy(&key.public, &public).unwrap();
-    sign(ca, &public, name, user(), &["-z", &serial.to_string()]);
-    Key {
-        private,
-        public,
-        kind: key.kind,
-    }
-}
-
-/// `ssh-keygen -s CA -I ID -n PRINCIPALS -V -5m:+1h ARGS PUBLIC`.
-fn sign(ca: &Key, public: &Path, id: &str, principals: &str, args: &[&str]) {
-    let out = Command::new("ssh-keygen")
-        .args(["-q", "-s"])
-        .arg(&ca.private)
-        .args(["-I", id, "-n", principals, "-V", "-5m:+1h"])
-        .args(args)
-        .arg(public)
-        .output()
-        .expect("run ssh-keygen -s");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let serial = serial.to_string();
+    user_certificate_copy(fx, ca, key, name, (name, user()), &["-z", &serial])
 }
 
 /// skiffd trusting a user CA, server-wide (`TrustedUserCAKeys`) or through

@@ -1702,6 +1702,47 @@ pub fn check_ssh_connection(conn: &str, client: &str, port: u16, c: &str) {
     );
 }
 
+/// `ssh-keygen -s CA -I ID -n PRINCIPALS -V -5m:+1h MORE PUBLIC`: a user
+/// certificate for `public`, written beside it as `...-cert.pub`.
+pub fn sign_user_key(ca: &Key, public: &Path, id: &str, principals: &str, more: &[&str]) {
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-s"])
+        .arg(&ca.private)
+        .args(["-I", id, "-n", principals, "-V", "-5m:+1h"])
+        .args(more)
+        .arg(public)
+        .output()
+        .expect("run ssh-keygen -s");
+    assert!(
+        out.status.success(),
+        "ssh-keygen -s: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A copy of `key` named `name` in the fixture, with `name-cert.pub`
+/// beside it (see [`sign_user_key`]; `more` such as `-O OPTION` or `-z
+/// SERIAL`).
+pub fn user_certificate_copy(
+    fx: &Fixture,
+    ca: &Key,
+    key: &Key,
+    name: &str,
+    (id, principals): (&str, &str),
+    more: &[&str],
+) -> Key {
+    let private = fx.path().join(name);
+    fs::copy(&key.private, &private).expect("copy the private key");
+    let public = fx.path().join(format!("{name}.pub"));
+    fs::copy(&key.public, &public).expect("copy the public key");
+    sign_user_key(ca, &public, id, principals, more);
+    Key {
+        private,
+        public,
+        kind: key.kind,
+    }
+}
+
 /// Writes the key revocation list `krl` from the `ssh-keygen -k`
 /// specification file `spec` (lines `serial:`, `id:`, `key:`, `hash:`),
 /// with `ca` as the CA its certificate lines are for.
