@@ -51,12 +51,22 @@ async fn run(pool: &Pool, s: &ConnectSettings, command: String) -> (ExitOutcome,
     )
 }
 
-/// `n` concurrent commands, each printing its own number and exiting with n % 7.
-async fn concurrent(pool: Arc<Pool>, s: Arc<ConnectSettings>, n: usize, hold: &str) {
+/// `n` concurrent commands, each printing its own number and exiting with
+/// n % 7. Each holds its session until all `n` have started (a file per
+/// command in a shared directory; at most 30 s), so that all are open at
+/// once however slowly a loaded machine starts them.
+async fn concurrent(pool: Arc<Pool>, s: Arc<ConnectSettings>, n: usize) {
+    let started = account_dir();
+    let dir = started.path().display().to_string();
     let mut tasks = Vec::new();
     for i in 0..n {
         let (pool, s) = (pool.clone(), s.clone());
-        let cmd = format!("echo job-{i}; sleep {hold}; exit {}", i % 7);
+        let cmd = format!(
+            "echo job-{i}; touch '{dir}/{i}'; w=0; \
+             while [ \"$(ls '{dir}' | wc -l)\" -lt {n} ] && [ $w -lt 600 ]; do sleep 0.05; w=$((w+1)); done; \
+             exit {}",
+            i % 7
+        );
         tasks.push(tokio::spawn(async move { (i, run(&pool, &s, cmd).await) }));
     }
     for t in tasks {
@@ -89,7 +99,7 @@ fn fifty_concurrent_commands_through_sshd_max_sessions_10() {
     let kh = fx.path().join("pool_known_hosts");
     let s = Arc::new(settings(sshd.port(), &fx, &kh));
     let pool = Arc::new(Pool::new());
-    runtime().block_on(concurrent(pool.clone(), s.clone(), 50, "0.5"));
+    runtime().block_on(concurrent(pool.clone(), s.clone(), 50));
     // 50 commands held open together need at least 5 connections of 10 sessions,
     // and the pool must not have opened one per command.
     let conns = pool.connection_count(&s);
@@ -133,7 +143,7 @@ fn commands_share_one_connection_to_skiffd() {
         return;
     };
     let (s, pool, rt) = (setup.s.clone(), setup.pool.clone(), &setup.rt);
-    rt.block_on(concurrent(pool.clone(), s.clone(), 64, "0.2"));
+    rt.block_on(concurrent(pool.clone(), s.clone(), 64));
     assert_eq!(
         pool.connection_count(&s),
         1,
