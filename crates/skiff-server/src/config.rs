@@ -75,6 +75,9 @@ pub struct Settings {
     pub unencrypted_data_plane: UnencryptedPolicy,
     /// The largest receive window a channel may grow to (`MaxChannelWindow`).
     pub max_channel_window: u32,
+    /// `AllowTcpForwarding`, `DisableForwarding`, `PermitOpen`,
+    /// `PermitListen`, `GatewayPorts`.
+    pub forwarding: crate::forward_policy::ForwardRules,
 }
 
 /// Where skiffd lets a client turn data-plane encryption off.
@@ -138,6 +141,7 @@ impl Default for Settings {
             data_plane: true,
             unencrypted_data_plane: UnencryptedPolicy::Loopback,
             max_channel_window: skiff_proto::window::DEFAULT_MAX_WINDOW,
+            forwarding: Default::default(),
             kex_algorithms: algorithms::SERVER_KEX.defaults(),
             host_key_algorithms: algorithms::SERVER_HOST_KEY.defaults(),
             ciphers: algorithms::SERVER_CIPHERS.defaults(),
@@ -330,6 +334,28 @@ pub fn apply_config_text(
                         ))
                     })?;
             }
+            "allowtcpforwarding" => {
+                let rules = &mut settings.forwarding;
+                (rules.local, rules.remote) =
+                    crate::forward_policy::parse_allow_tcp_forwarding(one()?).map_err(err)?;
+            }
+            "disableforwarding" => {
+                settings.forwarding.disabled = parse_yes_no(one()?).map_err(err)?
+            }
+            "permitopen" | "permitlisten" => {
+                let listen = keyword.eq_ignore_ascii_case("permitlisten");
+                let list = crate::forward_policy::PermitList::parse(&args, listen)
+                    .map_err(|e| err(format!("{keyword}: {e}")))?;
+                if listen {
+                    settings.forwarding.permit_listen = list;
+                } else {
+                    settings.forwarding.permit_open = list;
+                }
+            }
+            "gatewayports" => {
+                settings.forwarding.gateway_ports =
+                    crate::forward_policy::GatewayPorts::parse(one()?).map_err(err)?
+            }
             "dataplane" => settings.data_plane = parse_yes_no(one()?).map_err(err)?,
             "dataplaneunencrypted" => {
                 settings.unencrypted_data_plane = match one()?.to_ascii_lowercase().as_str() {
@@ -418,6 +444,31 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forwarding_keywords() {
+        use crate::forward_policy::{GatewayPorts, PermitList};
+        let mut s = Settings::default();
+        assert!(s.forwarding.local && s.forwarding.remote && !s.forwarding.disabled);
+        let text = "AllowTcpForwarding local\nPermitOpen db:5432 [::1]:*\n\
+                    PermitListen none\nGatewayPorts clientspecified\nDisableForwarding no\n";
+        apply_config_text(&mut s, "f", text).unwrap();
+        let f = &s.forwarding;
+        assert!(f.local && !f.remote && !f.disabled);
+        assert!(matches!(&f.permit_open, PermitList::Only(e) if e.len() == 2));
+        assert_eq!(f.permit_listen, PermitList::None);
+        assert_eq!(f.gateway_ports, GatewayPorts::ClientSpecified);
+        for (bad, word) in [
+            ("AllowTcpForwarding sometimes", "AllowTcpForwarding"),
+            ("PermitOpen 5432", "5432"),
+            ("PermitListen", "PermitListen"),
+            ("GatewayPorts maybe", "GatewayPorts"),
+        ] {
+            let e = apply_config_text(&mut s, "f", &format!("#\n{bad}\n")).unwrap_err();
+            assert_eq!(e.line, 2, "{bad}");
+            assert!(e.to_string().contains(word), "{e}");
+        }
+    }
 
     #[test]
     fn algorithm_lists_replace_or_edit_the_defaults() {

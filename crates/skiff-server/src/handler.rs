@@ -1,7 +1,7 @@
 //! The per-connection SSH handler: public-key authentication against the
 //! account's authorized_keys (options enforced), then session channels
 //! (`exec`, `shell`, `subsystem` sftp, `pty-req`, `env`, `signal`,
-//! `window-change`).
+//! `window-change`) and TCP forwarding (see [`crate::forwarding`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -95,6 +95,8 @@ pub struct ConnectionHandler {
     /// between (a jump host, say); it also holds the client's signing time,
     /// which only makes windows grow sooner.
     session_rtt: Option<std::time::Duration>,
+    /// TCP forwardings (`direct-tcpip` relays, `tcpip-forward` listeners).
+    forwards: crate::forwarding::Forwards,
 }
 
 impl ConnectionHandler {
@@ -116,6 +118,7 @@ impl ConnectionHandler {
             windows: skiff_proto::window::WindowGrowth::new(state.settings.max_channel_window),
             probe_answered: None,
             session_rtt: None,
+            forwards: Default::default(),
             state,
         }
     }
@@ -1024,6 +1027,113 @@ impl russh::server::Handler for ConnectionHandler {
         );
         reply.accept().await;
         Ok(())
+    }
+
+    async fn channel_open_direct_tcpip(
+        &mut self,
+        channel: Channel<Msg>,
+        host_to_connect: &str,
+        port_to_connect: u32,
+        _originator_address: &str,
+        _originator_port: u32,
+        reply: ChannelOpenHandle,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let Some(auth) = &self.auth else {
+            reply
+                .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        };
+        let who = format!("{} from {}", auth.account.name, self.peer);
+        let rules = &self.state.settings.forwarding;
+        let refusal = rules.open_refusal(&auth.options, host_to_connect, port_to_connect);
+        match (refusal, u16::try_from(port_to_connect)) {
+            (None, Ok(port)) => self.forwards.open(
+                channel,
+                reply,
+                session.handle(),
+                host_to_connect.to_string(),
+                port,
+                who,
+            ),
+            (refusal, _) => {
+                let why = refusal.unwrap_or_else(|| "not a TCP port".into());
+                tracing::info!(
+                    "{who}: refusing forwarding to {host_to_connect} port {port_to_connect}: {why}"
+                );
+                reply
+                    .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                    .await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn channel_open_direct_streamlocal(
+        &mut self,
+        _channel: Channel<Msg>,
+        socket_path: &str,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        tracing::info!(peer = %self.peer, "refusing forwarding to socket {socket_path:?}: skiffd does not forward Unix sockets");
+        reply
+            .reject(ChannelOpenFailure::AdministrativelyProhibited)
+            .await;
+        Ok(())
+    }
+
+    async fn tcpip_forward(
+        &mut self,
+        address: &str,
+        port: &mut u32,
+        session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        let Some(auth) = &self.auth else {
+            return Ok(false);
+        };
+        let who = format!("{} from {}", auth.account.name, self.peer);
+        let rules = &self.state.settings.forwarding;
+        let listened = match rules.listen_plan(&auth.options, auth.account.uid, address, *port) {
+            Ok(bind) => {
+                self.forwards
+                    .listen(session.handle(), &bind, address, *port)
+                    .await
+            }
+            Err(refusal) => Err(refusal),
+        };
+        match listened {
+            Ok(bound) => {
+                tracing::info!("{who}: remote forwarding from {address:?} port {bound}");
+                *port = bound;
+                Ok(true)
+            }
+            Err(why) => {
+                tracing::info!(
+                    "{who}: refusing remote forwarding from {address:?} port {port}: {why}"
+                );
+                Ok(false)
+            }
+        }
+    }
+
+    async fn cancel_tcpip_forward(
+        &mut self,
+        address: &str,
+        port: u32,
+        _session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        Ok(self.forwards.cancel(address, port))
+    }
+
+    async fn streamlocal_forward(
+        &mut self,
+        socket_path: &str,
+        _session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        tracing::info!(peer = %self.peer, "refusing remote forwarding from socket {socket_path:?}: skiffd does not forward Unix sockets");
+        Ok(false)
     }
 
     async fn channel_close(

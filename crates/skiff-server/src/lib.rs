@@ -13,6 +13,8 @@ pub mod access;
 pub mod account;
 pub mod config;
 mod dataplane;
+pub mod forward_policy;
+mod forwarding;
 mod handler;
 pub mod hostkey;
 mod listener;

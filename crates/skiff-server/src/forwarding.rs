@@ -1,0 +1,270 @@
+//! skiffd's TCP forwarding, once [`crate::forward_policy`] allowed it:
+//! `direct-tcpip` channels (ssh -L, -D, -W and jump hosts) connect to the
+//! destination and relay; `tcpip-forward` requests (ssh -R) listen and open
+//! a `forwarded-tcpip` channel to the client for every connection accepted.
+//!
+//! Every task belongs to one SSH connection and ends with it, even when the
+//! far end of a relay stays open.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use russh::server::{ChannelOpenHandle, Handle, Msg};
+use russh::{Channel, ChannelOpenFailure};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::forward_policy::BindTo;
+
+/// How long a `direct-tcpip` connection attempt may take, per address.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Relay buffer size in each direction.
+const RELAY_BUFFER: usize = 64 * 1024;
+
+/// The forwardings of one SSH connection.
+pub struct Forwards {
+    /// Dropped with the connection, which ends every task watching it.
+    alive: watch::Sender<()>,
+    /// Remote forwardings by the address and port the client asked for.
+    listeners: HashMap<(String, u32), Vec<JoinHandle<()>>>,
+}
+
+impl Default for Forwards {
+    fn default() -> Self {
+        Forwards {
+            alive: watch::channel(()).0,
+            listeners: HashMap::new(),
+        }
+    }
+}
+
+impl Drop for Forwards {
+    fn drop(&mut self) {
+        for task in self.listeners.values().flatten() {
+            task.abort();
+        }
+    }
+}
+
+/// Runs `work` until it ends or the connection `alive` belongs to is gone.
+fn spawn_watched<F>(mut alive: watch::Receiver<()>, work: F) -> JoinHandle<()>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = work => {}
+            _ = alive.changed() => {}
+        }
+    })
+}
+
+impl Forwards {
+    /// Connects to `host:port` and, once connected, accepts the channel and
+    /// relays between the two; a failed connection rejects the channel. Runs
+    /// in the background so that the connection's other channels go on.
+    pub fn open(
+        &self,
+        channel: Channel<Msg>,
+        reply: ChannelOpenHandle,
+        handle: Handle,
+        host: String,
+        port: u16,
+        who: String,
+    ) {
+        spawn_watched(self.alive.subscribe(), async move {
+            match connect(&host, port).await {
+                Ok(tcp) => {
+                    tracing::info!("{who}: forwarding to {host} port {port}");
+                    reply.accept().await;
+                    relay(channel, tcp, handle).await;
+                }
+                Err(e) => {
+                    tracing::info!("{who}: forwarding to {host} port {port} failed: {e}");
+                    reply.reject(ChannelOpenFailure::ConnectFailed).await;
+                }
+            }
+        });
+    }
+
+    /// Listens for a remote forwarding that the client asked for as
+    /// `host:port`, where `bind` says; returns the port (chosen by the
+    /// system when `port` is 0). Each connection accepted is offered to the
+    /// client as a `forwarded-tcpip` channel naming `host` and that port.
+    pub async fn listen(
+        &mut self,
+        handle: Handle,
+        bind: &BindTo,
+        host: &str,
+        port: u32,
+    ) -> Result<u32, String> {
+        let key = (host.to_string(), port);
+        if self.listeners.contains_key(&key) {
+            return Err(format!("{host}:{port} is already forwarded"));
+        }
+        let requested = u16::try_from(port).map_err(|_| format!("bad port {port}"))?;
+        let listeners = bind_listeners(bind, requested).await?;
+        let bound = listeners[0]
+            .local_addr()
+            .map_err(|e| format!("no local address: {e}"))?
+            .port();
+        let tasks = listeners
+            .into_iter()
+            .map(|listener| {
+                let alive = self.alive.subscribe();
+                let work = accept_loop(
+                    listener,
+                    handle.clone(),
+                    host.to_string(),
+                    bound,
+                    alive.clone(),
+                );
+                spawn_watched(alive, work)
+            })
+            .collect();
+        // A request for port 0 is cancelled by the port that was chosen.
+        self.listeners
+            .insert((host.to_string(), u32::from(bound)), tasks);
+        Ok(u32::from(bound))
+    }
+
+    /// Stops listening for `host:port`; connections already forwarded go
+    /// on. `false` when there was no such forwarding.
+    pub fn cancel(&mut self, host: &str, port: u32) -> bool {
+        match self.listeners.remove(&(host.to_string(), port)) {
+            Some(tasks) => {
+                tasks.iter().for_each(JoinHandle::abort);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Connects to the first address of `host:port` that answers.
+async fn connect(host: &str, port: u16) -> std::io::Result<TcpStream> {
+    let mut last = None;
+    for addr in tokio::net::lookup_host((host, port)).await? {
+        match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+            Ok(Ok(tcp)) => {
+                let _ = tcp.set_nodelay(true);
+                return Ok(tcp);
+            }
+            Ok(Err(e)) => last = Some(e),
+            Err(_) => last = Some(std::io::ErrorKind::TimedOut.into()),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("the name has no addresses")))
+}
+
+/// The sockets for a remote forwarding: every one must bind to the same
+/// port (the first one's when `port` is 0). Loopback takes ::1 only if
+/// the machine has IPv6.
+async fn bind_listeners(bind: &BindTo, port: u16) -> Result<Vec<TcpListener>, String> {
+    let candidates: Vec<(SocketAddr, bool)> = match bind {
+        BindTo::Loopback => vec![
+            (SocketAddr::from(([127, 0, 0, 1], port)), true),
+            (
+                SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)),
+                false,
+            ),
+        ],
+        // Dual-stack where the kernel offers it; IPv4 alone otherwise.
+        BindTo::Everywhere => vec![(
+            SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)),
+            false,
+        )],
+        BindTo::Address(name) => tokio::net::lookup_host((name.as_str(), port))
+            .await
+            .map_err(|e| format!("cannot resolve {name}: {e}"))?
+            .map(|a| (a, true))
+            .collect(),
+    };
+    let mut listeners: Vec<TcpListener> = Vec::new();
+    let mut first_error = None;
+    for (mut addr, required) in candidates {
+        if let Some(first) = listeners.first() {
+            addr.set_port(first.local_addr().map_err(|e| e.to_string())?.port());
+        }
+        match TcpListener::bind(addr).await {
+            Ok(l) => listeners.push(l),
+            Err(e) if required && listeners.is_empty() => {
+                return Err(format!("cannot listen on {addr}: {e}"))
+            }
+            Err(e) => {
+                first_error.get_or_insert(format!("cannot listen on {addr}: {e}"));
+            }
+        }
+    }
+    if listeners.is_empty() && matches!(bind, BindTo::Everywhere) {
+        let v4 = SocketAddr::from(([0, 0, 0, 0], port));
+        let l = TcpListener::bind(v4)
+            .await
+            .map_err(|e| format!("cannot listen on {v4}: {e}"))?;
+        listeners.push(l);
+    }
+    if listeners.is_empty() {
+        return Err(first_error.unwrap_or_else(|| "no address to listen on".into()));
+    }
+    Ok(listeners)
+}
+
+/// Offers every connection `listener` accepts to the client.
+async fn accept_loop(
+    listener: TcpListener,
+    handle: Handle,
+    host: String,
+    port: u16,
+    alive: watch::Receiver<()>,
+) {
+    loop {
+        let (tcp, from) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of descriptors, say: wait instead of spinning.
+                tracing::warn!("remote forwarding {host}:{port}: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let handle = handle.clone();
+        let host = host.clone();
+        // Each relay is its own task, so a slow one holds up no other; it
+        // ends with its peer or the connection, and outlives a cancel.
+        spawn_watched(alive.clone(), async move {
+            let opened = handle
+                .channel_open_forwarded_tcpip(
+                    host.clone(),
+                    u32::from(port),
+                    from.ip().to_string(),
+                    u32::from(from.port()),
+                )
+                .await;
+            match opened {
+                Ok(channel) => relay(channel, tcp, handle).await,
+                Err(e) => tracing::info!(
+                    "remote forwarding {host}:{port}: the client refused a connection from {from}: {e}"
+                ),
+            }
+        });
+    }
+}
+
+/// Copies both ways until both sides have ended (each end-of-file is passed
+/// on as one), then closes the channel.
+async fn relay(channel: Channel<Msg>, mut tcp: TcpStream, handle: Handle) {
+    let id = channel.id();
+    let mut stream = channel.into_stream();
+    let copied =
+        tokio::io::copy_bidirectional_with_sizes(&mut stream, &mut tcp, RELAY_BUFFER, RELAY_BUFFER)
+            .await;
+    if let Err(e) = copied {
+        tracing::debug!("forwarded connection ended: {e}");
+    }
+    drop(stream);
+    let _ = handle.close(id).await;
+}
