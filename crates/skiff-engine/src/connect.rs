@@ -14,6 +14,7 @@ use russh::{cipher, kex, mac, Preferred, SshId};
 use crate::error::{ErrorKind, SkiffError};
 use crate::hostkeys::{CertificateCheck, KnownHosts};
 use crate::identity;
+use crate::port_forward::RemoteForwards;
 use crate::server_id::{Recording, ServerId};
 use crate::settings::ConnectSettings;
 
@@ -42,6 +43,18 @@ pub struct Connection {
     pub peer_addr: Option<std::net::SocketAddr>,
     /// The server's identification line.
     pub server_id: ServerId,
+    /// Remote port forwardings (`ssh -R`), which the handler serves.
+    pub(crate) remote_forwards: Arc<RemoteForwards>,
+}
+
+impl Connection {
+    /// Returns once the connection has ended (the server closed it, or
+    /// keepalives found it dead).
+    pub async fn closed(&self) {
+        while !self.handle.is_closed() {
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+    }
 }
 
 /// russh client callbacks: host-key verification.
@@ -57,10 +70,32 @@ pub struct ClientHandler {
     /// Set when the key exchange should be done again with every known type
     /// first ([`KnownHosts::order_missed_a_type`]).
     order_again: Arc<AtomicBool>,
+    /// Where the server's `forwarded-tcpip` channels go.
+    remote_forwards: Arc<RemoteForwards>,
 }
 
 impl client::Handler for ClientHandler {
     type Error = russh::Error;
+
+    async fn server_channel_open_forwarded_tcpip(
+        &mut self,
+        channel: russh::Channel<client::Msg>,
+        connected_address: &str,
+        connected_port: u32,
+        originator_address: &str,
+        originator_port: u32,
+        reply: client::ChannelOpenHandle,
+        _session: &mut client::Session,
+    ) -> Result<(), Self::Error> {
+        self.remote_forwards.incoming(
+            channel,
+            connected_address,
+            connected_port,
+            format!("{originator_address} port {originator_port}"),
+            reply,
+        );
+        Ok(())
+    }
 
     async fn check_server_key(
         &mut self,
@@ -211,6 +246,7 @@ struct Handshake {
     handle: client::Handle<ClientHandler>,
     peer_addr: Option<SocketAddr>,
     server_id: ServerId,
+    remote_forwards: Arc<RemoteForwards>,
 }
 
 /// TCP connection and key exchange with the host-key algorithms ordered by
@@ -233,12 +269,14 @@ async fn handshake(
     let (stream, server_id) = Recording::new(transport.stream);
     let refusal = Arc::new(Mutex::new(None));
     let order_again = Arc::new(AtomicBool::new(false));
+    let remote_forwards = Arc::new(RemoteForwards::default());
     let handler = ClientHandler {
         settings: settings.clone(),
         known_hosts: known_hosts.clone(),
         refusal: refusal.clone(),
         plain_order,
         order_again: order_again.clone(),
+        remote_forwards: remote_forwards.clone(),
     };
     // Key exchange must also finish in bounded time: a server that accepts TCP
     // and then says nothing must not hang us.
@@ -250,6 +288,7 @@ async fn handshake(
             handle,
             peer_addr,
             server_id,
+            remote_forwards,
         })),
         Ok(Err(_)) if order_again.load(Ordering::Relaxed) => Ok(None),
         Ok(Err(e)) => {
@@ -299,6 +338,7 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
         mut handle,
         peer_addr,
         server_id,
+        remote_forwards,
     } = match first {
         Some(done) => done,
         None => {
@@ -346,6 +386,7 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
         },
         peer_addr,
         server_id,
+        remote_forwards,
     })
 }
 

@@ -14,6 +14,7 @@ pub mod forward;
 pub mod hostkeys;
 mod identity;
 pub mod pool;
+pub mod port_forward;
 mod revoked_host_keys;
 pub mod server_id;
 pub mod settings;

@@ -81,6 +81,17 @@ pub struct ConnectSettings {
     pub set_env: Vec<(String, String)>,
     /// How long a pooled connection may stay idle (None: the agent's default).
     pub control_persist: Option<skiff_proto::ssh_config::ControlPersist>,
+    /// `LocalForward`, `RemoteForward`, `DynamicForward` (set up by `skiff
+    /// ssh` only: `skiff exec` and `skiff run` do not forward).
+    pub forwards: Vec<skiff_proto::forward_spec::ForwardSpec>,
+    /// `ClearAllForwardings`: no forwarding at all, the command line's too.
+    pub clear_all_forwardings: bool,
+    /// `ExitOnForwardFailure`: a forwarding that cannot be set up ends the
+    /// program (else it is a warning).
+    pub exit_on_forward_failure: bool,
+    /// `GatewayPorts`: local forwardings without a bind address listen on
+    /// every address instead of loopback.
+    pub gateway_ports: bool,
     /// Keywords skiff accepts but does not act on, with where they were set (for -v).
     pub ignored: Vec<(String, String)>,
 }
@@ -574,6 +585,10 @@ fn settle(
         send_env: cfg.send_env.clone(),
         set_env: cfg.set_env.clone(),
         control_persist: cfg.control_persist,
+        forwards: cfg.forwards.clone(),
+        clear_all_forwardings: cfg.clear_all_forwardings.unwrap_or(false),
+        exit_on_forward_failure: cfg.exit_on_forward_failure.unwrap_or(false),
+        gateway_ports: cfg.gateway_ports.unwrap_or(false),
         ignored: cfg.ignored.clone(),
     })
 }

@@ -9,12 +9,14 @@ pub mod algorithms;
 pub mod authorized_keys;
 pub mod dataplane;
 pub mod flow;
+pub mod forward_spec;
 pub mod frame;
 pub mod known_hosts;
 pub mod krl;
 pub mod nodeset;
 pub mod pattern;
 pub mod signals;
+pub mod socks;
 pub mod ssh_config;
 #[cfg(test)]
 mod test_keys;

@@ -275,6 +275,11 @@ enum Directive {
     Proxy(ProxySpec),
     LogLevel(String),
     Tag(String),
+    /// `LocalForward`, `RemoteForward`, `DynamicForward`: they accumulate.
+    Forward(crate::forward_spec::ForwardSpec),
+    ClearAllForwardings(bool),
+    ExitOnForwardFailure(bool),
+    GatewayPorts(bool),
     /// A real `ssh_config` keyword that skiff does not implement (canonical spelling).
     Ignored(&'static str),
     /// A keyword nobody knows (as written).
@@ -343,6 +348,12 @@ enum Kw {
     ProxyJump,
     LogLevel,
     Tag,
+    LocalForward,
+    RemoteForward,
+    DynamicForward,
+    ClearAllForwardings,
+    ExitOnForwardFailure,
+    GatewayPorts,
 }
 
 const SUPPORTED: &[(&str, Kw)] = &[
@@ -385,6 +396,12 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("ProxyJump", Kw::ProxyJump),
     ("LogLevel", Kw::LogLevel),
     ("Tag", Kw::Tag),
+    ("LocalForward", Kw::LocalForward),
+    ("RemoteForward", Kw::RemoteForward),
+    ("DynamicForward", Kw::DynamicForward),
+    ("ClearAllForwardings", Kw::ClearAllForwardings),
+    ("ExitOnForwardFailure", Kw::ExitOnForwardFailure),
+    ("GatewayPorts", Kw::GatewayPorts),
 ];
 
 /// Keywords accepted by OpenSSH's `ssh` (including deprecated ones it still
@@ -405,18 +422,15 @@ const IGNORED: &[&str] = &[
     "ChannelTimeout",
     "CheckHostIP",
     "Cipher",
-    "ClearAllForwardings",
     "Compression",
     "CompressionLevel",
     "ConnectionAttempts",
     "ControlMaster",
     "ControlPath",
     "DSAAuthentication",
-    "DynamicForward",
     "EnableEscapeCommandline",
     "EnableSSHKeysign",
     "EscapeChar",
-    "ExitOnForwardFailure",
     "FallBackToRsh",
     "FingerprintHash",
     "ForkAfterAuthentication",
@@ -424,7 +438,6 @@ const IGNORED: &[&str] = &[
     "ForwardX11",
     "ForwardX11Timeout",
     "ForwardX11Trusted",
-    "GatewayPorts",
     "GlobalKnownHostsFile2",
     "GSSAPIAuthentication",
     "GSSAPIClientIdentity",
@@ -445,7 +458,6 @@ const IGNORED: &[&str] = &[
     "KerberosTGTPassing",
     "KnownHostsCommand",
     "LocalCommand",
-    "LocalForward",
     "LogVerbose",
     "NoHostAuthenticationForLocalhost",
     "NumberOfPasswordPrompts",
@@ -460,7 +472,6 @@ const IGNORED: &[&str] = &[
     "PubkeyAcceptedAlgorithms",
     "PubkeyAcceptedKeyTypes",
     "RekeyLimit",
-    "RemoteForward",
     "RequiredRSASize",
     "RhostsRSAAuthentication",
     "RSAAuthentication",
@@ -902,6 +913,41 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
                 },
             })
         }
+        Kw::LocalForward | Kw::RemoteForward => {
+            use crate::forward_spec::parse_forward;
+            // `[bind:]port host:hostport`: the same fields as -L/-R.
+            let remote = kw == Kw::RemoteForward;
+            let spec = match args.as_slice() {
+                [listen, target] => format!("{listen}:{target}"),
+                [listen] if remote => listen.clone(),
+                _ => {
+                    return Err(format!(
+                        "{name}: expected [bind_address:]port host:hostport"
+                    ))
+                }
+            };
+            match parse_forward(&spec, remote) {
+                Ok(f) => Directive::Forward(f),
+                Err(e) if e.unsupported => Directive::Ignored(if remote {
+                    "RemoteForward"
+                } else {
+                    "LocalForward"
+                }),
+                Err(e) => return Err(format!("{name}: {e}")),
+            }
+        }
+        Kw::DynamicForward => match crate::forward_spec::parse_dynamic(&single(name, args)?) {
+            Ok(f) => Directive::Forward(f),
+            Err(e) if e.unsupported => Directive::Ignored("DynamicForward"),
+            Err(e) => return Err(format!("{name}: {e}")),
+        },
+        Kw::ClearAllForwardings => {
+            Directive::ClearAllForwardings(parse_flag(name, &single(name, args)?)?)
+        }
+        Kw::ExitOnForwardFailure => {
+            Directive::ExitOnForwardFailure(parse_flag(name, &single(name, args)?)?)
+        }
+        Kw::GatewayPorts => Directive::GatewayPorts(parse_flag(name, &single(name, args)?)?),
         Kw::SendEnv => {
             let pats = non_empty(name, args)?;
             if let Some(bad) = pats.iter().find(|p| p.contains('=')) {
@@ -1089,6 +1135,12 @@ pub struct HostConfig {
     pub proxy: Option<ProxySpec>,
     /// Upper-case level name (`QUIET`, `FATAL`, `ERROR`, `INFO`, `VERBOSE`, `DEBUG`, `DEBUG1`-`DEBUG3`).
     pub log_level: Option<String>,
+    /// `LocalForward`, `RemoteForward`, `DynamicForward`, accumulated
+    /// without duplicates.
+    pub forwards: Vec<crate::forward_spec::ForwardSpec>,
+    pub clear_all_forwardings: Option<bool>,
+    pub exit_on_forward_failure: Option<bool>,
+    pub gateway_ports: Option<bool>,
     /// `(keyword, "file:line")` for applicable `ssh` options that skiff does not
     /// implement (and `"Match exec"` etc. for unevaluable criteria), for `-v`.
     pub ignored: Vec<(String, String)>,
@@ -1345,6 +1397,14 @@ impl Resolver<'_, '_> {
             Directive::StdinNull(v) => first(&mut cfg.stdin_null, v),
             Directive::SessionType(v) => first(&mut cfg.session_type, v),
             Directive::LogLevel(v) => first(&mut cfg.log_level, v),
+            Directive::Forward(f) => {
+                if !cfg.forwards.contains(f) {
+                    cfg.forwards.push(f.clone());
+                }
+            }
+            Directive::ClearAllForwardings(v) => first(&mut cfg.clear_all_forwardings, v),
+            Directive::ExitOnForwardFailure(v) => first(&mut cfg.exit_on_forward_failure, v),
+            Directive::GatewayPorts(v) => first(&mut cfg.gateway_ports, v),
             Directive::Ignored(name) => {
                 let loc = format!("{}:{}", file.label, line);
                 push_ignored(&mut cfg.ignored, name, loc);
@@ -1896,6 +1956,36 @@ mod tests {
     }
 
     // ---- Host blocks and precedence ----
+
+    #[test]
+    fn forwardings_accumulate_and_unsupported_forms_are_ignored() {
+        use crate::forward_spec::ForwardSpec;
+        let text = "Host web\n  LocalForward 8080 db:5432\n  ExitOnForwardFailure yes\n\
+                    Host *\n  LocalForward 8080 db:5432\n  RemoteForward 127.0.0.1:9000 localhost:80\n\
+                    DynamicForward 1080\n  LocalForward /tmp/s /run/x.sock\n  GatewayPorts no\n\
+                    ExitOnForwardFailure no\n  ClearAllForwardings no\n";
+        let c = res(text, "web");
+        let shown: Vec<String> = c.forwards.iter().map(ForwardSpec::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "-L 8080:db:5432",
+                "-R 127.0.0.1:9000:localhost:80",
+                "-D 1080"
+            ]
+        );
+        assert_eq!(c.exit_on_forward_failure, Some(true));
+        assert_eq!(c.gateway_ports, Some(false));
+        assert_eq!(c.clear_all_forwardings, Some(false));
+        assert!(
+            c.ignored.iter().any(|(k, _)| k == "LocalForward"),
+            "{:?}",
+            c.ignored
+        );
+        assert!(parse_err("LocalForward 8080\n").contains("LocalForward"));
+        assert!(parse_err("LocalForward 8080 db:0\n").contains("not a port"));
+        assert!(parse_err("DynamicForward x\n").contains("DynamicForward"));
+    }
 
     #[test]
     fn first_value_wins() {

@@ -70,7 +70,6 @@ impl Forwards {
         &self,
         channel: Channel<Msg>,
         reply: ChannelOpenHandle,
-        handle: Handle,
         host: String,
         port: u16,
         who: String,
@@ -80,7 +79,7 @@ impl Forwards {
                 Ok(tcp) => {
                     tracing::info!("{who}: forwarding to {host} port {port}");
                     reply.accept().await;
-                    relay(channel, tcp, handle).await;
+                    relay(channel, tcp).await;
                 }
                 Err(e) => {
                     tracing::info!("{who}: forwarding to {host} port {port} failed: {e}");
@@ -245,7 +244,7 @@ async fn accept_loop(
                 )
                 .await;
             match opened {
-                Ok(channel) => relay(channel, tcp, handle).await,
+                Ok(channel) => relay(channel, tcp).await,
                 Err(e) => tracing::info!(
                     "remote forwarding {host}:{port}: the client refused a connection from {from}: {e}"
                 ),
@@ -255,9 +254,8 @@ async fn accept_loop(
 }
 
 /// Copies both ways until both sides have ended (each end-of-file is passed
-/// on as one), then closes the channel.
-async fn relay(channel: Channel<Msg>, mut tcp: TcpStream, handle: Handle) {
-    let id = channel.id();
+/// on as one); the channel closes when its stream is dropped.
+async fn relay(channel: Channel<Msg>, mut tcp: TcpStream) {
     let mut stream = channel.into_stream();
     let copied =
         tokio::io::copy_bidirectional_with_sizes(&mut stream, &mut tcp, RELAY_BUFFER, RELAY_BUFFER)
@@ -265,6 +263,4 @@ async fn relay(channel: Channel<Msg>, mut tcp: TcpStream, handle: Handle) {
     if let Err(e) = copied {
         tracing::debug!("forwarded connection ended: {e}");
     }
-    drop(stream);
-    let _ = handle.close(id).await;
 }

@@ -1037,7 +1037,7 @@ impl russh::server::Handler for ConnectionHandler {
         _originator_address: &str,
         _originator_port: u32,
         reply: ChannelOpenHandle,
-        session: &mut Session,
+        _session: &mut Session,
     ) -> Result<(), Self::Error> {
         let Some(auth) = &self.auth else {
             reply
@@ -1049,14 +1049,10 @@ impl russh::server::Handler for ConnectionHandler {
         let rules = &self.state.settings.forwarding;
         let refusal = rules.open_refusal(&auth.options, host_to_connect, port_to_connect);
         match (refusal, u16::try_from(port_to_connect)) {
-            (None, Ok(port)) => self.forwards.open(
-                channel,
-                reply,
-                session.handle(),
-                host_to_connect.to_string(),
-                port,
-                who,
-            ),
+            (None, Ok(port)) => {
+                self.forwards
+                    .open(channel, reply, host_to_connect.to_string(), port, who)
+            }
             (refusal, _) => {
                 let why = refusal.unwrap_or_else(|| "not a TCP port".into());
                 tracing::info!(

@@ -143,7 +143,6 @@ async fn exec_main(
     settings: skiff_engine::ConnectSettings,
     pty: Option<PtyRequest>,
 ) -> Result<i32, SkiffError> {
-    let command = args.command.clone();
     tracing::debug!(
         "connecting to {}@{} port {} (StrictHostKeyChecking={})",
         settings.user,
@@ -155,8 +154,19 @@ async fn exec_main(
     for notice in &conn.notices {
         eprintln!("{notice}");
     }
+    exec_on(&conn, args, &settings, pty).await
+}
 
-    let env = remote_env(&settings);
+/// Runs the command (or login shell, or subsystem) of `args` on an open
+/// connection, with the terminal and input handling of `skiff exec`.
+pub async fn exec_on(
+    conn: &skiff_engine::Connection,
+    args: Invocation,
+    settings: &skiff_engine::ConnectSettings,
+    pty: Option<PtyRequest>,
+) -> Result<i32, SkiffError> {
+    let command = args.command.clone();
+    let env = remote_env(settings);
 
     let stdin_tty = std::io::stdin().is_terminal();
     // Raw mode while a remote terminal is attached; restored on drop.
@@ -179,7 +189,7 @@ async fn exec_main(
     };
     let stdin = (!args.no_stdin).then(tokio::io::stdin);
     let outcome = skiff_engine::exec(
-        &conn,
+        conn,
         &req,
         stdin,
         tokio::io::stdout(),
@@ -265,17 +275,14 @@ fn via_agent(
 /// What the configuration says about the session, as ssh applies it:
 /// `SessionType`, `RemoteCommand` (when the command line gives none; both
 /// is an error) and `StdinNull`.
-fn apply_session_settings(
+pub fn apply_session_settings(
     args: &mut Invocation,
     settings: &skiff_engine::ConnectSettings,
 ) -> Result<(), String> {
     use skiff_proto::ssh_config::SessionType;
     match settings.session_type {
         SessionType::None => {
-            return Err(
-                "SessionType none (no session, for forwarding only) is not supported by skiff"
-                    .into(),
-            )
+            return Err("SessionType none (no session, for forwarding only) needs skiff ssh".into())
         }
         SessionType::Subsystem => args.subsystem = true,
         SessionType::Default => {}
@@ -299,7 +306,10 @@ fn apply_session_settings(
 /// The terminal to ask for. `-t`/`-T` win over `RequestTTY`; `auto` (the
 /// default) asks for one for a login shell run from a terminal, `yes` when
 /// stdin is a terminal, `force` always.
-fn pty_request(args: &Invocation, settings: &skiff_engine::ConnectSettings) -> Option<PtyRequest> {
+pub fn pty_request(
+    args: &Invocation,
+    settings: &skiff_engine::ConnectSettings,
+) -> Option<PtyRequest> {
     use skiff_proto::ssh_config::RequestTty;
     let mode = match args.tty {
         TtyFlag::Unset => settings.request_tty,

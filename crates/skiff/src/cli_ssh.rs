@@ -6,7 +6,11 @@
 
 use std::ffi::OsString;
 
-use skiff_engine::ConnectSettings;
+use std::sync::Arc;
+
+use skiff_engine::{port_forward, ConnectSettings};
+use skiff_proto::forward_spec::ForwardSpec;
+use skiff_proto::ssh_config::SessionType;
 
 use crate::cli_connect::ConnectArgs;
 use crate::cli_exec::{self, Invocation};
@@ -14,7 +18,8 @@ use crate::ssh_args::{self, SshCommandLine};
 
 const USAGE: &str =
     "usage: skiff ssh [-46qnsTtvV] [-c ciphers] [-F config] [-i identity] [-J jump] \
-[-l user] [-m macs] [-o option] [-p port] [-W host:port] [-G] destination [command [argument ...]]";
+[-l user] [-m macs] [-o option] [-p port] [-W host:port] [-L [bind:]port:host:hostport] \
+[-R [bind:]port:host:hostport] [-D [bind:]port] [-gGN] destination [command [argument ...]]";
 
 /// Runs ssh's command line `args` (without the program name); returns the
 /// exit status.
@@ -45,10 +50,8 @@ pub fn main(args: Vec<OsString>) -> i32 {
         line.forward_stdio.clone(),
         line.warnings.clone(),
     );
+    let (mut forwards, no_command) = (line.forwards.clone(), line.no_command);
     let inv = invocation(line);
-    if !print_config && forward.is_none() && warnings.is_empty() {
-        return cli_exec::run_invocation(inv);
-    }
     crate::init_logging(inv.conn.verbose);
     let settings = match skiff_engine::settings::resolve(&cli_exec::destination(&inv)) {
         Ok(s) => s,
@@ -66,10 +69,80 @@ pub fn main(args: Vec<OsString>) -> i32 {
             eprintln!("skiff: warning: {w}");
         }
     }
-    match forward {
-        Some((host, port)) => forward_stdio(&settings, &host, port),
-        None => cli_exec::run_resolved(inv, settings),
+    if let Some((host, port)) = forward {
+        return forward_stdio(&settings, &host, port);
     }
+    for f in &settings.forwards {
+        if !forwards.contains(f) {
+            forwards.push(f.clone());
+        }
+    }
+    if settings.clear_all_forwardings {
+        forwards.clear();
+    }
+    let no_command = no_command || settings.session_type == SessionType::None;
+    if forwards.is_empty() && !no_command {
+        return cli_exec::run_resolved(inv, settings);
+    }
+    forwarding_session(inv, settings, forwards, no_command)
+}
+
+/// A session with port forwarding (`-L`, `-R`, `-D`, or the same from the
+/// configuration), over a connection of its own: the forwardings are set
+/// up, then the command runs (none with `-N`), then skiff waits for the
+/// forwarded connections still open, as ssh does.
+fn forwarding_session(
+    mut inv: Invocation,
+    settings: ConnectSettings,
+    forwards: Vec<ForwardSpec>,
+    no_command: bool,
+) -> i32 {
+    let host = settings.original_host.clone();
+    let pty = if no_command {
+        if !inv.command.is_empty() {
+            eprintln!("skiff: no session is asked for (-N or SessionType none), yet a command was given for {host}");
+            return 255;
+        }
+        None
+    } else {
+        if let Err(e) = cli_exec::apply_session_settings(&mut inv, &settings) {
+            eprintln!("skiff: {e}");
+            return 255;
+        }
+        cli_exec::pty_request(&inv, &settings)
+    };
+    cli_exec::on_one_thread(async move {
+        let conn = Arc::new(skiff_engine::connect(&settings).await?);
+        for notice in &conn.notices {
+            eprintln!("{notice}");
+        }
+        let (forwarding, mut failures, notices) =
+            port_forward::start(&conn, &forwards, settings.gateway_ports).await;
+        if settings.show_notices {
+            for n in &notices {
+                eprintln!("{n}");
+            }
+        }
+        if settings.exit_on_forward_failure && !failures.is_empty() {
+            let first = failures.remove(0);
+            for f in &failures {
+                eprintln!("skiff: {f}");
+            }
+            return Err(first);
+        }
+        for f in &failures {
+            eprintln!("skiff: warning: {f}");
+        }
+        let code = if no_command {
+            conn.closed().await;
+            eprintln!("skiff: connection to {host} closed by the server");
+            255
+        } else {
+            cli_exec::exec_on(&conn, inv, &settings, pty).await?
+        };
+        forwarding.finish().await;
+        Ok(code)
+    })
 }
 
 fn invocation(line: SshCommandLine) -> Invocation {
@@ -204,6 +277,34 @@ pub fn describe(s: &ConnectSettings) -> String {
             skiff_proto::ssh_config::SessionType::None => "none",
         }
     ));
+    for f in &s.forwards {
+        use skiff_proto::forward_spec::ForwardSpec;
+        let target = |host: &str, port: &u16| {
+            if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            }
+        };
+        out.push(match f {
+            ForwardSpec::Local { listen, host, port } => {
+                format!("localforward {listen} {}", target(host, port))
+            }
+            ForwardSpec::Remote { listen, host, port } => {
+                format!("remoteforward {listen} {}", target(host, port))
+            }
+            ForwardSpec::Dynamic { listen } => format!("dynamicforward {listen}"),
+        });
+    }
+    out.push(format!(
+        "clearallforwardings {}",
+        yes_no(s.clear_all_forwardings)
+    ));
+    out.push(format!(
+        "exitonforwardfailure {}",
+        yes_no(s.exit_on_forward_failure)
+    ));
+    out.push(format!("gatewayports {}", yes_no(s.gateway_ports)));
     out.extend(s.send_env.iter().map(|v| format!("sendenv {v}")));
     out.extend(s.set_env.iter().map(|(k, v)| format!("setenv {k}={v}")));
     let mut text = out.join("\n");

@@ -14,6 +14,8 @@
 
 use std::path::PathBuf;
 
+use skiff_proto::forward_spec::{self, ForwardSpec};
+
 /// What `-t`/`-T` asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TtyFlag {
@@ -48,6 +50,10 @@ pub struct SshCommandLine {
     /// `-W host:port`: connect standard input and output to that address,
     /// reached from the destination.
     pub forward_stdio: Option<(String, u16)>,
+    /// `-L`, `-R`, `-D`, in command-line order.
+    pub forwards: Vec<ForwardSpec>,
+    /// `-N`: run no command (forwarding only).
+    pub no_command: bool,
     /// `-G`: print the resolved configuration and exit.
     pub print_config: bool,
     /// `-V`: print the version and exit.
@@ -78,6 +84,10 @@ pub enum SshArgsError {
     NoDestination,
     #[error("-W cannot be used with a command")]
     ForwardWithCommand,
+    #[error("{0}")]
+    BadForwardSpec(String),
+    #[error("-N cannot be used with a command")]
+    NoCommandWithCommand,
 }
 
 /// Options that take a value (OpenSSH 9's set).
@@ -148,6 +158,9 @@ pub fn parse(args: &[String]) -> Result<SshCommandLine, SshArgsError> {
     if out.forward_stdio.is_some() && !out.command.is_empty() {
         return Err(SshArgsError::ForwardWithCommand);
     }
+    if out.no_command && !out.command.is_empty() {
+        return Err(SshArgsError::NoCommandWithCommand);
+    }
     Ok(out)
 }
 
@@ -163,16 +176,17 @@ fn apply_flag(out: &mut SshCommandLine, flag: char) -> Result<(), SshArgsError> 
         'X' | 'Y' => out.warnings.push(format!(
             "X11 forwarding (-{flag}) is not supported; continuing without it"
         )),
-        // Protocol 2 is the only one; -a -x -k -g -K -C -y turn off or
+        // Protocol 2 is the only one; -a -x -k -K -C -y turn off or
         // tune things skiff does not do (agent/X11 forwarding, GSSAPI,
-        // gateway ports, compression, syslog).
-        '2' | 'a' | 'x' | 'k' | 'g' | 'K' | 'C' | 'y' => {}
+        // compression, syslog).
+        '2' | 'a' | 'x' | 'k' | 'K' | 'C' | 'y' => {}
+        'g' => out.options.push("GatewayPorts=yes".into()),
         'f' => return unsupported("going to the background"),
         'G' => out.print_config = true,
         'M' => {
             return unsupported("connection sharing as a master; skiff's agent shares connections")
         }
-        'N' => return unsupported("no command, for forwarding"),
+        'N' => out.no_command = true,
         'n' => out.no_stdin = true,
         'q' => out.options.push("LogLevel=QUIET".into()),
         's' => out.subsystem = true,
@@ -197,9 +211,14 @@ fn apply_value(out: &mut SshCommandLine, flag: char, value: String) -> Result<()
         'B' => return unsupported("BindInterface"),
         'c' => out.options.push(format!("Ciphers={value}")),
         'm' => out.options.push(format!("MACs={value}")),
-        'D' => return unsupported("dynamic port forwarding"),
-        'L' => return unsupported("local port forwarding"),
-        'R' => return unsupported("remote port forwarding"),
+        'D' => out.forwards.push(
+            forward_spec::parse_dynamic(&value)
+                .map_err(|e| SshArgsError::BadForwardSpec(e.message))?,
+        ),
+        'L' | 'R' => out.forwards.push(
+            forward_spec::parse_forward(&value, flag == 'R')
+                .map_err(|e| SshArgsError::BadForwardSpec(e.message))?,
+        ),
         'w' => return unsupported("tunnel devices"),
         'I' => return unsupported("PKCS#11"),
         'O' => return unsupported("control commands; skiff's agent shares connections"),
@@ -374,12 +393,29 @@ mod tests {
     }
 
     #[test]
+    fn port_forwarding_options() {
+        let c = p("-N -L 8080:db:5432 -R0:localhost:80 -D1080 -g h").unwrap();
+        let shown: Vec<String> = c.forwards.iter().map(ForwardSpec::to_string).collect();
+        assert_eq!(shown, ["-L 8080:db:5432", "-R 0:localhost:80", "-D 1080"]);
+        assert!(c.no_command && c.command.is_empty());
+        assert_eq!(c.options, ["GatewayPorts=yes"]);
+        // Options after the destination count too.
+        let c = p("h -L 1:a:2 echo hi").unwrap();
+        assert_eq!(c.forwards.len(), 1);
+        assert_eq!(c.command, ["echo", "hi"]);
+        assert_eq!(p("-N h true"), Err(SshArgsError::NoCommandWithCommand));
+        for bad in ["-L 8080 h", "-L /tmp/s:db:1 h", "-R 1080 h", "-D x h"] {
+            assert!(
+                matches!(p(bad), Err(SshArgsError::BadForwardSpec(_))),
+                "{bad}: {:?}",
+                p(bad)
+            );
+        }
+    }
+
+    #[test]
     fn unsupported_features_are_errors_and_harmless_ones_pass() {
         for (line, flag) in [
-            ("-L 80:x:80 h", 'L'),
-            ("-R80:x:80 h", 'R'),
-            ("-D 1080 h", 'D'),
-            ("-N h", 'N'),
             ("-f h true", 'f'),
             ("-M h", 'M'),
             ("-S /tmp/ctl h", 'S'),

@@ -348,3 +348,343 @@ fn server_settings_refuse_what_they_do_not_allow() {
         .expect_code(0, &c())
         .expect_stdout("ok\n", &c());
 }
+
+// ---------------------------------------------------------------------------
+// skiff ssh -L, -R, -D, -N against sshd and skiffd
+// ---------------------------------------------------------------------------
+
+/// A home whose `~/.ssh/config` names the server `box`, trusted.
+fn client_home(server: &dyn Daemon, fx: &Fixture) -> ClientHome {
+    let home = ClientHome::new();
+    name_server_box(&home, server, fx);
+    home
+}
+
+/// `skiff ssh ARGS...` run with `home`, directly (no agent).
+fn skiff_ssh(home: &ClientHome, args: &[&str]) -> Run {
+    Run::new(skiff_bin())
+        .env("HOME", home.path())
+        .env("SKIFF_AGENT", "off")
+        .env_remove("SSH_AUTH_SOCK")
+        .arg("ssh")
+        .args(args)
+}
+
+/// A stock sshd and a skiffd serving the same fixture.
+fn both_servers() -> Option<(Fixture, Vec<Box<dyn Daemon>>)> {
+    if !require_openssh() {
+        return None;
+    }
+    let fx = Fixture::new();
+    let sshd = Sshd::start(&fx.host_key, &fx.authorized_keys, &[]);
+    let skiffd = Skiffd::start(&fx.host_key, &fx.authorized_keys);
+    Some((fx, vec![Box::new(sshd), Box::new(skiffd)]))
+}
+
+#[test]
+fn skiff_ssh_local_and_remote_forwarding() {
+    let Some((fx, servers)) = both_servers() else {
+        return;
+    };
+    let echo = echo_server();
+    for server in &servers {
+        let server = server.as_ref();
+        let home = client_home(server, &fx);
+        let c = || ctx(server, "skiff ssh -L/-R");
+        let local = free_port();
+        let spec = format!("{local}:127.0.0.1:{}", echo.port);
+        skiff_ssh(&home, &["-L", &spec, "box", &talk_to(local)])
+            .run()
+            .expect_code(0, &c())
+            .expect_stdout(TWO_ECHOES, &c());
+
+        let remote = free_port();
+        let spec = format!("{remote}:127.0.0.1:{}", echo.port);
+        skiff_ssh(&home, &["-R", &spec, "box", &talk_to(remote)])
+            .run()
+            .expect_code(0, &c())
+            .expect_stdout(TWO_ECHOES, &c());
+
+        // A port already taken: a warning, and the command runs anyway;
+        // with ExitOnForwardFailure, an error and nothing runs.
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let busy = format!(
+            "127.0.0.1:{}:127.0.0.1:{}",
+            taken.local_addr().unwrap().port(),
+            echo.port
+        );
+        let out = skiff_ssh(&home, &["-L", &busy, "box", "echo ran"]).run();
+        out.expect_code(0, &c()).expect_stdout("ran\n", &c());
+        assert!(
+            out.stderr.contains("warning") && out.stderr.contains("cannot listen"),
+            "{}\n{out}",
+            c()
+        );
+        let out = skiff_ssh(
+            &home,
+            &[
+                "-o",
+                "ExitOnForwardFailure=yes",
+                "-L",
+                &busy,
+                "box",
+                "echo ran",
+            ],
+        )
+        .run();
+        out.expect_code(255, &c()).expect_stdout("", &c());
+        assert!(out.stderr.contains("cannot listen"), "{}\n{out}", c());
+    }
+    // One connection per server for -L and one for -R.
+    assert_eq!(echo.connections(), 2 * servers.len());
+}
+
+/// A program left running in the background, its stderr in a file; killed
+/// on drop.
+struct Background {
+    child: std::process::Child,
+    stderr: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Background {
+    fn start(mut cmd: std::process::Command) -> Background {
+        let dir = tempdir();
+        let stderr = dir.path().join("stderr");
+        let file = std::fs::File::create(&stderr).unwrap();
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(file);
+        let child = cmd.spawn().expect("spawn");
+        Background {
+            child,
+            stderr,
+            _dir: dir,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Polls (at most 20 s) until `found` finds something in stderr.
+    fn wait_for<T>(&mut self, what: &str, found: impl Fn(&str) -> Option<T>) -> T {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            if let Some(v) = found(&self.stderr()) {
+                return v;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "exited ({status}) before {what}; stderr:\n{}",
+                    self.stderr()
+                );
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for {what}; stderr:\n{}",
+                self.stderr()
+            );
+            thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends two lines on `stream` (after its handshake) and checks the echoes.
+fn check_echoes(mut stream: TcpStream, context: &str) {
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    stream.write_all(b"one\ntwo\n").unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut back = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut back).unwrap();
+    assert_eq!(back, TWO_ECHOES, "{context}");
+}
+
+/// Connects to `port`, retrying (at most 20 s) until something listens.
+fn connect_when_listening(port: u16) -> TcpStream {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => return s,
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "port {port}: {e}");
+                thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+#[test]
+fn skiff_ssh_n_with_a_socks_proxy_and_a_remote_port_the_server_picks() {
+    let Some((fx, servers)) = both_servers() else {
+        return;
+    };
+    let echo = echo_server();
+    for server in &servers {
+        let server = server.as_ref();
+        let home = client_home(server, &fx);
+        let socks_port = free_port();
+        let mut cmd = std::process::Command::new(skiff_bin());
+        cmd.env("HOME", home.path())
+            .env("SKIFF_AGENT", "off")
+            .env_remove("SSH_AUTH_SOCK")
+            .args(["ssh", "-N", "-D", &socks_port.to_string(), "-R"])
+            .arg(format!("0:127.0.0.1:{}", echo.port))
+            .arg("box");
+        let mut skiff = Background::start(cmd);
+        let c = |what: &str, skiff: &Background| {
+            format!("{}\nskiff stderr:\n{}", ctx(server, what), skiff.stderr())
+        };
+        let allocated: u16 = skiff.wait_for("the allocated port", |text| {
+            let rest = text.split("Allocated port ").nth(1)?;
+            rest.split_whitespace().next()?.parse().ok()
+        });
+
+        // The server listens on the port it picked; connections come back
+        // through skiff to the echo server.
+        check_echoes(connect_when_listening(allocated), &c("-R 0", &skiff));
+
+        // SOCKS 5 with a host name, the way curl --socks5-hostname asks.
+        let mut s = connect_when_listening(socks_port);
+        s.write_all(&[5, 1, 0]).unwrap();
+        let mut reply = [0u8; 2];
+        std::io::Read::read_exact(&mut s, &mut reply).unwrap();
+        assert_eq!(reply, [5, 0], "{}", c("SOCKS 5 method", &skiff));
+        let mut request = vec![5, 1, 0, 3, 9];
+        request.extend_from_slice(b"127.0.0.1");
+        request.extend_from_slice(&echo.port.to_be_bytes());
+        s.write_all(&request).unwrap();
+        let mut reply = [0u8; 10];
+        std::io::Read::read_exact(&mut s, &mut reply).unwrap();
+        assert_eq!(reply[..2], [5, 0], "{}", c("SOCKS 5 connect", &skiff));
+        check_echoes(s, &c("SOCKS 5", &skiff));
+
+        // SOCKS 4 with an address.
+        let mut s = connect_when_listening(socks_port);
+        let mut request = vec![4, 1];
+        request.extend_from_slice(&echo.port.to_be_bytes());
+        request.extend_from_slice(&[127, 0, 0, 1, 0]);
+        s.write_all(&request).unwrap();
+        let mut reply = [0u8; 8];
+        std::io::Read::read_exact(&mut s, &mut reply).unwrap();
+        assert_eq!(reply[..2], [0, 0x5a], "{}", c("SOCKS 4", &skiff));
+        check_echoes(s, &c("SOCKS 4", &skiff));
+
+        // A destination that refuses: the SOCKS client hears so.
+        let mut s = connect_when_listening(socks_port);
+        let closed = free_port();
+        let mut request = vec![5, 1, 0, 5, 1, 0, 1, 127, 0, 0, 1];
+        request.extend_from_slice(&closed.to_be_bytes());
+        s.write_all(&request).unwrap();
+        let mut reply = [0u8; 12];
+        std::io::Read::read_exact(&mut s, &mut reply).unwrap();
+        assert_eq!(reply[..2], [5, 0], "{}", c("SOCKS 5 method", &skiff));
+        assert_eq!(reply[2..4], [5, 5], "{}", c("SOCKS 5 refused", &skiff));
+        drop(s);
+
+        // -N runs nothing and stays until stopped.
+        assert!(
+            skiff.child.try_wait().unwrap().is_none(),
+            "{}",
+            c("-N", &skiff)
+        );
+    }
+    assert_eq!(echo.connections(), 3 * servers.len());
+}
+
+#[test]
+fn skiff_ssh_reports_forwardings_the_server_refuses() {
+    let Some((fx, [], d)) = skiffd_with("AllowTcpForwarding no\n", []) else {
+        return;
+    };
+    let echo = echo_server();
+    let home = client_home(&d, &fx);
+    let c = || ctx(&d, "AllowTcpForwarding no");
+    // The local listener takes the connection; the server refuses the
+    // channel, so the remote command reads nothing back (its connection
+    // is closed, or reset if its lines were still unread).
+    let local = free_port();
+    let spec = format!("{local}:127.0.0.1:{}", echo.port);
+    let out = skiff_ssh(&home, &["-L", &spec, "box", &talk_to(local)]).run();
+    out.expect_stdout("", &c());
+    assert!(
+        out.stderr.contains("administratively prohibited"),
+        "{}\n{out}",
+        c()
+    );
+    let spec = format!("{}:127.0.0.1:{}", free_port(), echo.port);
+    let out = skiff_ssh(
+        &home,
+        &[
+            "-o",
+            "ExitOnForwardFailure=yes",
+            "-R",
+            &spec,
+            "box",
+            "echo ran",
+        ],
+    )
+    .run();
+    out.expect_code(255, &c()).expect_stdout("", &c());
+    assert!(out.stderr.contains("refused to listen"), "{}\n{out}", c());
+    assert_eq!(echo.connections(), 0, "{}", c());
+}
+
+#[test]
+fn forwardings_from_the_configuration_apply_to_skiff_ssh() {
+    let Some((fx, [], d)) = skiffd_with("", []) else {
+        return;
+    };
+    let echo = echo_server();
+    let home = client_home(&d, &fx);
+    let local = free_port();
+    let config = home.ssh_dir().join("config");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text = text.replace(
+        "Host box\n",
+        &format!(
+            "Host box\n  LocalForward {local} 127.0.0.1:{}\n  ExitOnForwardFailure yes\n",
+            echo.port
+        ),
+    );
+    write_file(&config, &text, 0o600);
+    let c = || ctx(&d, "LocalForward in ~/.ssh/config");
+
+    let out = skiff_ssh(&home, &["-G", "box"]).run();
+    out.expect_code(0, &c());
+    let shown = out.stdout_str();
+    assert!(
+        shown.contains(&format!("localforward {local} 127.0.0.1:{}\n", echo.port)),
+        "{shown}"
+    );
+    assert!(shown.contains("exitonforwardfailure yes\n"), "{shown}");
+
+    skiff_ssh(&home, &["box", &talk_to(local)])
+        .run()
+        .expect_code(0, &c())
+        .expect_stdout(TWO_ECHOES, &c());
+    // ClearAllForwardings turns it off: nothing listens, bash cannot connect.
+    let out = skiff_ssh(
+        &home,
+        &["-o", "ClearAllForwardings=yes", "box", &talk_to(local)],
+    )
+    .run();
+    out.expect_code(7, &c());
+    // skiff exec never forwards.
+    let out = Run::new(skiff_bin())
+        .env("HOME", home.path())
+        .env("SKIFF_AGENT", "off")
+        .args(["exec", "box", &talk_to(local)])
+        .run();
+    out.expect_code(7, &c());
+    assert_eq!(echo.connections(), 1, "{}", c());
+}

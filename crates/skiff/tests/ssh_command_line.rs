@@ -38,19 +38,7 @@ struct User {
 impl User {
     fn new(server: &dyn Daemon, fx: &Fixture, agent: bool) -> User {
         let agent_home = AgentHome::new();
-        let home = &agent_home.home;
-        home.trust(server.port(), &fx.host_key);
-        write_file(
-            &home.ssh_dir().join("config"),
-            format!(
-                "Host box\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  \
-                 IdentitiesOnly yes\n  BatchMode yes\n  ConnectTimeout 10\n",
-                server.port(),
-                user(),
-                fx.client_key.private.display()
-            ),
-            0o600,
-        );
+        name_server_box(&agent_home.home, server, fx);
         User { agent_home, agent }
     }
 
@@ -522,11 +510,21 @@ fn command_line_details() {
     );
 
     // What skiff does not do is an error that says so, before connecting.
-    let out = u.run(&shim.path).args(["-L", "8080:x:80", "box"]).run();
-    out.expect_code(255, "-L");
+    let out = u.run(&shim.path).args(["-f", "box", "true"]).run();
+    out.expect_code(255, "-f");
     assert!(
         out.stderr
-            .contains("-L (local port forwarding) is not supported"),
+            .contains("-f (going to the background) is not supported"),
+        "{out}"
+    );
+    let out = u
+        .run(&shim.path)
+        .args(["-L", "/tmp/x.sock:x:80", "box"])
+        .run();
+    out.expect_code(255, "-L with a socket");
+    assert!(
+        out.stderr
+            .contains("Unix-socket forwarding is not supported"),
         "{out}"
     );
     let out = u.run(&shim.path).args(["-s", "box"]).run();

@@ -1620,6 +1620,23 @@ pub fn user() -> &'static str {
     &account().name
 }
 
+/// Makes `home` trust `server` and name it `box` in `~/.ssh/config`, with
+/// its port, the test account and the fixture's client key.
+pub fn name_server_box(home: &ClientHome, server: &dyn Daemon, fx: &Fixture) {
+    home.trust(server.port(), &fx.host_key);
+    write_file(
+        &home.ssh_dir().join("config"),
+        format!(
+            "Host box\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  \
+             IdentitiesOnly yes\n  BatchMode yes\n  ConnectTimeout 10\n",
+            server.port(),
+            user(),
+            fx.client_key.private.display()
+        ),
+        0o600,
+    );
+}
+
 /// A [`Fixture`] and a skiffd serving its keys, or `None` when OpenSSH is
 /// missing outside CI (see [`require_openssh`]).
 pub fn skiffd_setup() -> Option<(Fixture, Skiffd)> {

@@ -1,0 +1,521 @@
+//! Port forwarding over one connection, as `ssh -L`, `-R` and `-D` do:
+//! local listeners whose connections the server makes (`direct-tcpip`), a
+//! SOCKS 4/5 listener that learns the destination from each client
+//! (`skiff_proto::socks`), and listeners on the server whose connections
+//! come back as `forwarded-tcpip` channels that skiff connects onward.
+//!
+//! Every forwarded connection is counted, so that the program can wait for
+//! those still open before it exits, as ssh does.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use russh::client::Msg;
+use russh::{Channel, ChannelOpenFailure};
+use skiff_proto::forward_spec::{ForwardSpec, Listen};
+use skiff_proto::socks;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::{Connection, ErrorKind, SkiffError};
+
+/// Relay buffer size in each direction.
+const RELAY_BUFFER: usize = 64 * 1024;
+/// How long a SOCKS client has to say where it wants to go.
+const SOCKS_HANDSHAKE: Duration = Duration::from_secs(30);
+/// How long connecting onward for a remote forwarding may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Forwarded connections still open.
+#[derive(Default)]
+pub struct OpenCount {
+    open: AtomicUsize,
+    changed: Notify,
+}
+
+/// Held while a forwarded connection is open.
+struct OpenGuard(Arc<OpenCount>);
+
+impl OpenCount {
+    fn enter(self: &Arc<Self>) -> OpenGuard {
+        self.open.fetch_add(1, Ordering::SeqCst);
+        OpenGuard(self.clone())
+    }
+
+    /// Waits until no forwarded connection is open.
+    pub async fn idle(&self) {
+        loop {
+            let changed = self.changed.notified();
+            if self.open.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
+    }
+}
+
+/// A remote forwarding the server agreed to: what it listens on (as asked,
+/// and the port it chose for 0) and where its connections go.
+struct RemoteEntry {
+    address: String,
+    requested_port: u32,
+    bound_port: u32,
+    host: String,
+    port: u16,
+}
+
+/// The remote forwardings of one connection, shared with its russh handler,
+/// which receives their connections.
+#[derive(Default)]
+pub struct RemoteForwards {
+    entries: Mutex<Vec<RemoteEntry>>,
+    pub(crate) open: Arc<OpenCount>,
+}
+
+impl RemoteForwards {
+    /// Where a `forwarded-tcpip` channel for `address:port` should go.
+    /// A server may name the port it chose, or the 0 that was asked for.
+    fn target(&self, address: &str, port: u32) -> Option<(String, u16)> {
+        let entries = self.entries.lock().expect("not poisoned");
+        entries
+            .iter()
+            .find(|e| e.address == address && (e.bound_port == port || e.requested_port == port))
+            .map(|e| (e.host.clone(), e.port))
+    }
+
+    /// Takes a `forwarded-tcpip` channel the server opened: connects to
+    /// the forwarding's destination, then accepts and relays; refuses a
+    /// channel for a forwarding that was never asked for.
+    pub(crate) fn incoming(
+        self: &Arc<Self>,
+        channel: Channel<Msg>,
+        address: &str,
+        port: u32,
+        origin: String,
+        reply: russh::client::ChannelOpenHandle,
+    ) {
+        let Some((host, to_port)) = self.target(address, port) else {
+            tracing::warn!("the server offered a connection for {address}:{port}, which was never forwarded; refused");
+            tokio::spawn(reply.reject(ChannelOpenFailure::AdministrativelyProhibited));
+            return;
+        };
+        let guard = self.open.enter();
+        tokio::spawn(async move {
+            let _guard = guard;
+            let connected = tokio::time::timeout(
+                CONNECT_TIMEOUT,
+                TcpStream::connect((host.as_str(), to_port)),
+            )
+            .await;
+            match connected {
+                Ok(Ok(tcp)) => {
+                    let _ = tcp.set_nodelay(true);
+                    reply.accept().await;
+                    relay(channel, tcp).await;
+                }
+                Ok(Err(e)) => {
+                    eprintln!("skiff: remote forwarding: connecting to {host} port {to_port} for {origin} failed: {e}");
+                    reply.reject(ChannelOpenFailure::ConnectFailed).await;
+                }
+                Err(_) => {
+                    eprintln!("skiff: remote forwarding: connecting to {host} port {to_port} for {origin} timed out");
+                    reply.reject(ChannelOpenFailure::ConnectFailed).await;
+                }
+            }
+        });
+    }
+}
+
+/// The forwardings set up on a connection; [`Forwarding::finish`] stops
+/// listening and waits for the connections still open.
+pub struct Forwarding {
+    listeners: Vec<JoinHandle<()>>,
+    open: Arc<OpenCount>,
+}
+
+impl Forwarding {
+    /// Stops accepting and waits until every forwarded connection (local,
+    /// dynamic and remote) has closed.
+    pub async fn finish(self) {
+        for l in &self.listeners {
+            l.abort();
+        }
+        self.open.idle().await;
+    }
+}
+
+/// Sets up `specs` on `conn`. A forwarding that cannot be set up gives an
+/// error naming it, in `failures`; the others go on (the caller decides,
+/// per `ExitOnForwardFailure`, whether that ends the program).
+/// `gateway_ports` makes local listeners without a bind address listen on
+/// every address. Messages for the person (a port the server chose) are
+/// returned in `notices`.
+pub async fn start(
+    conn: &Arc<Connection>,
+    specs: &[ForwardSpec],
+    gateway_ports: bool,
+) -> (Forwarding, Vec<SkiffError>, Vec<String>) {
+    let open = conn.remote_forwards.open.clone();
+    let mut forwarding = Forwarding {
+        listeners: Vec::new(),
+        open: open.clone(),
+    };
+    let mut failures = Vec::new();
+    let mut notices = Vec::new();
+    for spec in specs {
+        let failed = |why: String| SkiffError::new(ErrorKind::Connect, format!("{spec}: {why}"));
+        match spec {
+            ForwardSpec::Local { listen, host, port } => match bind(listen, gateway_ports).await {
+                Ok(sockets) => {
+                    for socket in sockets {
+                        let target = Target::Fixed(host.clone(), *port);
+                        forwarding.listeners.push(tokio::spawn(accept_loop(
+                            socket,
+                            conn.clone(),
+                            target,
+                            open.clone(),
+                        )));
+                    }
+                }
+                Err(e) => failures.push(failed(e)),
+            },
+            ForwardSpec::Dynamic { listen } => match bind(listen, gateway_ports).await {
+                Ok(sockets) => {
+                    for socket in sockets {
+                        forwarding.listeners.push(tokio::spawn(accept_loop(
+                            socket,
+                            conn.clone(),
+                            Target::Socks,
+                            open.clone(),
+                        )));
+                    }
+                }
+                Err(e) => failures.push(failed(e)),
+            },
+            ForwardSpec::Remote { listen, host, port } => {
+                // As ssh: no address means loopback on the server, `*` every
+                // address (the server's GatewayPorts has the last word).
+                let address = match listen.bind.as_deref() {
+                    None => "localhost".to_string(),
+                    Some("*") => String::new(),
+                    Some(a) => a.to_string(),
+                };
+                let requested = u32::from(listen.port);
+                conn.remote_forwards
+                    .entries
+                    .lock()
+                    .expect("not poisoned")
+                    .push(RemoteEntry {
+                        address: address.clone(),
+                        requested_port: requested,
+                        bound_port: requested,
+                        host: host.clone(),
+                        port: *port,
+                    });
+                match conn.handle.tcpip_forward(address.clone(), requested).await {
+                    Ok(bound) => {
+                        if requested == 0 {
+                            let mut entries =
+                                conn.remote_forwards.entries.lock().expect("not poisoned");
+                            if let Some(e) = entries.iter_mut().find(|e| {
+                                e.address == address && e.requested_port == 0 && e.bound_port == 0
+                            }) {
+                                e.bound_port = bound;
+                            }
+                            notices.push(format!(
+                                "Allocated port {bound} for remote forward to {host}:{port}"
+                            ));
+                        }
+                    }
+                    Err(e) => {
+                        conn.remote_forwards
+                            .entries
+                            .lock()
+                            .expect("not poisoned")
+                            .retain(|x| !(x.address == address && x.requested_port == requested));
+                        failures.push(failed(format!(
+                            "the server refused to listen on port {}: {e}",
+                            listen.port
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    (forwarding, failures, notices)
+}
+
+/// Where a local listener's connections go.
+#[derive(Clone)]
+enum Target {
+    Fixed(String, u16),
+    /// Each client says, in a SOCKS handshake.
+    Socks,
+}
+
+/// The sockets for a local listener: loopback (127.0.0.1 and, where the
+/// machine has it, ::1) by default, every address for `*` or an empty bind
+/// address (or no bind address under `GatewayPorts yes`), else the
+/// addresses `bind` names. With port 0 the first socket's port is used for
+/// the rest.
+async fn bind(listen: &Listen, gateway_ports: bool) -> Result<Vec<TcpListener>, String> {
+    let addresses: Vec<SocketAddr> = match listen.bind.as_deref() {
+        None if !gateway_ports => loopback(listen.port),
+        Some("localhost") => loopback(listen.port),
+        None | Some("") | Some("*") => vec![
+            SocketAddr::from(([0, 0, 0, 0], listen.port)),
+            SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, listen.port)),
+        ],
+        Some(name) => tokio::net::lookup_host((name, listen.port))
+            .await
+            .map_err(|e| format!("cannot resolve {name}: {e}"))?
+            .collect(),
+    };
+    let mut sockets: Vec<TcpListener> = Vec::new();
+    let mut first_error = None;
+    for mut addr in addresses {
+        if let Some(first) = sockets.first() {
+            addr.set_port(first.local_addr().map_err(|e| e.to_string())?.port());
+        }
+        let socket = if addr.is_ipv6() {
+            // IPv6 only, so that it does not clash with the IPv4 socket.
+            tokio::net::TcpSocket::new_v6().and_then(|s| {
+                socket2::SockRef::from(&s).set_only_v6(true)?;
+                s.set_reuseaddr(true)?;
+                s.bind(addr)?;
+                s.listen(128)
+            })
+        } else {
+            tokio::net::TcpSocket::new_v4().and_then(|s| {
+                s.set_reuseaddr(true)?;
+                s.bind(addr)?;
+                s.listen(128)
+            })
+        };
+        match socket {
+            Ok(s) => sockets.push(s),
+            Err(e) => {
+                first_error.get_or_insert(format!("cannot listen on {addr}: {e}"));
+            }
+        }
+    }
+    if sockets.is_empty() {
+        return Err(first_error.unwrap_or_else(|| "no address to listen on".into()));
+    }
+    Ok(sockets)
+}
+
+fn loopback(port: u16) -> Vec<SocketAddr> {
+    vec![
+        SocketAddr::from(([127, 0, 0, 1], port)),
+        SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)),
+    ]
+}
+
+async fn accept_loop(
+    socket: TcpListener,
+    conn: Arc<Connection>,
+    target: Target,
+    open: Arc<OpenCount>,
+) {
+    loop {
+        let (tcp, from) = match socket.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!("forwarding: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let guard = open.enter();
+        let conn = conn.clone();
+        let target = target.clone();
+        tokio::spawn(async move {
+            let _guard = guard;
+            match target {
+                Target::Fixed(host, port) => forward_one(&conn, tcp, from, &host, port).await,
+                Target::Socks => socks_one(&conn, tcp, from).await,
+            }
+        });
+    }
+}
+
+/// Opens a `direct-tcpip` channel to `host:port` for `from`.
+async fn open_direct(
+    conn: &Connection,
+    from: SocketAddr,
+    host: &str,
+    port: u16,
+) -> Result<Channel<Msg>, russh::Error> {
+    conn.handle
+        .channel_open_direct_tcpip(
+            host,
+            u32::from(port),
+            from.ip().to_string(),
+            u32::from(from.port()),
+        )
+        .await
+}
+
+async fn forward_one(conn: &Connection, tcp: TcpStream, from: SocketAddr, host: &str, port: u16) {
+    match open_direct(conn, from, host, port).await {
+        Ok(channel) => relay(channel, tcp).await,
+        Err(e) => eprintln!(
+            "skiff: forwarding {from} to {host} port {port}: {}",
+            open_failure(&e)
+        ),
+    }
+}
+
+/// The server's reason for refusing a channel, as ssh words it.
+fn open_failure(e: &russh::Error) -> String {
+    match e {
+        russh::Error::ChannelOpenFailure(reason) => {
+            let why = match reason {
+                ChannelOpenFailure::AdministrativelyProhibited => "administratively prohibited",
+                ChannelOpenFailure::ConnectFailed => "connect failed",
+                ChannelOpenFailure::UnknownChannelType => "unknown channel type",
+                ChannelOpenFailure::ResourceShortage => "resource shortage",
+                _ => "refused",
+            };
+            format!("the server refused: {why}")
+        }
+        other => format!("{other}"),
+    }
+}
+
+/// Reads one handshake message with `parse`, keeping any bytes after it.
+async fn read_message<S, T>(
+    stream: &mut S,
+    buf: &mut Vec<u8>,
+    parse: fn(&[u8]) -> socks::Parsed<T>,
+) -> Result<T, Option<socks::SocksError>>
+where
+    S: AsyncRead + Unpin,
+{
+    loop {
+        match parse(buf) {
+            Ok(Some((value, used))) => {
+                buf.drain(..used);
+                return Ok(value);
+            }
+            Ok(None) => {}
+            Err(e) => return Err(Some(e)),
+        }
+        let mut chunk = [0u8; 512];
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return Err(None),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// The SOCKS side of one connection: the request, then a `direct-tcpip`
+/// channel to where it asks.
+async fn socks_handshake<S>(
+    stream: &mut S,
+    buf: &mut Vec<u8>,
+) -> Result<socks::Request, (u8, Option<socks::SocksError>)>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    match read_message(stream, buf, socks::parse_opening).await {
+        Ok(socks::Opening::Socks4(request)) => Ok(request),
+        Ok(socks::Opening::Socks5 { no_auth_offered }) => {
+            let _ = stream
+                .write_all(&socks::method_reply(no_auth_offered))
+                .await;
+            if !no_auth_offered {
+                return Err((0, Some(socks::SocksError::Malformed("no usable method"))));
+            }
+            read_message(stream, buf, socks::parse_socks5_request)
+                .await
+                .map_err(|e| (5, e))
+        }
+        Err(e) => Err((0, e)),
+    }
+}
+
+async fn socks_one(conn: &Connection, mut tcp: TcpStream, from: SocketAddr) {
+    let mut buf = Vec::new();
+    let handshake =
+        tokio::time::timeout(SOCKS_HANDSHAKE, socks_handshake(&mut tcp, &mut buf)).await;
+    let request = match handshake {
+        Ok(Ok(r)) => r,
+        Ok(Err((version, error))) => {
+            if version != 0 {
+                let _ = tcp
+                    .write_all(&socks::failure_reply(version, error.as_ref()))
+                    .await;
+            }
+            if let Some(e) = error {
+                eprintln!("skiff: dynamic forwarding for {from}: {e}");
+            }
+            return;
+        }
+        Err(_) => {
+            eprintln!(
+                "skiff: dynamic forwarding for {from}: no SOCKS request within {SOCKS_HANDSHAKE:?}"
+            );
+            return;
+        }
+    };
+    match open_direct(conn, from, &request.host, request.port).await {
+        Ok(channel) => {
+            if tcp
+                .write_all(&socks::success_reply(request.version))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            // Bytes the client sent right after its request go first.
+            let mut stream = channel.into_stream();
+            if !buf.is_empty() && stream.write_all(&buf).await.is_err() {
+                return;
+            }
+            relay_stream(stream, tcp).await;
+        }
+        Err(e) => {
+            let _ = tcp
+                .write_all(&socks::failure_reply(request.version, None))
+                .await;
+            eprintln!(
+                "skiff: dynamic forwarding {from} to {} port {}: {}",
+                request.host,
+                request.port,
+                open_failure(&e)
+            );
+        }
+    }
+}
+
+/// Copies both ways until both sides have ended, each end of file passed
+/// on; the channel closes when its stream is dropped.
+async fn relay(channel: Channel<Msg>, tcp: TcpStream) {
+    relay_stream(channel.into_stream(), tcp).await
+}
+
+async fn relay_stream<C>(mut channel: C, mut tcp: TcpStream)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    if let Err(e) =
+        tokio::io::copy_bidirectional_with_sizes(&mut channel, &mut tcp, RELAY_BUFFER, RELAY_BUFFER)
+            .await
+    {
+        tracing::debug!("forwarded connection ended: {e}");
+    }
+}
