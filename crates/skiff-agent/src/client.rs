@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use skiff_proto::agent_wire::{self, ExecWire, Reply, Request, RunWire};
+use skiff_proto::agent_wire::{self, ExecWire, ForwardWire, Reply, Request, RunWire};
 
 use crate::socket;
 
@@ -178,6 +178,45 @@ pub fn exec(
     let _ = std::io::stdout().flush();
     let fds = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];
     match request_with(stream, &Request::Exec(wire), &fds, poll_resize) {
+        Ok(reply) => Outcome::Reply(reply),
+        Err(e) => Outcome::Reply(Reply::Failed {
+            kind: 2,
+            message: e,
+        }),
+    }
+}
+
+/// `ssh -W` through the agent with this process's stdin and stdout (and
+/// stderr for notices). An agent that cannot be reached, or one too old to
+/// forward (asked first, before any input is read), is `Unavailable`: the
+/// caller then connects directly.
+pub fn forward(wire: ForwardWire, spawn: bool) -> Outcome {
+    let hello = connect_or_spawn(spawn).and_then(|s| {
+        request(
+            s,
+            &Request::Hello {
+                version: agent_wire::PROTOCOL_VERSION,
+            },
+            &[],
+        )
+    });
+    match hello {
+        Ok(Reply::Hello { version, .. }) if version >= agent_wire::FORWARD_SINCE => {}
+        Ok(Reply::Hello { version, pid }) => {
+            return Outcome::Unavailable(format!(
+                "the running agent (pid {pid}) speaks version {version}, too old to forward"
+            ))
+        }
+        Ok(other) => return Outcome::Unavailable(format!("unexpected reply to hello: {other:?}")),
+        Err(why) => return Outcome::Unavailable(why),
+    }
+    let stream = match connect_or_spawn(false) {
+        Ok(s) => s,
+        Err(why) => return Outcome::Unavailable(why),
+    };
+    let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
+    let fds = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];
+    match request_with(stream, &Request::Forward(wire), &fds, &mut || None) {
         Ok(reply) => Outcome::Reply(reply),
         Err(e) => Outcome::Reply(Reply::Failed {
             kind: 2,

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use skiff_engine::fanout::{self, FanoutOptions, RunEvent, Stream};
 use skiff_engine::settings::{resolve_for, ClientEnv, Resolver};
 use skiff_engine::{Destination, ExecRequest, ExitOutcome, Pool, PtyRequest};
-use skiff_proto::agent_wire::{self, ExecWire, HostEnd, Reply, Request, RunWire};
+use skiff_proto::agent_wire::{self, ExecWire, ForwardWire, HostEnd, Reply, Request, RunWire};
 use skiff_proto::nodeset;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -225,19 +225,22 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
                 }
             }
         }
+        Request::Forward(wire) => {
+            let (resize_tx, _) = tokio::sync::mpsc::channel(1);
+            let work = forward(&agent, wire, fds);
+            match attended(&agent, &stream, resize_tx, work).await {
+                Some(r) => r,
+                None => {
+                    tracing::info!("client went away; its forwarding was closed");
+                    return Ok(());
+                }
+            }
+        }
         Request::Exec(wire) => {
-            agent.active.fetch_add(1, Ordering::SeqCst);
-            // The CLI sends nothing more; EOF on its socket means it is gone
-            // (killed, Ctrl-C). Dropping the command closes its channel.
             let (resize_tx, resize_rx) = tokio::sync::mpsc::channel(8);
             let resize = wire.pty.is_some().then_some(resize_rx);
-            let reply = tokio::select! {
-                reply = exec(&agent, wire, fds, resize) => Some(reply),
-                _ = follow_client(&stream, resize_tx) => None,
-            };
-            agent.active.fetch_sub(1, Ordering::SeqCst);
-            *agent.last_activity.lock().expect("not poisoned") = Instant::now();
-            match reply {
+            let work = exec(&agent, wire, fds, resize);
+            match attended(&agent, &stream, resize_tx, work).await {
                 Some(r) => r,
                 None => {
                     tracing::info!("client went away; its command's channel was closed");
@@ -248,6 +251,26 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
     };
     stream.write_all(&agent_wire::encode_reply(&reply)).await?;
     stream.flush().await
+}
+
+/// Runs `work` (a command or a forwarding) while its client stays: the CLI
+/// sends nothing more but window changes, and EOF on its socket means it is
+/// gone (killed, Ctrl-C); `None` then, and dropping `work` closes its
+/// channel. Counts as activity for the agent's idle timer.
+async fn attended(
+    agent: &Agent,
+    stream: &tokio::net::UnixStream,
+    resize: tokio::sync::mpsc::Sender<skiff_engine::WindowSize>,
+    work: impl std::future::Future<Output = Reply>,
+) -> Option<Reply> {
+    agent.active.fetch_add(1, Ordering::SeqCst);
+    let reply = tokio::select! {
+        reply = work => Some(reply),
+        _ = follow_client(stream, resize) => None,
+    };
+    agent.active.fetch_sub(1, Ordering::SeqCst);
+    *agent.last_activity.lock().expect("not poisoned") = Instant::now();
+    reply
 }
 
 /// Relays window changes the client sends while its command runs, and
@@ -339,6 +362,14 @@ fn human_bytes(n: u64) -> String {
     }
 }
 
+/// The client's stdin, stdout and stderr, as sent with the request.
+fn stdio_fds(fds: Vec<OwnedFd>) -> Result<[OwnedFd; 3], Reply> {
+    fds.try_into().map_err(|v: Vec<OwnedFd>| Reply::Failed {
+        kind: 5,
+        message: format!("expected 3 file descriptors, got {}", v.len()),
+    })
+}
+
 /// Runs one command for a client, using the client's stdio fds.
 async fn exec(
     agent: &Agent,
@@ -346,30 +377,11 @@ async fn exec(
     fds: Vec<OwnedFd>,
     resize: Option<tokio::sync::mpsc::Receiver<skiff_engine::WindowSize>>,
 ) -> Reply {
-    let [stdin_fd, stdout_fd, stderr_fd]: [OwnedFd; 3] = match fds.try_into() {
+    let [stdin_fd, stdout_fd, stderr_fd] = match stdio_fds(fds) {
         Ok(a) => a,
-        Err(v) => {
-            return Reply::Failed {
-                kind: 5,
-                message: format!("expected 3 file descriptors, got {}", v.len()),
-            }
-        }
+        Err(reply) => return reply,
     };
-    // The agent never prompts: BatchMode first (first value wins).
-    let mut options = vec!["BatchMode=yes".to_string()];
-    options.extend(wire.options.iter().cloned());
-    let dest = Destination {
-        host: wire.host.clone(),
-        user: wire.user.clone(),
-        port: wire.port,
-        identity_files: wire.identity_files.iter().map(PathBuf::from).collect(),
-        config_file: wire.config_file.as_ref().map(PathBuf::from),
-        options,
-    };
-    let env = ClientEnv {
-        vars: wire.client_env.clone(),
-    };
-    let settings = match resolve_for(&dest, &env) {
+    let settings = match settings_of(&wire) {
         Ok(s) => s,
         Err(e) => return failed(e),
     };
@@ -404,6 +416,57 @@ async fn exec(
         Ok(outcome) => Reply::Exit {
             code: outcome.exit_code(),
         },
+        Err(e) => failed(e),
+    }
+}
+
+/// The client's destination, resolved as the client would, but with
+/// `BatchMode=yes` first (first value wins): the agent never prompts.
+fn settings_of(wire: &ExecWire) -> Result<skiff_engine::ConnectSettings, skiff_engine::SkiffError> {
+    let mut options = vec!["BatchMode=yes".to_string()];
+    options.extend(wire.options.iter().cloned());
+    let dest = Destination {
+        host: wire.host.clone(),
+        user: wire.user.clone(),
+        port: wire.port,
+        identity_files: wire.identity_files.iter().map(PathBuf::from).collect(),
+        config_file: wire.config_file.as_ref().map(PathBuf::from),
+        options,
+    };
+    let env = ClientEnv {
+        vars: wire.client_env.clone(),
+    };
+    resolve_for(&dest, &env)
+}
+
+/// `ssh -W` on a pooled connection, with the client's stdin, stdout and
+/// stderr (for notices).
+async fn forward(agent: &Agent, wire: ForwardWire, fds: Vec<OwnedFd>) -> Reply {
+    let [stdin_fd, stdout_fd, stderr_fd] = match stdio_fds(fds) {
+        Ok(a) => a,
+        Err(reply) => return reply,
+    };
+    let settings = match settings_of(&wire.base) {
+        Ok(s) => s,
+        Err(e) => return failed(e),
+    };
+    let stdout = tokio::fs::File::from_std(std::fs::File::from(stdout_fd));
+    let stderr = tokio::fs::File::from_std(std::fs::File::from(stderr_fd));
+    let (stdin, cancel) = stdin_pump(stdin_fd);
+    let result = agent
+        .pool
+        .forward_stdio(
+            &settings,
+            &wire.to_host,
+            wire.to_port,
+            stdin,
+            stdout,
+            stderr,
+        )
+        .await;
+    drop(cancel);
+    match result {
+        Ok(()) => Reply::Exit { code: 0 },
         Err(e) => failed(e),
     }
 }

@@ -195,6 +195,12 @@ impl Destination {
     }
 }
 
+/// Opens one channel on a connection (see [`Pool::open_channel`]).
+type Opener<'a, T> = dyn for<'c> Fn(&'c Connection) -> futures::future::BoxFuture<'c, Result<T, SkiffError>>
+    + Send
+    + Sync
+    + 'a;
+
 /// A channel slot on a member, released when the command ends.
 struct Slot(Arc<Member>);
 
@@ -342,6 +348,19 @@ impl Pool {
         &self,
         settings: &ConnectSettings,
     ) -> Result<(OpenSession, Slot, Vec<String>), SkiffError> {
+        self.open_channel(settings, &|conn| Box::pin(open_session(conn)))
+            .await
+    }
+
+    /// Opens a channel with `opener`, on a pooled connection when one has
+    /// room, otherwise on a new one. A refusal of kind
+    /// [`ErrorKind::ChannelRefused`] teaches the connection its limit and
+    /// tries another; a pooled connection found dead is replaced.
+    async fn open_channel<T>(
+        &self,
+        settings: &ConnectSettings,
+        opener: &Opener<'_, T>,
+    ) -> Result<(T, Slot, Vec<String>), SkiffError> {
         let dest = self.destination(PoolKey::of(settings));
         let mut last_err = None;
         let mut notices = Vec::new();
@@ -375,7 +394,7 @@ impl Pool {
                 }
             };
             let slot = Slot(member.clone());
-            match open_session(&member.conn).await {
+            match opener(&member.conn).await {
                 Ok(session) => return Ok((session, slot, notices)),
                 Err(e) if e.kind == ErrorKind::ChannelRefused => {
                     // The server's limit is what is open right now (not counting us).
@@ -401,9 +420,8 @@ impl Pool {
                 Err(e) => return Err(e),
             }
         }
-        Err(last_err.unwrap_or_else(|| {
-            SkiffError::new(ErrorKind::Protocol, "no session channel could be opened")
-        }))
+        Err(last_err
+            .unwrap_or_else(|| SkiffError::new(ErrorKind::Protocol, "no channel could be opened")))
     }
 
     /// Runs one command through the pool (see [`crate::exec::exec`]).
@@ -435,6 +453,41 @@ impl Pool {
             let _ = stderr.flush().await;
         }
         run_session(session, req, stdin, stdout, stderr, resize).await
+    }
+
+    /// `ssh -W host:port` on a pooled connection (see
+    /// [`crate::forward::forward_stdio`]). Notices from a connection opened
+    /// for it are written to `notices_to` first.
+    pub async fn forward_stdio<I, O, E>(
+        &self,
+        settings: &ConnectSettings,
+        host: &str,
+        port: u16,
+        input: I,
+        output: O,
+        mut notices_to: E,
+    ) -> Result<(), SkiffError>
+    where
+        I: AsyncRead + Unpin + Send + 'static,
+        O: AsyncWrite + Unpin,
+        E: AsyncWrite + Unpin,
+    {
+        let (channel, slot, notices) = self
+            .open_channel(settings, &|conn| {
+                let host = host.to_string();
+                Box::pin(async move { crate::forward::open_direct(conn, &host, port).await })
+            })
+            .await?;
+        if !notices.is_empty() {
+            let text: String = notices.iter().map(|n| format!("{n}\n")).collect();
+            let _ = notices_to.write_all(text.as_bytes()).await;
+            let _ = notices_to.flush().await;
+        }
+        let member = &slot.0;
+        let input = Counted::new(input, member);
+        let output = Counted::new(output, member);
+        let name = &member.conn.settings.hostname;
+        crate::forward::relay_stdio(channel, name, host, port, input, output).await
     }
 }
 

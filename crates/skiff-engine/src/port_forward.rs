@@ -383,14 +383,10 @@ async fn forward_one(conn: &Connection, tcp: TcpStream, from: SocketAddr, host: 
 fn open_failure(e: &russh::Error) -> String {
     match e {
         russh::Error::ChannelOpenFailure(reason) => {
-            let why = match reason {
-                ChannelOpenFailure::AdministrativelyProhibited => "administratively prohibited",
-                ChannelOpenFailure::ConnectFailed => "connect failed",
-                ChannelOpenFailure::UnknownChannelType => "unknown channel type",
-                ChannelOpenFailure::ResourceShortage => "resource shortage",
-                _ => "refused",
-            };
-            format!("the server refused: {why}")
+            format!(
+                "the server refused: {}",
+                crate::forward::refusal_text(reason)
+            )
         }
         other => format!("{other}"),
     }

@@ -29,7 +29,7 @@
 //! back exactly the same bytes.
 //!
 //! Request tags: `1` Hello, `2` Exec, `3` WindowChange, `4` Status, `5` Stop,
-//! `6` Forget, `7` Run. Reply tags: `1` Hello, `2` Exit, `3` Failed, `4`
+//! `6` Forget, `7` Run, `8` Forward. Reply tags: `1` Hello, `2` Exit, `3` Failed, `4`
 //! NeedsUser, `5` Status, `6` Done, `7` RunOutput, `8` RunNotice, `9` RunDone.
 //!
 //! A `Run` is answered by any number of `RunOutput`/`RunNotice` frames and
@@ -41,7 +41,10 @@ pub use crate::frame::MAX_FRAME;
 use crate::frame::{split_frame, Reader, Writer};
 
 /// The protocol version exchanged in `Hello`.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
+
+/// The first version that takes `Forward`.
+pub const FORWARD_SINCE: u32 = 3;
 
 /// Everything the agent needs to run one command on a remote host.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -102,6 +105,17 @@ pub struct RunWire {
     pub timeout_ms: u64,
 }
 
+/// `ssh -W host:port` through the agent: a connection from the destination
+/// to `to_host:to_port`, joined to the CLI's stdin and stdout.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ForwardWire {
+    /// The destination, as for `Exec`; `command`, `env`, `pty` and
+    /// `subsystem` are unused.
+    pub base: ExecWire,
+    pub to_host: String,
+    pub to_port: u16,
+}
+
 /// How one host of a fan-out ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostEnd {
@@ -135,6 +149,9 @@ pub enum Request {
     Forget { host: String },
     /// Run a command on many hosts; the answer streams back.
     Run(RunWire),
+    /// Join stdin and stdout (two file descriptors attached) to a
+    /// connection the destination opens; answered with `Exit` when it ends.
+    Forward(ForwardWire),
 }
 
 /// agent -> CLI.
@@ -176,6 +193,7 @@ const RQ_STATUS: u8 = 4;
 const RQ_STOP: u8 = 5;
 const RQ_FORGET: u8 = 6;
 const RQ_RUN: u8 = 7;
+const RQ_FORWARD: u8 = 8;
 
 // Reply tags.
 const RP_HELLO: u8 = 1;
@@ -221,6 +239,13 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
             w.u32(r.parallel);
             w.u32(r.rate_milli);
             w.u64(r.timeout_ms);
+            w.finish()
+        }
+        Request::Forward(f) => {
+            let mut w = Writer::new(RQ_FORWARD);
+            encode_exec(&mut w, &f.base);
+            w.str(&f.to_host);
+            w.u16(f.to_port);
             w.finish()
         }
         Request::WindowChange { cols, rows } => {
@@ -375,6 +400,11 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Request, usize)>, WireError>
             parallel: r.u32()?,
             rate_milli: r.u32()?,
             timeout_ms: r.u64()?,
+        }),
+        RQ_FORWARD => Request::Forward(ForwardWire {
+            base: decode_exec(&mut r)?,
+            to_host: r.str()?,
+            to_port: r.u16()?,
         }),
         tag => return Err(WireError::UnknownTag(tag)),
     };
@@ -552,6 +582,15 @@ mod tests {
                 host: String::new(),
             },
             Request::Run(RunWire::default()),
+            Request::Forward(ForwardWire {
+                base: ExecWire {
+                    host: "bastion".into(),
+                    port: Some(2222),
+                    ..Default::default()
+                },
+                to_host: "db.internal".into(),
+                to_port: 5432,
+            }),
             Request::Run(RunWire {
                 base: full_exec(),
                 hosts: "root@web[01-20]:2222,db1".into(),

@@ -5,6 +5,7 @@ use std::io::IsTerminal;
 
 use clap::Args;
 use skiff_engine::{Destination, ExecRequest, PtyRequest, SkiffError, WindowSize};
+use skiff_proto::agent_wire::ExecWire;
 
 use crate::cli_connect::ConnectArgs;
 pub use crate::ssh_args::TtyFlag;
@@ -209,6 +210,21 @@ pub async fn exec_on(
     Ok(outcome.exit_code())
 }
 
+/// The destination part of an agent request: what the agent resolves the
+/// settings from, as this process would.
+pub fn agent_destination(args: &Invocation, dest: &Destination) -> ExecWire {
+    ExecWire {
+        host: dest.host.clone(),
+        user: dest.user.clone(),
+        port: args.conn.port,
+        identity_files: args.conn.identity_for_agent(),
+        config_file: args.conn.config_for_agent(),
+        options: args.conn.ssh_options(),
+        client_env: skiff_engine::settings::ClientEnv::from_process().vars,
+        ..ExecWire::default()
+    }
+}
+
 /// Runs the command through the agent (starting one if needed). `None`
 /// means: do it directly (no agent, or a person has to decide something).
 fn via_agent(
@@ -217,20 +233,13 @@ fn via_agent(
     settings: &skiff_engine::ConnectSettings,
     pty: Option<PtyRequest>,
 ) -> Option<i32> {
-    use skiff_proto::agent_wire::{ExecWire, Reply};
+    use skiff_proto::agent_wire::Reply;
     if !args.conn.agent_enabled() {
         return None;
     }
     let wire = ExecWire {
-        host: dest.host.clone(),
-        user: dest.user.clone(),
-        port: args.conn.port,
-        identity_files: args.conn.identity_for_agent(),
-        config_file: args.conn.config_for_agent(),
-        options: args.conn.ssh_options(),
         command: args.command.clone(),
         env: remote_env(settings),
-        client_env: skiff_engine::settings::ClientEnv::from_process().vars,
         pty: pty.map(|p| skiff_proto::agent_wire::PtyWire {
             term: p.term,
             cols: p.cols,
@@ -239,6 +248,7 @@ fn via_agent(
         }),
         no_stdin: args.no_stdin,
         subsystem: args.subsystem,
+        ..agent_destination(args, dest)
     };
     // Raw mode while a remote terminal is attached; restored on drop.
     let _raw = if wire.pty.is_some() && std::io::stdin().is_terminal() {

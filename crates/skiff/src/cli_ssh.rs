@@ -70,6 +70,9 @@ pub fn main(args: Vec<OsString>) -> i32 {
         }
     }
     if let Some((host, port)) = forward {
+        if let Some(code) = forward_via_agent(&inv, &host, port) {
+            return code;
+        }
         return forward_stdio(&settings, &host, port);
     }
     for f in &settings.forwards {
@@ -165,7 +168,42 @@ fn invocation(line: SshCommandLine) -> Invocation {
     }
 }
 
-/// `-W host:port`: a direct connection (the agent does not forward).
+/// `-W host:port` on the agent's warm connection (started if need be).
+/// `None`: do it directly (no agent, an agent too old to forward, or a
+/// person has to decide something).
+fn forward_via_agent(inv: &Invocation, host: &str, port: u16) -> Option<i32> {
+    use skiff_agent::client::Outcome;
+    use skiff_proto::agent_wire::{ForwardWire, Reply};
+    if !inv.conn.agent_enabled() {
+        return None;
+    }
+    let wire = ForwardWire {
+        base: cli_exec::agent_destination(inv, &cli_exec::destination(inv)),
+        to_host: host.to_string(),
+        to_port: port,
+    };
+    match skiff_agent::client::forward(wire, true) {
+        Outcome::Reply(Reply::Exit { code }) => Some(code),
+        Outcome::Reply(Reply::Failed { message, .. }) => {
+            eprintln!("skiff: {message}");
+            Some(255)
+        }
+        Outcome::Reply(Reply::NeedsUser { message }) => {
+            tracing::debug!("agent defers to a direct connection: {message}");
+            None
+        }
+        Outcome::Reply(other) => {
+            eprintln!("skiff: unexpected reply from the agent: {other:?}");
+            Some(255)
+        }
+        Outcome::Unavailable(why) => {
+            tracing::debug!("not using the agent: {why}");
+            None
+        }
+    }
+}
+
+/// `-W host:port` on a connection of its own.
 fn forward_stdio(settings: &ConnectSettings, host: &str, port: u16) -> i32 {
     cli_exec::on_one_thread(async {
         let conn = skiff_engine::connect(settings).await?;

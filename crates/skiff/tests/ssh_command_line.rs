@@ -351,7 +351,7 @@ fn no_command_starts_the_login_shell() {
 
 /// `ssh -o ProxyCommand='skiff-ssh -W %h:%p jump'`: stock ssh reaches a
 /// server through a jump host (an sshd that forwards only there) with skiff
-/// carrying the connection.
+/// carrying the connection, directly and on the agent's warm connection.
 #[test]
 fn w_carries_another_sshs_connection() {
     let Some((fx, target)) = sshd_setup(&[]) else {
@@ -361,13 +361,15 @@ fn w_carries_another_sshs_connection() {
     let jump = Sshd::start(&fx.host_key, &fx.authorized_keys, &[&permit]);
     let u = User::new(&jump, &fx, false);
     let shim = shim();
-    let c = format!(
-        "{}\n{}",
-        server_context(&jump, "jump host"),
-        server_context(&target, "target")
-    );
+    let c = || {
+        format!(
+            "{}\n{}",
+            server_context(&jump, "jump host"),
+            server_context(&target, "target")
+        )
+    };
     // Stock ssh to the target, carried by `skiff-ssh -W TARGET box`.
-    let through = |target_spec: &str, command: &[&str]| {
+    let through = |agent: bool, target_spec: &str, command: &[&str]| {
         let proxy = format!(
             "ProxyCommand={} -F {} -W {target_spec} box",
             shim.path.display(),
@@ -376,22 +378,45 @@ fn w_carries_another_sshs_connection() {
         ssh(target.port(), user(), &fx.client_key)
             .opt(&proxy)
             .env("HOME", u.home())
-            .env("SKIFF_AGENT", "off")
+            .env("SKIFF_AGENT", if agent { "on" } else { "off" })
+            .env("XDG_RUNTIME_DIR", u.agent_home.runtime.path())
+            .env("XDG_STATE_HOME", u.home().join("state"))
             .args(command)
             .run()
     };
-    through("%h:%p", &["echo", "through", "the", "jump"])
-        .expect_code(0, &c)
-        .expect_stdout("through the jump\n", &c);
+    through(false, "%h:%p", &["echo", "through", "the", "jump"])
+        .expect_code(0, &c())
+        .expect_stdout("through the jump\n", &c());
 
     // A port the jump host does not forward to: the error names it.
-    let out = through("127.0.0.1:1", &["true"]);
-    assert_ne!(out.code, 0, "{c}\n{out}");
-    assert!(
-        out.stderr
-            .contains("could not open a connection to 127.0.0.1 port 1"),
-        "{c}: the refused forward is named\n{out}"
+    for agent in [false, true] {
+        let out = through(agent, "127.0.0.1:1", &["true"]);
+        assert_ne!(out.code, 0, "{}\n{out}", c());
+        assert!(
+            out.stderr
+                .contains("could not open a connection to 127.0.0.1 port 1"),
+            "{}: the refused forward is named (agent: {agent})\n{out}",
+            c()
+        );
+    }
+
+    // Through the agent: three stock ssh runs, one login on the jump host
+    // (the agent logged in for the refused forward above and kept it).
+    let logins = || jump.log().matches("Accepted publickey").count();
+    let before = logins();
+    for n in 0..3 {
+        through(true, "%h:%p", &["echo", &format!("warm{n}")])
+            .expect_code(0, &c())
+            .expect_stdout(&format!("warm{n}\n"), &c());
+    }
+    assert_eq!(
+        logins(),
+        before,
+        "{}: the agent's connection was reused",
+        c()
     );
+    let status = u.agent_home.agent_cmd(&["status"]);
+    assert!(status.stdout_str().contains("127.0.0.1"), "{status}");
 }
 
 #[test]
