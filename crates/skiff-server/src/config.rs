@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use skiff_proto::algorithms;
 
+use crate::match_block::{MatchBlock, MatchContext};
+
 /// Default authorized_keys location, with `%h` (home) and `%u` (user) tokens.
 pub const DEFAULT_AUTHORIZED_KEYS: &str = "%h/.ssh/authorized_keys";
 
@@ -78,6 +80,13 @@ pub struct Settings {
     /// `AllowTcpForwarding`, `DisableForwarding`, `PermitOpen`,
     /// `PermitListen`, `GatewayPorts`.
     pub forwarding: crate::forward_policy::ForwardRules,
+    /// `ForceCommand`: run instead of what the client asks (`internal-sftp`:
+    /// the SFTP server); it also wins over a key's `command=`.
+    pub force_command: Option<String>,
+    /// `PermitTTY`.
+    pub permit_tty: bool,
+    /// `Match` blocks with the file they come from, in file order.
+    pub matches: Vec<(String, MatchBlock)>,
 }
 
 /// Where skiffd lets a client turn data-plane encryption off.
@@ -142,6 +151,9 @@ impl Default for Settings {
             unencrypted_data_plane: UnencryptedPolicy::Loopback,
             max_channel_window: skiff_proto::window::DEFAULT_MAX_WINDOW,
             forwarding: Default::default(),
+            force_command: None,
+            permit_tty: true,
+            matches: Vec::new(),
             kex_algorithms: algorithms::SERVER_KEX.defaults(),
             host_key_algorithms: algorithms::SERVER_HOST_KEY.defaults(),
             ciphers: algorithms::SERVER_CIPHERS.defaults(),
@@ -163,29 +175,124 @@ pub struct ConfigError {
 ///
 /// Repeatable keywords (`ListenAddress`, `HostKey`, `HostCertificate`, `AcceptEnv`) accumulate;
 /// the first `AcceptEnv` line replaces the default list.
+///
+/// `Match` blocks are checked here (each of their lines must be valid and
+/// allowed in a block) and kept in [`Settings::matches`], to be applied per
+/// login by [`Settings::for_login`].
 pub fn apply_config_text(
     settings: &mut Settings,
     file: &str,
     text: &str,
 ) -> Result<(), ConfigError> {
-    let mut accept_env_seen = false;
+    let mut global = Vec::new();
+    let mut blocks: Vec<MatchBlock> = Vec::new();
     for (index, raw) in text.lines().enumerate() {
+        let line_no = index + 1;
         let err = |message: String| ConfigError {
             file: file.to_string(),
-            line: index + 1,
+            line: line_no,
             message,
         };
         let line = raw.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let (keyword, rest) = match line.split_once(|c: char| c.is_whitespace() || c == '=') {
-            Some((k, r)) => (
-                k,
-                r.trim_start_matches(|c: char| c.is_whitespace() || c == '='),
-            ),
-            None => (line, ""),
+        let (keyword, rest) = split_keyword(line);
+        if keyword.eq_ignore_ascii_case("match") {
+            let args: Vec<&str> = rest.split_whitespace().collect();
+            blocks.push(MatchBlock::parse(&args).map_err(err)?);
+            continue;
+        }
+        match blocks.last_mut() {
+            Some(block) => {
+                let lower = keyword.to_ascii_lowercase();
+                if !crate::match_block::ALLOWED_IN_MATCH.contains(&lower.as_str()) {
+                    return Err(err(format!(
+                        "{keyword} cannot be used inside a Match block"
+                    )));
+                }
+                block.lines.push((line_no, line.to_string()));
+            }
+            None => global.push((line_no, line)),
+        }
+    }
+    apply_lines(settings, file, global)?;
+    for block in &blocks {
+        let mut scratch = settings.clone();
+        apply_lines(&mut scratch, file, block_lines(block, &[]))?;
+    }
+    settings
+        .matches
+        .extend(blocks.into_iter().map(|b| (file.to_string(), b)));
+    Ok(())
+}
+
+/// A line's keyword and the rest (`Keyword value`, `Keyword=value`).
+fn split_keyword(line: &str) -> (&str, &str) {
+    match line.split_once(|c: char| c.is_whitespace() || c == '=') {
+        Some((k, r)) => (
+            k,
+            r.trim_start_matches(|c: char| c.is_whitespace() || c == '='),
+        ),
+        None => (line, ""),
+    }
+}
+
+/// A block's lines, without those whose keyword is in `skip` (lowercase).
+fn block_lines<'a>(block: &'a MatchBlock, skip: &[String]) -> Vec<(usize, &'a str)> {
+    block
+        .lines
+        .iter()
+        .filter(|(_, line)| !skip.contains(&split_keyword(line).0.to_ascii_lowercase()))
+        .map(|(n, line)| (*n, line.as_str()))
+        .collect()
+}
+
+impl Settings {
+    /// The settings for one login: these, with the lines of every `Match`
+    /// block that matches `ctx` on top. As in sshd, the first matching
+    /// block to set a keyword wins. `None` when no block matches.
+    pub fn for_login(&self, ctx: &MatchContext<'_>) -> Option<Settings> {
+        let mut matching = self
+            .matches
+            .iter()
+            .filter(|(_, b)| b.matches(ctx))
+            .peekable();
+        matching.peek()?;
+        let mut effective = self.clone();
+        effective.matches.clear();
+        let mut set: Vec<String> = Vec::new();
+        for (file, block) in matching {
+            let lines = block_lines(block, &set);
+            // Checked when the file was read; cannot fail here.
+            if let Err(e) = apply_lines(&mut effective, file, lines) {
+                tracing::warn!("{e}");
+            }
+            set.extend(
+                block
+                    .lines
+                    .iter()
+                    .map(|(_, l)| split_keyword(l).0.to_ascii_lowercase()),
+            );
+        }
+        Some(effective)
+    }
+}
+
+/// Applies settings lines (`(line number, trimmed line)`, no `Match`).
+fn apply_lines(
+    settings: &mut Settings,
+    file: &str,
+    lines: Vec<(usize, &str)>,
+) -> Result<(), ConfigError> {
+    let mut accept_env_seen = false;
+    for (line_no, line) in lines {
+        let err = |message: String| ConfigError {
+            file: file.to_string(),
+            line: line_no,
+            message,
         };
+        let (keyword, rest) = split_keyword(line);
         let args: Vec<&str> = rest.split_whitespace().collect();
         let one = || -> Result<&str, ConfigError> {
             match args.as_slice() {
@@ -356,6 +463,14 @@ pub fn apply_config_text(
                 settings.forwarding.gateway_ports =
                     crate::forward_policy::GatewayPorts::parse(one()?).map_err(err)?
             }
+            "forcecommand" => {
+                settings.force_command = match rest.trim() {
+                    "" => return Err(err("ForceCommand needs a command (or none)".into())),
+                    "none" => None,
+                    command => Some(command.to_string()),
+                }
+            }
+            "permittty" => settings.permit_tty = parse_yes_no(one()?).map_err(err)?,
             "dataplane" => settings.data_plane = parse_yes_no(one()?).map_err(err)?,
             "dataplaneunencrypted" => {
                 settings.unencrypted_data_plane = match one()?.to_ascii_lowercase().as_str() {
@@ -444,6 +559,44 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn match_blocks_apply_per_login_first_value_wins() {
+        use crate::match_block::MatchContext;
+        let mut s = Settings::default();
+        let text = "MaxSessions 5\nPermitTTY yes\n\
+                    Match User alice\n  MaxSessions 2\n  AcceptEnv A\n  AcceptEnv B\n\
+                    Match all\n  MaxSessions 9\n  PermitTTY no\n  ForceCommand internal-sftp\n";
+        apply_config_text(&mut s, "f", text).unwrap();
+        assert_eq!(
+            (s.max_sessions, s.permit_tty, s.matches.len()),
+            (5, true, 2)
+        );
+        let groups = Vec::new();
+        let ctx = |user| MatchContext {
+            user,
+            groups: &groups,
+            peer: "127.0.0.1".parse().unwrap(),
+            local: "127.0.0.1".parse().unwrap(),
+            local_port: 22,
+        };
+        let alice = s.for_login(&ctx("alice")).unwrap();
+        assert_eq!(alice.max_sessions, 2);
+        assert_eq!(alice.accept_env, ["A", "B"]);
+        assert!(!alice.permit_tty);
+        assert_eq!(alice.force_command.as_deref(), Some("internal-sftp"));
+        assert!(alice.matches.is_empty());
+        let bob = s.for_login(&ctx("bob")).unwrap();
+        assert_eq!(bob.max_sessions, 9);
+        assert_eq!(bob.accept_env, ["LANG", "LC_*"]);
+
+        let mut s = Settings::default();
+        apply_config_text(&mut s, "f", "Match User carol\n  MaxSessions 1\n").unwrap();
+        assert!(s.for_login(&ctx("dave")).is_none());
+        let e = apply_config_text(&mut s, "f", "Match User x\n  HostKey /k\n").unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.message.contains("inside a Match block"), "{e}");
+    }
 
     #[test]
     fn forwarding_keywords() {

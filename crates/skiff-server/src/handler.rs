@@ -97,6 +97,9 @@ pub struct ConnectionHandler {
     session_rtt: Option<std::time::Duration>,
     /// TCP forwardings (`direct-tcpip` relays, `tcpip-forward` listeners).
     forwards: crate::forwarding::Forwards,
+    /// The settings of the login being authenticated or done, when `Match`
+    /// blocks change them (see [`Self::settings`]).
+    effective: Option<Arc<Settings>>,
 }
 
 impl ConnectionHandler {
@@ -119,6 +122,7 @@ impl ConnectionHandler {
             probe_answered: None,
             session_rtt: None,
             forwards: Default::default(),
+            effective: None,
             state,
         }
     }
@@ -131,14 +135,43 @@ impl ConnectionHandler {
 
     /// The account `user` names, if it may log in at all from this peer
     /// (see [`account::lookup`] and [`crate::access`]).
-    fn admissible_account(&self, user: &str) -> Result<Account, String> {
+    fn admissible_account(&mut self, user: &str) -> Result<Account, String> {
         let acct = account::lookup(user).map_err(|r| r.to_string())?;
-        let access = &self.state.settings.access;
-        let groups = group_names(access, &acct);
+        self.effective = self.login_settings(&acct);
+        let access = &self.settings().access;
+        let groups = if access.allow_groups.is_empty() && access.deny_groups.is_empty() {
+            Vec::new()
+        } else {
+            group_names(&acct)
+        };
         match access.refusal(user, acct.uid, &groups, self.peer.ip()) {
             Some(why) => Err(why),
             None => Ok(acct),
         }
+    }
+
+    /// The settings that apply to a login as `acct`: the server's, with
+    /// its matching `Match` blocks on top (`None`: the server's as they are).
+    fn login_settings(&self, acct: &Account) -> Option<Arc<Settings>> {
+        let global = &self.state.settings;
+        if global.matches.is_empty() {
+            return None;
+        }
+        let groups = group_names(acct);
+        let ctx = crate::match_block::MatchContext {
+            user: &acct.name,
+            groups: &groups,
+            peer: self.peer.ip(),
+            local: self.local.ip(),
+            local_port: self.local.port(),
+        };
+        global.for_login(&ctx).map(Arc::new)
+    }
+
+    /// The settings in force: those of the login being authenticated (or
+    /// done), else the server's.
+    fn settings(&self) -> &Settings {
+        self.effective.as_deref().unwrap_or(&self.state.settings)
     }
 
     /// Loads (once per user name) the account and its authorized keys.
@@ -147,7 +180,7 @@ impl ConnectionHandler {
             let loaded = match self.admissible_account(user) {
                 Ok(acct) => {
                     let keys = load_account_file(
-                        &self.state.settings.authorized_keys,
+                        &self.settings().authorized_keys,
                         &acct,
                         authorized_keys::parse,
                     );
@@ -258,6 +291,9 @@ impl ConnectionHandler {
         command_keys: &[AuthorizedKey],
     ) -> Option<(Account, KeyOptions)> {
         let blob = key.to_bytes().ok()?;
+        // The account first: its settings (Match blocks) say which
+        // RevokedKeys applies.
+        self.load_candidate(user)?;
         if let Some(why) = self.revoked(|list| list.revokes_key(&blob)) {
             tracing::info!(peer = %self.peer, user, "key refused: {why}");
             return None;
@@ -284,15 +320,26 @@ impl ConnectionHandler {
 
     /// Records a successful login (a key or a certificate) as `account`,
     /// whose sessions run under `options`.
-    fn logged_in(&mut self, account: Account, options: KeyOptions) -> Auth {
+    fn logged_in(&mut self, account: Account, mut options: KeyOptions) -> Auth {
+        self.effective = self.login_settings(&account);
         if account.uid == 0
-            && self.state.settings.access.root_login == crate::access::RootLogin::ForcedCommandsOnly
+            && self.settings().access.root_login == crate::access::RootLogin::ForcedCommandsOnly
             && options.command.is_none()
         {
             tracing::info!(peer = %self.peer, user = %account.name,
                 "refusing login: PermitRootLogin forced-commands-only, and the key forces no command");
             return publickey_only();
         }
+        // The server's ForceCommand wins over the key's command=, and
+        // PermitTTY no over its pty permission, as in sshd.
+        let settings = self.settings();
+        if let Some(forced) = &settings.force_command {
+            options.command = Some(match (forced.as_str(), &settings.sftp_command) {
+                ("internal-sftp", Some(sftp)) => sftp.clone(),
+                _ => forced.clone(),
+            });
+        }
+        options.no_pty |= !settings.permit_tty;
         self.auth = Some(Authenticated { account, options });
         self.candidate = None;
         self.session_rtt = self.probe_answered.take().map(|t| t.elapsed());
@@ -304,7 +351,7 @@ impl ConnectionHandler {
     /// file cannot be read (then no key may be used, as with sshd). Read at
     /// every check, so that a revocation takes effect at once.
     fn revoked(&self, is_revoked: impl Fn(&RevokedKeys) -> bool) -> Option<String> {
-        let path = self.state.settings.revoked_keys.as_ref()?;
+        let path = self.settings().revoked_keys.as_ref()?;
         let label = path.display().to_string();
         let bytes = match std::fs::read(path) {
             Ok(b) => b,
@@ -330,7 +377,7 @@ impl ConnectionHandler {
     /// The server's `TrustedUserCAKeys`, read now (so a changed file takes
     /// effect at the next login, as authorized_keys does).
     fn trusted_user_cas(&self) -> Vec<AuthorizedKey> {
-        let Some(path) = &self.state.settings.trusted_user_ca_keys else {
+        let Some(path) = &self.settings().trusted_user_ca_keys else {
             return Vec::new();
         };
         let label = path.display().to_string();
@@ -357,8 +404,19 @@ impl ConnectionHandler {
         if self.state.settings.trusted_user_ca_keys.is_some() {
             return true;
         }
-        self.load_candidate(user)
-            .is_some_and(|(_, keys)| keys.iter().any(|k| k.options.cert_authority))
+        let own_ca = self
+            .load_candidate(user)
+            .is_some_and(|(_, keys)| keys.iter().any(|k| k.options.cert_authority));
+        // A Match block may trust a CA for this login only.
+        own_ca || (self.candidate_loaded(user) && self.settings().trusted_user_ca_keys.is_some())
+    }
+
+    /// Whether `user`'s account was found usable (and [`Self::settings`]
+    /// are its settings).
+    fn candidate_loaded(&self, user: &str) -> bool {
+        self.candidate
+            .as_ref()
+            .is_some_and(|(u, c)| u == user && c.is_some())
     }
 
     fn environment_for(
@@ -374,7 +432,7 @@ impl ConnectionHandler {
             "/usr/local/bin:/usr/bin:/bin:/usr/games"
         };
         let mut env: Vec<(String, String)> = chan.env.clone();
-        if self.state.settings.permit_user_environment {
+        if self.settings().permit_user_environment {
             env.extend(auth.options.environment.iter().cloned());
         }
         let fixed = [
@@ -479,7 +537,7 @@ impl ConnectionHandler {
     /// a forced command (which must run instead, as for any subsystem), and
     /// on a channel with a pty.
     fn start_transfer(&mut self, id: ChannelId, session: &mut Session) -> Result<(), russh::Error> {
-        let settings = &self.state.settings;
+        let settings = self.settings();
         let forced = self
             .auth
             .as_ref()
@@ -898,6 +956,11 @@ impl russh::server::Handler for ConnectionHandler {
         // russh has checked the CA's signature over the certificate, its
         // validity period and the client's signature with its key.
         let peer = self.peer;
+        // The account first: its settings (Match blocks) say which CAs,
+        // principals and revocations apply.
+        if self.load_candidate(user).is_none() {
+            return Ok(publickey_only());
+        }
         let Ok(ca_blob) =
             russh::keys::PublicKey::from(certificate.signature_key().clone()).to_bytes()
         else {
@@ -917,7 +980,7 @@ impl russh::server::Handler for ConnectionHandler {
         }
         let command_principals = self.command_principals(user, certificate).await;
         let trusted = self.trusted_user_cas();
-        let principals_template = self.state.settings.authorized_principals_file.clone();
+        let principals_template = self.settings().authorized_principals_file.clone();
         let Some((account, keys)) = self.load_candidate(user) else {
             return Ok(publickey_only());
         };
@@ -1011,8 +1074,8 @@ impl russh::server::Handler for ConnectionHandler {
         // closed first, so forget sessions whose command has finished here.
         self.channels
             .retain(|_, c| c.running.as_ref().is_none_or(|r| !r.task.is_finished()));
-        if self.channels.len() >= self.state.settings.max_sessions {
-            tracing::info!(peer = %self.peer, "refusing session: MaxSessions ({}) reached", self.state.settings.max_sessions);
+        if self.channels.len() >= self.settings().max_sessions {
+            tracing::info!(peer = %self.peer, "refusing session: MaxSessions ({}) reached", self.settings().max_sessions);
             reply.reject(ChannelOpenFailure::ResourceShortage).await;
             return Ok(());
         }
@@ -1046,7 +1109,7 @@ impl russh::server::Handler for ConnectionHandler {
             return Ok(());
         };
         let who = format!("{} from {}", auth.account.name, self.peer);
-        let rules = &self.state.settings.forwarding;
+        let rules = &self.settings().forwarding;
         let refusal = rules.open_refusal(&auth.options, host_to_connect, port_to_connect);
         match (refusal, u16::try_from(port_to_connect)) {
             (None, Ok(port)) => {
@@ -1090,7 +1153,7 @@ impl russh::server::Handler for ConnectionHandler {
             return Ok(false);
         };
         let who = format!("{} from {}", auth.account.name, self.peer);
-        let rules = &self.state.settings.forwarding;
+        let rules = &self.settings().forwarding;
         let listened = match rules.listen_plan(&auth.options, auth.account.uid, address, *port) {
             Ok(bind) => {
                 self.forwards
@@ -1195,8 +1258,7 @@ impl russh::server::Handler for ConnectionHandler {
         session: &mut Session,
     ) -> Result<(), Self::Error> {
         let accepted = self
-            .state
-            .settings
+            .settings()
             .accept_env
             .iter()
             .any(|p| pattern::wildcard_match(p, name));
@@ -1239,7 +1301,7 @@ impl russh::server::Handler for ConnectionHandler {
         // Like sshd, a subsystem is a command run as the account (the SFTP
         // server never runs inside skiffd); a forced command replaces it and
         // sees it in SSH_ORIGINAL_COMMAND.
-        match (name, &self.state.settings.sftp_command) {
+        match (name, &self.settings().sftp_command) {
             ("sftp", Some(command)) => {
                 tracing::debug!(peer = %self.peer, "subsystem sftp: {command}");
                 let command = command.clone();
@@ -1403,11 +1465,8 @@ fn read_account_file(template: &str, acct: &Account) -> Option<(String, String)>
     Some((path, text))
 }
 
-/// The names of `acct`'s groups, looked up only when group rules need them.
-fn group_names(access: &crate::access::AccessRules, acct: &Account) -> Vec<String> {
-    if access.allow_groups.is_empty() && access.deny_groups.is_empty() {
-        return Vec::new();
-    }
+/// The names of the account's primary and supplementary groups.
+fn group_names(acct: &Account) -> Vec<String> {
     std::iter::once(acct.gid)
         .chain(acct.groups.iter().copied())
         .filter_map(|g| {

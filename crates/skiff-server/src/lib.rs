@@ -19,6 +19,7 @@ mod handler;
 pub mod hostkey;
 mod listener;
 pub mod lookup_command;
+pub mod match_block;
 mod process;
 pub mod sftp;
 mod spawn;

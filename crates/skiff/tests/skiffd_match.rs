@@ -1,0 +1,192 @@
+//! skiffd's `Match` blocks, `ForceCommand` and `PermitTTY`, driven by stock
+//! OpenSSH: a block chosen by the address the client reached (skiffd also
+//! listens on 127.0.0.2), by user and by group; the first matching block
+//! to set a keyword wins; `ForceCommand internal-sftp`; configuration
+//! errors that name the file and line.
+
+mod common;
+
+use std::net::Ipv4Addr;
+
+use common::server_context as ctx;
+use common::*;
+
+const SECOND: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+
+fn skiffd_with(config: &str) -> Option<(Fixture, Skiffd)> {
+    if !require_openssh() {
+        return None;
+    }
+    let fx = Fixture::new();
+    let mut text = config.to_string();
+    if let Some(sftp) = sftp_subsystem_config() {
+        // Global lines go before the first Match.
+        text = format!("{sftp}\n{text}");
+    }
+    let d = Skiffd::start_with(
+        SkiffdOptions::new(&fx.host_key, &fx.authorized_keys)
+            .also_listen([SECOND])
+            .config(&text),
+    );
+    Some((fx, d))
+}
+
+/// `ssh` to skiffd on `address`.
+fn ssh_to(d: &Skiffd, fx: &Fixture, address: Ipv4Addr) -> Ssh {
+    ssh(d.port(), user(), &fx.client_key).opt(&format!("HostName={address}"))
+}
+
+#[test]
+fn the_first_matching_block_wins_per_keyword() {
+    let config = "Match LocalAddress 127.0.0.2\n  \
+                  ForceCommand echo forced \"$SSH_ORIGINAL_COMMAND\"\n  \
+                  AllowTcpForwarding yes\n\
+                  Match all\n  \
+                  AllowTcpForwarding no\n  \
+                  ForceCommand echo never\n";
+    let Some((fx, d)) = skiffd_with(config) else {
+        return;
+    };
+    let c = || ctx(&d, "Match LocalAddress, Match all");
+    // 127.0.0.2: the first block's ForceCommand, with the asked-for
+    // command in SSH_ORIGINAL_COMMAND.
+    ssh_to(&d, &fx, SECOND)
+        .args(&["echo", "asked"])
+        .run()
+        .expect_code(0, &c())
+        .expect_stdout("forced echo asked\n", &c());
+    // 127.0.0.1: only `Match all` applies.
+    ssh_to(&d, &fx, Ipv4Addr::LOCALHOST)
+        .args(&["echo", "asked"])
+        .run()
+        .expect_code(0, &c())
+        .expect_stdout("never\n", &c());
+    // AllowTcpForwarding: the first block's `yes` wins on 127.0.0.2, the
+    // second block's `no` applies on 127.0.0.1.
+    let forward = |address| {
+        ssh_to(&d, &fx, address)
+            .log_level("INFO")
+            .flag("-W")
+            .flag(&format!("127.0.0.1:{}", d.port()))
+            .run()
+    };
+    let out = forward(SECOND);
+    assert!(out.stdout_str().starts_with("SSH-2.0-"), "{}\n{out}", c());
+    let out = forward(Ipv4Addr::LOCALHOST);
+    assert!(out.stdout.is_empty(), "{}\n{out}", c());
+    assert!(
+        d.log().contains("AllowTcpForwarding does not allow"),
+        "{}",
+        c()
+    );
+}
+
+#[test]
+fn user_and_group_blocks() {
+    let account = account();
+    let group = std::process::Command::new("id")
+        .args(["-gn", &account.name])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .expect("id -gn");
+    let config = format!(
+        "Match User nobody-else,{}\n  PermitTTY no\n\
+         Match Group {group}\n  ForceCommand tty\n\
+         Match Group !{group},*\n  ForceCommand echo wrong group\n",
+        account.name
+    );
+    let Some((fx, d)) = skiffd_with(&config) else {
+        return;
+    };
+    let c = || ctx(&d, "Match User, Match Group");
+    // The user block refuses the terminal that -tt asks for (ssh then
+    // gives up, as it does whenever a forced terminal is refused).
+    let out = ssh_to(&d, &fx, Ipv4Addr::LOCALHOST)
+        .flag("-tt")
+        .args(&["true"])
+        .run();
+    assert!(
+        out.stderr.contains("PTY allocation request failed"),
+        "{}: PermitTTY no\n{out}",
+        c()
+    );
+    // The group block forces `tty` (no terminal asked for here); the
+    // negated group block does not match.
+    let out = ssh_to(&d, &fx, Ipv4Addr::LOCALHOST)
+        .args(&["echo", "asked"])
+        .run();
+    out.expect_code(1, &c()).expect_stdout("not a tty\n", &c());
+}
+
+#[test]
+fn force_command_internal_sftp() {
+    let Some((fx, d)) = skiffd_with("Match all\n  ForceCommand internal-sftp\n") else {
+        return;
+    };
+    let c = || ctx(&d, "ForceCommand internal-sftp");
+    let batch = fx.path().join("batch");
+    write_file(&batch, "pwd\n", 0o644);
+    let out = Run::new("sftp")
+        .args(["-F", "/dev/null", "-b"])
+        .arg(&batch)
+        .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"])
+        .args([
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "IdentitiesOnly=yes",
+        ])
+        .arg("-i")
+        .arg(&fx.client_key.private)
+        .args(["-P", &d.port().to_string()])
+        .arg(format!("{}@127.0.0.1", user()))
+        .run();
+    out.expect_code(0, &c());
+    assert!(
+        out.stdout_str().contains("Remote working directory"),
+        "{}\n{out}",
+        c()
+    );
+    // A command gets the SFTP server instead, which does not run it.
+    let out = ssh_to(&d, &fx, Ipv4Addr::LOCALHOST)
+        .args(&["echo", "ran"])
+        .run();
+    assert!(!out.stdout_str().contains("ran"), "{}\n{out}", c());
+}
+
+#[test]
+fn bad_match_configuration_names_the_line() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let config = fx.path().join("skiffd.conf");
+    for (text, line, needle) in [
+        (
+            "PermitTTY yes\nMatch Tagged x\n",
+            2,
+            "unsupported Match criterion",
+        ),
+        (
+            "Match User a\n  PermitTTY yes\n  ListenAddress 127.0.0.1:1\n",
+            3,
+            "cannot be used inside a Match block",
+        ),
+        (
+            "Match User a\n  AllowTcpForwarding sometimes\n",
+            2,
+            "AllowTcpForwarding",
+        ),
+        ("Match Address 10.0.0.0/40\n", 1, "CIDR"),
+        ("ForceCommand\n", 1, "ForceCommand"),
+    ] {
+        write_file(&config, text, 0o644);
+        let out = skiffd_with_bad_config(&fx.host_key, &config);
+        assert_ne!(out.code, 0, "{text:?}\n{out}");
+        assert!(
+            out.stderr.contains(&format!("{}:{line}", config.display()))
+                && out.stderr.contains(needle),
+            "{text:?}: skiffd names the file, the line and the problem\n{out}"
+        );
+    }
+}
