@@ -60,6 +60,12 @@ pub struct PoolKey {
     proxy: Option<String>,
     algorithms: skiff_proto::algorithms::Algorithms,
     policy: String,
+    /// Where the connection comes from.
+    source: (
+        skiff_proto::ssh_config::AddressFamily,
+        Option<std::net::IpAddr>,
+        Option<String>,
+    ),
 }
 
 impl PoolKey {
@@ -84,6 +90,7 @@ impl PoolKey {
             proxy: s.proxy.as_ref().map(|p| format!("{p:?}")),
             algorithms: s.algorithms.clone(),
             policy: crate::hostkeys::policy_name(s.strict_host_key_checking).to_string(),
+            source: (s.address_family, s.bind_address, s.bind_interface.clone()),
         }
     }
 }

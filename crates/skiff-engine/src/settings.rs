@@ -57,6 +57,12 @@ pub struct ConnectSettings {
     /// Key exchange, host key, cipher and MAC algorithms, in preference order.
     pub algorithms: skiff_proto::algorithms::Algorithms,
     pub connect_timeout: Duration,
+    /// `AddressFamily` (`-4`, `-6`).
+    pub address_family: skiff_proto::ssh_config::AddressFamily,
+    /// `BindAddress` (`-b`): the local address to connect from.
+    pub bind_address: Option<std::net::IpAddr>,
+    /// `BindInterface` (`-B`): connect from this interface's address.
+    pub bind_interface: Option<String>,
     pub server_alive_interval: Option<Duration>,
     pub server_alive_count_max: usize,
     pub batch_mode: bool,
@@ -552,6 +558,9 @@ fn settle(
             // Jump hosts are resolved by the caller, which has the files.
             _ => None,
         },
+        address_family: cfg.address_family.unwrap_or_default(),
+        bind_address: cfg.bind_address,
+        bind_interface: cfg.bind_interface.clone(),
         connect_timeout: cfg
             .connect_timeout
             .filter(|&s| s > 0)

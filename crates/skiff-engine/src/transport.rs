@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
@@ -75,7 +75,7 @@ async fn tcp_connect(settings: &ConnectSettings) -> Result<TcpStream, SkiffError
     let target = format!("{} port {}", settings.hostname, settings.port);
     let fail = |what: String| SkiffError::new(ErrorKind::Connect, what);
     let deadline = tokio::time::Instant::now() + settings.connect_timeout;
-    let addrs: Vec<_> = tokio::time::timeout_at(
+    let resolved: Vec<SocketAddr> = tokio::time::timeout_at(
         deadline,
         tokio::net::lookup_host((settings.hostname.as_str(), settings.port)),
     )
@@ -83,9 +83,34 @@ async fn tcp_connect(settings: &ConnectSettings) -> Result<TcpStream, SkiffError
     .map_err(|_| fail(format!("cannot resolve {}: timed out", settings.hostname)))?
     .map_err(|e| fail(format!("cannot resolve {}: {e}", settings.hostname)))?
     .collect();
+    let family = settings.address_family;
+    let addrs: Vec<SocketAddr> = resolved
+        .iter()
+        .copied()
+        .filter(|a| family.admits(&a.ip()))
+        .collect();
+    if addrs.is_empty() && !resolved.is_empty() {
+        return Err(fail(format!(
+            "{} has no address of the family AddressFamily asks for ({family:?})",
+            settings.hostname
+        )));
+    }
+    let sources = local_sources(settings).map_err(fail)?;
     let mut last = None;
     for addr in addrs {
-        match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+        let source = match &sources {
+            None => None,
+            Some(list) => match list.iter().find(|s| s.is_ipv4() == addr.is_ipv4()) {
+                Some(ip) => Some(*ip),
+                None => {
+                    last = Some(format!(
+                        "connect to {target}: no local address of {addr}'s family to bind to"
+                    ));
+                    continue;
+                }
+            },
+        };
+        match tokio::time::timeout_at(deadline, connect_from(source, addr)).await {
             Ok(Ok(s)) => {
                 let _ = s.set_nodelay(true);
                 return Ok(s);
@@ -103,6 +128,49 @@ async fn tcp_connect(settings: &ConnectSettings) -> Result<TcpStream, SkiffError
     Err(fail(last.unwrap_or_else(|| {
         format!("cannot resolve {}: no addresses", settings.hostname)
     })))
+}
+
+/// The local addresses a connection may come from: `BindAddress`, else
+/// those of `BindInterface`; `None` when neither is set.
+fn local_sources(settings: &ConnectSettings) -> Result<Option<Vec<IpAddr>>, String> {
+    if let Some(ip) = settings.bind_address {
+        return Ok(Some(vec![ip]));
+    }
+    let Some(name) = &settings.bind_interface else {
+        return Ok(None);
+    };
+    let addrs: Vec<IpAddr> = nix::ifaddrs::getifaddrs()
+        .map_err(|e| format!("cannot list network interfaces: {e}"))?
+        .filter(|i| &i.interface_name == name)
+        .filter_map(|i| i.address)
+        .filter_map(|a| {
+            a.as_sockaddr_in()
+                .map(|v4| IpAddr::V4(v4.ip()))
+                .or_else(|| a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+        })
+        .collect();
+    if addrs.is_empty() {
+        return Err(format!(
+            "BindInterface {name}: no such interface, or it has no address"
+        ));
+    }
+    Ok(Some(addrs))
+}
+
+/// Connects to `addr`, from `source` (any port) when given.
+async fn connect_from(source: Option<IpAddr>, addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let Some(ip) = source else {
+        return TcpStream::connect(addr).await;
+    };
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket
+        .bind(SocketAddr::new(ip, 0))
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot bind to {ip}: {e}")))?;
+    socket.connect(addr).await
 }
 
 /// A `ProxyCommand` run by the shell, as ssh runs it; its standard error

@@ -185,6 +185,26 @@ pub enum SessionType {
     None,
 }
 
+/// `AddressFamily`: which addresses of the host to connect to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum AddressFamily {
+    #[default]
+    Any,
+    Inet,
+    Inet6,
+}
+
+impl AddressFamily {
+    /// Whether `addr` is of this family.
+    pub fn admits(self, addr: &std::net::IpAddr) -> bool {
+        match self {
+            AddressFamily::Any => true,
+            AddressFamily::Inet => addr.is_ipv4(),
+            AddressFamily::Inet6 => addr.is_ipv6(),
+        }
+    }
+}
+
 /// `RequestTTY` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestTty {
@@ -257,6 +277,10 @@ enum Directive {
     Macs(Vec<String>),
     CaSignatureAlgorithms(Vec<String>),
     ConnectTimeout(u64),
+    AddressFamily(AddressFamily),
+    /// `BindAddress`: a numeric address.
+    BindAddress(std::net::IpAddr),
+    BindInterface(String),
     ServerAliveInterval(u64),
     ServerAliveCountMax(u32),
     BatchMode(bool),
@@ -332,6 +356,9 @@ enum Kw {
     Macs,
     CaSignatureAlgorithms,
     ConnectTimeout,
+    AddressFamily,
+    BindAddress,
+    BindInterface,
     ServerAliveInterval,
     ServerAliveCountMax,
     BatchMode,
@@ -380,6 +407,9 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("MACs", Kw::Macs),
     ("CASignatureAlgorithms", Kw::CaSignatureAlgorithms),
     ("ConnectTimeout", Kw::ConnectTimeout),
+    ("AddressFamily", Kw::AddressFamily),
+    ("BindAddress", Kw::BindAddress),
+    ("BindInterface", Kw::BindInterface),
     ("ServerAliveInterval", Kw::ServerAliveInterval),
     ("ServerAliveCountMax", Kw::ServerAliveCountMax),
     ("BatchMode", Kw::BatchMode),
@@ -409,10 +439,7 @@ const SUPPORTED: &[(&str, Kw)] = &[
 /// GSSAPI key-exchange patches) that skiff does not implement.
 const IGNORED: &[&str] = &[
     "AddKeysToAgent",
-    "AddressFamily",
     "AFSTokenPassing",
-    "BindAddress",
-    "BindInterface",
     "CanonicalDomains",
     "CanonicalizeFallbackLocal",
     "CanonicalizeHostname",
@@ -876,6 +903,25 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
         ),
         Kw::HostKeyAlias => Directive::HostKeyAlias(single(name, args)?.to_ascii_lowercase()),
         Kw::RevokedHostKeys => Directive::RevokedHostKeys(single(name, args)?),
+        Kw::AddressFamily => {
+            let v = single(name, args)?;
+            Directive::AddressFamily(match v.to_ascii_lowercase().as_str() {
+                "any" => AddressFamily::Any,
+                "inet" => AddressFamily::Inet,
+                "inet6" => AddressFamily::Inet6,
+                _ => return Err(format!("{name}: expected any, inet or inet6, got \"{v}\"")),
+            })
+        }
+        Kw::BindAddress => {
+            let v = single(name, args)?;
+            let ip = v
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse()
+                .map_err(|_| format!("{name}: \"{v}\" is not an IP address"))?;
+            Directive::BindAddress(ip)
+        }
+        Kw::BindInterface => Directive::BindInterface(single(name, args)?),
         Kw::ConnectTimeout => {
             Directive::ConnectTimeout(parse_time_arg(name, &single(name, args)?)?)
         }
@@ -1114,6 +1160,9 @@ pub struct HostConfig {
     pub ca_signature_algorithms: Option<Vec<String>>,
     /// Seconds.
     pub connect_timeout: Option<u64>,
+    pub address_family: Option<AddressFamily>,
+    pub bind_address: Option<std::net::IpAddr>,
+    pub bind_interface: Option<String>,
     /// Seconds; 0 disables keep-alives.
     pub server_alive_interval: Option<u64>,
     pub server_alive_count_max: Option<u32>,
@@ -1367,6 +1416,9 @@ impl Resolver<'_, '_> {
             Directive::CaSignatureAlgorithms(v) => first(&mut cfg.ca_signature_algorithms, v),
             Directive::Proxy(v) => first(&mut cfg.proxy, v),
             Directive::ConnectTimeout(v) => first(&mut cfg.connect_timeout, v),
+            Directive::AddressFamily(v) => first(&mut cfg.address_family, v),
+            Directive::BindAddress(v) => first(&mut cfg.bind_address, v),
+            Directive::BindInterface(v) => first(&mut cfg.bind_interface, v),
             Directive::ServerAliveInterval(v) => first(&mut cfg.server_alive_interval, v),
             Directive::ServerAliveCountMax(v) => first(&mut cfg.server_alive_count_max, v),
             Directive::BatchMode(v) => first(&mut cfg.batch_mode, v),
@@ -1985,6 +2037,19 @@ mod tests {
         assert!(parse_err("LocalForward 8080\n").contains("LocalForward"));
         assert!(parse_err("LocalForward 8080 db:0\n").contains("not a port"));
         assert!(parse_err("DynamicForward x\n").contains("DynamicForward"));
+    }
+
+    #[test]
+    fn address_family_and_bind_settings() {
+        let c = res(
+            "AddressFamily inet6\nBindAddress [::1]\nBindInterface lo\nBindAddress 10.0.0.1\n",
+            "x",
+        );
+        assert_eq!(c.address_family, Some(AddressFamily::Inet6));
+        assert_eq!(c.bind_address, Some("::1".parse().unwrap()));
+        assert_eq!(c.bind_interface.as_deref(), Some("lo"));
+        assert!(parse_err("AddressFamily ipx\n").contains("AddressFamily"));
+        assert!(parse_err("BindAddress host.example\n").contains("not an IP address"));
     }
 
     #[test]

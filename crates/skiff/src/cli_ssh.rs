@@ -17,7 +17,7 @@ use crate::cli_exec::{self, Invocation};
 use crate::ssh_args::{self, SshCommandLine};
 
 const USAGE: &str =
-    "usage: skiff ssh [-46qnsTtvV] [-c ciphers] [-F config] [-i identity] [-J jump] \
+    "usage: skiff ssh [-46qnsTtvV] [-b bind_address] [-B bind_interface] [-c ciphers] [-F config] [-i identity] [-J jump] \
 [-l user] [-m macs] [-o option] [-p port] [-W host:port] [-L [bind:]port:host:hostport] \
 [-R [bind:]port:host:hostport] [-D [bind:]port] [-gGN] destination [command [argument ...]]";
 
@@ -287,6 +287,20 @@ pub fn describe(s: &ConnectSettings) -> String {
         "casignaturealgorithms {}",
         a.ca_signature.join(",")
     ));
+    out.push(format!(
+        "addressfamily {}",
+        match s.address_family {
+            skiff_proto::ssh_config::AddressFamily::Any => "any",
+            skiff_proto::ssh_config::AddressFamily::Inet => "inet",
+            skiff_proto::ssh_config::AddressFamily::Inet6 => "inet6",
+        }
+    ));
+    if let Some(ip) = s.bind_address {
+        out.push(format!("bindaddress {ip}"));
+    }
+    if let Some(name) = &s.bind_interface {
+        out.push(format!("bindinterface {name}"));
+    }
     out.push(format!("connecttimeout {}", s.connect_timeout.as_secs()));
     out.push(format!(
         "serveraliveinterval {}",

@@ -207,8 +207,8 @@ fn apply_flag(out: &mut SshCommandLine, flag: char) -> Result<(), SshArgsError> 
 fn apply_value(out: &mut SshCommandLine, flag: char, value: String) -> Result<(), SshArgsError> {
     let unsupported = |what| Err(SshArgsError::Unsupported { flag, what });
     match flag {
-        'b' => return unsupported("BindAddress"),
-        'B' => return unsupported("BindInterface"),
+        'b' => out.options.push(format!("BindAddress={value}")),
+        'B' => out.options.push(format!("BindInterface={value}")),
         'c' => out.options.push(format!("Ciphers={value}")),
         'm' => out.options.push(format!("MACs={value}")),
         'D' => out.forwards.push(
@@ -399,6 +399,8 @@ mod tests {
         assert_eq!(shown, ["-L 8080:db:5432", "-R 0:localhost:80", "-D 1080"]);
         assert!(c.no_command && c.command.is_empty());
         assert_eq!(c.options, ["GatewayPorts=yes"]);
+        let c = p("-b 127.0.0.2 -B lo h").unwrap();
+        assert_eq!(c.options, ["BindAddress=127.0.0.2", "BindInterface=lo"]);
         // Options after the destination count too.
         let c = p("h -L 1:a:2 echo hi").unwrap();
         assert_eq!(c.forwards.len(), 1);
@@ -421,7 +423,6 @@ mod tests {
             ("-S /tmp/ctl h", 'S'),
             ("-O exit h", 'O'),
             ("-1 h", '1'),
-            ("-b 10.0.0.1 h", 'b'),
         ] {
             match p(line) {
                 Err(SshArgsError::Unsupported { flag: f, .. }) => assert_eq!(f, flag, "{line}"),

@@ -647,3 +647,47 @@ fn distcc_compiles_through_skiff() {
         );
     });
 }
+
+/// `-b`/`BindAddress`, `-B`/`BindInterface` and `-4`/`-6`/`AddressFamily`
+/// choose where the connection comes from and which addresses it goes to.
+#[test]
+fn source_address_and_address_family() {
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let u = User::new(&d, &fx, false);
+    let c = || server_context(&d, "skiffd");
+    let client_ip = |args: &[&str]| {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["box", "echo $SSH_CLIENT"]);
+        let out = u.run(skiff_bin()).arg("ssh").args(&all).run();
+        out.expect_code(0, &c());
+        out.stdout_str()
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(client_ip(&["-b", "127.0.0.3"]), "127.0.0.3");
+    assert_eq!(client_ip(&["-o", "BindAddress=127.0.0.4"]), "127.0.0.4");
+    assert_eq!(client_ip(&["-B", "lo", "-4"]), "127.0.0.1");
+
+    let out = u
+        .run(skiff_bin())
+        .args(["ssh", "-B", "nosuch0", "box", "true"])
+        .run();
+    out.expect_skiff_failure(&["BindInterface nosuch0"], "a missing interface");
+    // The server has an IPv4 address only.
+    let out = u.run(skiff_bin()).args(["ssh", "-6", "box", "true"]).run();
+    out.expect_skiff_failure(&["AddressFamily"], "no IPv6 address");
+
+    let out = u
+        .run(skiff_bin())
+        .args(["ssh", "-G", "-4", "-b", "127.0.0.3", "box"])
+        .run();
+    let text = out.stdout_str();
+    assert!(
+        text.contains("addressfamily inet\n") && text.contains("bindaddress 127.0.0.3\n"),
+        "{text}"
+    );
+}
