@@ -246,6 +246,8 @@ pub struct KnownHosts {
     files: Vec<Arc<CachedFile>>,
     /// Where new keys are recorded: the first user file.
     record_to: Option<PathBuf>,
+    /// `KnownHostsCommand`, key tokens still to expand.
+    command: Option<String>,
     /// Warnings for the person who ran the command ("Permanently added ...").
     /// Collected rather than printed: the agent and the fan-out runner
     /// deliver them to the right terminal or host record.
@@ -284,6 +286,7 @@ impl KnownHosts {
         KnownHosts {
             files,
             record_to: settings.user_known_hosts.first().cloned(),
+            command: settings.known_hosts_command.clone(),
             notices: std::sync::Mutex::new(Vec::new()),
         }
     }
@@ -307,6 +310,82 @@ impl KnownHosts {
             })
             .collect();
         f(&files)
+    }
+
+    /// [`Self::with_files`], with the lines `KnownHostsCommand` printed for
+    /// this key after them.
+    fn with_all_files<R>(
+        &self,
+        from_command: Option<&KnownHostsFile>,
+        f: impl FnOnce(&[&KnownHostsFile]) -> R,
+    ) -> R {
+        self.with_files(|files| {
+            let mut all = files.to_vec();
+            all.extend(from_command);
+            f(&all)
+        })
+    }
+
+    /// Runs `KnownHostsCommand` (if any) for the key `key_type`/`blob` the
+    /// server presented, through the shell, and reads what it prints as
+    /// known_hosts lines. A command that fails gives no lines, and a
+    /// warning that is also returned (for a refusal to mention); its
+    /// standard error is the person's.
+    fn command_lines(
+        &self,
+        settings: &ConnectSettings,
+        key_type: &str,
+        blob: &[u8],
+    ) -> (Option<KnownHostsFile>, Option<String>) {
+        let failed = |why: String| {
+            self.notice(format!("skiff: warning: {why}"));
+            (None, Some(why))
+        };
+        let Some(template) = self.command.as_ref() else {
+            return (None, None);
+        };
+        let (host, port) = settings.host_key_name();
+        let searched = known_hosts::host_port_name(host, port);
+        let alias = settings
+            .host_key_alias
+            .clone()
+            .unwrap_or_else(|| settings.original_host.clone());
+        let key = known_hosts::key_base64(blob);
+        let fingerprint = known_hosts::fingerprint_sha256(blob);
+        let values = [
+            ('H', searched.as_str()),
+            ('I', "HOSTNAME"),
+            ('K', key.as_str()),
+            ('k', alias.as_str()),
+            ('t', key_type),
+            ('f', fingerprint.as_str()),
+        ];
+        let command = match skiff_proto::ssh_config::expand_late_tokens(template, &values) {
+            Ok(c) => c,
+            Err(e) => return failed(format!("KnownHostsCommand: {e}")),
+        };
+        let output = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(&command)
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .output();
+        let label = format!("KnownHostsCommand {command:?}");
+        match output {
+            Ok(out) if out.status.success() => {
+                let text = String::from_utf8_lossy(&out.stdout);
+                let (file, warnings) = known_hosts::parse(&label, &text);
+                for w in warnings {
+                    self.notice(format!("skiff: warning: {w}"));
+                }
+                (Some(file), None)
+            }
+            Ok(out) => failed(format!(
+                "{label} failed ({}); its output is not used",
+                out.status
+            )),
+            Err(e) => failed(format!("cannot run {label}: {e}")),
+        }
     }
 
     /// The warnings gathered so far, emptying the list.
@@ -426,7 +505,8 @@ impl KnownHosts {
             .iter()
             .map(String::as_str)
             .collect();
-        let verdict = self.with_files(|files| {
+        let (from_command, _) = self.command_lines(settings, cert.algorithm().as_str(), &key_blob);
+        let verdict = self.with_all_files(from_command.as_ref(), |files| {
             match host_cert::check_host_certificate(
                 files,
                 host,
@@ -484,9 +564,15 @@ impl KnownHosts {
         let key_type = key.algorithm().as_str().to_string();
         let (host, port) = settings.host_key_name();
         let refuse = |msg: String| SkiffError::new(ErrorKind::HostKey, msg);
+        let (from_command, command_failure) = self.command_lines(settings, &key_type, &blob);
+        // A refusal says when the command that could have vouched failed.
+        let refuse = |msg: String| match &command_failure {
+            Some(why) => refuse(format!("{msg} ({why})")),
+            None => refuse(msg),
+        };
         // Decide with the files read-locked; record (which takes a write
         // lock) and ask (which waits for a person) after releasing them.
-        let next = self.with_files(|files| {
+        let next = self.with_all_files(from_command.as_ref(), |files| {
             let status = known_hosts::check(files, host, port, &key_type, &blob);
             match known_hosts::decide(
                 &status,

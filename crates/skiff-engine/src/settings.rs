@@ -51,6 +51,9 @@ pub struct ConnectSettings {
     /// `RevokedHostKeys`: host keys and host certificates refused whatever
     /// known_hosts says.
     pub revoked_host_keys: Option<PathBuf>,
+    /// `KnownHostsCommand`, with the connection's tokens expanded and the
+    /// key's (`%H %I %K %k %t %f`) left for [`crate::hostkeys`].
+    pub known_hosts_command: Option<String>,
     /// `ProxyCommand` / `ProxyJump`: how to reach the host when not
     /// directly.
     pub proxy: Option<Proxy>,
@@ -545,6 +548,17 @@ fn settle(
                     .clone()
                     .unwrap_or(d.ca_signature),
             }
+        },
+        known_hosts_command: match cfg.known_hosts_command.clone().flatten() {
+            Some(command) => Some(
+                ssh_config::expand_tokens_keeping(&command, &tokens, "HIKktf").map_err(|e| {
+                    SkiffError::new(
+                        ErrorKind::Config,
+                        format!("bad KnownHostsCommand {command:?}: {e}"),
+                    )
+                })?,
+            ),
+            None => None,
         },
         proxy: match &cfg.proxy {
             Some(ProxySpec::Command(command)) => Some(Proxy::Command(

@@ -905,6 +905,11 @@ pub fn revoked<'a, F: Borrow<KnownHostsFile>>(
         .find(|f| f.entry.marker == Some(Marker::Revoked) && f.entry.key_blob == key_blob)
 }
 
+/// A key blob in base64, as known_hosts and authorized_keys write it.
+pub fn key_base64(key_blob: &[u8]) -> String {
+    STANDARD.encode(key_blob)
+}
+
 /// `SHA256:` followed by unpadded base64 of SHA-256(blob), as `ssh-keygen -l`.
 pub fn fingerprint_sha256(key_blob: &[u8]) -> String {
     format!(

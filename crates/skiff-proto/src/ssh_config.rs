@@ -278,6 +278,8 @@ enum Directive {
     CaSignatureAlgorithms(Vec<String>),
     ConnectTimeout(u64),
     AddressFamily(AddressFamily),
+    /// `KnownHostsCommand`, as written (`none`: None).
+    KnownHostsCommand(Option<String>),
     /// `BindAddress`: a numeric address.
     BindAddress(std::net::IpAddr),
     BindInterface(String),
@@ -357,6 +359,7 @@ enum Kw {
     CaSignatureAlgorithms,
     ConnectTimeout,
     AddressFamily,
+    KnownHostsCommand,
     BindAddress,
     BindInterface,
     ServerAliveInterval,
@@ -408,6 +411,7 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("CASignatureAlgorithms", Kw::CaSignatureAlgorithms),
     ("ConnectTimeout", Kw::ConnectTimeout),
     ("AddressFamily", Kw::AddressFamily),
+    ("KnownHostsCommand", Kw::KnownHostsCommand),
     ("BindAddress", Kw::BindAddress),
     ("BindInterface", Kw::BindInterface),
     ("ServerAliveInterval", Kw::ServerAliveInterval),
@@ -483,7 +487,6 @@ const IGNORED: &[&str] = &[
     "KeepAlive",
     "KerberosAuthentication",
     "KerberosTGTPassing",
-    "KnownHostsCommand",
     "LocalCommand",
     "LogVerbose",
     "NoHostAuthenticationForLocalhost",
@@ -610,6 +613,13 @@ fn parse_line(raw: &str, command_line: bool) -> Result<Option<Directive>, String
             if kw == Kw::RemoteCommand {
                 // The rest of the line is the remote command, kept as written.
                 return Ok(Some(Directive::RemoteCommand(match args.as_slice() {
+                    [none] if none.eq_ignore_ascii_case("none") => None,
+                    _ => Some(rest.trim_end_matches(is_ws).to_owned()),
+                })));
+            }
+            if kw == Kw::KnownHostsCommand {
+                // A shell command too, kept as written.
+                return Ok(Some(Directive::KnownHostsCommand(match args.as_slice() {
                     [none] if none.eq_ignore_ascii_case("none") => None,
                     _ => Some(rest.trim_end_matches(is_ws).to_owned()),
                 })));
@@ -922,6 +932,8 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
             Directive::BindAddress(ip)
         }
         Kw::BindInterface => Directive::BindInterface(single(name, args)?),
+        // Kept as written by parse_line.
+        Kw::KnownHostsCommand => Directive::KnownHostsCommand(Some(args.join(" "))),
         Kw::ConnectTimeout => {
             Directive::ConnectTimeout(parse_time_arg(name, &single(name, args)?)?)
         }
@@ -1161,6 +1173,8 @@ pub struct HostConfig {
     /// Seconds.
     pub connect_timeout: Option<u64>,
     pub address_family: Option<AddressFamily>,
+    /// `KnownHostsCommand`, unexpanded; `Some(None)` for `none`.
+    pub known_hosts_command: Option<Option<String>>,
     pub bind_address: Option<std::net::IpAddr>,
     pub bind_interface: Option<String>,
     /// Seconds; 0 disables keep-alives.
@@ -1417,6 +1431,7 @@ impl Resolver<'_, '_> {
             Directive::Proxy(v) => first(&mut cfg.proxy, v),
             Directive::ConnectTimeout(v) => first(&mut cfg.connect_timeout, v),
             Directive::AddressFamily(v) => first(&mut cfg.address_family, v),
+            Directive::KnownHostsCommand(v) => first(&mut cfg.known_hosts_command, v),
             Directive::BindAddress(v) => first(&mut cfg.bind_address, v),
             Directive::BindInterface(v) => first(&mut cfg.bind_interface, v),
             Directive::ServerAliveInterval(v) => first(&mut cfg.server_alive_interval, v),
@@ -1506,6 +1521,13 @@ pub struct TokenContext {
 /// `%n`, `%r`, `%u`, `%p`, `%d`, `%l`, `%L`, `%i` and `%%`. Any other token, a
 /// trailing `%`, or `~user` is an error whose message names the problem.
 pub fn expand_tokens(s: &str, ctx: &TokenContext) -> Result<String, String> {
+    expand_tokens_keeping(s, ctx, "")
+}
+
+/// [`expand_tokens`], leaving the tokens named in `kept` (e.g. `"kt"` for
+/// `%k` and `%t`) as they are, and `%%` as `%%`, for a later pass that
+/// knows their values (see [`expand_late_tokens`]).
+pub fn expand_tokens_keeping(s: &str, ctx: &TokenContext, kept: &str) -> Result<String, String> {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     if let Some(after) = s.strip_prefix('~') {
@@ -1533,6 +1555,10 @@ pub fn expand_tokens(s: &str, ctx: &TokenContext) -> Result<String, String> {
             continue;
         }
         match chars.next() {
+            Some(t) if !kept.is_empty() && (t == '%' || kept.contains(t)) => {
+                out.push('%');
+                out.push(t);
+            }
             Some('%') => out.push('%'),
             Some('h') => out.push_str(&ctx.host),
             Some('n') => out.push_str(&ctx.original_host),
@@ -1555,10 +1581,53 @@ pub fn expand_tokens(s: &str, ctx: &TokenContext) -> Result<String, String> {
     Ok(out)
 }
 
+/// The second pass after [`expand_tokens_keeping`]: `%X` for each
+/// `(X, value)` in `values`, and `%%` to `%`. Any other token is an error.
+pub fn expand_late_tokens(s: &str, values: &[(char, &str)]) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('%') => out.push('%'),
+            Some(t) => match values.iter().find(|(k, _)| *k == t) {
+                Some((_, v)) => out.push_str(v),
+                None => return Err(format!("unknown token %{t} in \"{s}\"")),
+            },
+            None => return Err(format!("incomplete token (trailing %) in \"{s}\"")),
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn tokens_can_be_left_for_a_later_pass() {
+        let ctx = TokenContext {
+            host: "h.example".into(),
+            original_host: "h".into(),
+            remote_user: "bob".into(),
+            local_user: "alice".into(),
+            port: 2222,
+            home: "/home/alice".into(),
+            local_hostname: "me.local".into(),
+            uid: 1000,
+        };
+        let first = expand_tokens_keeping("lookup %h:%p %k %t %%k %H", &ctx, "ktH").unwrap();
+        assert_eq!(first, "lookup h.example:2222 %k %t %%k %H");
+        let second =
+            expand_late_tokens(&first, &[('k', "AAAA"), ('t', "ssh-ed25519"), ('H', "h")]).unwrap();
+        assert_eq!(second, "lookup h.example:2222 AAAA ssh-ed25519 %k h");
+        assert!(expand_late_tokens("%x", &[]).unwrap_err().contains("%x"));
+        assert!(expand_tokens_keeping("%x", &ctx, "k").is_err());
+    }
 
     fn ctx(host: &str) -> MatchContext {
         MatchContext {
