@@ -421,9 +421,11 @@ async fn exec(
 }
 
 /// The client's destination, resolved as the client would, but with
-/// `BatchMode=yes` first (first value wins): the agent never prompts.
+/// `BatchMode=yes` and `ForwardAgent=no` first (first value wins): the
+/// agent never prompts, and its shared connections forward no agent.
 fn settings_of(wire: &ExecWire) -> Result<skiff_engine::ConnectSettings, skiff_engine::SkiffError> {
-    let mut options = vec!["BatchMode=yes".to_string()];
+    // Nor does it forward anyone's ssh-agent over a shared connection.
+    let mut options = vec!["BatchMode=yes".to_string(), "ForwardAgent=no".to_string()];
     options.extend(wire.options.iter().cloned());
     let dest = Destination {
         host: wire.host.clone(),

@@ -77,6 +77,73 @@ pub struct ClientHandler {
 impl client::Handler for ClientHandler {
     type Error = russh::Error;
 
+    async fn server_channel_open_agent_forward(
+        &mut self,
+        channel: russh::Channel<client::Msg>,
+        reply: client::ChannelOpenHandle,
+        _session: &mut client::Session,
+    ) -> Result<(), Self::Error> {
+        match self.settings.forward_agent.clone() {
+            Some(socket) => crate::port_forward::forwarded_agent(channel, socket, reply),
+            None => {
+                tracing::warn!(
+                    "the server opened an agent channel, but no agent is forwarded; refused"
+                );
+                refuse(reply);
+            }
+        }
+        Ok(())
+    }
+
+    // Channels a server may open but skiff never asks for: refused (russh
+    // would accept them and leave them open).
+    async fn server_channel_open_session(
+        &mut self,
+        _channel: russh::Channel<client::Msg>,
+        reply: client::ChannelOpenHandle,
+        _session: &mut client::Session,
+    ) -> Result<(), Self::Error> {
+        refuse(reply);
+        Ok(())
+    }
+
+    async fn server_channel_open_direct_tcpip(
+        &mut self,
+        _channel: russh::Channel<client::Msg>,
+        _host_to_connect: &str,
+        _port_to_connect: u32,
+        _originator_address: &str,
+        _originator_port: u32,
+        reply: client::ChannelOpenHandle,
+        _session: &mut client::Session,
+    ) -> Result<(), Self::Error> {
+        refuse(reply);
+        Ok(())
+    }
+
+    async fn server_channel_open_x11(
+        &mut self,
+        _channel: russh::Channel<client::Msg>,
+        _originator_address: &str,
+        _originator_port: u32,
+        reply: client::ChannelOpenHandle,
+        _session: &mut client::Session,
+    ) -> Result<(), Self::Error> {
+        refuse(reply);
+        Ok(())
+    }
+
+    async fn server_channel_open_forwarded_streamlocal(
+        &mut self,
+        _channel: russh::Channel<client::Msg>,
+        _socket_path: &str,
+        reply: client::ChannelOpenHandle,
+        _session: &mut client::Session,
+    ) -> Result<(), Self::Error> {
+        refuse(reply);
+        Ok(())
+    }
+
     async fn server_channel_open_forwarded_tcpip(
         &mut self,
         channel: russh::Channel<client::Msg>,
@@ -155,6 +222,11 @@ impl client::Handler for ClientHandler {
             }
         }
     }
+}
+
+/// Refuses a channel the server opened, without holding up the connection.
+fn refuse(reply: client::ChannelOpenHandle) {
+    tokio::spawn(reply.reject(russh::ChannelOpenFailure::AdministrativelyProhibited));
 }
 
 /// The configured host key algorithms, those of key types already recorded

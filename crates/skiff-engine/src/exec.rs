@@ -75,6 +75,8 @@ pub struct OpenSession {
     /// The server is a skiffd, which pauses a command's output when asked
     /// (see [`PAUSE_OUTPUT`]).
     pausable: bool,
+    /// Ask for the agent to be forwarded (`ForwardAgent`).
+    forward_agent: bool,
 }
 
 impl OpenSession {
@@ -107,6 +109,7 @@ pub async fn open_session(conn: &Connection) -> Result<OpenSession, SkiffError> 
         channel,
         host,
         pausable: conn.server_id.is_skiffd(),
+        forward_agent: conn.settings.forward_agent.is_some(),
     })
 }
 
@@ -148,6 +151,7 @@ where
         channel,
         host,
         pausable,
+        forward_agent,
     } = session;
     let lost = |e: &dyn std::fmt::Display| {
         SkiffError::new(ErrorKind::Connect, format!("{host}: connection lost: {e}"))
@@ -158,8 +162,13 @@ where
             .await
             .map_err(|e| lost(&e))?;
     }
-    // Requests that want a reply get them in order: the pty (if any), then exec.
+    // Requests that want a reply get them in order: the agent and the pty
+    // (if asked for), then exec.
     let mut pending_replies = std::collections::VecDeque::new();
+    if forward_agent && !req.subsystem {
+        channel.agent_forward(true).await.map_err(|e| lost(&e))?;
+        pending_replies.push_back(Request::Agent);
+    }
     if let Some(pty) = &req.pty {
         channel
             .request_pty(true, &pty.term, pty.cols, pty.rows, 0, 0, &[])
@@ -340,6 +349,11 @@ where
                 Some(Request::Pty) => err.push(bytes::Bytes::from_static(
                     b"skiff: PTY allocation request failed; running without a terminal\r\n",
                 )),
+                Some(Request::Agent) => err.push(bytes::Bytes::from_static(if req.pty.is_some() {
+                    b"skiff: the server refused agent forwarding\r\n"
+                } else {
+                    b"skiff: the server refused agent forwarding\n"
+                })),
                 _ => {
                     // Like ssh: a refused exec (or subsystem) ends the
                     // session; the server need not close the channel.
@@ -548,6 +562,7 @@ impl OutputQueue {
 
 /// Channel requests that wait for a reply, in the order they were sent.
 enum Request {
+    Agent,
     Pty,
     Exec,
 }

@@ -137,6 +137,29 @@ impl RemoteForwards {
     }
 }
 
+/// An `auth-agent@openssh.com` channel the server opened for a session
+/// that asked for agent forwarding: connected to the local agent at
+/// `socket`, then relayed; refused when the agent cannot be reached.
+pub(crate) fn forwarded_agent(
+    channel: Channel<Msg>,
+    socket: std::path::PathBuf,
+    reply: russh::client::ChannelOpenHandle,
+) {
+    tokio::spawn(async move {
+        match tokio::net::UnixStream::connect(&socket).await {
+            Ok(mut agent) => {
+                reply.accept().await;
+                let mut channel = channel.into_stream();
+                let _ = tokio::io::copy_bidirectional(&mut agent, &mut channel).await;
+            }
+            Err(e) => {
+                tracing::warn!("forwarded agent: cannot reach {}: {e}", socket.display());
+                reply.reject(ChannelOpenFailure::ConnectFailed).await;
+            }
+        }
+    });
+}
+
 /// The forwardings set up on a connection; [`Forwarding::finish`] stops
 /// listening and waits for the connections still open.
 pub struct Forwarding {

@@ -42,6 +42,9 @@ pub struct ConnectSettings {
     pub identities_only: bool,
     /// None means no agent (IdentityAgent none, or SSH_AUTH_SOCK unset).
     pub identity_agent: Option<PathBuf>,
+    /// `ForwardAgent` (`-A`): the agent socket to offer the server's
+    /// sessions (`yes`: SSH_AUTH_SOCK's); None: no forwarding.
+    pub forward_agent: Option<PathBuf>,
     pub user_known_hosts: Vec<PathBuf>,
     pub global_known_hosts: Vec<PathBuf>,
     pub strict_host_key_checking: StrictHostKeyChecking,
@@ -484,14 +487,24 @@ fn settle(
         }
     }
 
+    // `$VAR`: the client's variable (the agent carries the CLI's), else ours.
+    let from_env = |name: &str| {
+        env.get(name).map(PathBuf::from).or_else(|| {
+            std::env::var_os(name)
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from)
+        })
+    };
     let identity_agent = match cfg.identity_agent.as_deref() {
         Some("none") => None,
         Some("SSH_AUTH_SOCK") | None => env.get("SSH_AUTH_SOCK").map(PathBuf::from),
-        Some(v) if v.starts_with('$') => env.get(&v[1..]).map(PathBuf::from).or_else(|| {
-            std::env::var_os(&v[1..])
-                .filter(|s| !s.is_empty())
-                .map(PathBuf::from)
-        }),
+        Some(v) if v.starts_with('$') => from_env(&v[1..]),
+        Some(v) => Some(expand(v)?),
+    };
+    let forward_agent = match cfg.forward_agent.as_deref() {
+        None | Some("no") => None,
+        Some("yes") => env.get("SSH_AUTH_SOCK").map(PathBuf::from),
+        Some(v) if v.starts_with('$') => from_env(&v[1..]),
         Some(v) => Some(expand(v)?),
     };
 
@@ -525,6 +538,7 @@ fn settle(
         certificate_files,
         identities_only: cfg.identities_only.unwrap_or(false),
         identity_agent,
+        forward_agent,
         user_known_hosts,
         global_known_hosts,
         strict_host_key_checking: cfg

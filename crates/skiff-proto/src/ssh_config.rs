@@ -278,6 +278,8 @@ enum Directive {
     CaSignatureAlgorithms(Vec<String>),
     ConnectTimeout(u64),
     AddressFamily(AddressFamily),
+    /// `ForwardAgent`: `yes`, `no`, a socket path or `$VAR`, as written.
+    ForwardAgent(String),
     /// `KnownHostsCommand`, as written (`none`: None).
     KnownHostsCommand(Option<String>),
     /// `BindAddress`: a numeric address.
@@ -359,6 +361,7 @@ enum Kw {
     CaSignatureAlgorithms,
     ConnectTimeout,
     AddressFamily,
+    ForwardAgent,
     KnownHostsCommand,
     BindAddress,
     BindInterface,
@@ -411,6 +414,7 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("CASignatureAlgorithms", Kw::CaSignatureAlgorithms),
     ("ConnectTimeout", Kw::ConnectTimeout),
     ("AddressFamily", Kw::AddressFamily),
+    ("ForwardAgent", Kw::ForwardAgent),
     ("KnownHostsCommand", Kw::KnownHostsCommand),
     ("BindAddress", Kw::BindAddress),
     ("BindInterface", Kw::BindInterface),
@@ -465,7 +469,6 @@ const IGNORED: &[&str] = &[
     "FallBackToRsh",
     "FingerprintHash",
     "ForkAfterAuthentication",
-    "ForwardAgent",
     "ForwardX11",
     "ForwardX11Timeout",
     "ForwardX11Trusted",
@@ -932,6 +935,14 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
             Directive::BindAddress(ip)
         }
         Kw::BindInterface => Directive::BindInterface(single(name, args)?),
+        Kw::ForwardAgent => {
+            let v = single(name, args)?;
+            match v.to_ascii_lowercase().as_str() {
+                "yes" | "true" => Directive::ForwardAgent("yes".into()),
+                "no" | "false" => Directive::ForwardAgent("no".into()),
+                _ => Directive::ForwardAgent(v),
+            }
+        }
         // Kept as written by parse_line.
         Kw::KnownHostsCommand => Directive::KnownHostsCommand(Some(args.join(" "))),
         Kw::ConnectTimeout => {
@@ -1173,6 +1184,8 @@ pub struct HostConfig {
     /// Seconds.
     pub connect_timeout: Option<u64>,
     pub address_family: Option<AddressFamily>,
+    /// `ForwardAgent`: `yes`, `no`, or a socket path or `$VAR` (unexpanded).
+    pub forward_agent: Option<String>,
     /// `KnownHostsCommand`, unexpanded; `Some(None)` for `none`.
     pub known_hosts_command: Option<Option<String>>,
     pub bind_address: Option<std::net::IpAddr>,
@@ -1431,6 +1444,7 @@ impl Resolver<'_, '_> {
             Directive::Proxy(v) => first(&mut cfg.proxy, v),
             Directive::ConnectTimeout(v) => first(&mut cfg.connect_timeout, v),
             Directive::AddressFamily(v) => first(&mut cfg.address_family, v),
+            Directive::ForwardAgent(v) => first(&mut cfg.forward_agent, v),
             Directive::KnownHostsCommand(v) => first(&mut cfg.known_hosts_command, v),
             Directive::BindAddress(v) => first(&mut cfg.bind_address, v),
             Directive::BindInterface(v) => first(&mut cfg.bind_interface, v),
@@ -2052,16 +2066,16 @@ mod tests {
     #[test]
     fn ignored_keywords_are_recorded_when_active() {
         let c = res(
-            "ForwardAgent yes\nHost other\n  Compression yes\nHost *\n  forwardx11 yes\n  UseKeychain yes\n  ForwardAgent no\n",
+            "Compression yes\nHost other\n  Compression yes\nHost *\n  forwardx11 yes\n  UseKeychain yes\n  Compression no\n",
             "x",
         );
         assert_eq!(
             c.ignored,
             vec![
-                ("ForwardAgent".to_owned(), "cfg:1".to_owned()),
+                ("Compression".to_owned(), "cfg:1".to_owned()),
                 ("ForwardX11".to_owned(), "cfg:5".to_owned()),
                 ("UseKeychain".to_owned(), "cfg:6".to_owned()),
-                ("ForwardAgent".to_owned(), "cfg:7".to_owned()),
+                ("Compression".to_owned(), "cfg:7".to_owned()),
             ]
         );
     }
@@ -2421,14 +2435,14 @@ mod tests {
 
     #[test]
     fn final_pass_does_not_duplicate() {
-        let text = "SendEnv LANG\nSetEnv A=1\nIdentityFile k\nForwardAgent yes\nMatch final\n";
+        let text = "SendEnv LANG\nSetEnv A=1\nIdentityFile k\nCompression yes\nMatch final\n";
         let c = res(text, "x");
         assert_eq!(c.send_env, vec!["LANG"]);
         assert_eq!(c.set_env.len(), 1);
         assert_eq!(c.identity_files, vec!["k"]);
         assert_eq!(
             c.ignored,
-            vec![("ForwardAgent".to_owned(), "cfg:4".to_owned())]
+            vec![("Compression".to_owned(), "cfg:4".to_owned())]
         );
     }
 
@@ -2457,7 +2471,7 @@ mod tests {
     #[test]
     fn include_inside_blocks() {
         let files = HashMap::from([
-            ("web.conf", "Port 80\nForwardAgent yes\n"),
+            ("web.conf", "Port 80\nCompression yes\n"),
             ("db.conf", "Port 5432\n"),
         ]);
         let text = "Host web\n  Include web.conf\nHost db\n  Include db.conf\nHost *\n  Port 22\n";
@@ -2473,7 +2487,7 @@ mod tests {
         assert_eq!(c.port, Some(80));
         assert_eq!(
             c.ignored,
-            vec![("ForwardAgent".to_owned(), "web.conf:2".to_owned())]
+            vec![("Compression".to_owned(), "web.conf:2".to_owned())]
         );
         // Files under inactive blocks are still read (as ssh does) but do not apply.
         assert_eq!(calls.len(), 2);

@@ -446,6 +446,9 @@ fn apply_lines(
                 (rules.local, rules.remote) =
                     crate::forward_policy::parse_allow_tcp_forwarding(one()?).map_err(err)?;
             }
+            "allowagentforwarding" => {
+                settings.forwarding.agent = parse_yes_no(one()?).map_err(err)?
+            }
             "disableforwarding" => {
                 settings.forwarding.disabled = parse_yes_no(one()?).map_err(err)?
             }

@@ -115,6 +115,8 @@ pub struct ForwardRules {
     pub local: bool,
     /// `AllowTcpForwarding`: `remote` allows `tcpip-forward` (ssh -R).
     pub remote: bool,
+    /// `AllowAgentForwarding`.
+    pub agent: bool,
     /// `DisableForwarding yes` overrides everything else.
     pub disabled: bool,
     pub permit_open: PermitList,
@@ -127,6 +129,7 @@ impl Default for ForwardRules {
         ForwardRules {
             local: true,
             remote: true,
+            agent: true,
             disabled: false,
             permit_open: PermitList::Any,
             permit_listen: PermitList::Any,
@@ -161,6 +164,20 @@ fn key_allows(values: &[String], host: &str, port: u32) -> bool {
 }
 
 impl ForwardRules {
+    /// Why agent forwarding is refused for a login with `key`'s options;
+    /// `None` when it is allowed.
+    pub fn agent_refusal(&self, key: &KeyOptions) -> Option<String> {
+        if self.disabled {
+            Some("DisableForwarding yes".into())
+        } else if !self.agent {
+            Some("AllowAgentForwarding no".into())
+        } else if key.no_agent_forwarding {
+            Some("the key (or certificate) does not allow agent forwarding".into())
+        } else {
+            None
+        }
+    }
+
     /// Why a connection to `host:port` (a `direct-tcpip` channel) is
     /// refused for a login with `key`'s options; `None` when it is allowed.
     pub fn open_refusal(&self, key: &KeyOptions, host: &str, port: u32) -> Option<String> {
@@ -297,6 +314,31 @@ mod tests {
         (r.local, r.remote) = (false, true);
         assert!(r.open_refusal(&k, "db", 1).is_some());
         assert!(r.listen_plan(&k, 0, "", 8080).is_ok());
+    }
+
+    #[test]
+    fn agent_forwarding_rules() {
+        let k = KeyOptions::default();
+        assert_eq!(rules().agent_refusal(&k), None);
+        assert!(rules().agent_refusal(&key("no-agent-forwarding")).is_some());
+        assert!(rules().agent_refusal(&key("restrict")).is_some());
+        assert_eq!(
+            rules().agent_refusal(&key("restrict,agent-forwarding")),
+            None
+        );
+        let off = ForwardRules {
+            agent: false,
+            ..rules()
+        };
+        assert!(off
+            .agent_refusal(&k)
+            .unwrap()
+            .contains("AllowAgentForwarding"));
+        let disabled = ForwardRules {
+            disabled: true,
+            ..rules()
+        };
+        assert!(disabled.agent_refusal(&k).unwrap().contains("Disable"));
     }
 
     #[test]

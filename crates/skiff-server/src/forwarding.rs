@@ -3,6 +3,10 @@
 //! destination and relay; `tcpip-forward` requests (ssh -R) listen and open
 //! a `forwarded-tcpip` channel to the client for every connection accepted.
 //!
+//! Agent forwarding lives here too: a Unix socket in a private directory
+//! that the account owns, each connection to it carried to the client as an
+//! `auth-agent@openssh.com` channel.
+//!
 //! Every task belongs to one SSH connection and ends with it, even when the
 //! far end of a relay stays open.
 
@@ -30,6 +34,24 @@ pub struct Forwards {
     alive: watch::Sender<()>,
     /// Remote forwardings by the address and port the client asked for.
     listeners: HashMap<(String, u32), Vec<JoinHandle<()>>>,
+    /// The forwarded agent's socket, made at the first request.
+    agent: Option<AgentSocket>,
+}
+
+/// A forwarded agent's socket: removed, with its directory, when the
+/// connection ends.
+struct AgentSocket {
+    dir: std::path::PathBuf,
+    path: std::path::PathBuf,
+    task: JoinHandle<()>,
+}
+
+impl Drop for AgentSocket {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
 }
 
 impl Default for Forwards {
@@ -37,6 +59,7 @@ impl Default for Forwards {
         Forwards {
             alive: watch::channel(()).0,
             listeners: HashMap::new(),
+            agent: None,
         }
     }
 }
@@ -128,6 +151,53 @@ impl Forwards {
         self.listeners
             .insert((host.to_string(), u32::from(bound)), tasks);
         Ok(u32::from(bound))
+    }
+
+    /// The path of the forwarded agent's socket for a login as `uid`/`gid`,
+    /// made at the first call: `/tmp/skiff-agent-XXXXXXXX/agent.PID`, the
+    /// directory 0700 and the socket 0600, both owned by the account. Each
+    /// connection to it becomes an `auth-agent@openssh.com` channel.
+    pub fn agent_socket(
+        &mut self,
+        handle: Handle,
+        uid: u32,
+        gid: u32,
+    ) -> std::io::Result<std::path::PathBuf> {
+        if let Some(agent) = &self.agent {
+            return Ok(agent.path.clone());
+        }
+        let dir = nix::unistd::mkdtemp("/tmp/skiff-agent-XXXXXXXX")?;
+        let path = dir.join(format!("agent.{}", std::process::id()));
+        let made = (|| {
+            let listener = tokio::net::UnixListener::bind(&path)?;
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+            if nix::unistd::geteuid().is_root() {
+                let (u, g) = (
+                    Some(nix::unistd::Uid::from_raw(uid)),
+                    Some(nix::unistd::Gid::from_raw(gid)),
+                );
+                nix::unistd::chown(&path, u, g)?;
+                nix::unistd::chown(&dir, u, g)?;
+            }
+            Ok::<_, std::io::Error>(listener)
+        })();
+        let listener = match made {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_dir(&dir);
+                return Err(e);
+            }
+        };
+        let alive = self.alive.subscribe();
+        let task = spawn_watched(alive.clone(), agent_accept_loop(listener, handle, alive));
+        self.agent = Some(AgentSocket {
+            dir,
+            path: path.clone(),
+            task,
+        });
+        Ok(path)
     }
 
     /// Stops listening for `host:port`; connections already forwarded go
@@ -248,6 +318,35 @@ async fn accept_loop(
                 Err(e) => tracing::info!(
                     "remote forwarding {host}:{port}: the client refused a connection from {from}: {e}"
                 ),
+            }
+        });
+    }
+}
+
+/// Carries every connection to the agent socket to the client.
+async fn agent_accept_loop(
+    listener: tokio::net::UnixListener,
+    handle: Handle,
+    alive: watch::Receiver<()>,
+) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!("forwarded agent: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let handle = handle.clone();
+        spawn_watched(alive.clone(), async move {
+            match handle.channel_open_agent().await {
+                Ok(channel) => {
+                    let mut stream = stream;
+                    let mut channel = channel.into_stream();
+                    let _ = tokio::io::copy_bidirectional(&mut stream, &mut channel).await;
+                }
+                Err(e) => tracing::info!("forwarded agent: the client refused a connection: {e}"),
             }
         });
     }

@@ -46,6 +46,8 @@ struct SessionChannel {
     channel: Option<Channel<Msg>>,
     env: Vec<(String, String)>,
     pty: Option<PtySpec>,
+    /// The client asked for its agent to be forwarded to this session.
+    agent: Option<std::path::PathBuf>,
     running: Option<Running>,
 }
 
@@ -469,6 +471,9 @@ impl ConnectionHandler {
         }
         if let Some(orig) = original {
             set_var(&mut env, "SSH_ORIGINAL_COMMAND", orig.to_string());
+        }
+        if let Some(socket) = &chan.agent {
+            set_var(&mut env, "SSH_AUTH_SOCK", socket.display().to_string());
         }
         env
     }
@@ -1085,6 +1090,7 @@ impl russh::server::Handler for ConnectionHandler {
                 channel: Some(channel),
                 env: Vec::new(),
                 pty: None,
+                agent: None,
                 running: None,
             },
         );
@@ -1246,6 +1252,41 @@ impl russh::server::Handler for ConnectionHandler {
                     tracing::info!(peer = %self.peer, "pty refused by authorized_keys option");
                 }
                 session.channel_failure(channel)
+            }
+        }
+    }
+
+    async fn agent_request(
+        &mut self,
+        channel: ChannelId,
+        session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        let Some(auth) = &self.auth else {
+            return Ok(false);
+        };
+        let who = format!("{} from {}", auth.account.name, self.peer);
+        if let Some(why) = self.settings().forwarding.agent_refusal(&auth.options) {
+            tracing::info!("{who}: refusing agent forwarding: {why}");
+            return Ok(false);
+        }
+        let (uid, gid) = (auth.account.uid, auth.account.gid);
+        let Some(chan) = self.channels.get(&channel) else {
+            return Ok(false);
+        };
+        if chan.running.is_some() {
+            return Ok(false);
+        }
+        match self.forwards.agent_socket(session.handle(), uid, gid) {
+            Ok(path) => {
+                tracing::info!("{who}: agent forwarded at {}", path.display());
+                if let Some(chan) = self.channels.get_mut(&channel) {
+                    chan.agent = Some(path);
+                }
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::warn!("{who}: cannot make the forwarded agent's socket: {e}");
+                Ok(false)
             }
         }
     }

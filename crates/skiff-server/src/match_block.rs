@@ -14,6 +14,7 @@ use skiff_proto::pattern::{match_list, ListMatch};
 /// algorithms and the lookup commands are the server's alone.
 pub const ALLOWED_IN_MATCH: &[&str] = &[
     "acceptenv",
+    "allowagentforwarding",
     "allowgroups",
     "allowtcpforwarding",
     "allowusers",

@@ -237,6 +237,12 @@ fn via_agent(
     if !args.conn.agent_enabled() {
         return None;
     }
+    if settings.forward_agent.is_some() {
+        // The agent's connections are shared: a forwarded agent belongs
+        // to a connection of this command's own.
+        tracing::debug!("ForwardAgent is on: connecting directly");
+        return None;
+    }
     let wire = ExecWire {
         command: args.command.clone(),
         env: remote_env(settings),

@@ -170,16 +170,15 @@ fn apply_flag(out: &mut SshCommandLine, flag: char) -> Result<(), SshArgsError> 
         '1' => return unsupported("SSH protocol version 1"),
         '4' => out.options.push("AddressFamily=inet".into()),
         '6' => out.options.push("AddressFamily=inet6".into()),
-        'A' => out
-            .warnings
-            .push("agent forwarding (-A) is not supported; continuing without it".into()),
+        'A' => out.options.push("ForwardAgent=yes".into()),
+        'a' => out.options.push("ForwardAgent=no".into()),
         'X' | 'Y' => out.warnings.push(format!(
             "X11 forwarding (-{flag}) is not supported; continuing without it"
         )),
-        // Protocol 2 is the only one; -a -x -k -K -C -y turn off or
-        // tune things skiff does not do (agent/X11 forwarding, GSSAPI,
-        // compression, syslog).
-        '2' | 'a' | 'x' | 'k' | 'K' | 'C' | 'y' => {}
+        // Protocol 2 is the only one; -x -k -K -C -y turn off or tune
+        // things skiff does not do (X11 forwarding, GSSAPI, compression,
+        // syslog).
+        '2' | 'x' | 'k' | 'K' | 'C' | 'y' => {}
         'g' => out.options.push("GatewayPorts=yes".into()),
         'f' => return unsupported("going to the background"),
         'G' => out.print_config = true,
@@ -429,10 +428,12 @@ mod tests {
                 other => panic!("{line}: {other:?}"),
             }
         }
-        let c = p("-2 -a -x -k -C -S none -e none -E /tmp/log h true").unwrap();
+        let c = p("-2 -x -k -C -S none -e none -E /tmp/log h true").unwrap();
         assert!(c.warnings.is_empty());
         let c = p("-A -X h true").unwrap();
-        assert_eq!(c.warnings.len(), 2);
+        assert_eq!(c.warnings.len(), 1);
+        assert_eq!(c.options, ["ForwardAgent=yes"]);
+        assert_eq!(p("-a h").unwrap().options, ["ForwardAgent=no"]);
     }
 
     #[test]

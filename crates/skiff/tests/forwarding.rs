@@ -688,3 +688,135 @@ fn forwardings_from_the_configuration_apply_to_skiff_ssh() {
     out.expect_code(7, &c());
     assert_eq!(echo.connections(), 1, "{}", c());
 }
+
+// ---------------------------------------------------------------------------
+// Agent forwarding
+// ---------------------------------------------------------------------------
+
+/// A remote command that shows the forwarded agent: its socket's owner and
+/// mode, its directory's mode, and the keys it holds.
+const SHOW_AGENT: &str =
+    "stat -c '%U %a' \"$SSH_AUTH_SOCK\" \"$(dirname \"$SSH_AUTH_SOCK\")\"; ssh-add -L";
+
+#[test]
+fn stock_ssh_forwards_its_agent_through_skiffd() {
+    let Some((fx, [restricted], d)) = skiffd_with("", [("restricted", "no-agent-forwarding")])
+    else {
+        return;
+    };
+    let agent = Agent::start();
+    agent.add(&fx.rsa_key);
+    let c = || ctx(&d, "ssh -A");
+    let out = ssh(d.port(), user(), &fx.client_key)
+        .env("SSH_AUTH_SOCK", &agent.sock)
+        .flag("-A")
+        .args(&[SHOW_AGENT])
+        .run();
+    out.expect_code(0, &c());
+    let text = out.stdout_str();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines.first().copied(),
+        Some(format!("{} 600", user()).as_str()),
+        "{}\n{out}",
+        c()
+    );
+    assert_eq!(
+        lines.get(1).copied(),
+        Some(format!("{} 700", user()).as_str()),
+        "{}\n{out}",
+        c()
+    );
+    let rsa = fx.rsa_key.pub_line();
+    let rsa_material = rsa.split_whitespace().nth(1).unwrap();
+    assert!(
+        text.contains(rsa_material),
+        "{}: the agent's key is listed\n{out}",
+        c()
+    );
+
+    // The socket and its directory go with the connection.
+    let out_path = ssh(d.port(), user(), &fx.client_key)
+        .env("SSH_AUTH_SOCK", &agent.sock)
+        .flag("-A")
+        .args(&["echo $SSH_AUTH_SOCK"])
+        .run();
+    let socket = out_path.stdout_str().trim().to_string();
+    assert!(
+        socket.starts_with("/tmp/skiff-agent-"),
+        "{}\n{out_path}",
+        c()
+    );
+    let dir = std::path::Path::new(&socket)
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let gone = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while dir.exists() {
+        assert!(
+            std::time::Instant::now() < gone,
+            "{}: {socket} outlived its connection",
+            c()
+        );
+        thread::sleep(std::time::Duration::from_millis(50));
+    }
+
+    // Without -A, or with a key that may not forward, there is no agent.
+    let out = ssh(d.port(), user(), &fx.client_key)
+        .env("SSH_AUTH_SOCK", &agent.sock)
+        .args(&["echo \"[$SSH_AUTH_SOCK]\""])
+        .run();
+    out.expect_stdout("[]\n", &c());
+    let out = ssh(d.port(), user(), &restricted)
+        .env("SSH_AUTH_SOCK", &agent.sock)
+        .flag("-A")
+        .args(&["echo \"[$SSH_AUTH_SOCK]\""])
+        .run();
+    out.expect_stdout("[]\n", &c());
+    assert!(d.log().contains("refusing agent forwarding"), "{}", c());
+}
+
+#[test]
+fn skiff_forwards_the_agent_to_sshd_and_skiffd() {
+    let Some((fx, servers)) = both_servers() else {
+        return;
+    };
+    let agent = Agent::start();
+    agent.add(&fx.rsa_key);
+    let rsa = fx.rsa_key.pub_line();
+    let rsa_material = rsa.split_whitespace().nth(1).unwrap().to_string();
+    for server in &servers {
+        let server = server.as_ref();
+        let home = client_home(server, &fx);
+        let c = || ctx(server, "skiff -A");
+        let with_agent = |args: &[&str]| {
+            skiff_ssh(&home, args)
+                .env("SSH_AUTH_SOCK", &agent.sock)
+                .run()
+        };
+        let out = with_agent(&["-A", "box", "ssh-add -L"]);
+        out.expect_code(0, &c());
+        assert!(out.stdout_str().contains(&rsa_material), "{}\n{out}", c());
+        // ForwardAgent in the configuration, and skiff exec too.
+        let out = Run::new(skiff_bin())
+            .env("HOME", home.path())
+            .env("SKIFF_AGENT", "off")
+            .env("SSH_AUTH_SOCK", &agent.sock)
+            .args(["exec", "-o", "ForwardAgent=yes", "box", "ssh-add -L"])
+            .run();
+        out.expect_code(0, &c());
+        assert!(out.stdout_str().contains(&rsa_material), "{}\n{out}", c());
+        // Without it, nothing is forwarded.
+        let out = with_agent(&["box", "echo \"[$SSH_AUTH_SOCK]\""]);
+        out.expect_code(0, &c()).expect_stdout("[]\n", &c());
+        // -a wins over a later ForwardAgent.
+        let out = with_agent(&[
+            "-a",
+            "-o",
+            "ForwardAgent=yes",
+            "box",
+            "echo \"[$SSH_AUTH_SOCK]\"",
+        ]);
+        out.expect_code(0, &c()).expect_stdout("[]\n", &c());
+    }
+}

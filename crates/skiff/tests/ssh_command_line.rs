@@ -554,10 +554,10 @@ fn command_line_details() {
     );
     let out = u.run(&shim.path).args(["-s", "box"]).run();
     out.expect_code(255, "-s without a name");
-    // -A is accepted with a warning (the remote side sees no agent).
-    let out = u.run(&shim.path).args(["-A", "box", "true"]).run();
+    // -X is accepted with a warning (the remote side sees no display).
+    let out = u.run(&shim.path).args(["-X", "box", "true"]).run();
     out.expect_code(0, &c);
-    assert!(out.stderr.contains("agent forwarding"), "{out}");
+    assert!(out.stderr.contains("X11 forwarding"), "{out}");
 
     // A first contact records the host key and says so; -q keeps quiet.
     let fresh = User::new(&d, &fx, false);
