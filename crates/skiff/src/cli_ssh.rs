@@ -19,7 +19,7 @@ use crate::ssh_args::{self, SshCommandLine};
 const USAGE: &str =
     "usage: skiff ssh [-46qnsTtvV] [-b bind_address] [-B bind_interface] [-c ciphers] [-F config] [-i identity] [-J jump] \
 [-l user] [-m macs] [-o option] [-p port] [-W host:port] [-L [bind:]port:host:hostport] \
-[-R [bind:]port:host:hostport] [-D [bind:]port] [-gGN] destination [command [argument ...]]";
+[-R [bind:]port:host:hostport] [-D [bind:]port] [-fgGN] destination [command [argument ...]]";
 
 /// Runs ssh's command line `args` (without the program name); returns the
 /// exit status.
@@ -51,7 +51,23 @@ pub fn main(args: Vec<OsString>) -> i32 {
         line.warnings.clone(),
     );
     let (mut forwards, no_command) = (line.forwards.clone(), line.no_command);
-    let inv = invocation(line);
+    let background = line.background;
+    let ready = if background {
+        match crate::background::take_ready_signal() {
+            Some(signal) => Some(signal),
+            None if line.command.is_empty() && !no_command => {
+                eprintln!("skiff ssh: -f needs a command to run, or -N");
+                return 255;
+            }
+            // The first process: the same command line again, detached.
+            None => return crate::background::go(&args),
+        }
+    } else {
+        None
+    };
+    let mut inv = invocation(line);
+    // In the background, input is /dev/null (as -f implies -n).
+    inv.no_stdin |= background;
     crate::init_logging(inv.conn.verbose);
     let settings = match skiff_engine::settings::resolve(&cli_exec::destination(&inv)) {
         Ok(s) => s,
@@ -84,21 +100,23 @@ pub fn main(args: Vec<OsString>) -> i32 {
         forwards.clear();
     }
     let no_command = no_command || settings.session_type == SessionType::None;
-    if forwards.is_empty() && !no_command {
+    if forwards.is_empty() && !no_command && ready.is_none() {
         return cli_exec::run_resolved(inv, settings);
     }
-    forwarding_session(inv, settings, forwards, no_command)
+    forwarding_session(inv, settings, forwards, no_command, ready)
 }
 
 /// A session with port forwarding (`-L`, `-R`, `-D`, or the same from the
 /// configuration), over a connection of its own: the forwardings are set
 /// up, then the command runs (none with `-N`), then skiff waits for the
-/// forwarded connections still open, as ssh does.
+/// forwarded connections still open, as ssh does. With `-f` (`ready`),
+/// the first process is told once all that is set up.
 fn forwarding_session(
     mut inv: Invocation,
     settings: ConnectSettings,
     forwards: Vec<ForwardSpec>,
     no_command: bool,
+    ready: Option<crate::background::ReadySignal>,
 ) -> i32 {
     let host = settings.original_host.clone();
     let pty = if no_command {
@@ -135,6 +153,9 @@ fn forwarding_session(
         }
         for f in &failures {
             eprintln!("skiff: warning: {f}");
+        }
+        if let Some(signal) = ready {
+            signal.ready();
         }
         let code = if no_command {
             conn.closed().await;

@@ -1,6 +1,7 @@
 //! `skiff`: run commands on machines over SSH, compatible with OpenSSH servers
 //! and the user's ~/.ssh (config, keys, ssh-agent, known_hosts).
 
+mod background;
 mod cli_agent;
 mod cli_connect;
 mod cli_cp;

@@ -54,6 +54,8 @@ pub struct SshCommandLine {
     pub forwards: Vec<ForwardSpec>,
     /// `-N`: run no command (forwarding only).
     pub no_command: bool,
+    /// `-f`: go to the background once connected.
+    pub background: bool,
     /// `-G`: print the resolved configuration and exit.
     pub print_config: bool,
     /// `-V`: print the version and exit.
@@ -180,7 +182,7 @@ fn apply_flag(out: &mut SshCommandLine, flag: char) -> Result<(), SshArgsError> 
         // syslog).
         '2' | 'x' | 'k' | 'K' | 'C' | 'y' => {}
         'g' => out.options.push("GatewayPorts=yes".into()),
-        'f' => return unsupported("going to the background"),
+        'f' => out.background = true,
         'G' => out.print_config = true,
         'M' => {
             return unsupported("connection sharing as a master; skiff's agent shares connections")
@@ -398,6 +400,7 @@ mod tests {
         assert_eq!(shown, ["-L 8080:db:5432", "-R 0:localhost:80", "-D 1080"]);
         assert!(c.no_command && c.command.is_empty());
         assert_eq!(c.options, ["GatewayPorts=yes"]);
+        assert!(p("-fN -L 1:a:2 h").unwrap().background);
         let c = p("-b 127.0.0.2 -B lo h").unwrap();
         assert_eq!(c.options, ["BindAddress=127.0.0.2", "BindInterface=lo"]);
         // Options after the destination count too.
@@ -417,7 +420,6 @@ mod tests {
     #[test]
     fn unsupported_features_are_errors_and_harmless_ones_pass() {
         for (line, flag) in [
-            ("-f h true", 'f'),
             ("-M h", 'M'),
             ("-S /tmp/ctl h", 'S'),
             ("-O exit h", 'O'),

@@ -820,3 +820,90 @@ fn skiff_forwards_the_agent_to_sshd_and_skiffd() {
         out.expect_code(0, &c()).expect_stdout("[]\n", &c());
     }
 }
+
+// ---------------------------------------------------------------------------
+// -f: to the background once connected
+// ---------------------------------------------------------------------------
+
+/// Runs `skiff ssh ARGS` with its output in files (a background skiff
+/// keeps them open) and waits, at most 30 s, for the first process only.
+fn skiff_ssh_f(home: &ClientHome, dir: &std::path::Path, args: &[&str]) -> (i32, String) {
+    let err_path = dir.join("stderr");
+    let mut child = std::process::Command::new(skiff_bin())
+        .env("HOME", home.path())
+        .env("SKIFF_AGENT", "off")
+        .env_remove("SSH_AUTH_SOCK")
+        .arg("ssh")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(dir.join("stdout")).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .expect("spawn skiff");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("skiff ssh -f did not return within 30 s");
+        }
+        thread::sleep(std::time::Duration::from_millis(20));
+    };
+    (
+        status.code().unwrap_or(-1),
+        std::fs::read_to_string(err_path).unwrap_or_default(),
+    )
+}
+
+/// Kills the processes whose command line contains `marker` (bounded).
+fn kill_matching(marker: &str) {
+    let _ = std::process::Command::new("pkill")
+        .args(["-f", marker])
+        .status();
+}
+
+#[test]
+fn dash_f_goes_to_the_background_once_connected() {
+    let Some((fx, [], d)) = skiffd_with("", []) else {
+        return;
+    };
+    let echo = echo_server();
+    let home = client_home(&d, &fx);
+    let scratch = tempdir();
+    let c = || ctx(&d, "skiff ssh -f");
+
+    // -f -N -L: back at once with 0, the forwarding keeps working.
+    let local = free_port();
+    let spec = format!("{local}:127.0.0.1:{}", echo.port);
+    let (code, stderr) = skiff_ssh_f(&home, scratch.path(), &["-f", "-N", "-L", &spec, "box"]);
+    assert_eq!(code, 0, "{}\n{stderr}", c());
+    check_echoes(connect_when_listening(local), &c());
+    kill_matching(&spec);
+
+    // -f with a command: it runs after skiff has returned.
+    let out_dir = account_dir();
+    let marker = out_dir.path().join("done");
+    let command = format!("sleep 0.3; echo done > {}", marker.display());
+    let (code, stderr) = skiff_ssh_f(&home, scratch.path(), &["-f", "box", &command]);
+    assert_eq!(code, 0, "{}\n{stderr}", c());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !marker.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}: the command never ran",
+            c()
+        );
+        thread::sleep(std::time::Duration::from_millis(50));
+    }
+
+    // Nothing to run: an error at once. A failed connection: its status.
+    let (code, stderr) = skiff_ssh_f(&home, scratch.path(), &["-f", "box"]);
+    assert_eq!(code, 255, "{stderr}");
+    assert!(stderr.contains("-f needs a command"), "{stderr}");
+    let closed = free_port().to_string();
+    let (code, stderr) = skiff_ssh_f(&home, scratch.path(), &["-f", "-N", "-p", &closed, "box"]);
+    assert_eq!(code, 255, "{stderr}");
+    assert!(stderr.contains("connect"), "{stderr}");
+}
