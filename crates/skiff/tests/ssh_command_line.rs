@@ -535,11 +535,10 @@ fn command_line_details() {
     );
 
     // What skiff does not do is an error that says so, before connecting.
-    let out = u.run(&shim.path).args(["-f", "box", "true"]).run();
-    out.expect_code(255, "-f");
+    let out = u.run(&shim.path).args(["-M", "box", "true"]).run();
+    out.expect_code(255, "-M");
     assert!(
-        out.stderr
-            .contains("-f (going to the background) is not supported"),
+        out.stderr.contains("-M (connection sharing as a master"),
         "{out}"
     );
     let out = u
