@@ -175,6 +175,29 @@ impl client::Handler for ClientHandler {
             *self.refusal.lock().expect("not poisoned") = Some(refused);
             return Ok(false);
         }
+        let presented = match key {
+            PublicKeyOrCertificate::PublicKey { key, .. } => key.clone(),
+            PublicKeyOrCertificate::Certificate(cert) => {
+                russh::keys::PublicKey::from(cert.public_key().clone())
+            }
+        };
+        if let Some(bits) = presented
+            .to_bytes()
+            .ok()
+            .and_then(|b| skiff_proto::known_hosts::rsa_modulus_bits(&b))
+            .filter(|&bits| bits < self.settings.required_rsa_size)
+        {
+            let (host, port) = self.settings.host_key_name();
+            *self.refusal.lock().expect("not poisoned") = Some(SkiffError::new(
+                ErrorKind::HostKey,
+                format!(
+                    "{}: the server's RSA host key has {bits} bits, fewer than RequiredRSASize ({}); refusing to connect",
+                    skiff_proto::known_hosts::host_port_name(host, port),
+                    self.settings.required_rsa_size
+                ),
+            ));
+            return Ok(false);
+        }
         let mut untrusted_certificate = None;
         let public = match key {
             PublicKeyOrCertificate::PublicKey { key, .. } => key.clone(),

@@ -246,6 +246,13 @@ pub async fn authenticate<H: Handler>(
                 let Some(agent) = agent.as_mut() else {
                     continue;
                 };
+                if let Some(why) = rsa_too_small(settings, &key) {
+                    notes.push(format!(
+                        "agent key {}: {why}",
+                        key.fingerprint(HashAlg::Sha256)
+                    ));
+                    continue;
+                }
                 let hash = match signature_hash(&key.algorithm(), &mut rsa_hash, handle).await {
                     Ok(h) => h,
                     Err(why) => {
@@ -283,6 +290,10 @@ pub async fn authenticate<H: Handler>(
                         continue;
                     }
                 };
+                if let Some(why) = rsa_too_small(settings, key.public_key()) {
+                    notes.push(format!("{}: {why}", path.display()));
+                    continue;
+                }
                 let hash = match signature_hash(&key.algorithm(), &mut rsa_hash, handle).await {
                     Ok(h) => h,
                     Err(why) => {
@@ -366,6 +377,17 @@ pub async fn authenticate<H: Handler>(
 /// The hash to sign with for a key of this algorithm (only RSA has a choice),
 /// or why the key cannot be used with this server. `rsa_hash` remembers the
 /// server's answer once asked.
+/// Why an RSA key is too small to offer under `RequiredRSASize`.
+fn rsa_too_small(settings: &ConnectSettings, key: &PublicKey) -> Option<String> {
+    let bits = skiff_proto::known_hosts::rsa_modulus_bits(&key.to_bytes().ok()?)?;
+    (bits < settings.required_rsa_size).then(|| {
+        format!(
+            "RSA key of {bits} bits, fewer than RequiredRSASize ({}); not offered",
+            settings.required_rsa_size
+        )
+    })
+}
+
 async fn signature_hash<H: Handler>(
     alg: &Algorithm,
     rsa_hash: &mut Option<Option<HashAlg>>,

@@ -56,6 +56,7 @@ pub struct PoolKey {
     host_key_alias: Option<String>,
     revoked_host_keys: Option<PathBuf>,
     pubkey_authentication: bool,
+    required_rsa_size: u32,
     /// The way to the host (ProxyCommand, or the jump hosts' settings).
     proxy: Option<String>,
     algorithms: skiff_proto::algorithms::Algorithms,
@@ -87,6 +88,7 @@ impl PoolKey {
             host_key_alias: s.host_key_alias.clone(),
             revoked_host_keys: s.revoked_host_keys.clone(),
             pubkey_authentication: s.pubkey_authentication,
+            required_rsa_size: s.required_rsa_size,
             proxy: s.proxy.as_ref().map(|p| format!("{p:?}")),
             algorithms: s.algorithms.clone(),
             policy: crate::hostkeys::policy_name(s.strict_host_key_checking).to_string(),

@@ -42,6 +42,9 @@ pub struct ConnectSettings {
     pub identities_only: bool,
     /// None means no agent (IdentityAgent none, or SSH_AUTH_SOCK unset).
     pub identity_agent: Option<PathBuf>,
+    /// `RequiredRSASize`: the fewest bits an RSA host key or identity may
+    /// have (default 1024, as ssh).
+    pub required_rsa_size: u32,
     /// `ForwardAgent` (`-A`): the agent socket to offer the server's
     /// sessions (`yes`: SSH_AUTH_SOCK's); None: no forwarding.
     pub forward_agent: Option<PathBuf>,
@@ -539,6 +542,7 @@ fn settle(
         identities_only: cfg.identities_only.unwrap_or(false),
         identity_agent,
         forward_agent,
+        required_rsa_size: cfg.required_rsa_size.unwrap_or(1024),
         user_known_hosts,
         global_known_hosts,
         strict_host_key_checking: cfg

@@ -652,6 +652,30 @@ pub fn blob_key_type(blob: &[u8]) -> Option<&str> {
     std::str::from_utf8(name).ok()
 }
 
+/// The size in bits of an `ssh-rsa` key's modulus, from its blob
+/// (`string "ssh-rsa", mpint e, mpint n`); `None` for other keys or a
+/// malformed blob. For `RequiredRSASize`.
+pub fn rsa_modulus_bits(blob: &[u8]) -> Option<u32> {
+    fn field(rest: &[u8]) -> Option<(&[u8], &[u8])> {
+        let len_bytes: [u8; 4] = rest.get(..4)?.try_into().ok()?;
+        let len = usize::try_from(u32::from_be_bytes(len_bytes)).ok()?;
+        let end = 4usize.checked_add(len)?;
+        Some((rest.get(4..end)?, rest.get(end..)?))
+    }
+    let (name, rest) = field(blob)?;
+    if name != b"ssh-rsa" {
+        return None;
+    }
+    let (_e, rest) = field(rest)?;
+    let (n, _) = field(rest)?;
+    let significant = n.iter().position(|&b| b != 0).map(|i| &n[i..])?;
+    let top_bits = 8 - significant[0].leading_zeros();
+    u32::try_from(significant.len() - 1)
+        .ok()?
+        .checked_mul(8)?
+        .checked_add(top_bits)
+}
+
 /// The lookup name for a host and port: `host` for port 22 (or 0, meaning
 /// default), `[host]:port` otherwise; always ASCII-lowercased.
 pub fn host_port_name(host: &str, port: u16) -> String {
@@ -2245,6 +2269,28 @@ mod tests {
         assert_eq!(g.matching("g").len(), 1);
         assert!(g.matching("h").is_empty());
         assert!(KnownHostsFile::new("x").matching("h").is_empty());
+    }
+
+    #[test]
+    fn rsa_modulus_sizes() {
+        let blob = |n: &[u8]| {
+            let mut b = Vec::new();
+            for field in [&b"ssh-rsa"[..], &[1, 0, 1], n] {
+                b.extend_from_slice(&(field.len() as u32).to_be_bytes());
+                b.extend_from_slice(field);
+            }
+            b
+        };
+        // A leading zero byte keeps a modulus with its top bit set positive.
+        let mut n2048 = vec![0u8];
+        n2048.extend(std::iter::repeat_n(0xffu8, 256));
+        assert_eq!(rsa_modulus_bits(&blob(&n2048)), Some(2048));
+        assert_eq!(rsa_modulus_bits(&blob(&[0x01, 0xff])), Some(9));
+        assert_eq!(rsa_modulus_bits(&blob(&[0, 0])), None);
+        assert_eq!(rsa_modulus_bits(&crate::test_keys::ed25519_blob(7)), None);
+        let mut truncated = blob(&n2048);
+        truncated.truncate(40);
+        assert_eq!(rsa_modulus_bits(&truncated), None);
     }
 
     #[test]

@@ -278,6 +278,7 @@ enum Directive {
     CaSignatureAlgorithms(Vec<String>),
     ConnectTimeout(u64),
     AddressFamily(AddressFamily),
+    RequiredRsaSize(u32),
     /// `ForwardAgent`: `yes`, `no`, a socket path or `$VAR`, as written.
     ForwardAgent(String),
     /// `KnownHostsCommand`, as written (`none`: None).
@@ -361,6 +362,7 @@ enum Kw {
     CaSignatureAlgorithms,
     ConnectTimeout,
     AddressFamily,
+    RequiredRsaSize,
     ForwardAgent,
     KnownHostsCommand,
     BindAddress,
@@ -414,6 +416,7 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("CASignatureAlgorithms", Kw::CaSignatureAlgorithms),
     ("ConnectTimeout", Kw::ConnectTimeout),
     ("AddressFamily", Kw::AddressFamily),
+    ("RequiredRSASize", Kw::RequiredRsaSize),
     ("ForwardAgent", Kw::ForwardAgent),
     ("KnownHostsCommand", Kw::KnownHostsCommand),
     ("BindAddress", Kw::BindAddress),
@@ -505,7 +508,6 @@ const IGNORED: &[&str] = &[
     "PubkeyAcceptedAlgorithms",
     "PubkeyAcceptedKeyTypes",
     "RekeyLimit",
-    "RequiredRSASize",
     "RhostsRSAAuthentication",
     "RSAAuthentication",
     "SecurityKeyProvider",
@@ -935,6 +937,17 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
             Directive::BindAddress(ip)
         }
         Kw::BindInterface => Directive::BindInterface(single(name, args)?),
+        Kw::RequiredRsaSize => {
+            let v = single(name, args)?;
+            match v.parse::<u32>() {
+                Ok(bits) if (1024..=16384).contains(&bits) => Directive::RequiredRsaSize(bits),
+                _ => {
+                    return Err(format!(
+                        "{name}: expected a number of bits from 1024 to 16384, got \"{v}\""
+                    ))
+                }
+            }
+        }
         Kw::ForwardAgent => {
             let v = single(name, args)?;
             match v.to_ascii_lowercase().as_str() {
@@ -1184,6 +1197,7 @@ pub struct HostConfig {
     /// Seconds.
     pub connect_timeout: Option<u64>,
     pub address_family: Option<AddressFamily>,
+    pub required_rsa_size: Option<u32>,
     /// `ForwardAgent`: `yes`, `no`, or a socket path or `$VAR` (unexpanded).
     pub forward_agent: Option<String>,
     /// `KnownHostsCommand`, unexpanded; `Some(None)` for `none`.
@@ -1444,6 +1458,7 @@ impl Resolver<'_, '_> {
             Directive::Proxy(v) => first(&mut cfg.proxy, v),
             Directive::ConnectTimeout(v) => first(&mut cfg.connect_timeout, v),
             Directive::AddressFamily(v) => first(&mut cfg.address_family, v),
+            Directive::RequiredRsaSize(v) => first(&mut cfg.required_rsa_size, v),
             Directive::ForwardAgent(v) => first(&mut cfg.forward_agent, v),
             Directive::KnownHostsCommand(v) => first(&mut cfg.known_hosts_command, v),
             Directive::BindAddress(v) => first(&mut cfg.bind_address, v),
@@ -2132,6 +2147,11 @@ mod tests {
         assert_eq!(c.bind_address, Some("::1".parse().unwrap()));
         assert_eq!(c.bind_interface.as_deref(), Some("lo"));
         assert!(parse_err("AddressFamily ipx\n").contains("AddressFamily"));
+        assert_eq!(
+            res("RequiredRSASize 3072\n", "x").required_rsa_size,
+            Some(3072)
+        );
+        assert!(parse_err("RequiredRSASize 512\n").contains("1024"));
         assert!(parse_err("BindAddress host.example\n").contains("not an IP address"));
     }
 

@@ -85,6 +85,8 @@ pub struct Settings {
     pub force_command: Option<String>,
     /// `PermitTTY`.
     pub permit_tty: bool,
+    /// `RequiredRSASize`: the fewest bits an RSA user key may have.
+    pub required_rsa_size: u32,
     /// `Match` blocks with the file they come from, in file order.
     pub matches: Vec<(String, MatchBlock)>,
 }
@@ -153,6 +155,7 @@ impl Default for Settings {
             forwarding: Default::default(),
             force_command: None,
             permit_tty: true,
+            required_rsa_size: 1024,
             matches: Vec::new(),
             kex_algorithms: algorithms::SERVER_KEX.defaults(),
             host_key_algorithms: algorithms::SERVER_HOST_KEY.defaults(),
@@ -474,6 +477,18 @@ fn apply_lines(
                 }
             }
             "permittty" => settings.permit_tty = parse_yes_no(one()?).map_err(err)?,
+            "requiredrsasize" => {
+                let v = one()?;
+                settings.required_rsa_size = v
+                    .parse()
+                    .ok()
+                    .filter(|b| (1024..=16384).contains(b))
+                    .ok_or_else(|| {
+                        err(format!(
+                            "RequiredRSASize must be a number of bits from 1024 to 16384, not {v:?}"
+                        ))
+                    })?;
+            }
             "dataplane" => settings.data_plane = parse_yes_no(one()?).map_err(err)?,
             "dataplaneunencrypted" => {
                 settings.unencrypted_data_plane = match one()?.to_ascii_lowercase().as_str() {

@@ -296,6 +296,10 @@ impl ConnectionHandler {
         // The account first: its settings (Match blocks) say which
         // RevokedKeys applies.
         self.load_candidate(user)?;
+        if let Some(why) = self.rsa_too_small(&blob) {
+            tracing::info!(peer = %self.peer, user, "key refused: {why}");
+            return None;
+        }
         if let Some(why) = self.revoked(|list| list.revokes_key(&blob)) {
             tracing::info!(peer = %self.peer, user, "key refused: {why}");
             return None;
@@ -374,6 +378,14 @@ impl ConnectionHandler {
                 Some(format!("RevokedKeys {label} is unusable"))
             }
         }
+    }
+
+    /// Why an RSA key is too small under `RequiredRSASize`.
+    fn rsa_too_small(&self, blob: &[u8]) -> Option<String> {
+        let bits = skiff_proto::known_hosts::rsa_modulus_bits(blob)?;
+        let required = self.settings().required_rsa_size;
+        (bits < required)
+            .then(|| format!("RSA key of {bits} bits, fewer than RequiredRSASize ({required})"))
     }
 
     /// The server's `TrustedUserCAKeys`, read now (so a changed file takes
@@ -979,6 +991,10 @@ impl russh::server::Handler for ConnectionHandler {
             serial: certificate.serial(),
             key_id: certificate.key_id(),
         };
+        if let Some(why) = self.rsa_too_small(&key_blob) {
+            tracing::info!(%peer, user, id = certificate.key_id(), "certificate refused: {why}");
+            return Ok(publickey_only());
+        }
         if let Some(why) = self.revoked(|list| list.revokes_certificate(&key_blob, &cert)) {
             tracing::info!(%peer, user, id = certificate.key_id(), "certificate refused: {why}");
             return Ok(publickey_only());

@@ -160,3 +160,57 @@ fn skiffd_refuses_unknown_algorithms_naming_the_line() {
         "skiffd names the file, the line and the name\n{out}"
     );
 }
+
+/// `RequiredRSASize`: skiff refuses a smaller RSA host key and does not
+/// offer a smaller RSA identity; skiffd refuses a smaller RSA user key.
+/// (ssh-keygen makes 3072-bit keys; 4096 is asked for.)
+#[test]
+fn required_rsa_size_on_both_sides() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let rsa_host = fx.keygen("host_rsa", KeyType::Rsa, None);
+    let rsa_server = Skiffd::start_with(SkiffdOptions::new(&rsa_host, &fx.authorized_keys));
+    let home = ClientHome::new();
+    home.trust(rsa_server.port(), &rsa_host);
+    let c = server_context(&rsa_server, "RSA host key");
+    skiff_exec(&home, rsa_server.port(), user(), Some(&fx.client_key))
+        .cmd("echo ok")
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout("ok\n", &c);
+    skiff_exec(&home, rsa_server.port(), user(), Some(&fx.client_key))
+        .opt("RequiredRSASize=4096")
+        .cmd("echo ok")
+        .run()
+        .expect_skiff_failure(&["3072 bits", "RequiredRSASize (4096)"], "small host key");
+
+    // An RSA identity below the size is not offered.
+    let d = Skiffd::start(&fx.host_key, &fx.authorized_keys);
+    home.trust(d.port(), &fx.host_key);
+    let out = skiff_exec(&home, d.port(), user(), Some(&fx.rsa_key))
+        .opt("IdentitiesOnly=yes")
+        .opt("RequiredRSASize=4096")
+        .cmd("true")
+        .run();
+    out.expect_skiff_failure(&["RequiredRSASize"], "small identity");
+    assert!(
+        !d.log().contains("accepted publickey"),
+        "{}",
+        server_context(&d, "no login")
+    );
+
+    // skiffd refuses it when its own RequiredRSASize says so.
+    let strict = Skiffd::start_with(
+        SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config("RequiredRSASize 4096\n"),
+    );
+    let out = ssh_cmd(strict.port(), user(), &fx.rsa_key, &["true"]);
+    assert_eq!(out.code, 255, "{out}");
+    assert!(
+        strict.log().contains("fewer than RequiredRSASize (4096)"),
+        "{}",
+        server_context(&strict, "skiffd RequiredRSASize")
+    );
+    ssh_cmd(strict.port(), user(), &fx.client_key, &["true"]).expect_code(0, "ed25519 still works");
+}
