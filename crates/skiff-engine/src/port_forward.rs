@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use russh::client::Msg;
 use russh::{Channel, ChannelOpenFailure};
-use skiff_proto::forward_spec::{ForwardSpec, Listen};
+use skiff_proto::forward_spec::{ForwardSpec, Listen, LocalEnd, RemoteEnd};
 use skiff_proto::socks;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -164,6 +164,8 @@ pub(crate) fn forwarded_agent(
 /// listening and waits for the connections still open.
 pub struct Forwarding {
     listeners: Vec<JoinHandle<()>>,
+    /// Unix sockets made for local forwardings, removed at the end.
+    sockets: Vec<std::path::PathBuf>,
     open: Arc<OpenCount>,
 }
 
@@ -174,7 +176,15 @@ impl Forwarding {
         for l in &self.listeners {
             l.abort();
         }
-        self.open.idle().await;
+        self.open.clone().idle().await;
+    }
+}
+
+impl Drop for Forwarding {
+    fn drop(&mut self) {
+        for path in &self.sockets {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -192,6 +202,7 @@ pub async fn start(
     let open = conn.remote_forwards.open.clone();
     let mut forwarding = Forwarding {
         listeners: Vec::new(),
+        sockets: Vec::new(),
         open: open.clone(),
     };
     let mut failures = Vec::new();
@@ -202,9 +213,9 @@ pub async fn start(
             ForwardSpec::Local { listen, host, port } => match bind(listen, gateway_ports).await {
                 Ok(sockets) => {
                     for socket in sockets {
-                        let target = Target::Fixed(host.clone(), *port);
+                        let target = Target::Fixed(RemoteEnd::Tcp(host.clone(), *port));
                         forwarding.listeners.push(tokio::spawn(accept_loop(
-                            socket,
+                            Listener::Tcp(socket),
                             conn.clone(),
                             target,
                             open.clone(),
@@ -217,7 +228,7 @@ pub async fn start(
                 Ok(sockets) => {
                     for socket in sockets {
                         forwarding.listeners.push(tokio::spawn(accept_loop(
-                            socket,
+                            Listener::Tcp(socket),
                             conn.clone(),
                             Target::Socks,
                             open.clone(),
@@ -226,6 +237,30 @@ pub async fn start(
                 }
                 Err(e) => failures.push(failed(e)),
             },
+            ForwardSpec::LocalUnix { from, to } => {
+                let listeners = match from {
+                    LocalEnd::Tcp(listen) => bind(listen, gateway_ports)
+                        .await
+                        .map(|l| l.into_iter().map(Listener::Tcp).collect::<Vec<_>>()),
+                    LocalEnd::Unix(path) => bind_unix(path).map(|l| {
+                        forwarding.sockets.push(std::path::PathBuf::from(path));
+                        vec![Listener::Unix(l)]
+                    }),
+                };
+                match listeners {
+                    Ok(listeners) => {
+                        for socket in listeners {
+                            forwarding.listeners.push(tokio::spawn(accept_loop(
+                                socket,
+                                conn.clone(),
+                                Target::Fixed(to.clone()),
+                                open.clone(),
+                            )));
+                        }
+                    }
+                    Err(e) => failures.push(failed(e)),
+                }
+            }
             ForwardSpec::Remote { listen, host, port } => {
                 // As ssh: no address means loopback on the server, `*` every
                 // address (the server's GatewayPorts has the last word).
@@ -282,9 +317,48 @@ pub async fn start(
 /// Where a local listener's connections go.
 #[derive(Clone)]
 enum Target {
-    Fixed(String, u16),
+    Fixed(RemoteEnd),
     /// Each client says, in a SOCKS handshake.
     Socks,
+}
+
+/// A local listening socket, TCP or Unix.
+enum Listener {
+    Tcp(TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+/// A connection accepted by a [`Listener`].
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+impl Listener {
+    /// The next connection and where it comes from (a Unix socket's
+    /// connections are reported to the server as 127.0.0.1 port 0).
+    async fn accept(&self) -> std::io::Result<(Box<dyn Stream>, SocketAddr)> {
+        match self {
+            Listener::Tcp(l) => {
+                let (tcp, from) = l.accept().await?;
+                let _ = tcp.set_nodelay(true);
+                Ok((Box::new(tcp), from))
+            }
+            Listener::Unix(l) => {
+                let (unix, _) = l.accept().await?;
+                Ok((Box::new(unix), SocketAddr::from(([127, 0, 0, 1], 0))))
+            }
+        }
+    }
+}
+
+/// A Unix socket for a local forwarding, made 0600 (ssh's default
+/// `StreamLocalBindMask`). An existing file is not replaced.
+fn bind_unix(path: &str) -> Result<tokio::net::UnixListener, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let listener = tokio::net::UnixListener::bind(path)
+        .map_err(|e| format!("cannot listen on {path}: {e}"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("cannot make {path} private: {e}"))?;
+    Ok(listener)
 }
 
 /// The sockets for a local listener: loopback (127.0.0.1 and, where the
@@ -347,13 +421,13 @@ fn loopback(port: u16) -> Vec<SocketAddr> {
 }
 
 async fn accept_loop(
-    socket: TcpListener,
+    socket: Listener,
     conn: Arc<Connection>,
     target: Target,
     open: Arc<OpenCount>,
 ) {
     loop {
-        let (tcp, from) = match socket.accept().await {
+        let (stream, from) = match socket.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
                 tracing::warn!("forwarding: accept failed: {e}");
@@ -361,15 +435,14 @@ async fn accept_loop(
                 continue;
             }
         };
-        let _ = tcp.set_nodelay(true);
         let guard = open.enter();
         let conn = conn.clone();
         let target = target.clone();
         tokio::spawn(async move {
             let _guard = guard;
             match target {
-                Target::Fixed(host, port) => forward_one(&conn, tcp, from, &host, port).await,
-                Target::Socks => socks_one(&conn, tcp, from).await,
+                Target::Fixed(to) => forward_one(&conn, stream, from, &to).await,
+                Target::Socks => socks_one(&conn, stream, from).await,
             }
         });
     }
@@ -392,13 +465,18 @@ async fn open_direct(
         .await
 }
 
-async fn forward_one(conn: &Connection, tcp: TcpStream, from: SocketAddr, host: &str, port: u16) {
-    match open_direct(conn, from, host, port).await {
-        Ok(channel) => relay(channel, tcp).await,
-        Err(e) => eprintln!(
-            "skiff: forwarding {from} to {host} port {port}: {}",
-            open_failure(&e)
-        ),
+async fn forward_one(conn: &Connection, stream: Box<dyn Stream>, from: SocketAddr, to: &RemoteEnd) {
+    let opened = match to {
+        RemoteEnd::Tcp(host, port) => open_direct(conn, from, host, *port).await,
+        RemoteEnd::Unix(path) => {
+            conn.handle
+                .channel_open_direct_streamlocal(path.as_str())
+                .await
+        }
+    };
+    match opened {
+        Ok(channel) => relay_stream(channel.into_stream(), stream).await,
+        Err(e) => eprintln!("skiff: forwarding {from} to {to}: {}", open_failure(&e)),
     }
 }
 
@@ -467,7 +545,7 @@ where
     }
 }
 
-async fn socks_one(conn: &Connection, mut tcp: TcpStream, from: SocketAddr) {
+async fn socks_one(conn: &Connection, mut tcp: Box<dyn Stream>, from: SocketAddr) {
     let mut buf = Vec::new();
     let handshake =
         tokio::time::timeout(SOCKS_HANDSHAKE, socks_handshake(&mut tcp, &mut buf)).await;
@@ -527,9 +605,10 @@ async fn relay(channel: Channel<Msg>, tcp: TcpStream) {
     relay_stream(channel.into_stream(), tcp).await
 }
 
-async fn relay_stream<C>(mut channel: C, mut tcp: TcpStream)
+async fn relay_stream<C, S>(mut channel: C, mut tcp: S)
 where
     C: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
 {
     if let Err(e) =
         tokio::io::copy_bidirectional_with_sizes(&mut channel, &mut tcp, RELAY_BUFFER, RELAY_BUFFER)

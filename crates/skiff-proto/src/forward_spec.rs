@@ -1,9 +1,10 @@
 //! ssh's port-forwarding specifications, parsed without I/O: `-L`
 //! (`[bind:]port:host:hostport`), `-R` (the same, the listening done by the
 //! server) and `-D` (`[bind:]port`, a SOCKS proxy). IPv6 addresses go in
-//! brackets (`[::1]:8080:[fe80::1]:80`). Unix-socket forms are recognised
-//! and refused with a clear error, as is `-R` without a destination (a
-//! remote SOCKS proxy).
+//! brackets (`[::1]:8080:[fe80::1]:80`). `-L` also takes Unix sockets at
+//! either end (a field that starts with `/`); with `-R` and `-D` they are
+//! refused with a clear error, as is `-R` without a destination (a remote
+//! SOCKS proxy).
 
 use std::fmt;
 
@@ -44,6 +45,44 @@ pub enum ForwardSpec {
     /// `-D`: listen here as a SOCKS 4/5 proxy whose connections the server
     /// makes.
     Dynamic { listen: Listen },
+    /// `-L` with a Unix socket at either end (`port:/remote/path`,
+    /// `/local/path:host:hostport`, `/local/path:/remote/path`).
+    LocalUnix { from: LocalEnd, to: RemoteEnd },
+}
+
+/// Where a local forwarding listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LocalEnd {
+    Tcp(Listen),
+    /// A Unix socket skiff makes (0600) and removes at the end.
+    Unix(String),
+}
+
+/// Where the server connects a local forwarding's connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemoteEnd {
+    Tcp(String, u16),
+    /// A Unix socket on the server (`direct-streamlocal@openssh.com`).
+    Unix(String),
+}
+
+impl fmt::Display for LocalEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LocalEnd::Tcp(listen) => write!(f, "{listen}"),
+            LocalEnd::Unix(path) => write!(f, "{path}"),
+        }
+    }
+}
+
+impl fmt::Display for RemoteEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RemoteEnd::Tcp(host, port) if host.contains(':') => write!(f, "[{host}]:{port}"),
+            RemoteEnd::Tcp(host, port) => write!(f, "{host}:{port}"),
+            RemoteEnd::Unix(path) => write!(f, "{path}"),
+        }
+    }
 }
 
 impl fmt::Display for ForwardSpec {
@@ -71,6 +110,7 @@ impl fmt::Display for ForwardSpec {
                 write!(f, "-R {listen}:{}:{port}", host(h))
             }
             ForwardSpec::Dynamic { listen } => write!(f, "-D {listen}"),
+            ForwardSpec::LocalUnix { from, to } => write!(f, "-L {from}:{to}"),
         }
     }
 }
@@ -159,7 +199,10 @@ pub fn parse_forward(spec: &str, remote: bool) -> Result<ForwardSpec, SpecError>
         unsupported: true,
     };
     if socket_form(spec) {
-        return Err(unsupported("Unix-socket forwarding"));
+        if remote {
+            return Err(unsupported("Unix-socket forwarding with -R"));
+        }
+        return parse_local_unix(spec).map_err(bad);
     }
     let f = fields(spec).map_err(bad)?;
     let (listen_fields, host, p) = match f.as_slice() {
@@ -184,6 +227,27 @@ pub fn parse_forward(spec: &str, remote: bool) -> Result<ForwardSpec, SpecError>
     } else {
         ForwardSpec::Local { listen, host, port }
     })
+}
+
+/// `-L` forms with a socket path (a field starting with `/`).
+fn parse_local_unix(spec: &str) -> Result<ForwardSpec, String> {
+    let f = fields(spec)?;
+    let is_path = |field: &String| field.starts_with('/');
+    let (from, to_fields) = match f.as_slice() {
+        [local, rest @ ..] if is_path(local) => (LocalEnd::Unix(local.clone()), rest),
+        [lp, path] if is_path(path) => (LocalEnd::Tcp(listen(std::slice::from_ref(lp))?), &f[1..]),
+        [_, _, path] if is_path(path) => (LocalEnd::Tcp(listen(&f[..2])?), &f[2..]),
+        _ => return Err("expected [bind:]port:/remote/path, /local/path:host:hostport or /local/path:/remote/path".into()),
+    };
+    let to = match to_fields {
+        [path] if is_path(path) => RemoteEnd::Unix(path.clone()),
+        [h, p] => {
+            let (host, port) = target(h, p)?;
+            RemoteEnd::Tcp(host, port)
+        }
+        _ => return Err("expected host:hostport or /remote/path after the local end".into()),
+    };
+    Ok(ForwardSpec::LocalUnix { from, to })
 }
 
 /// Parses the value of `-D`.
@@ -271,8 +335,10 @@ mod tests {
             ("8080:db:x", false, "destination port"),
             ("99999:db:1", false, "listen port"),
             ("8080::1", false, "no destination host"),
-            ("/tmp/s:db:1", false, "Unix-socket"),
-            ("8080:/run/docker.sock", false, "Unix-socket"),
+            ("/tmp/s:db:1", true, "Unix-socket"),
+            ("8080:/run/docker.sock", true, "Unix-socket"),
+            ("/tmp/s", false, "expected"),
+            ("/tmp/s:db", false, "after the local end"),
             ("[::1:8080:db:1", false, "unclosed"),
             ("[::1]x:8080:db:1", false, "brackets"),
             ("+8080:db:1", false, "listen port"),
@@ -286,6 +352,30 @@ mod tests {
                 "{spec}"
             );
         }
+    }
+
+    #[test]
+    fn unix_socket_forms() {
+        let p = |s: &str| parse_forward(s, false).unwrap();
+        assert_eq!(
+            p("2375:/var/run/docker.sock"),
+            ForwardSpec::LocalUnix {
+                from: LocalEnd::Tcp(listen(None, 2375)),
+                to: RemoteEnd::Unix("/var/run/docker.sock".into())
+            }
+        );
+        assert_eq!(p("*:2375:/run/x.sock").to_string(), "-L *:2375:/run/x.sock");
+        assert_eq!(
+            p("/tmp/db.sock:db:5432"),
+            ForwardSpec::LocalUnix {
+                from: LocalEnd::Unix("/tmp/db.sock".into()),
+                to: RemoteEnd::Tcp("db".into(), 5432)
+            }
+        );
+        assert_eq!(
+            p("/tmp/a.sock:/run/b.sock").to_string(),
+            "-L /tmp/a.sock:/run/b.sock"
+        );
     }
 
     #[test]

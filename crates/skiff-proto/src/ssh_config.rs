@@ -2112,7 +2112,7 @@ mod tests {
         use crate::forward_spec::ForwardSpec;
         let text = "Host web\n  LocalForward 8080 db:5432\n  ExitOnForwardFailure yes\n\
                     Host *\n  LocalForward 8080 db:5432\n  RemoteForward 127.0.0.1:9000 localhost:80\n\
-                    DynamicForward 1080\n  LocalForward /tmp/s /run/x.sock\n  GatewayPorts no\n\
+                    DynamicForward 1080\n  RemoteForward /tmp/s /run/x.sock\n  GatewayPorts no\n\
                     ExitOnForwardFailure no\n  ClearAllForwardings no\n";
         let c = res(text, "web");
         let shown: Vec<String> = c.forwards.iter().map(ForwardSpec::to_string).collect();

@@ -158,8 +158,36 @@ fn forwarding_session(
             signal.ready();
         }
         let code = if no_command {
-            conn.closed().await;
-            eprintln!("skiff: connection to {host} closed by the server");
+            // Until the connection ends, or skiff is told to stop: then the
+            // forwardings' sockets are removed (dropping them) on the way out.
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut stops = [
+                SignalKind::terminate(),
+                SignalKind::interrupt(),
+                SignalKind::hangup(),
+            ]
+            .map(signal);
+            let stopped = async {
+                match &mut stops {
+                    [Ok(a), Ok(b), Ok(c)] => {
+                        tokio::select! {
+                            _ = a.recv() => {}
+                            _ = b.recv() => {}
+                            _ = c.recv() => {}
+                        }
+                    }
+                    _ => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = conn.closed() => {
+                    eprintln!("skiff: connection to {host} closed by the server");
+                }
+                _ = stopped => {
+                    drop(forwarding);
+                    return Ok(255);
+                }
+            }
             255
         } else {
             cli_exec::exec_on(&conn, inv, &settings, pty).await?
@@ -351,18 +379,13 @@ pub fn describe(s: &ConnectSettings) -> String {
         }
     ));
     for f in &s.forwards {
-        use skiff_proto::forward_spec::ForwardSpec;
-        let target = |host: &str, port: &u16| {
-            if host.contains(':') {
-                format!("[{host}]:{port}")
-            } else {
-                format!("{host}:{port}")
-            }
-        };
+        use skiff_proto::forward_spec::{ForwardSpec, RemoteEnd};
+        let target = |host: &str, port: &u16| RemoteEnd::Tcp(host.to_string(), *port);
         out.push(match f {
             ForwardSpec::Local { listen, host, port } => {
                 format!("localforward {listen} {}", target(host, port))
             }
+            ForwardSpec::LocalUnix { from, to } => format!("localforward {from} {to}"),
             ForwardSpec::Remote { listen, host, port } => {
                 format!("remoteforward {listen} {}", target(host, port))
             }

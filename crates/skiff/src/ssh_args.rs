@@ -408,7 +408,7 @@ mod tests {
         assert_eq!(c.forwards.len(), 1);
         assert_eq!(c.command, ["echo", "hi"]);
         assert_eq!(p("-N h true"), Err(SshArgsError::NoCommandWithCommand));
-        for bad in ["-L 8080 h", "-L /tmp/s:db:1 h", "-R 1080 h", "-D x h"] {
+        for bad in ["-L 8080 h", "-R /tmp/s:db:1 h", "-R 1080 h", "-D x h"] {
             assert!(
                 matches!(p(bad), Err(SshArgsError::BadForwardSpec(_))),
                 "{bad}: {:?}",

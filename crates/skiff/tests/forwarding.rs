@@ -36,18 +36,21 @@ fn echo_server() -> Echo {
     thread::spawn(move || {
         for stream in listener.incoming().flatten() {
             counter.fetch_add(1, Ordering::SeqCst);
-            thread::spawn(move || {
-                let mut out = stream.try_clone().expect("clone the stream");
-                for line in BufReader::new(stream).lines() {
-                    let Ok(line) = line else { break };
-                    if writeln!(out, "echo: {line}").is_err() {
-                        break;
-                    }
-                }
-            });
+            let out = stream.try_clone().expect("clone the stream");
+            thread::spawn(move || echo_lines(stream, out));
         }
     });
     Echo { port, connections }
+}
+
+/// Answers every line read from `input` with `echo: LINE` on `out`.
+fn echo_lines(input: impl std::io::Read, mut out: impl Write) {
+    for line in BufReader::new(input).lines() {
+        let Ok(line) = line else { break };
+        if writeln!(out, "echo: {line}").is_err() {
+            break;
+        }
+    }
 }
 
 impl Echo {
@@ -497,15 +500,39 @@ impl Drop for Background {
     }
 }
 
+/// A TCP or Unix stream the echo checks can use.
+trait EchoPeer: std::io::Read + Write {
+    fn limit_reads(&self);
+    fn end_writing(&self);
+}
+
+impl EchoPeer for TcpStream {
+    fn limit_reads(&self) {
+        self.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .unwrap();
+    }
+    fn end_writing(&self) {
+        self.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+}
+
+impl EchoPeer for std::os::unix::net::UnixStream {
+    fn limit_reads(&self) {
+        self.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .unwrap();
+    }
+    fn end_writing(&self) {
+        self.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+}
+
 /// Sends two lines on `stream` (after its handshake) and checks the echoes.
-fn check_echoes(mut stream: TcpStream, context: &str) {
-    stream
-        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
-        .unwrap();
+fn check_echoes(mut stream: impl EchoPeer, context: &str) {
+    stream.limit_reads();
     stream.write_all(b"one\ntwo\n").unwrap();
-    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    stream.end_writing();
     let mut back = String::new();
-    std::io::Read::read_to_string(&mut stream, &mut back).unwrap();
+    stream.read_to_string(&mut back).unwrap();
     assert_eq!(back, TWO_ECHOES, "{context}");
 }
 
@@ -906,4 +933,83 @@ fn dash_f_goes_to_the_background_once_connected() {
     let (code, stderr) = skiff_ssh_f(&home, scratch.path(), &["-f", "-N", "-p", &closed, "box"]);
     assert_eq!(code, 255, "{stderr}");
     assert!(stderr.contains("connect"), "{stderr}");
+}
+
+// ---------------------------------------------------------------------------
+// -L with Unix sockets
+// ---------------------------------------------------------------------------
+
+/// A line echo server on a Unix socket at `path` (mode 0666, so that the
+/// test account's sshd session can connect).
+fn unix_echo_server(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let listener = std::os::unix::net::UnixListener::bind(path).expect("bind the Unix echo server");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let out = stream.try_clone().expect("clone the stream");
+            thread::spawn(move || echo_lines(stream, out));
+        }
+    });
+}
+
+#[test]
+fn skiff_ssh_forwards_to_and_from_unix_sockets() {
+    let Some((fx, sshd)) = sshd_setup(&[]) else {
+        return;
+    };
+    let echo = echo_server();
+    let home = client_home(&sshd, &fx);
+    let c = || ctx(&sshd, "-L with Unix sockets");
+
+    // TCP here, a Unix socket on the server (the docker.sock case).
+    let remote_dir = account_dir();
+    let remote_socket = remote_dir.path().join("echo.sock");
+    unix_echo_server(&remote_socket);
+    let local = free_port();
+    let spec = format!("{local}:{}", remote_socket.display());
+    skiff_ssh(&home, &["-L", &spec, "box", &talk_to(local)])
+        .run()
+        .expect_code(0, &c())
+        .expect_stdout(TWO_ECHOES, &c());
+
+    // A Unix socket here (0600, removed when skiff stops), TCP there.
+    let local_dir = tempdir();
+    let local_socket = local_dir.path().join("fwd.sock");
+    let mut cmd = std::process::Command::new(skiff_bin());
+    cmd.env("HOME", home.path())
+        .env("SKIFF_AGENT", "off")
+        .env_remove("SSH_AUTH_SOCK")
+        .args(["ssh", "-N", "-L"])
+        .arg(format!(
+            "{}:127.0.0.1:{}",
+            local_socket.display(),
+            echo.port
+        ))
+        .arg("box");
+    let mut skiff = Background::start(cmd);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !local_socket.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}\n{}",
+            c(),
+            skiff.stderr()
+        );
+        thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(file_mode(&local_socket) & 0o777, 0o600, "{}", c());
+    let stream = std::os::unix::net::UnixStream::connect(&local_socket).unwrap();
+    check_echoes(stream, &format!("{}\n{}", c(), skiff.stderr()));
+    // SIGTERM: skiff removes its socket on the way out.
+    unsafe { libc::kill(skiff.child.id() as i32, libc::SIGTERM) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while skiff.child.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "skiff did not stop on SIGTERM"
+        );
+        thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(!local_socket.exists(), "{}: the socket outlived skiff", c());
 }

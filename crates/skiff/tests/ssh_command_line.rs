@@ -543,12 +543,12 @@ fn command_line_details() {
     );
     let out = u
         .run(&shim.path)
-        .args(["-L", "/tmp/x.sock:x:80", "box"])
+        .args(["-R", "/tmp/x.sock:x:80", "box"])
         .run();
-    out.expect_code(255, "-L with a socket");
+    out.expect_code(255, "-R with a socket");
     assert!(
         out.stderr
-            .contains("Unix-socket forwarding is not supported"),
+            .contains("Unix-socket forwarding with -R is not supported"),
         "{out}"
     );
     let out = u.run(&shim.path).args(["-s", "box"]).run();
