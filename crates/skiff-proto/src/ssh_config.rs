@@ -2128,7 +2128,7 @@ mod tests {
         assert_eq!(c.gateway_ports, Some(false));
         assert_eq!(c.clear_all_forwardings, Some(false));
         assert!(
-            c.ignored.iter().any(|(k, _)| k == "LocalForward"),
+            c.ignored.iter().any(|(k, _)| k == "RemoteForward"),
             "{:?}",
             c.ignored
         );
