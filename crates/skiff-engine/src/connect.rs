@@ -77,6 +77,25 @@ pub struct ClientHandler {
 impl client::Handler for ClientHandler {
     type Error = russh::Error;
 
+    async fn auth_banner(
+        &mut self,
+        banner: &str,
+        _session: &mut client::Session,
+    ) -> Result<(), Self::Error> {
+        // Shown as ssh shows it, unless notices are off (LogLevel QUIET,
+        // FATAL, ERROR). Control characters other than newlines and tabs
+        // are dropped: the server's text must not drive the terminal.
+        if self.settings.show_notices {
+            let clean: String = banner
+                .chars()
+                .filter(|c| !c.is_control() || *c == '\n' || *c == '\t')
+                .collect();
+            self.known_hosts
+                .notice(clean.trim_end_matches('\n').to_string());
+        }
+        Ok(())
+    }
+
     async fn server_channel_open_agent_forward(
         &mut self,
         channel: russh::Channel<client::Msg>,

@@ -85,6 +85,9 @@ pub struct Settings {
     pub force_command: Option<String>,
     /// `PermitTTY`.
     pub permit_tty: bool,
+    /// `Banner`: a file whose text is sent to clients before they
+    /// authenticate (read at every connection).
+    pub banner: Option<PathBuf>,
     /// `RequiredRSASize`: the fewest bits an RSA user key may have.
     pub required_rsa_size: u32,
     /// `Match` blocks with the file they come from, in file order.
@@ -155,6 +158,7 @@ impl Default for Settings {
             forwarding: Default::default(),
             force_command: None,
             permit_tty: true,
+            banner: None,
             required_rsa_size: 1024,
             matches: Vec::new(),
             kex_algorithms: algorithms::SERVER_KEX.defaults(),
@@ -477,6 +481,12 @@ fn apply_lines(
                 }
             }
             "permittty" => settings.permit_tty = parse_yes_no(one()?).map_err(err)?,
+            "banner" => {
+                settings.banner = match one()? {
+                    "none" => None,
+                    path => Some(PathBuf::from(path)),
+                }
+            }
             "requiredrsasize" => {
                 let v = one()?;
                 settings.required_rsa_size = v

@@ -935,6 +935,23 @@ async fn finish(
 impl russh::server::Handler for ConnectionHandler {
     type Error = russh::Error;
 
+    async fn authentication_banner(&mut self) -> Result<Option<String>, Self::Error> {
+        let Some(path) = &self.state.settings.banner else {
+            return Ok(None);
+        };
+        // At most 64 KiB, as text: a banner is a notice, not a transfer.
+        match std::fs::read(path) {
+            Ok(bytes) => {
+                let text = String::from_utf8_lossy(&bytes[..bytes.len().min(64 * 1024)]);
+                Ok(Some(text.into_owned()))
+            }
+            Err(e) => {
+                tracing::warn!("cannot read Banner {}: {e}", path.display());
+                Ok(None)
+            }
+        }
+    }
+
     async fn auth_none(&mut self, _user: &str) -> Result<Auth, Self::Error> {
         Ok(publickey_only())
     }

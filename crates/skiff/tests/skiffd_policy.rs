@@ -998,3 +998,46 @@ fn bad_access_rules_stop_skiffd() {
         );
     }
 }
+
+/// `Banner`: skiffd sends the file's text before authentication; stock
+/// ssh and skiff both show it, and skiff drops terminal control bytes
+/// from it and keeps quiet under `LogLevel ERROR`.
+#[test]
+fn banner_is_sent_before_authentication() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let banner = fx.path().join("banner");
+    write_file(&banner, "Authorized use only\n\x1b[2Jcleared?\n", 0o644);
+    let d = Skiffd::start_with(
+        SkiffdOptions::new(&fx.host_key, &fx.authorized_keys)
+            .config(&format!("Banner {}\n", banner.display())),
+    );
+    let c = ctx(&d, "Banner");
+    let out = ssh(d.port(), user(), &fx.client_key)
+        .log_level("INFO")
+        .args(&["true"])
+        .run();
+    out.expect_code(0, &c);
+    assert!(out.stderr.contains("Authorized use only"), "{c}\n{out}");
+
+    let home = ClientHome::new();
+    home.trust(d.port(), &fx.host_key);
+    let out = skiff_exec(&home, d.port(), user(), Some(&fx.client_key))
+        .cmd("true")
+        .run();
+    out.expect_code(0, &c);
+    assert!(out.stderr.contains("Authorized use only"), "{c}\n{out}");
+    assert!(out.stderr.contains("[2Jcleared?"), "{c}\n{out}");
+    assert!(
+        !out.stderr.contains('\x1b'),
+        "{c}: control bytes reach the terminal\n{out}"
+    );
+    let out = skiff_exec(&home, d.port(), user(), Some(&fx.client_key))
+        .opt("LogLevel=ERROR")
+        .cmd("true")
+        .run();
+    out.expect_code(0, &c);
+    assert_eq!(out.stderr, "", "{c}\n{out}");
+}
