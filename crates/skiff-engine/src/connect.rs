@@ -194,13 +194,14 @@ impl client::Handler for ClientHandler {
             *self.refusal.lock().expect("not poisoned") = Some(refused);
             return Ok(false);
         }
-        let presented = match key {
+        // The host key itself, inside a certificate or not.
+        let public = match key {
             PublicKeyOrCertificate::PublicKey { key, .. } => key.clone(),
             PublicKeyOrCertificate::Certificate(cert) => {
                 russh::keys::PublicKey::from(cert.public_key().clone())
             }
         };
-        if let Some(bits) = presented
+        if let Some(bits) = public
             .to_bytes()
             .ok()
             .and_then(|b| skiff_proto::known_hosts::rsa_modulus_bits(&b))
@@ -218,20 +219,16 @@ impl client::Handler for ClientHandler {
             return Ok(false);
         }
         let mut untrusted_certificate = None;
-        let public = match key {
-            PublicKeyOrCertificate::PublicKey { key, .. } => key.clone(),
-            PublicKeyOrCertificate::Certificate(cert) => {
-                match self.known_hosts.verify_certificate(&self.settings, cert) {
-                    Ok(CertificateCheck::Trusted) => return Ok(true),
-                    Ok(CertificateCheck::Untrusted(reason)) => untrusted_certificate = Some(reason),
-                    Err(refused) => {
-                        *self.refusal.lock().expect("not poisoned") = Some(refused);
-                        return Ok(false);
-                    }
+        if let PublicKeyOrCertificate::Certificate(cert) = key {
+            match self.known_hosts.verify_certificate(&self.settings, cert) {
+                Ok(CertificateCheck::Trusted) => return Ok(true),
+                Ok(CertificateCheck::Untrusted(reason)) => untrusted_certificate = Some(reason),
+                Err(refused) => {
+                    *self.refusal.lock().expect("not poisoned") = Some(refused);
+                    return Ok(false);
                 }
-                russh::keys::PublicKey::from(cert.public_key().clone())
             }
-        };
+        }
         let (host, port) = self.settings.host_key_name();
         if let Some(plain_types) = &self.plain_order {
             if self

@@ -563,12 +563,14 @@ impl KnownHosts {
         })?;
         let key_type = key.algorithm().as_str().to_string();
         let (host, port) = settings.host_key_name();
-        let refuse = |msg: String| SkiffError::new(ErrorKind::HostKey, msg);
         let (from_command, command_failure) = self.command_lines(settings, &key_type, &blob);
         // A refusal says when the command that could have vouched failed.
-        let refuse = |msg: String| match &command_failure {
-            Some(why) => refuse(format!("{msg} ({why})")),
-            None => refuse(msg),
+        let refuse = |msg: String| {
+            let msg = match &command_failure {
+                Some(why) => format!("{msg} ({why})"),
+                None => msg,
+            };
+            SkiffError::new(ErrorKind::HostKey, msg)
         };
         // Decide with the files read-locked; record (which takes a write
         // lock) and ask (which waits for a person) after releasing them.

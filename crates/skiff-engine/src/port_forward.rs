@@ -176,7 +176,7 @@ impl Forwarding {
         for l in &self.listeners {
             l.abort();
         }
-        self.open.clone().idle().await;
+        self.open.idle().await;
     }
 }
 

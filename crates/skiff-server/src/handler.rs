@@ -99,9 +99,9 @@ pub struct ConnectionHandler {
     session_rtt: Option<std::time::Duration>,
     /// TCP forwardings (`direct-tcpip` relays, `tcpip-forward` listeners).
     forwards: crate::forwarding::Forwards,
-    /// The settings of the login being authenticated or done, when `Match`
-    /// blocks change them (see [`Self::settings`]).
-    effective: Option<Arc<Settings>>,
+    /// The account name whose login settings are in force, and those
+    /// settings when `Match` blocks change them (see [`Self::settings`]).
+    effective: Option<(String, Option<Arc<Settings>>)>,
 }
 
 impl ConnectionHandler {
@@ -139,7 +139,7 @@ impl ConnectionHandler {
     /// (see [`account::lookup`] and [`crate::access`]).
     fn admissible_account(&mut self, user: &str) -> Result<Account, String> {
         let acct = account::lookup(user).map_err(|r| r.to_string())?;
-        self.effective = self.login_settings(&acct);
+        self.enter_login_settings(&acct);
         let access = &self.settings().access;
         let groups = if access.allow_groups.is_empty() && access.deny_groups.is_empty() {
             Vec::new()
@@ -150,6 +150,19 @@ impl ConnectionHandler {
             Some(why) => Err(why),
             None => Ok(acct),
         }
+    }
+
+    /// Puts the settings of a login as `acct` in force, working them out
+    /// once per account name.
+    fn enter_login_settings(&mut self, acct: &Account) {
+        if self
+            .effective
+            .as_ref()
+            .is_some_and(|(name, _)| *name == acct.name)
+        {
+            return;
+        }
+        self.effective = Some((acct.name.clone(), self.login_settings(acct)));
     }
 
     /// The settings that apply to a login as `acct`: the server's, with
@@ -173,7 +186,10 @@ impl ConnectionHandler {
     /// The settings in force: those of the login being authenticated (or
     /// done), else the server's.
     fn settings(&self) -> &Settings {
-        self.effective.as_deref().unwrap_or(&self.state.settings)
+        self.effective
+            .as_ref()
+            .and_then(|(_, s)| s.as_deref())
+            .unwrap_or(&self.state.settings)
     }
 
     /// Loads (once per user name) the account and its authorized keys.
@@ -327,7 +343,7 @@ impl ConnectionHandler {
     /// Records a successful login (a key or a certificate) as `account`,
     /// whose sessions run under `options`.
     fn logged_in(&mut self, account: Account, mut options: KeyOptions) -> Auth {
-        self.effective = self.login_settings(&account);
+        self.enter_login_settings(&account);
         if account.uid == 0
             && self.settings().access.root_login == crate::access::RootLogin::ForcedCommandsOnly
             && options.command.is_none()

@@ -233,7 +233,6 @@ fn via_agent(
     settings: &skiff_engine::ConnectSettings,
     pty: Option<PtyRequest>,
 ) -> Option<i32> {
-    use skiff_proto::agent_wire::Reply;
     if !args.conn.agent_enabled() {
         return None;
     }
@@ -267,21 +266,30 @@ fn via_agent(
     } else {
         Box::new(|| None)
     };
-    match skiff_agent::client::exec(wire, true, &mut *poll_resize) {
-        skiff_agent::client::Outcome::Reply(Reply::Exit { code }) => Some(code),
-        skiff_agent::client::Outcome::Reply(Reply::Failed { message, .. }) => {
+    agent_answer(skiff_agent::client::exec(wire, true, &mut *poll_resize))
+}
+
+/// The exit status an agent's answer gives (its failure printed), or
+/// `None` when the command should connect directly instead: no agent, or
+/// one that defers to a person.
+pub fn agent_answer(outcome: skiff_agent::client::Outcome) -> Option<i32> {
+    use skiff_agent::client::Outcome;
+    use skiff_proto::agent_wire::Reply;
+    match outcome {
+        Outcome::Reply(Reply::Exit { code }) => Some(code),
+        Outcome::Reply(Reply::Failed { message, .. }) => {
             eprintln!("skiff: {message}");
             Some(255)
         }
-        skiff_agent::client::Outcome::Reply(Reply::NeedsUser { message }) => {
+        Outcome::Reply(Reply::NeedsUser { message }) => {
             tracing::debug!("agent defers to a direct connection: {message}");
             None
         }
-        skiff_agent::client::Outcome::Reply(other) => {
+        Outcome::Reply(other) => {
             eprintln!("skiff: unexpected reply from the agent: {other:?}");
             Some(255)
         }
-        skiff_agent::client::Outcome::Unavailable(why) => {
+        Outcome::Unavailable(why) => {
             tracing::debug!("not using the agent: {why}");
             None
         }

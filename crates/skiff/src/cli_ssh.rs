@@ -160,30 +160,11 @@ fn forwarding_session(
         let code = if no_command {
             // Until the connection ends, or skiff is told to stop: then the
             // forwardings' sockets are removed (dropping them) on the way out.
-            use tokio::signal::unix::{signal, SignalKind};
-            let mut stops = [
-                SignalKind::terminate(),
-                SignalKind::interrupt(),
-                SignalKind::hangup(),
-            ]
-            .map(signal);
-            let stopped = async {
-                match &mut stops {
-                    [Ok(a), Ok(b), Ok(c)] => {
-                        tokio::select! {
-                            _ = a.recv() => {}
-                            _ = b.recv() => {}
-                            _ = c.recv() => {}
-                        }
-                    }
-                    _ => std::future::pending().await,
-                }
-            };
             tokio::select! {
                 _ = conn.closed() => {
                     eprintln!("skiff: connection to {host} closed by the server");
                 }
-                _ = stopped => {
+                _ = stop_requested() => {
                     drop(forwarding);
                     return Ok(255);
                 }
@@ -195,6 +176,26 @@ fn forwarding_session(
         forwarding.finish().await;
         Ok(code)
     })
+}
+
+/// Resolves when skiff is asked to stop (SIGTERM, SIGINT or SIGHUP);
+/// never, should those signals not be watchable.
+async fn stop_requested() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) {
+        (Ok(mut term), Ok(mut int), Ok(mut hup)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+                _ = hup.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
 }
 
 fn invocation(line: SshCommandLine) -> Invocation {
@@ -221,35 +222,15 @@ fn invocation(line: SshCommandLine) -> Invocation {
 /// `None`: do it directly (no agent, an agent too old to forward, or a
 /// person has to decide something).
 fn forward_via_agent(inv: &Invocation, host: &str, port: u16) -> Option<i32> {
-    use skiff_agent::client::Outcome;
-    use skiff_proto::agent_wire::{ForwardWire, Reply};
     if !inv.conn.agent_enabled() {
         return None;
     }
-    let wire = ForwardWire {
+    let wire = skiff_proto::agent_wire::ForwardWire {
         base: cli_exec::agent_destination(inv, &cli_exec::destination(inv)),
         to_host: host.to_string(),
         to_port: port,
     };
-    match skiff_agent::client::forward(wire, true) {
-        Outcome::Reply(Reply::Exit { code }) => Some(code),
-        Outcome::Reply(Reply::Failed { message, .. }) => {
-            eprintln!("skiff: {message}");
-            Some(255)
-        }
-        Outcome::Reply(Reply::NeedsUser { message }) => {
-            tracing::debug!("agent defers to a direct connection: {message}");
-            None
-        }
-        Outcome::Reply(other) => {
-            eprintln!("skiff: unexpected reply from the agent: {other:?}");
-            Some(255)
-        }
-        Outcome::Unavailable(why) => {
-            tracing::debug!("not using the agent: {why}");
-            None
-        }
-    }
+    cli_exec::agent_answer(skiff_agent::client::forward(wire, true))
 }
 
 /// `-W host:port` on a connection of its own.

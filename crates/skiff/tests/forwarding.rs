@@ -75,14 +75,7 @@ fn skiffd_with<const N: usize>(
     config: &str,
     specs: [(&str, &str); N],
 ) -> Option<(Fixture, [Key; N], Skiffd)> {
-    if !require_openssh() {
-        return None;
-    }
-    let fx = Fixture::new();
-    let keys = fx.keys_with_options(specs);
-    let d =
-        Skiffd::start_with(SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(config));
-    Some((fx, keys, d))
+    skiffd_configured(Some(config), specs)
 }
 
 /// `ssh -W 127.0.0.1:PORT` through the server on `server_port`, with two
@@ -373,6 +366,17 @@ fn skiff_ssh(home: &ClientHome, args: &[&str]) -> Run {
         .args(args)
 }
 
+/// `skiff ssh` with `home`, directly (no agent), as a process to start
+/// and leave running.
+fn skiff_ssh_process(home: &ClientHome) -> std::process::Command {
+    let mut cmd = std::process::Command::new(skiff_bin());
+    cmd.env("HOME", home.path())
+        .env("SKIFF_AGENT", "off")
+        .env_remove("SSH_AUTH_SOCK")
+        .arg("ssh");
+    cmd
+}
+
 /// A stock sshd and a skiffd serving the same fixture.
 fn both_servers() -> Option<(Fixture, Vec<Box<dyn Daemon>>)> {
     if !require_openssh() {
@@ -560,11 +564,8 @@ fn skiff_ssh_n_with_a_socks_proxy_and_a_remote_port_the_server_picks() {
         let server = server.as_ref();
         let home = client_home(server, &fx);
         let socks_port = free_port();
-        let mut cmd = std::process::Command::new(skiff_bin());
-        cmd.env("HOME", home.path())
-            .env("SKIFF_AGENT", "off")
-            .env_remove("SSH_AUTH_SOCK")
-            .args(["ssh", "-N", "-D", &socks_port.to_string(), "-R"])
+        let mut cmd = skiff_ssh_process(&home);
+        cmd.args(["-N", "-D", &socks_port.to_string(), "-R"])
             .arg(format!("0:127.0.0.1:{}", echo.port))
             .arg("box");
         let mut skiff = Background::start(cmd);
@@ -856,11 +857,7 @@ fn skiff_forwards_the_agent_to_sshd_and_skiffd() {
 /// keeps them open) and waits, at most 30 s, for the first process only.
 fn skiff_ssh_f(home: &ClientHome, dir: &std::path::Path, args: &[&str]) -> (i32, String) {
     let err_path = dir.join("stderr");
-    let mut child = std::process::Command::new(skiff_bin())
-        .env("HOME", home.path())
-        .env("SKIFF_AGENT", "off")
-        .env_remove("SSH_AUTH_SOCK")
-        .arg("ssh")
+    let mut child = skiff_ssh_process(home)
         .args(args)
         .stdin(std::process::Stdio::null())
         .stdout(std::fs::File::create(dir.join("stdout")).unwrap())
@@ -976,11 +973,8 @@ fn skiff_ssh_forwards_to_and_from_unix_sockets() {
     // A Unix socket here (0600, removed when skiff stops), TCP there.
     let local_dir = tempdir();
     let local_socket = local_dir.path().join("fwd.sock");
-    let mut cmd = std::process::Command::new(skiff_bin());
-    cmd.env("HOME", home.path())
-        .env("SKIFF_AGENT", "off")
-        .env_remove("SSH_AUTH_SOCK")
-        .args(["ssh", "-N", "-L"])
+    let mut cmd = skiff_ssh_process(&home);
+    cmd.args(["-N", "-L"])
         .arg(format!(
             "{}:127.0.0.1:{}",
             local_socket.display(),

@@ -1653,12 +1653,25 @@ pub fn skiffd_setup() -> Option<(Fixture, Skiffd)> {
 pub fn skiffd_with_keys<const N: usize>(
     specs: [(&str, &str); N],
 ) -> Option<(Fixture, [Key; N], Skiffd)> {
+    skiffd_configured(None, specs)
+}
+
+/// Like [`skiffd_with_keys`], with `config` (when given) as skiffd's
+/// --config file.
+pub fn skiffd_configured<const N: usize>(
+    config: Option<&str>,
+    specs: [(&str, &str); N],
+) -> Option<(Fixture, [Key; N], Skiffd)> {
     if !require_openssh() {
         return None;
     }
     let fx = Fixture::new();
     let keys = fx.keys_with_options(specs);
-    let d = Skiffd::start(&fx.host_key, &fx.authorized_keys);
+    let mut opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys);
+    if let Some(text) = config {
+        opts = opts.config(text);
+    }
+    let d = Skiffd::start_with(opts);
     Some((fx, keys, d))
 }
 
