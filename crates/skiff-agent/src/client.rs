@@ -163,11 +163,13 @@ pub fn request_with(
     }
 }
 
-/// Runs a command through the agent with this process's stdio.
-/// `poll_resize` reports terminal size changes for pty sessions.
+/// Runs a command through the agent with this process's stdio, or
+/// `input` in place of stdin. `poll_resize` reports terminal size changes
+/// for pty sessions.
 pub fn exec(
     wire: ExecWire,
     spawn: bool,
+    input: Option<BorrowedFd<'_>>,
     poll_resize: &mut dyn FnMut() -> Option<(u32, u32)>,
 ) -> Outcome {
     let stream = match connect_or_spawn(spawn) {
@@ -176,7 +178,11 @@ pub fn exec(
     };
     let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
     let _ = std::io::stdout().flush();
-    let fds = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];
+    let fds = [
+        input.unwrap_or(stdin.as_fd()),
+        stdout.as_fd(),
+        stderr.as_fd(),
+    ];
     match request_with(stream, &Request::Exec(wire), &fds, poll_resize) {
         Ok(reply) => Outcome::Reply(reply),
         Err(e) => Outcome::Reply(Reply::Failed {

@@ -48,6 +48,16 @@ pub struct Connection {
 }
 
 impl Connection {
+    /// Asks for a new key exchange now (ssh's `~R`).
+    pub async fn rekey(&self) -> Result<(), SkiffError> {
+        self.handle.rekey_soon().await.map_err(|e| {
+            SkiffError::new(
+                ErrorKind::Protocol,
+                format!("cannot start a new key exchange: {e}"),
+            )
+        })
+    }
+
     /// Returns once the connection has ended (the server closed it, or
     /// keepalives found it dead).
     pub async fn closed(&self) {
@@ -154,12 +164,13 @@ impl client::Handler for ClientHandler {
 
     async fn server_channel_open_forwarded_streamlocal(
         &mut self,
-        _channel: russh::Channel<client::Msg>,
-        _socket_path: &str,
+        channel: russh::Channel<client::Msg>,
+        socket_path: &str,
         reply: client::ChannelOpenHandle,
         _session: &mut client::Session,
     ) -> Result<(), Self::Error> {
-        refuse(reply);
+        self.remote_forwards
+            .incoming_socket(channel, socket_path, reply);
         Ok(())
     }
 

@@ -1,8 +1,11 @@
 //! Port forwarding over one connection, as `ssh -L`, `-R` and `-D` do:
-//! local listeners whose connections the server makes (`direct-tcpip`), a
-//! SOCKS 4/5 listener that learns the destination from each client
-//! (`skiff_proto::socks`), and listeners on the server whose connections
-//! come back as `forwarded-tcpip` channels that skiff connects onward.
+//! local listeners whose connections the server makes (`direct-tcpip`,
+//! `direct-streamlocal`), a SOCKS 4/5 listener that learns the destination
+//! from each client (`skiff_proto::socks`), and listeners on the server
+//! (TCP ports or Unix sockets) whose connections come back as
+//! `forwarded-tcpip` or `forwarded-streamlocal` channels that skiff
+//! connects onward, to a fixed destination or, for `-R port` alone, to
+//! where each connection's SOCKS request says.
 //!
 //! Every forwarded connection is counted, so that the program can wait for
 //! those still open before it exits, as ssh does.
@@ -14,7 +17,7 @@ use std::time::Duration;
 
 use russh::client::Msg;
 use russh::{Channel, ChannelOpenFailure};
-use skiff_proto::forward_spec::{ForwardSpec, Listen, LocalEnd, RemoteEnd};
+use skiff_proto::forward_spec::{ConnectEnd, ForwardSpec, Listen, ListenEnd};
 use skiff_proto::socks;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -65,14 +68,22 @@ impl Drop for OpenGuard {
     }
 }
 
-/// A remote forwarding the server agreed to: what it listens on (as asked,
-/// and the port it chose for 0) and where its connections go.
+/// Where the server listens for a remote forwarding, as asked (and, for
+/// port 0, the port it chose).
+enum RemoteListen {
+    Tcp {
+        address: String,
+        requested_port: u32,
+        bound_port: u32,
+    },
+    Unix(String),
+}
+
+/// A remote forwarding the server agreed to (or is being asked for): where
+/// it listens and where its connections go.
 struct RemoteEntry {
-    address: String,
-    requested_port: u32,
-    bound_port: u32,
-    host: String,
-    port: u16,
+    listen: RemoteListen,
+    to: Target,
 }
 
 /// The remote forwardings of one connection, shared with its russh handler,
@@ -84,19 +95,28 @@ pub struct RemoteForwards {
 }
 
 impl RemoteForwards {
-    /// Where a `forwarded-tcpip` channel for `address:port` should go.
-    /// A server may name the port it chose, or the 0 that was asked for.
-    fn target(&self, address: &str, port: u32) -> Option<(String, u16)> {
+    /// Where a channel for the listener `matches` picks should go.
+    fn target(&self, matches: impl Fn(&RemoteListen) -> bool) -> Option<Target> {
         let entries = self.entries.lock().expect("not poisoned");
         entries
             .iter()
-            .find(|e| e.address == address && (e.bound_port == port || e.requested_port == port))
-            .map(|e| (e.host.clone(), e.port))
+            .find(|e| matches(&e.listen))
+            .map(|e| e.to.clone())
     }
 
-    /// Takes a `forwarded-tcpip` channel the server opened: connects to
-    /// the forwarding's destination, then accepts and relays; refuses a
-    /// channel for a forwarding that was never asked for.
+    fn add(&self, listen: RemoteListen, to: Target) {
+        let mut entries = self.entries.lock().expect("not poisoned");
+        entries.push(RemoteEntry { listen, to });
+    }
+
+    fn remove(&self, matches: impl Fn(&RemoteListen) -> bool) {
+        let mut entries = self.entries.lock().expect("not poisoned");
+        entries.retain(|e| !matches(&e.listen));
+    }
+
+    /// Takes a `forwarded-tcpip` channel the server opened for a listener
+    /// on `address:port`; refuses one for a forwarding never asked for.
+    /// A server may name the port it chose, or the 0 that was asked for.
     pub(crate) fn incoming(
         self: &Arc<Self>,
         channel: Channel<Msg>,
@@ -105,36 +125,97 @@ impl RemoteForwards {
         origin: String,
         reply: russh::client::ChannelOpenHandle,
     ) {
-        let Some((host, to_port)) = self.target(address, port) else {
-            tracing::warn!("the server offered a connection for {address}:{port}, which was never forwarded; refused");
-            tokio::spawn(reply.reject(ChannelOpenFailure::AdministrativelyProhibited));
-            return;
-        };
+        let to = self.target(|l| match l {
+            RemoteListen::Tcp {
+                address: a,
+                requested_port,
+                bound_port,
+            } => a == address && (*bound_port == port || *requested_port == port),
+            RemoteListen::Unix(_) => false,
+        });
+        match to {
+            Some(to) => self.serve(channel, to, origin, reply),
+            None => refuse_unasked(reply, &format!("{address}:{port}")),
+        }
+    }
+
+    /// Takes a `forwarded-streamlocal` channel the server opened for its
+    /// socket at `path`; refuses one for a forwarding never asked for.
+    pub(crate) fn incoming_socket(
+        self: &Arc<Self>,
+        channel: Channel<Msg>,
+        path: &str,
+        reply: russh::client::ChannelOpenHandle,
+    ) {
+        let to = self.target(|l| matches!(l, RemoteListen::Unix(p) if p == path));
+        match to {
+            Some(to) => self.serve(channel, to, format!("a connection to {path}"), reply),
+            None => refuse_unasked(reply, path),
+        }
+    }
+
+    /// Connects onward (to the fixed destination, or where the SOCKS
+    /// request on the channel says), then relays.
+    fn serve(
+        self: &Arc<Self>,
+        channel: Channel<Msg>,
+        to: Target,
+        origin: String,
+        reply: russh::client::ChannelOpenHandle,
+    ) {
         let guard = self.open.enter();
         tokio::spawn(async move {
             let _guard = guard;
-            let connected = tokio::time::timeout(
-                CONNECT_TIMEOUT,
-                TcpStream::connect((host.as_str(), to_port)),
-            )
-            .await;
-            match connected {
-                Ok(Ok(tcp)) => {
-                    let _ = tcp.set_nodelay(true);
+            match to {
+                Target::Fixed(to) => match connect_here(&to).await {
+                    Ok(stream) => {
+                        reply.accept().await;
+                        relay_stream(channel.into_stream(), stream).await;
+                    }
+                    Err(e) => {
+                        eprintln!(
+                            "skiff: remote forwarding: connecting to {to} for {origin} failed: {e}"
+                        );
+                        reply.reject(ChannelOpenFailure::ConnectFailed).await;
+                    }
+                },
+                Target::Socks => {
                     reply.accept().await;
-                    relay(channel, tcp).await;
-                }
-                Ok(Err(e)) => {
-                    eprintln!("skiff: remote forwarding: connecting to {host} port {to_port} for {origin} failed: {e}");
-                    reply.reject(ChannelOpenFailure::ConnectFailed).await;
-                }
-                Err(_) => {
-                    eprintln!("skiff: remote forwarding: connecting to {host} port {to_port} for {origin} timed out");
-                    reply.reject(ChannelOpenFailure::ConnectFailed).await;
+                    let who = format!("remote dynamic forwarding for {origin}");
+                    socks_serve(channel.into_stream(), &who, |request| {
+                        let to = ConnectEnd::Tcp(request.host.clone(), request.port);
+                        async move { connect_here(&to).await.map_err(|e| e.to_string()) }
+                    })
+                    .await;
                 }
             }
         });
     }
+}
+
+/// Refuses a channel for a listener skiff never asked the server for.
+fn refuse_unasked(reply: russh::client::ChannelOpenHandle, what: &str) {
+    tracing::warn!(
+        "the server offered a connection for {what}, which was never forwarded; refused"
+    );
+    tokio::spawn(reply.reject(ChannelOpenFailure::AdministrativelyProhibited));
+}
+
+/// Connects from here to `to`, within [`CONNECT_TIMEOUT`].
+async fn connect_here(to: &ConnectEnd) -> std::io::Result<Box<dyn Stream>> {
+    let connecting = async {
+        Ok::<Box<dyn Stream>, std::io::Error>(match to {
+            ConnectEnd::Tcp(host, port) => {
+                let tcp = TcpStream::connect((host.as_str(), *port)).await?;
+                let _ = tcp.set_nodelay(true);
+                Box::new(tcp)
+            }
+            ConnectEnd::Unix(path) => Box::new(tokio::net::UnixStream::connect(path).await?),
+        })
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+        .await
+        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
 }
 
 /// An `auth-agent@openssh.com` channel the server opened for a session
@@ -188,17 +269,38 @@ impl Drop for Forwarding {
     }
 }
 
+/// How local forwardings listen.
+#[derive(Debug, Clone, Copy)]
+pub struct ListenOptions {
+    /// `GatewayPorts`: listeners without a bind address listen on every
+    /// address.
+    pub gateway_ports: bool,
+    /// `StreamLocalBindMask`: mode bits a Unix socket does not get.
+    pub bind_mask: u32,
+    /// `StreamLocalBindUnlink`: replace an existing socket file.
+    pub bind_unlink: bool,
+}
+
+impl ListenOptions {
+    pub fn from_settings(s: &crate::settings::ConnectSettings) -> ListenOptions {
+        ListenOptions {
+            gateway_ports: s.gateway_ports,
+            bind_mask: s.stream_local_bind_mask,
+            bind_unlink: s.stream_local_bind_unlink,
+        }
+    }
+}
+
 /// Sets up `specs` on `conn`. A forwarding that cannot be set up gives an
 /// error naming it, in `failures`; the others go on (the caller decides,
-/// per `ExitOnForwardFailure`, whether that ends the program).
-/// `gateway_ports` makes local listeners without a bind address listen on
-/// every address. Messages for the person (a port the server chose) are
-/// returned in `notices`.
+/// per `ExitOnForwardFailure`, whether that ends the program). Messages
+/// for the person (a port the server chose) are returned in `notices`.
 pub async fn start(
     conn: &Arc<Connection>,
     specs: &[ForwardSpec],
-    gateway_ports: bool,
+    options: ListenOptions,
 ) -> (Forwarding, Vec<SkiffError>, Vec<String>) {
+    let gateway_ports = options.gateway_ports;
     let open = conn.remote_forwards.open.clone();
     let mut forwarding = Forwarding {
         listeners: Vec::new(),
@@ -213,7 +315,7 @@ pub async fn start(
             ForwardSpec::Local { listen, host, port } => match bind(listen, gateway_ports).await {
                 Ok(sockets) => {
                     for socket in sockets {
-                        let target = Target::Fixed(RemoteEnd::Tcp(host.clone(), *port));
+                        let target = Target::Fixed(ConnectEnd::Tcp(host.clone(), *port));
                         forwarding.listeners.push(tokio::spawn(accept_loop(
                             Listener::Tcp(socket),
                             conn.clone(),
@@ -239,10 +341,10 @@ pub async fn start(
             },
             ForwardSpec::LocalUnix { from, to } => {
                 let listeners = match from {
-                    LocalEnd::Tcp(listen) => bind(listen, gateway_ports)
+                    ListenEnd::Tcp(listen) => bind(listen, gateway_ports)
                         .await
                         .map(|l| l.into_iter().map(Listener::Tcp).collect::<Vec<_>>()),
-                    LocalEnd::Unix(path) => bind_unix(path).map(|l| {
+                    ListenEnd::Unix(path) => bind_unix(path, options).map(|l| {
                         forwarding.sockets.push(std::path::PathBuf::from(path));
                         vec![Listener::Unix(l)]
                     }),
@@ -262,51 +364,39 @@ pub async fn start(
                 }
             }
             ForwardSpec::Remote { listen, host, port } => {
-                // As ssh: no address means loopback on the server, `*` every
-                // address (the server's GatewayPorts has the last word).
-                let address = match listen.bind.as_deref() {
-                    None => "localhost".to_string(),
-                    Some("*") => String::new(),
-                    Some(a) => a.to_string(),
+                let to = ConnectEnd::Tcp(host.clone(), *port);
+                let asked = listen_remote_tcp(conn, listen, Target::Fixed(to.clone())).await;
+                match asked {
+                    Ok(Some(bound)) => notices.push(format!(
+                        "Allocated port {bound} for remote forward to {host}:{port}"
+                    )),
+                    Ok(None) => {}
+                    Err(e) => failures.push(failed(e)),
+                }
+            }
+            ForwardSpec::RemoteDynamic { listen } => {
+                match listen_remote_tcp(conn, listen, Target::Socks).await {
+                    Ok(Some(bound)) => {
+                        notices.push(format!("Allocated port {bound} for remote SOCKS proxy"))
+                    }
+                    Ok(None) => {}
+                    Err(e) => failures.push(failed(e)),
+                }
+            }
+            ForwardSpec::RemoteUnix { from, to } => {
+                let target = Target::Fixed(to.clone());
+                let asked = match from {
+                    ListenEnd::Tcp(listen) => listen_remote_tcp(conn, listen, target).await,
+                    ListenEnd::Unix(path) => listen_remote_socket(conn, path, target)
+                        .await
+                        .map(|()| None),
                 };
-                let requested = u32::from(listen.port);
-                conn.remote_forwards
-                    .entries
-                    .lock()
-                    .expect("not poisoned")
-                    .push(RemoteEntry {
-                        address: address.clone(),
-                        requested_port: requested,
-                        bound_port: requested,
-                        host: host.clone(),
-                        port: *port,
-                    });
-                match conn.handle.tcpip_forward(address.clone(), requested).await {
-                    Ok(bound) => {
-                        if requested == 0 {
-                            let mut entries =
-                                conn.remote_forwards.entries.lock().expect("not poisoned");
-                            if let Some(e) = entries.iter_mut().find(|e| {
-                                e.address == address && e.requested_port == 0 && e.bound_port == 0
-                            }) {
-                                e.bound_port = bound;
-                            }
-                            notices.push(format!(
-                                "Allocated port {bound} for remote forward to {host}:{port}"
-                            ));
-                        }
+                match asked {
+                    Ok(Some(bound)) => {
+                        notices.push(format!("Allocated port {bound} for remote forward to {to}"))
                     }
-                    Err(e) => {
-                        conn.remote_forwards
-                            .entries
-                            .lock()
-                            .expect("not poisoned")
-                            .retain(|x| !(x.address == address && x.requested_port == requested));
-                        failures.push(failed(format!(
-                            "the server refused to listen on port {}: {e}",
-                            listen.port
-                        )));
-                    }
+                    Ok(None) => {}
+                    Err(e) => failures.push(failed(e)),
                 }
             }
         }
@@ -314,10 +404,80 @@ pub async fn start(
     (forwarding, failures, notices)
 }
 
-/// Where a local listener's connections go.
+/// Asks the server to listen on `listen` (as ssh: no address means
+/// loopback on the server, `*` every address; the server's GatewayPorts
+/// has the last word) for connections that go `to`. Returns the port the
+/// server chose when 0 was asked for.
+async fn listen_remote_tcp(
+    conn: &Connection,
+    listen: &Listen,
+    to: Target,
+) -> Result<Option<u32>, String> {
+    let address = match listen.bind.as_deref() {
+        None => "localhost".to_string(),
+        Some("*") => String::new(),
+        Some(a) => a.to_string(),
+    };
+    let requested = u32::from(listen.port);
+    // Registered first: the server may send a connection before its reply.
+    let forwards = &conn.remote_forwards;
+    forwards.add(
+        RemoteListen::Tcp {
+            address: address.clone(),
+            requested_port: requested,
+            bound_port: requested,
+        },
+        to,
+    );
+    let this_one = |l: &RemoteListen| {
+        matches!(l, RemoteListen::Tcp { address: a, requested_port, bound_port }
+            if *a == address && *requested_port == requested && *bound_port == requested)
+    };
+    match conn.handle.tcpip_forward(address.clone(), requested).await {
+        Ok(bound) if requested == 0 => {
+            let mut entries = forwards.entries.lock().expect("not poisoned");
+            if let Some(RemoteListen::Tcp { bound_port, .. }) = entries
+                .iter_mut()
+                .map(|e| &mut e.listen)
+                .find(|l| this_one(l))
+            {
+                *bound_port = bound;
+            }
+            Ok(Some(bound))
+        }
+        Ok(_) => Ok(None),
+        Err(e) => {
+            forwards.remove(this_one);
+            Err(format!(
+                "the server refused to listen on port {}: {e}",
+                listen.port
+            ))
+        }
+    }
+}
+
+/// Asks the server to listen on a Unix socket at `path` for connections
+/// that go `to`.
+async fn listen_remote_socket(conn: &Connection, path: &str, to: Target) -> Result<(), String> {
+    let forwards = &conn.remote_forwards;
+    let this_one = |l: &RemoteListen| matches!(l, RemoteListen::Unix(p) if p == path);
+    if forwards.target(this_one).is_some() {
+        return Err(format!("{path} is already forwarded"));
+    }
+    forwards.add(RemoteListen::Unix(path.to_string()), to);
+    match conn.handle.streamlocal_forward(path).await {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            forwards.remove(this_one);
+            Err(format!("the server refused to listen on {path}: {e}"))
+        }
+    }
+}
+
+/// Where a forwarded connection goes.
 #[derive(Clone)]
 enum Target {
-    Fixed(RemoteEnd),
+    Fixed(ConnectEnd),
     /// Each client says, in a SOCKS handshake.
     Socks,
 }
@@ -350,15 +510,28 @@ impl Listener {
     }
 }
 
-/// A Unix socket for a local forwarding, made 0600 (ssh's default
-/// `StreamLocalBindMask`). An existing file is not replaced.
-fn bind_unix(path: &str) -> Result<tokio::net::UnixListener, String> {
-    use std::os::unix::fs::PermissionsExt;
-    let listener = tokio::net::UnixListener::bind(path)
-        .map_err(|e| format!("cannot listen on {path}: {e}"))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| format!("cannot make {path} private: {e}"))?;
-    Ok(listener)
+/// A Unix socket for a local forwarding, its mode 0777 less
+/// `StreamLocalBindMask` (0600 by default). An existing file is replaced
+/// only under `StreamLocalBindUnlink`, and only if it is a socket.
+fn bind_unix(path: &str, options: ListenOptions) -> Result<tokio::net::UnixListener, String> {
+    use std::os::unix::fs::FileTypeExt;
+    if options.bind_unlink {
+        let existing = std::fs::symlink_metadata(path);
+        if existing.is_ok_and(|m| m.file_type().is_socket()) {
+            std::fs::remove_file(path).map_err(|e| format!("cannot remove {path}: {e}"))?;
+        }
+    }
+    // The mask applies from the moment the socket exists: no window in
+    // which the process umask's mode lets others connect.
+    let owned = path.to_string();
+    let listener = skiff_files::with_private_umask(options.bind_mask, move || {
+        let l = std::os::unix::net::UnixListener::bind(owned)?;
+        l.set_nonblocking(true)?;
+        Ok(l)
+    })
+    .map_err(|e| format!("cannot listen on {path}: {e}"))?;
+    tokio::net::UnixListener::from_std(listener)
+        .map_err(|e| format!("cannot listen on {path}: {e}"))
 }
 
 /// The sockets for a local listener: loopback (127.0.0.1 and, where the
@@ -465,10 +638,15 @@ async fn open_direct(
         .await
 }
 
-async fn forward_one(conn: &Connection, stream: Box<dyn Stream>, from: SocketAddr, to: &RemoteEnd) {
+async fn forward_one(
+    conn: &Connection,
+    stream: Box<dyn Stream>,
+    from: SocketAddr,
+    to: &ConnectEnd,
+) {
     let opened = match to {
-        RemoteEnd::Tcp(host, port) => open_direct(conn, from, host, *port).await,
-        RemoteEnd::Unix(path) => {
+        ConnectEnd::Tcp(host, port) => open_direct(conn, from, host, *port).await,
+        ConnectEnd::Unix(path) => {
             conn.handle
                 .channel_open_direct_streamlocal(path.as_str())
                 .await
@@ -545,66 +723,80 @@ where
     }
 }
 
-async fn socks_one(conn: &Connection, mut tcp: Box<dyn Stream>, from: SocketAddr) {
+/// Serves one SOCKS client on `client`: reads its request, connects with
+/// `open`, answers, then relays (bytes the client sent after its request
+/// go first). `who` names the forwarding in messages.
+async fn socks_serve<C, O, F, T>(mut client: C, who: &str, open: O)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    O: FnOnce(&socks::Request) -> F,
+    F: std::future::Future<Output = Result<T, String>>,
+    T: AsyncRead + AsyncWrite + Unpin,
+{
     let mut buf = Vec::new();
     let handshake =
-        tokio::time::timeout(SOCKS_HANDSHAKE, socks_handshake(&mut tcp, &mut buf)).await;
+        tokio::time::timeout(SOCKS_HANDSHAKE, socks_handshake(&mut client, &mut buf)).await;
     let request = match handshake {
         Ok(Ok(r)) => r,
         Ok(Err((version, error))) => {
             if version != 0 {
-                let _ = tcp
+                let _ = client
                     .write_all(&socks::failure_reply(version, error.as_ref()))
                     .await;
             }
             if let Some(e) = error {
-                eprintln!("skiff: dynamic forwarding for {from}: {e}");
+                eprintln!("skiff: {who}: {e}");
             }
             return;
         }
         Err(_) => {
-            eprintln!(
-                "skiff: dynamic forwarding for {from}: no SOCKS request within {SOCKS_HANDSHAKE:?}"
-            );
+            eprintln!("skiff: {who}: no SOCKS request within {SOCKS_HANDSHAKE:?}");
             return;
         }
     };
-    match open_direct(conn, from, &request.host, request.port).await {
-        Ok(channel) => {
-            if tcp
+    match open(&request).await {
+        Ok(mut target) => {
+            if client
                 .write_all(&socks::success_reply(request.version))
                 .await
                 .is_err()
             {
                 return;
             }
-            // Bytes the client sent right after its request go first.
-            let mut stream = channel.into_stream();
-            if !buf.is_empty() && stream.write_all(&buf).await.is_err() {
+            if !buf.is_empty() && target.write_all(&buf).await.is_err() {
                 return;
             }
-            relay_stream(stream, tcp).await;
+            relay_stream(target, client).await;
         }
-        Err(e) => {
-            let _ = tcp
+        Err(why) => {
+            let _ = client
                 .write_all(&socks::failure_reply(request.version, None))
                 .await;
             eprintln!(
-                "skiff: dynamic forwarding {from} to {} port {}: {}",
-                request.host,
-                request.port,
-                open_failure(&e)
+                "skiff: {who} to {} port {}: {why}",
+                request.host, request.port
             );
         }
     }
 }
 
-/// Copies both ways until both sides have ended, each end of file passed
-/// on; the channel closes when its stream is dropped.
-async fn relay(channel: Channel<Msg>, tcp: TcpStream) {
-    relay_stream(channel.into_stream(), tcp).await
+/// A local SOCKS client: each request becomes a `direct-tcpip` channel.
+async fn socks_one(conn: &Connection, client: Box<dyn Stream>, from: SocketAddr) {
+    let who = format!("dynamic forwarding for {from}");
+    socks_serve(client, &who, |request| {
+        let (host, port) = (request.host.clone(), request.port);
+        async move {
+            open_direct(conn, from, &host, port)
+                .await
+                .map(Channel::into_stream)
+                .map_err(|e| open_failure(&e))
+        }
+    })
+    .await
 }
 
+/// Copies both ways until both sides have ended, each end of file passed
+/// on; a channel closes when its stream is dropped.
 async fn relay_stream<C, S>(mut channel: C, mut tcp: S)
 where
     C: AsyncRead + AsyncWrite + Unpin,

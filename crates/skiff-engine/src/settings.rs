@@ -107,6 +107,15 @@ pub struct ConnectSettings {
     /// `GatewayPorts`: local forwardings without a bind address listen on
     /// every address instead of loopback.
     pub gateway_ports: bool,
+    /// `StreamLocalBindMask` (default 0177): mode bits a local
+    /// forwarding's Unix socket does not get.
+    pub stream_local_bind_mask: u32,
+    /// `StreamLocalBindUnlink`: a local forwarding replaces an existing
+    /// socket file at its path.
+    pub stream_local_bind_unlink: bool,
+    /// `EscapeChar` (default `~`): starts an escape sequence in a session
+    /// with a terminal.
+    pub escape_char: skiff_proto::escape::EscapeChar,
     /// Keywords skiff accepts but does not act on, with where they were set (for -v).
     pub ignored: Vec<(String, String)>,
 }
@@ -630,6 +639,9 @@ fn settle(
         clear_all_forwardings: cfg.clear_all_forwardings.unwrap_or(false),
         exit_on_forward_failure: cfg.exit_on_forward_failure.unwrap_or(false),
         gateway_ports: cfg.gateway_ports.unwrap_or(false),
+        stream_local_bind_mask: cfg.stream_local_bind_mask.unwrap_or(0o177),
+        stream_local_bind_unlink: cfg.stream_local_bind_unlink.unwrap_or(false),
+        escape_char: cfg.escape_char.unwrap_or_default(),
         ignored: cfg.ignored.clone(),
     })
 }

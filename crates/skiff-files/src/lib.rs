@@ -4,17 +4,22 @@
 //! truncated file under its final name, creating directories and applying
 //! modes and times, and checking relative paths received from a peer.
 //!
+//! `with_private_umask` creates files (or sockets) under a umask of its
+//! own without touching the process's.
+//!
 //! Blocking std I/O throughout: async callers use `spawn_blocking` (or call
 //! it directly for cheap operations such as a `stat`).
 
 mod atomic;
 mod error;
 mod names;
+mod private_umask;
 mod target;
 mod walk;
 
 pub use atomic::{apply_umask, finish_dir, make_dir, umask, AtomicFile, Times, TEMP_MARKER};
 pub use error::FileError;
 pub use names::{safe_name, safe_relative};
+pub use private_umask::with_private_umask;
 pub use target::{place, resolve_target, Placement};
 pub use walk::{walk, Entry, EntryKind, Walk};

@@ -1,10 +1,11 @@
 //! ssh's port-forwarding specifications, parsed without I/O: `-L`
 //! (`[bind:]port:host:hostport`), `-R` (the same, the listening done by the
-//! server) and `-D` (`[bind:]port`, a SOCKS proxy). IPv6 addresses go in
-//! brackets (`[::1]:8080:[fe80::1]:80`). `-L` also takes Unix sockets at
-//! either end (a field that starts with `/`); with `-R` and `-D` they are
-//! refused with a clear error, as is `-R` without a destination (a remote
-//! SOCKS proxy).
+//! server; without a destination, `[bind:]port`, a SOCKS proxy whose
+//! connections skiff makes) and `-D` (`[bind:]port`, a SOCKS proxy). IPv6
+//! addresses go in brackets (`[::1]:8080:[fe80::1]:80`). `-L` and `-R` also
+//! take Unix sockets at either end (a field that starts with `/`); with
+//! `-D` they are refused with a clear error. `StreamLocalBindMask` values
+//! are parsed here too.
 
 use std::fmt;
 
@@ -46,41 +47,49 @@ pub enum ForwardSpec {
     /// makes.
     Dynamic { listen: Listen },
     /// `-L` with a Unix socket at either end (`port:/remote/path`,
-    /// `/local/path:host:hostport`, `/local/path:/remote/path`).
-    LocalUnix { from: LocalEnd, to: RemoteEnd },
+    /// `/local/path:host:hostport`, `/local/path:/remote/path`): skiff
+    /// listens at `from`, the server connects to `to`.
+    LocalUnix { from: ListenEnd, to: ConnectEnd },
+    /// `-R` with a Unix socket at either end (`port:/local/path`,
+    /// `/remote/path:host:hostport`, `/remote/path:/local/path`): the
+    /// server listens at `from`, skiff connects to `to`.
+    RemoteUnix { from: ListenEnd, to: ConnectEnd },
+    /// `-R [bind:]port` with no destination: the server listens, and each
+    /// connection is a SOCKS 4/5 client whose destination skiff connects to.
+    RemoteDynamic { listen: Listen },
 }
 
-/// Where a local forwarding listens.
+/// Where a forwarding listens: a TCP port or a Unix socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LocalEnd {
+pub enum ListenEnd {
     Tcp(Listen),
-    /// A Unix socket skiff makes (0600) and removes at the end.
+    /// A Unix socket, made for the forwarding and removed at its end.
     Unix(String),
 }
 
-/// Where the server connects a local forwarding's connections.
+/// Where a forwarding's connections go: a TCP host and port or a Unix
+/// socket (on the server for `-L`, here for `-R`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RemoteEnd {
+pub enum ConnectEnd {
     Tcp(String, u16),
-    /// A Unix socket on the server (`direct-streamlocal@openssh.com`).
     Unix(String),
 }
 
-impl fmt::Display for LocalEnd {
+impl fmt::Display for ListenEnd {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LocalEnd::Tcp(listen) => write!(f, "{listen}"),
-            LocalEnd::Unix(path) => write!(f, "{path}"),
+            ListenEnd::Tcp(listen) => write!(f, "{listen}"),
+            ListenEnd::Unix(path) => write!(f, "{path}"),
         }
     }
 }
 
-impl fmt::Display for RemoteEnd {
+impl fmt::Display for ConnectEnd {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RemoteEnd::Tcp(host, port) if host.contains(':') => write!(f, "[{host}]:{port}"),
-            RemoteEnd::Tcp(host, port) => write!(f, "{host}:{port}"),
-            RemoteEnd::Unix(path) => write!(f, "{path}"),
+            ConnectEnd::Tcp(host, port) if host.contains(':') => write!(f, "[{host}]:{port}"),
+            ConnectEnd::Tcp(host, port) => write!(f, "{host}:{port}"),
+            ConnectEnd::Unix(path) => write!(f, "{path}"),
         }
     }
 }
@@ -111,6 +120,8 @@ impl fmt::Display for ForwardSpec {
             }
             ForwardSpec::Dynamic { listen } => write!(f, "-D {listen}"),
             ForwardSpec::LocalUnix { from, to } => write!(f, "-L {from}:{to}"),
+            ForwardSpec::RemoteUnix { from, to } => write!(f, "-R {from}:{to}"),
+            ForwardSpec::RemoteDynamic { listen } => write!(f, "-R {listen}"),
         }
     }
 }
@@ -120,8 +131,8 @@ impl fmt::Display for ForwardSpec {
 #[error("{message}")]
 pub struct SpecError {
     pub message: String,
-    /// A valid form that skiff does not do (Unix sockets, a remote SOCKS
-    /// proxy), as opposed to a malformed one.
+    /// A valid form that skiff does not do (a Unix socket for `-D`), as
+    /// opposed to a malformed one.
     pub unsupported: bool,
 }
 
@@ -194,22 +205,20 @@ pub fn parse_forward(spec: &str, remote: bool) -> Result<ForwardSpec, SpecError>
         message: format!("bad -{flag} {spec:?}: {why}"),
         unsupported: false,
     };
-    let unsupported = |why: &str| SpecError {
-        message: format!("-{flag} {spec:?}: {why} is not supported"),
-        unsupported: true,
-    };
     if socket_form(spec) {
-        if remote {
-            return Err(unsupported("Unix-socket forwarding with -R"));
-        }
-        return parse_local_unix(spec).map_err(bad);
+        let (from, to) = parse_unix_form(spec).map_err(bad)?;
+        return Ok(if remote {
+            ForwardSpec::RemoteUnix { from, to }
+        } else {
+            ForwardSpec::LocalUnix { from, to }
+        });
     }
     let f = fields(spec).map_err(bad)?;
     let (listen_fields, host, p) = match f.as_slice() {
         [_] | [_, _] if remote => {
-            return Err(unsupported(
-                "a remote SOCKS proxy (-R without a destination)",
-            ))
+            return Ok(ForwardSpec::RemoteDynamic {
+                listen: listen(&f).map_err(bad)?,
+            })
         }
         [lp, h, p] => (std::slice::from_ref(lp), h, p),
         [_, _, h, p] => (&f[..2], h, p),
@@ -229,25 +238,38 @@ pub fn parse_forward(spec: &str, remote: bool) -> Result<ForwardSpec, SpecError>
     })
 }
 
-/// `-L` forms with a socket path (a field starting with `/`).
-fn parse_local_unix(spec: &str) -> Result<ForwardSpec, String> {
+/// `-L` and `-R` forms with a socket path (a field starting with `/`):
+/// where the forwarding listens, and where its connections go.
+fn parse_unix_form(spec: &str) -> Result<(ListenEnd, ConnectEnd), String> {
     let f = fields(spec)?;
     let is_path = |field: &String| field.starts_with('/');
     let (from, to_fields) = match f.as_slice() {
-        [local, rest @ ..] if is_path(local) => (LocalEnd::Unix(local.clone()), rest),
-        [lp, path] if is_path(path) => (LocalEnd::Tcp(listen(std::slice::from_ref(lp))?), &f[1..]),
-        [_, _, path] if is_path(path) => (LocalEnd::Tcp(listen(&f[..2])?), &f[2..]),
-        _ => return Err("expected [bind:]port:/remote/path, /local/path:host:hostport or /local/path:/remote/path".into()),
+        [listen_path, rest @ ..] if is_path(listen_path) => {
+            (ListenEnd::Unix(listen_path.clone()), rest)
+        }
+        [lp, path] if is_path(path) => (ListenEnd::Tcp(listen(std::slice::from_ref(lp))?), &f[1..]),
+        [_, _, path] if is_path(path) => (ListenEnd::Tcp(listen(&f[..2])?), &f[2..]),
+        _ => return Err("expected [bind:]port:/path, /path:host:hostport or /path:/path".into()),
     };
     let to = match to_fields {
-        [path] if is_path(path) => RemoteEnd::Unix(path.clone()),
+        [path] if is_path(path) => ConnectEnd::Unix(path.clone()),
         [h, p] => {
             let (host, port) = target(h, p)?;
-            RemoteEnd::Tcp(host, port)
+            ConnectEnd::Tcp(host, port)
         }
-        _ => return Err("expected host:hostport or /remote/path after the local end".into()),
+        _ => return Err("expected host:hostport or a /path after the listening end".into()),
     };
-    Ok(ForwardSpec::LocalUnix { from, to })
+    Ok((from, to))
+}
+
+/// Parses `StreamLocalBindMask` (ssh and sshd): an octal mask of up to four digits.
+pub fn parse_bind_mask(value: &str) -> Result<u32, String> {
+    u32::from_str_radix(value, 8)
+        .ok()
+        .filter(|m| *m <= 0o7777 && !value.is_empty() && value.len() <= 5)
+        .ok_or_else(|| {
+            format!("StreamLocalBindMask: expected an octal mask such as 0177, got {value:?}")
+        })
 }
 
 /// Parses the value of `-D`.
@@ -328,17 +350,15 @@ mod tests {
     fn bad_forms_say_what_is_wrong() {
         for (spec, remote, needle) in [
             ("8080:db", false, "fields"),
-            ("8080", true, "SOCKS"),
-            ("localhost:8080", true, "SOCKS"),
+            ("x", true, "listen port"),
             ("a:b:c:d:e", false, "fields"),
             ("8080:db:0", false, "not a port"),
             ("8080:db:x", false, "destination port"),
             ("99999:db:1", false, "listen port"),
             ("8080::1", false, "no destination host"),
-            ("/tmp/s:db:1", true, "Unix-socket"),
-            ("8080:/run/docker.sock", true, "Unix-socket"),
             ("/tmp/s", false, "expected"),
-            ("/tmp/s:db", false, "after the local end"),
+            ("/tmp/s:db", false, "after the listening end"),
+            ("/tmp/s:db", true, "after the listening end"),
             ("[::1:8080:db:1", false, "unclosed"),
             ("[::1]x:8080:db:1", false, "brackets"),
             ("+8080:db:1", false, "listen port"),
@@ -346,11 +366,7 @@ mod tests {
             let e = parse_forward(spec, remote).unwrap_err();
             assert!(e.message.contains(needle), "{spec}: {e}");
             assert!(e.message.contains(spec), "{spec}: {e}");
-            assert_eq!(
-                e.unsupported,
-                ["SOCKS", "Unix-socket"].contains(&needle),
-                "{spec}"
-            );
+            assert!(!e.unsupported, "{spec}");
         }
     }
 
@@ -360,22 +376,64 @@ mod tests {
         assert_eq!(
             p("2375:/var/run/docker.sock"),
             ForwardSpec::LocalUnix {
-                from: LocalEnd::Tcp(listen(None, 2375)),
-                to: RemoteEnd::Unix("/var/run/docker.sock".into())
+                from: ListenEnd::Tcp(listen(None, 2375)),
+                to: ConnectEnd::Unix("/var/run/docker.sock".into())
             }
         );
         assert_eq!(p("*:2375:/run/x.sock").to_string(), "-L *:2375:/run/x.sock");
         assert_eq!(
             p("/tmp/db.sock:db:5432"),
             ForwardSpec::LocalUnix {
-                from: LocalEnd::Unix("/tmp/db.sock".into()),
-                to: RemoteEnd::Tcp("db".into(), 5432)
+                from: ListenEnd::Unix("/tmp/db.sock".into()),
+                to: ConnectEnd::Tcp("db".into(), 5432)
             }
         );
         assert_eq!(
             p("/tmp/a.sock:/run/b.sock").to_string(),
             "-L /tmp/a.sock:/run/b.sock"
         );
+        let r = |s: &str| parse_forward(s, true).unwrap();
+        assert_eq!(
+            r("/run/user/app.sock:127.0.0.1:8080"),
+            ForwardSpec::RemoteUnix {
+                from: ListenEnd::Unix("/run/user/app.sock".into()),
+                to: ConnectEnd::Tcp("127.0.0.1".into(), 8080)
+            }
+        );
+        assert_eq!(
+            r("localhost:2375:/var/run/docker.sock"),
+            ForwardSpec::RemoteUnix {
+                from: ListenEnd::Tcp(listen(Some("localhost"), 2375)),
+                to: ConnectEnd::Unix("/var/run/docker.sock".into())
+            }
+        );
+        assert_eq!(r("/a.sock:/b.sock").to_string(), "-R /a.sock:/b.sock");
+    }
+
+    #[test]
+    fn remote_without_a_destination_is_a_socks_proxy() {
+        assert_eq!(
+            parse_forward("1080", true),
+            Ok(ForwardSpec::RemoteDynamic {
+                listen: listen(None, 1080)
+            })
+        );
+        assert_eq!(
+            parse_forward("[::1]:0", true).unwrap().to_string(),
+            "-R [::1]:0"
+        );
+        // -L always needs a destination.
+        assert!(parse_forward("1080", false).is_err());
+    }
+
+    #[test]
+    fn bind_masks() {
+        assert_eq!(parse_bind_mask("0177"), Ok(0o177));
+        assert_eq!(parse_bind_mask("077"), Ok(0o77));
+        assert_eq!(parse_bind_mask("0"), Ok(0));
+        for bad in ["", "0888", "rw", "77777", "-1"] {
+            assert!(parse_bind_mask(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod agent_wire;
 pub mod algorithms;
 pub mod authorized_keys;
 pub mod dataplane;
+pub mod escape;
 pub mod flow;
 pub mod forward_spec;
 pub mod frame;

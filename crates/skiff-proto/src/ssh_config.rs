@@ -309,6 +309,9 @@ enum Directive {
     ClearAllForwardings(bool),
     ExitOnForwardFailure(bool),
     GatewayPorts(bool),
+    StreamLocalBindMask(u32),
+    StreamLocalBindUnlink(bool),
+    EscapeChar(crate::escape::EscapeChar),
     /// A real `ssh_config` keyword that skiff does not implement (canonical spelling).
     Ignored(&'static str),
     /// A keyword nobody knows (as written).
@@ -389,6 +392,9 @@ enum Kw {
     ClearAllForwardings,
     ExitOnForwardFailure,
     GatewayPorts,
+    StreamLocalBindMask,
+    StreamLocalBindUnlink,
+    EscapeChar,
 }
 
 const SUPPORTED: &[(&str, Kw)] = &[
@@ -443,6 +449,9 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("ClearAllForwardings", Kw::ClearAllForwardings),
     ("ExitOnForwardFailure", Kw::ExitOnForwardFailure),
     ("GatewayPorts", Kw::GatewayPorts),
+    ("StreamLocalBindMask", Kw::StreamLocalBindMask),
+    ("StreamLocalBindUnlink", Kw::StreamLocalBindUnlink),
+    ("EscapeChar", Kw::EscapeChar),
 ];
 
 /// Keywords accepted by OpenSSH's `ssh` (including deprecated ones it still
@@ -468,7 +477,6 @@ const IGNORED: &[&str] = &[
     "DSAAuthentication",
     "EnableEscapeCommandline",
     "EnableSSHKeysign",
-    "EscapeChar",
     "FallBackToRsh",
     "FingerprintHash",
     "ForkAfterAuthentication",
@@ -513,8 +521,6 @@ const IGNORED: &[&str] = &[
     "SecurityKeyProvider",
     "SKeyAuthentication",
     "SmartcardDevice",
-    "StreamLocalBindMask",
-    "StreamLocalBindUnlink",
     "SyslogFacility",
     "TCPKeepAlive",
     "Tunnel",
@@ -1004,19 +1010,11 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
                 [listen] if remote => listen.clone(),
                 _ => {
                     return Err(format!(
-                        "{name}: expected [bind_address:]port host:hostport"
+                        "{name}: expected [bind_address:]port host:hostport (or a socket path at either end)"
                     ))
                 }
             };
-            match parse_forward(&spec, remote) {
-                Ok(f) => Directive::Forward(f),
-                Err(e) if e.unsupported => Directive::Ignored(if remote {
-                    "RemoteForward"
-                } else {
-                    "LocalForward"
-                }),
-                Err(e) => return Err(format!("{name}: {e}")),
-            }
+            Directive::Forward(parse_forward(&spec, remote).map_err(|e| format!("{name}: {e}"))?)
         }
         Kw::DynamicForward => match crate::forward_spec::parse_dynamic(&single(name, args)?) {
             Ok(f) => Directive::Forward(f),
@@ -1030,6 +1028,16 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
             Directive::ExitOnForwardFailure(parse_flag(name, &single(name, args)?)?)
         }
         Kw::GatewayPorts => Directive::GatewayPorts(parse_flag(name, &single(name, args)?)?),
+        Kw::StreamLocalBindMask => Directive::StreamLocalBindMask(
+            crate::forward_spec::parse_bind_mask(&single(name, args)?)?,
+        ),
+        Kw::EscapeChar => Directive::EscapeChar(
+            crate::escape::parse_escape_char(&single(name, args)?)
+                .map_err(|e| format!("{name}: {e}"))?,
+        ),
+        Kw::StreamLocalBindUnlink => {
+            Directive::StreamLocalBindUnlink(parse_flag(name, &single(name, args)?)?)
+        }
         Kw::SendEnv => {
             let pats = non_empty(name, args)?;
             if let Some(bad) = pats.iter().find(|p| p.contains('=')) {
@@ -1231,6 +1239,12 @@ pub struct HostConfig {
     pub clear_all_forwardings: Option<bool>,
     pub exit_on_forward_failure: Option<bool>,
     pub gateway_ports: Option<bool>,
+    /// `StreamLocalBindMask`: mode bits a local forwarding's socket does not get.
+    pub stream_local_bind_mask: Option<u32>,
+    /// `StreamLocalBindUnlink`: replace an existing socket file.
+    pub stream_local_bind_unlink: Option<bool>,
+    /// `EscapeChar`: what starts an escape sequence in a terminal session.
+    pub escape_char: Option<crate::escape::EscapeChar>,
     /// `(keyword, "file:line")` for applicable `ssh` options that skiff does not
     /// implement (and `"Match exec"` etc. for unevaluable criteria), for `-v`.
     pub ignored: Vec<(String, String)>,
@@ -1501,6 +1515,9 @@ impl Resolver<'_, '_> {
             Directive::ClearAllForwardings(v) => first(&mut cfg.clear_all_forwardings, v),
             Directive::ExitOnForwardFailure(v) => first(&mut cfg.exit_on_forward_failure, v),
             Directive::GatewayPorts(v) => first(&mut cfg.gateway_ports, v),
+            Directive::StreamLocalBindMask(v) => first(&mut cfg.stream_local_bind_mask, v),
+            Directive::StreamLocalBindUnlink(v) => first(&mut cfg.stream_local_bind_unlink, v),
+            Directive::EscapeChar(v) => first(&mut cfg.escape_char, v),
             Directive::Ignored(name) => {
                 let loc = format!("{}:{}", file.label, line);
                 push_ignored(&mut cfg.ignored, name, loc);
@@ -2108,12 +2125,12 @@ mod tests {
     // ---- Host blocks and precedence ----
 
     #[test]
-    fn forwardings_accumulate_and_unsupported_forms_are_ignored() {
+    fn forwardings_accumulate_in_every_form() {
         use crate::forward_spec::ForwardSpec;
         let text = "Host web\n  LocalForward 8080 db:5432\n  ExitOnForwardFailure yes\n\
                     Host *\n  LocalForward 8080 db:5432\n  RemoteForward 127.0.0.1:9000 localhost:80\n\
                     DynamicForward 1080\n  RemoteForward /tmp/s /run/x.sock\n  GatewayPorts no\n\
-                    ExitOnForwardFailure no\n  ClearAllForwardings no\n";
+                    ExitOnForwardFailure no\n  ClearAllForwardings no\n  RemoteForward 1081\n";
         let c = res(text, "web");
         let shown: Vec<String> = c.forwards.iter().map(ForwardSpec::to_string).collect();
         assert_eq!(
@@ -2121,17 +2138,29 @@ mod tests {
             [
                 "-L 8080:db:5432",
                 "-R 127.0.0.1:9000:localhost:80",
-                "-D 1080"
+                "-D 1080",
+                "-R /tmp/s:/run/x.sock",
+                "-R 1081"
             ]
         );
         assert_eq!(c.exit_on_forward_failure, Some(true));
         assert_eq!(c.gateway_ports, Some(false));
         assert_eq!(c.clear_all_forwardings, Some(false));
-        assert!(
-            c.ignored.iter().any(|(k, _)| k == "RemoteForward"),
-            "{:?}",
-            c.ignored
+        assert!(c.ignored.is_empty(), "{:?}", c.ignored);
+        let c = res("StreamLocalBindMask 0117\nStreamLocalBindUnlink yes\n", "x");
+        assert_eq!(c.stream_local_bind_mask, Some(0o117));
+        assert_eq!(c.stream_local_bind_unlink, Some(true));
+        assert!(parse_err("StreamLocalBindMask rw\n").contains("StreamLocalBindMask"));
+        use crate::escape::EscapeChar;
+        assert_eq!(
+            res("EscapeChar ^]\n", "x").escape_char,
+            Some(EscapeChar::Byte(0x1d))
         );
+        assert_eq!(
+            res("EscapeChar none\n", "x").escape_char,
+            Some(EscapeChar::None)
+        );
+        assert!(parse_err("EscapeChar ab\n").contains("EscapeChar"));
         assert!(parse_err("LocalForward 8080\n").contains("LocalForward"));
         assert!(parse_err("LocalForward 8080 db:0\n").contains("not a port"));
         assert!(parse_err("DynamicForward x\n").contains("DynamicForward"));

@@ -21,6 +21,20 @@ pub struct Account {
     pub shell: PathBuf,
 }
 
+impl Account {
+    /// The credentials to take to act as the account: `None` when the
+    /// server is not root and so already runs as it.
+    pub(crate) fn credentials(&self) -> Option<crate::spawn::Credentials> {
+        Uid::effective()
+            .is_root()
+            .then(|| crate::spawn::Credentials {
+                uid: self.uid,
+                gid: self.gid,
+                groups: self.groups.clone(),
+            })
+    }
+}
+
 /// Why an account cannot log in (logged by the server, never told to the client).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Refusal {

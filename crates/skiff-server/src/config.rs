@@ -451,7 +451,24 @@ fn apply_lines(
             "allowtcpforwarding" => {
                 let rules = &mut settings.forwarding;
                 (rules.local, rules.remote) =
-                    crate::forward_policy::parse_allow_tcp_forwarding(one()?).map_err(err)?;
+                    crate::forward_policy::parse_allow_forwarding("AllowTcpForwarding", one()?)
+                        .map_err(err)?;
+            }
+            "allowstreamlocalforwarding" => {
+                let rules = &mut settings.forwarding;
+                (rules.stream_local, rules.stream_remote) =
+                    crate::forward_policy::parse_allow_forwarding(
+                        "AllowStreamLocalForwarding",
+                        one()?,
+                    )
+                    .map_err(err)?;
+            }
+            "streamlocalbindmask" => {
+                settings.forwarding.bind_mask =
+                    skiff_proto::forward_spec::parse_bind_mask(one()?).map_err(err)?
+            }
+            "streamlocalbindunlink" => {
+                settings.forwarding.bind_unlink = parse_yes_no(one()?).map_err(err)?
             }
             "allowagentforwarding" => {
                 settings.forwarding.agent = parse_yes_no(one()?).map_err(err)?
@@ -632,10 +649,14 @@ mod tests {
         let mut s = Settings::default();
         assert!(s.forwarding.local && s.forwarding.remote && !s.forwarding.disabled);
         let text = "AllowTcpForwarding local\nPermitOpen db:5432 [::1]:*\n\
-                    PermitListen none\nGatewayPorts clientspecified\nDisableForwarding no\n";
+                    PermitListen none\nGatewayPorts clientspecified\nDisableForwarding no\n\
+                    AllowStreamLocalForwarding remote\nStreamLocalBindMask 0117\n\
+                    StreamLocalBindUnlink yes\n";
         apply_config_text(&mut s, "f", text).unwrap();
         let f = &s.forwarding;
         assert!(f.local && !f.remote && !f.disabled);
+        assert!(!f.stream_local && f.stream_remote && f.bind_unlink);
+        assert_eq!(f.bind_mask, 0o117);
         assert!(matches!(&f.permit_open, PermitList::Only(e) if e.len() == 2));
         assert_eq!(f.permit_listen, PermitList::None);
         assert_eq!(f.gateway_ports, GatewayPorts::ClientSpecified);
@@ -644,6 +665,12 @@ mod tests {
             ("PermitOpen 5432", "5432"),
             ("PermitListen", "PermitListen"),
             ("GatewayPorts maybe", "GatewayPorts"),
+            (
+                "AllowStreamLocalForwarding maybe",
+                "AllowStreamLocalForwarding",
+            ),
+            ("StreamLocalBindMask 999", "StreamLocalBindMask"),
+            ("StreamLocalBindUnlink sometimes", "sometimes"),
         ] {
             let e = apply_config_text(&mut s, "f", &format!("#\n{bad}\n")).unwrap_err();
             assert_eq!(e.line, 2, "{bad}");

@@ -1,4 +1,5 @@
-//! Which TCP forwardings skiffd allows: `AllowTcpForwarding`,
+//! Which forwardings skiffd allows: `AllowTcpForwarding`,
+//! `AllowStreamLocalForwarding`, `AllowAgentForwarding`,
 //! `DisableForwarding`, `PermitOpen`, `PermitListen` and `GatewayPorts` from
 //! the server's settings, then the key's own `no-port-forwarding`,
 //! `permitopen` and `permitlisten` (or a certificate without
@@ -115,6 +116,16 @@ pub struct ForwardRules {
     pub local: bool,
     /// `AllowTcpForwarding`: `remote` allows `tcpip-forward` (ssh -R).
     pub remote: bool,
+    /// `AllowStreamLocalForwarding`: `local` allows `direct-streamlocal`
+    /// (ssh -L to a Unix socket on the server).
+    pub stream_local: bool,
+    /// `AllowStreamLocalForwarding`: `remote` allows `streamlocal-forward`
+    /// (ssh -R from a Unix socket on the server).
+    pub stream_remote: bool,
+    /// `StreamLocalBindMask`: the mode bits a forwarded socket does not get.
+    pub bind_mask: u32,
+    /// `StreamLocalBindUnlink`: replace an existing socket file.
+    pub bind_unlink: bool,
     /// `AllowAgentForwarding`.
     pub agent: bool,
     /// `DisableForwarding yes` overrides everything else.
@@ -129,6 +140,10 @@ impl Default for ForwardRules {
         ForwardRules {
             local: true,
             remote: true,
+            stream_local: true,
+            stream_remote: true,
+            bind_mask: 0o177,
+            bind_unlink: false,
             agent: true,
             disabled: false,
             permit_open: PermitList::Any,
@@ -138,15 +153,16 @@ impl Default for ForwardRules {
     }
 }
 
-/// Parses `AllowTcpForwarding`: (`local`, `remote`) allowed.
-pub fn parse_allow_tcp_forwarding(value: &str) -> Result<(bool, bool), String> {
+/// Parses `AllowTcpForwarding` or `AllowStreamLocalForwarding` (named by
+/// `keyword`): (`local`, `remote`) allowed.
+pub fn parse_allow_forwarding(keyword: &str, value: &str) -> Result<(bool, bool), String> {
     match value.to_ascii_lowercase().as_str() {
         "yes" | "all" => Ok((true, true)),
         "no" => Ok((false, false)),
         "local" => Ok((true, false)),
         "remote" => Ok((false, true)),
         _ => Err(format!(
-            "AllowTcpForwarding: expected yes, all, no, local or remote, got {value:?}"
+            "{keyword}: expected yes, all, no, local or remote, got {value:?}"
         )),
     }
 }
@@ -173,6 +189,36 @@ impl ForwardRules {
             Some("AllowAgentForwarding no".into())
         } else if key.no_agent_forwarding {
             Some("the key (or certificate) does not allow agent forwarding".into())
+        } else {
+            None
+        }
+    }
+
+    /// Why a connection to a Unix socket on this machine (a
+    /// `direct-streamlocal` channel) is refused for a login with `key`'s
+    /// options; `None` when it is allowed. PermitOpen does not apply, as in
+    /// sshd.
+    pub fn socket_open_refusal(&self, key: &KeyOptions) -> Option<String> {
+        if self.disabled {
+            Some("DisableForwarding yes".into())
+        } else if !self.stream_local {
+            Some("AllowStreamLocalForwarding does not allow local forwarding".into())
+        } else if key.no_port_forwarding {
+            Some("the key (or certificate) does not allow port forwarding".into())
+        } else {
+            None
+        }
+    }
+
+    /// Why listening on a Unix socket for the client (`streamlocal-forward`)
+    /// is refused for a login with `key`'s options; `None` when allowed.
+    pub fn socket_listen_refusal(&self, key: &KeyOptions) -> Option<String> {
+        if self.disabled {
+            Some("DisableForwarding yes".into())
+        } else if !self.stream_remote {
+            Some("AllowStreamLocalForwarding does not allow remote forwarding".into())
+        } else if key.no_port_forwarding {
+            Some("the key (or certificate) does not allow port forwarding".into())
         } else {
             None
         }
@@ -300,11 +346,14 @@ mod tests {
 
     #[test]
     fn allow_tcp_forwarding_values() {
-        assert_eq!(parse_allow_tcp_forwarding("ALL"), Ok((true, true)));
-        assert_eq!(parse_allow_tcp_forwarding("local"), Ok((true, false)));
-        assert_eq!(parse_allow_tcp_forwarding("remote"), Ok((false, true)));
-        assert_eq!(parse_allow_tcp_forwarding("no"), Ok((false, false)));
-        assert!(parse_allow_tcp_forwarding("sometimes").is_err());
+        let parse = |v| parse_allow_forwarding("AllowTcpForwarding", v);
+        assert_eq!(parse("ALL"), Ok((true, true)));
+        assert_eq!(parse("local"), Ok((true, false)));
+        assert_eq!(parse("remote"), Ok((false, true)));
+        assert_eq!(parse("no"), Ok((false, false)));
+        assert!(parse("sometimes")
+            .unwrap_err()
+            .contains("AllowTcpForwarding"));
 
         let mut r = rules();
         (r.local, r.remote) = (true, false);
@@ -339,6 +388,43 @@ mod tests {
             ..rules()
         };
         assert!(disabled.agent_refusal(&k).unwrap().contains("Disable"));
+    }
+
+    #[test]
+    fn unix_socket_forwarding_rules() {
+        let k = KeyOptions::default();
+        assert_eq!(rules().socket_open_refusal(&k), None);
+        assert_eq!(rules().socket_listen_refusal(&k), None);
+        let mut r = rules();
+        (r.stream_local, r.stream_remote) = (false, true);
+        assert!(r
+            .socket_open_refusal(&k)
+            .unwrap()
+            .contains("AllowStreamLocalForwarding"));
+        assert_eq!(r.socket_listen_refusal(&k), None);
+        (r.stream_local, r.stream_remote) = (true, false);
+        assert_eq!(r.socket_open_refusal(&k), None);
+        assert!(r.socket_listen_refusal(&k).is_some());
+        // TCP rules do not reach sockets, and the other way round.
+        let r = ForwardRules {
+            local: false,
+            remote: false,
+            permit_open: PermitList::None,
+            ..rules()
+        };
+        assert_eq!(r.socket_open_refusal(&k), None);
+        for opts in ["no-port-forwarding", "restrict"] {
+            assert!(rules().socket_open_refusal(&key(opts)).is_some(), "{opts}");
+            assert!(
+                rules().socket_listen_refusal(&key(opts)).is_some(),
+                "{opts}"
+            );
+        }
+        let off = ForwardRules {
+            disabled: true,
+            ..rules()
+        };
+        assert!(off.socket_listen_refusal(&k).unwrap().contains("Disable"));
     }
 
     #[test]

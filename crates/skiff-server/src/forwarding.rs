@@ -3,6 +3,11 @@
 //! destination and relay; `tcpip-forward` requests (ssh -R) listen and open
 //! a `forwarded-tcpip` channel to the client for every connection accepted.
 //!
+//! Unix-socket forwarding is the same with paths: `direct-streamlocal`
+//! channels connect to a socket and `streamlocal-forward` requests listen
+//! on one, both with the account's rights (see [`crate::account_fs`]); a
+//! socket made this way is removed with its forwarding.
+//!
 //! Agent forwarding lives here too: a Unix socket in a private directory
 //! that the account owns, each connection to it carried to the client as an
 //! `auth-agent@openssh.com` channel.
@@ -20,6 +25,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::account_fs::{self, Identity, MadeSocket};
 use crate::forward_policy::BindTo;
 
 /// How long a `direct-tcpip` connection attempt may take, per address.
@@ -34,6 +40,8 @@ pub struct Forwards {
     alive: watch::Sender<()>,
     /// Remote forwardings by the address and port the client asked for.
     listeners: HashMap<(String, u32), Vec<JoinHandle<()>>>,
+    /// Remote forwardings from Unix sockets, by path.
+    sockets: HashMap<String, SocketListener>,
     /// The forwarded agent's socket, made at the first request.
     agent: Option<AgentSocket>,
 }
@@ -54,11 +62,29 @@ impl Drop for AgentSocket {
     }
 }
 
+/// A Unix socket made for a remote forwarding: its accept loop stops and
+/// the file is removed (as the account) when it is cancelled or the
+/// connection ends.
+struct SocketListener {
+    path: std::path::PathBuf,
+    made: MadeSocket,
+    owner: Identity,
+    task: JoinHandle<()>,
+}
+
+impl Drop for SocketListener {
+    fn drop(&mut self) {
+        self.task.abort();
+        account_fs::remove_in_background(self.owner.clone(), self.path.clone(), self.made);
+    }
+}
+
 impl Default for Forwards {
     fn default() -> Self {
         Forwards {
             alive: watch::channel(()).0,
             listeners: HashMap::new(),
+            sockets: HashMap::new(),
             agent: None,
         }
     }
@@ -110,6 +136,71 @@ impl Forwards {
                 }
             }
         });
+    }
+
+    /// Connects to the Unix socket at `path` as the account and, once
+    /// connected, accepts the channel and relays; a failed connection
+    /// rejects it.
+    pub fn open_socket(
+        &self,
+        channel: Channel<Msg>,
+        reply: ChannelOpenHandle,
+        path: String,
+        owner: Identity,
+        who: String,
+    ) {
+        spawn_watched(self.alive.subscribe(), async move {
+            match account_fs::connect(owner, path.clone().into()).await {
+                Ok(stream) => {
+                    tracing::info!("{who}: forwarding to socket {path:?}");
+                    reply.accept().await;
+                    relay(channel, stream).await;
+                }
+                Err(e) => {
+                    tracing::info!("{who}: forwarding to socket {path:?} failed: {e}");
+                    reply.reject(ChannelOpenFailure::ConnectFailed).await;
+                }
+            }
+        });
+    }
+
+    /// Makes a listening Unix socket at `path` as the account (mode 0777
+    /// less `mask`; an existing socket file replaced only with `unlink`).
+    /// Each connection accepted is offered to the client as a
+    /// `forwarded-streamlocal@openssh.com` channel naming `path`.
+    pub async fn listen_socket(
+        &mut self,
+        handle: Handle,
+        path: &str,
+        owner: Identity,
+        mask: u32,
+        unlink: bool,
+    ) -> Result<(), String> {
+        if self.sockets.contains_key(path) {
+            return Err(format!("{path} is already forwarded"));
+        }
+        let (listener, made) = account_fs::listen(owner.clone(), path.into(), mask, unlink)
+            .await
+            .map_err(|e| format!("cannot listen on {path}: {e}"))?;
+        let alive = self.alive.subscribe();
+        let work = socket_accept_loop(listener, handle, path.to_string(), alive.clone());
+        let task = spawn_watched(alive, work);
+        self.sockets.insert(
+            path.to_string(),
+            SocketListener {
+                path: path.into(),
+                made,
+                owner,
+                task,
+            },
+        );
+        Ok(())
+    }
+
+    /// Stops listening on the socket at `path` and removes it; connections
+    /// already forwarded go on. `false` when there was no such forwarding.
+    pub fn cancel_socket(&mut self, path: &str) -> bool {
+        self.sockets.remove(path).is_some()
     }
 
     /// Listens for a remote forwarding that the client asked for as
@@ -323,42 +414,79 @@ async fn accept_loop(
     }
 }
 
+/// Carries every connection `listener` accepts to the client, on the
+/// channel `open` opens for it; `what` names the socket in logs.
+async fn unix_accept_loop<O, F>(
+    listener: tokio::net::UnixListener,
+    what: String,
+    alive: watch::Receiver<()>,
+    open: O,
+) where
+    O: Fn() -> F,
+    F: std::future::Future<Output = Result<Channel<Msg>, russh::Error>> + Send + 'static,
+{
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!("{what}: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let opening = open();
+        let what = what.clone();
+        spawn_watched(alive.clone(), async move {
+            match opening.await {
+                Ok(channel) => relay(channel, stream).await,
+                Err(e) => tracing::info!("{what}: the client refused a connection: {e}"),
+            }
+        });
+    }
+}
+
+/// Offers every connection to a forwarded Unix socket to the client.
+async fn socket_accept_loop(
+    listener: tokio::net::UnixListener,
+    handle: Handle,
+    path: String,
+    alive: watch::Receiver<()>,
+) {
+    let what = format!("remote forwarding {path}");
+    unix_accept_loop(listener, what, alive, move || {
+        let (handle, path) = (handle.clone(), path.clone());
+        async move { handle.channel_open_forwarded_streamlocal(path).await }
+    })
+    .await
+}
+
 /// Carries every connection to the agent socket to the client.
 async fn agent_accept_loop(
     listener: tokio::net::UnixListener,
     handle: Handle,
     alive: watch::Receiver<()>,
 ) {
-    loop {
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!("forwarded agent: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
+    unix_accept_loop(listener, "forwarded agent".into(), alive, move || {
         let handle = handle.clone();
-        spawn_watched(alive.clone(), async move {
-            match handle.channel_open_agent().await {
-                Ok(channel) => {
-                    let mut stream = stream;
-                    let mut channel = channel.into_stream();
-                    let _ = tokio::io::copy_bidirectional(&mut stream, &mut channel).await;
-                }
-                Err(e) => tracing::info!("forwarded agent: the client refused a connection: {e}"),
-            }
-        });
-    }
+        async move { handle.channel_open_agent().await }
+    })
+    .await
 }
 
 /// Copies both ways until both sides have ended (each end-of-file is passed
 /// on as one); the channel closes when its stream is dropped.
-async fn relay(channel: Channel<Msg>, mut tcp: TcpStream) {
+async fn relay<S>(channel: Channel<Msg>, mut peer: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let mut stream = channel.into_stream();
-    let copied =
-        tokio::io::copy_bidirectional_with_sizes(&mut stream, &mut tcp, RELAY_BUFFER, RELAY_BUFFER)
-            .await;
+    let copied = tokio::io::copy_bidirectional_with_sizes(
+        &mut stream,
+        &mut peer,
+        RELAY_BUFFER,
+        RELAY_BUFFER,
+    )
+    .await;
     if let Err(e) = copied {
         tracing::debug!("forwarded connection ended: {e}");
     }

@@ -192,6 +192,13 @@ impl ConnectionHandler {
             .unwrap_or(&self.state.settings)
     }
 
+    /// The login asking for a forwarding, and how logs name it ("user from
+    /// peer"); `None` before authentication.
+    fn forwarder(&self) -> Option<(&Authenticated, String)> {
+        let auth = self.auth.as_ref()?;
+        Some((auth, format!("{} from {}", auth.account.name, self.peer)))
+    }
+
     /// Loads (once per user name) the account and its authorized keys.
     fn load_candidate(&mut self, user: &str) -> Option<&UserKeys> {
         if self.candidate.as_ref().map(|(u, _)| u.as_str()) != Some(user) {
@@ -1157,13 +1164,12 @@ impl russh::server::Handler for ConnectionHandler {
         reply: ChannelOpenHandle,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
-        let Some(auth) = &self.auth else {
+        let Some((auth, who)) = self.forwarder() else {
             reply
                 .reject(ChannelOpenFailure::AdministrativelyProhibited)
                 .await;
             return Ok(());
         };
-        let who = format!("{} from {}", auth.account.name, self.peer);
         let rules = &self.settings().forwarding;
         let refusal = rules.open_refusal(&auth.options, host_to_connect, port_to_connect);
         match (refusal, u16::try_from(port_to_connect)) {
@@ -1186,15 +1192,36 @@ impl russh::server::Handler for ConnectionHandler {
 
     async fn channel_open_direct_streamlocal(
         &mut self,
-        _channel: Channel<Msg>,
+        channel: Channel<Msg>,
         socket_path: &str,
         reply: ChannelOpenHandle,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
-        tracing::info!(peer = %self.peer, "refusing forwarding to socket {socket_path:?}: skiffd does not forward Unix sockets");
-        reply
-            .reject(ChannelOpenFailure::AdministrativelyProhibited)
-            .await;
+        let Some((auth, who)) = self.forwarder() else {
+            reply
+                .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        };
+        match self
+            .settings()
+            .forwarding
+            .socket_open_refusal(&auth.options)
+        {
+            None => self.forwards.open_socket(
+                channel,
+                reply,
+                socket_path.to_string(),
+                crate::account_fs::Identity::of(&auth.account),
+                who,
+            ),
+            Some(why) => {
+                tracing::info!("{who}: refusing forwarding to socket {socket_path:?}: {why}");
+                reply
+                    .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                    .await;
+            }
+        }
         Ok(())
     }
 
@@ -1204,10 +1231,9 @@ impl russh::server::Handler for ConnectionHandler {
         port: &mut u32,
         session: &mut Session,
     ) -> Result<bool, Self::Error> {
-        let Some(auth) = &self.auth else {
+        let Some((auth, who)) = self.forwarder() else {
             return Ok(false);
         };
-        let who = format!("{} from {}", auth.account.name, self.peer);
         let rules = &self.settings().forwarding;
         let listened = match rules.listen_plan(&auth.options, auth.account.uid, address, *port) {
             Ok(bind) => {
@@ -1244,10 +1270,42 @@ impl russh::server::Handler for ConnectionHandler {
     async fn streamlocal_forward(
         &mut self,
         socket_path: &str,
+        session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        let Some((auth, who)) = self.forwarder() else {
+            return Ok(false);
+        };
+        let rules = &self.settings().forwarding;
+        let listened = match rules.socket_listen_refusal(&auth.options) {
+            None => {
+                let (mask, unlink) = (rules.bind_mask, rules.bind_unlink);
+                let owner = crate::account_fs::Identity::of(&auth.account);
+                self.forwards
+                    .listen_socket(session.handle(), socket_path, owner, mask, unlink)
+                    .await
+            }
+            Some(refusal) => Err(refusal),
+        };
+        match listened {
+            Ok(()) => {
+                tracing::info!("{who}: remote forwarding from socket {socket_path:?}");
+                Ok(true)
+            }
+            Err(why) => {
+                tracing::info!(
+                    "{who}: refusing remote forwarding from socket {socket_path:?}: {why}"
+                );
+                Ok(false)
+            }
+        }
+    }
+
+    async fn cancel_streamlocal_forward(
+        &mut self,
+        socket_path: &str,
         _session: &mut Session,
     ) -> Result<bool, Self::Error> {
-        tracing::info!(peer = %self.peer, "refusing remote forwarding from socket {socket_path:?}: skiffd does not forward Unix sockets");
-        Ok(false)
+        Ok(self.forwards.cancel_socket(socket_path))
     }
 
     async fn channel_close(
@@ -1310,10 +1368,9 @@ impl russh::server::Handler for ConnectionHandler {
         channel: ChannelId,
         session: &mut Session,
     ) -> Result<bool, Self::Error> {
-        let Some(auth) = &self.auth else {
+        let Some((auth, who)) = self.forwarder() else {
             return Ok(false);
         };
-        let who = format!("{} from {}", auth.account.name, self.peer);
         if let Some(why) = self.settings().forwarding.agent_refusal(&auth.options) {
             tracing::info!("{who}: refusing agent forwarding: {why}");
             return Ok(false);

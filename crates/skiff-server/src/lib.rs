@@ -11,6 +11,7 @@
 
 pub mod access;
 pub mod account;
+mod account_fs;
 pub mod config;
 mod dataplane;
 pub mod forward_policy;

@@ -16,6 +16,7 @@ pub const ALLOWED_IN_MATCH: &[&str] = &[
     "acceptenv",
     "allowagentforwarding",
     "allowgroups",
+    "allowstreamlocalforwarding",
     "allowtcpforwarding",
     "allowusers",
     "authorizedkeysfile",

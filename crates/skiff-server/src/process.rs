@@ -79,13 +79,7 @@ pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
     } else {
         std::path::Path::new("/")
     };
-    let credentials = nix::unistd::Uid::effective()
-        .is_root()
-        .then(|| spawn::Credentials {
-            uid: acct.uid,
-            gid: acct.gid,
-            groups: acct.groups.clone(),
-        });
+    let credentials = acct.credentials();
     let plan = |stdio: [RawFd; 3], controlling_tty: bool| spawn::Plan {
         program: &acct.shell,
         args: args.clone(),

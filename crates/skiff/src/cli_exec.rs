@@ -9,7 +9,7 @@ use skiff_proto::agent_wire::ExecWire;
 
 use crate::cli_connect::ConnectArgs;
 pub use crate::ssh_args::TtyFlag;
-use crate::terminal;
+use crate::{escape_input, terminal};
 
 #[derive(Args, Debug, Clone)]
 #[command(trailing_var_arg = true)]
@@ -188,16 +188,52 @@ pub async fn exec_on(
         timeout: None,
         subsystem: args.subsystem,
     };
-    let stdin = (!args.no_stdin).then(tokio::io::stdin);
-    let outcome = skiff_engine::exec(
+    // With escapes on, the session reads what is typed through the
+    // escape thread, which sends `~.` and `~R` here.
+    let (requests, mut requested) = tokio::sync::mpsc::unbounded_channel();
+    let escape = escape_input::escape_byte(settings.escape_char, req.pty.is_some(), stdin_tty);
+    let stdin: Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>> = match escape {
+        _ if args.no_stdin => None,
+        Some(byte) => {
+            let saved = _raw.as_ref().map(terminal::RawMode::saved);
+            match escape_input::start(byte, saved, Some(requests))
+                .and_then(tokio::net::unix::pipe::Receiver::from_owned_fd)
+            {
+                Ok(typed) => Some(Box::new(typed)),
+                Err(e) => {
+                    eprintln!("skiff: warning: escape sequences are off: {e}");
+                    Some(Box::new(tokio::io::stdin()))
+                }
+            }
+        }
+        None => Some(Box::new(tokio::io::stdin())),
+    };
+    let session = skiff_engine::exec(
         conn,
         &req,
         stdin,
         tokio::io::stdout(),
         tokio::io::stderr(),
         resize.map(|rx: tokio::sync::mpsc::Receiver<WindowSize>| rx),
-    )
-    .await?;
+    );
+    tokio::pin!(session);
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut session => break outcome?,
+            Some(request) = requested.recv() => match request {
+                escape_input::Request::Disconnect => {
+                    drop(_raw);
+                    eprintln!("Connection to {} closed.", settings.original_host);
+                    return Ok(255);
+                }
+                escape_input::Request::Rekey => {
+                    if let Err(e) = conn.rekey().await {
+                        eprint!("skiff: {e}\r\n");
+                    }
+                }
+            },
+        }
+    };
     if let skiff_engine::ExitOutcome::Signal {
         name, core_dumped, ..
     } = &outcome
@@ -256,17 +292,34 @@ fn via_agent(
         ..agent_destination(args, dest)
     };
     // Raw mode while a remote terminal is attached; restored on drop.
-    let _raw = if wire.pty.is_some() && std::io::stdin().is_terminal() {
+    let stdin_tty = std::io::stdin().is_terminal();
+    let _raw = if wire.pty.is_some() && stdin_tty {
         terminal::RawMode::enter()
     } else {
         None
     };
+    // Escapes are read here; the agent reads the rest from a pipe. `~.`
+    // ends this process, and with it the agent's channel.
+    let escape = escape_input::escape_byte(settings.escape_char, wire.pty.is_some(), stdin_tty)
+        .filter(|_| !args.no_stdin);
+    let typed = escape.and_then(|byte| {
+        let saved = _raw.as_ref().map(terminal::RawMode::saved);
+        escape_input::start(byte, saved, None)
+            .inspect_err(|e| eprintln!("skiff: warning: escape sequences are off: {e}"))
+            .ok()
+    });
     let mut poll_resize: Box<dyn FnMut() -> Option<(u32, u32)>> = if wire.pty.is_some() {
         Box::new(terminal::install_winch_flag())
     } else {
         Box::new(|| None)
     };
-    agent_answer(skiff_agent::client::exec(wire, true, &mut *poll_resize))
+    let input = typed.as_ref().map(std::os::fd::AsFd::as_fd);
+    agent_answer(skiff_agent::client::exec(
+        wire,
+        true,
+        input,
+        &mut *poll_resize,
+    ))
 }
 
 /// The exit status an agent's answer gives (its failure printed), or

@@ -137,8 +137,12 @@ fn forwarding_session(
         for notice in &conn.notices {
             eprintln!("{notice}");
         }
-        let (forwarding, mut failures, notices) =
-            port_forward::start(&conn, &forwards, settings.gateway_ports).await;
+        let (forwarding, mut failures, notices) = port_forward::start(
+            &conn,
+            &forwards,
+            port_forward::ListenOptions::from_settings(&settings),
+        )
+        .await;
         if settings.show_notices {
             for n in &notices {
                 eprintln!("{n}");
@@ -360,8 +364,8 @@ pub fn describe(s: &ConnectSettings) -> String {
         }
     ));
     for f in &s.forwards {
-        use skiff_proto::forward_spec::{ForwardSpec, RemoteEnd};
-        let target = |host: &str, port: &u16| RemoteEnd::Tcp(host.to_string(), *port);
+        use skiff_proto::forward_spec::{ConnectEnd, ForwardSpec};
+        let target = |host: &str, port: &u16| ConnectEnd::Tcp(host.to_string(), *port);
         out.push(match f {
             ForwardSpec::Local { listen, host, port } => {
                 format!("localforward {listen} {}", target(host, port))
@@ -370,6 +374,8 @@ pub fn describe(s: &ConnectSettings) -> String {
             ForwardSpec::Remote { listen, host, port } => {
                 format!("remoteforward {listen} {}", target(host, port))
             }
+            ForwardSpec::RemoteUnix { from, to } => format!("remoteforward {from} {to}"),
+            ForwardSpec::RemoteDynamic { listen } => format!("remoteforward {listen}"),
             ForwardSpec::Dynamic { listen } => format!("dynamicforward {listen}"),
         });
     }
@@ -382,6 +388,18 @@ pub fn describe(s: &ConnectSettings) -> String {
         yes_no(s.exit_on_forward_failure)
     ));
     out.push(format!("gatewayports {}", yes_no(s.gateway_ports)));
+    out.push(format!(
+        "escapechar {}",
+        skiff_proto::escape::show_escape_char(s.escape_char)
+    ));
+    out.push(format!(
+        "streamlocalbindmask 0{:o}",
+        s.stream_local_bind_mask
+    ));
+    out.push(format!(
+        "streamlocalbindunlink {}",
+        yes_no(s.stream_local_bind_unlink)
+    ));
     out.extend(s.send_env.iter().map(|v| format!("sendenv {v}")));
     out.extend(s.set_env.iter().map(|(k, v)| format!("setenv {k}={v}")));
     let mut text = out.join("\n");

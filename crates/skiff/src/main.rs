@@ -10,6 +10,7 @@ mod cli_exec;
 mod cli_run;
 mod cli_ssh;
 mod demo;
+mod escape_input;
 mod run_output;
 mod ssh_args;
 mod stdio;

@@ -227,9 +227,10 @@ fn apply_value(out: &mut SshCommandLine, flag: char, value: String) -> Result<()
         // `-S none` turns connection sharing off, which is all it can mean here.
         'S' if value == "none" => {}
         'S' => return unsupported("control sockets; skiff's agent shares connections"),
-        // skiff has no escape character; its diagnostics go to stderr; a
-        // tag only selects `Match tagged`, which skiff does not read.
-        'e' | 'E' | 'P' => {}
+        'e' => out.options.push(format!("EscapeChar={value}")),
+        // skiff's diagnostics go to stderr; a tag only selects
+        // `Match tagged`, which skiff does not read.
+        'E' | 'P' => {}
         'F' => out.config = Some(PathBuf::from(value)),
         'i' => out.identity.push(PathBuf::from(value)),
         'J' => out.jump = Some(value),
@@ -408,7 +409,16 @@ mod tests {
         assert_eq!(c.forwards.len(), 1);
         assert_eq!(c.command, ["echo", "hi"]);
         assert_eq!(p("-N h true"), Err(SshArgsError::NoCommandWithCommand));
-        for bad in ["-L 8080 h", "-R /tmp/s:db:1 h", "-R 1080 h", "-D x h"] {
+        let c = p("-R /tmp/s:db:1 -R 1080 h").unwrap();
+        let shown: Vec<String> = c.forwards.iter().map(ForwardSpec::to_string).collect();
+        assert_eq!(shown, ["-R /tmp/s:db:1", "-R 1080"]);
+        for bad in [
+            "-L 8080 h",
+            "-R /tmp/s h",
+            "-R 1:/x:2 h",
+            "-D x h",
+            "-D /tmp/s h",
+        ] {
             assert!(
                 matches!(p(bad), Err(SshArgsError::BadForwardSpec(_))),
                 "{bad}: {:?}",
@@ -432,6 +442,7 @@ mod tests {
         }
         let c = p("-2 -x -k -C -S none -e none -E /tmp/log h true").unwrap();
         assert!(c.warnings.is_empty());
+        assert_eq!(c.options, ["EscapeChar=none"]);
         let c = p("-A -X h true").unwrap();
         assert_eq!(c.warnings.len(), 1);
         assert_eq!(c.options, ["ForwardAgent=yes"]);

@@ -37,6 +37,11 @@ impl RawMode {
             Some(RawMode { saved })
         }
     }
+
+    /// The terminal's settings from before raw mode.
+    pub fn saved(&self) -> libc::termios {
+        self.saved
+    }
 }
 
 impl Drop for RawMode {

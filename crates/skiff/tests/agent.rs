@@ -607,6 +607,40 @@ fn wait_for_line(path: &Path, prefix: &str, within: Duration) -> Option<String> 
     }
 }
 
+/// A script for a tmux pane: `skiff exec -tt` of `remote` on `d` with
+/// `ah`'s home (through the agent or not), its output in `work/out` and its
+/// exit status in `work/rc`; the pane then stays alive (up to 60 s) for
+/// checks after skiff has ended.
+fn skiff_in_a_pane(
+    work: &tempfile::TempDir,
+    ah: &AgentHome,
+    fx: &Fixture,
+    d: &Skiffd,
+    through_agent: bool,
+    remote: &str,
+) -> std::path::PathBuf {
+    let script = work.path().join("run.sh");
+    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let text = format!(
+        "#!/bin/sh\nexport HOME={home} XDG_RUNTIME_DIR={rt} XDG_STATE_HOME={home}/state \
+         SKIFF_AGENT={agent} TERM=xterm\nunset SSH_AUTH_SOCK\n\
+         {skiff} exec -F /dev/null -o BatchMode=yes -i {key} -p {port} -tt {user}@127.0.0.1 {remote} >{out} 2>&1\n\
+         echo $? >{rc}\nexec sleep 60\n",
+        home = quote(&ah.home.path().display().to_string()),
+        rt = quote(&ah.runtime.path().display().to_string()),
+        agent = if through_agent { "on" } else { "off" },
+        skiff = quote(skiff_bin()),
+        key = quote(&fx.client_key.private.display().to_string()),
+        port = d.port(),
+        user = user(),
+        remote = quote(remote),
+        out = quote(&work.path().join("out").display().to_string()),
+        rc = quote(&work.path().join("rc").display().to_string()),
+    );
+    write_file(&script, text, 0o700);
+    script
+}
+
 /// Resizes a real terminal (a tmux pane) while `skiff exec -tt` runs and
 /// checks that the remote pty follows, directly and through the agent.
 #[test]
@@ -632,28 +666,7 @@ fn window_changes_reach_the_remote_terminal() {
         let remote = "a=$(stty size); echo \"first $a\"; i=0; \
              while [ \"$(stty size)\" = \"$a\" ] && [ $i -lt 150 ]; do sleep 0.1; i=$((i+1)); done; \
              echo \"second $(stty size)\"";
-        let script = work.path().join("run.sh");
-        let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
-        let text = format!(
-            "#!/bin/sh\nexport HOME={home} XDG_RUNTIME_DIR={rt} XDG_STATE_HOME={home}/state \
-             SKIFF_AGENT={agent} TERM=xterm\nunset SSH_AUTH_SOCK\n\
-             {skiff} exec -F /dev/null -o BatchMode=yes -i {key} -p {port} -tt {user}@127.0.0.1 {remote} >{out} 2>&1\n\
-             echo $? >{rc}\n\
-             # Keep the pane (and tmux) alive for the size check after a\n\
-             # quick exit; the tmux server is killed on drop.\n\
-             exec sleep 60\n",
-            home = quote(&ah.home.path().display().to_string()),
-            rt = quote(&ah.runtime.path().display().to_string()),
-            agent = if through_agent { "on" } else { "off" },
-            skiff = quote(skiff_bin()),
-            key = quote(&fx.client_key.private.display().to_string()),
-            port = d.port(),
-            user = user(),
-            remote = quote(remote),
-            out = quote(&out.display().to_string()),
-            rc = quote(&rc.display().to_string()),
-        );
-        write_file(&script, text, 0o700);
+        let script = skiff_in_a_pane(&work, &ah, &fx, &d, through_agent, remote);
         let tmux = Tmux::new();
         tmux.cmd(&[
             "new-session",
@@ -686,6 +699,93 @@ fn window_changes_reach_the_remote_terminal() {
         );
         let code = wait_for_line(&rc, "", Duration::from_secs(10));
         assert_eq!(code.as_deref(), Some("0"), "{c}: skiff exits 0");
+        assert_eq!(
+            ah.agent_pids().len(),
+            usize::from(through_agent),
+            "{c}: the agent is used exactly when asked"
+        );
+    }
+}
+
+/// Types into a real terminal (a tmux pane) running `skiff exec -tt`:
+/// `~~` sends one tilde, a tilde mid-line is text, `~?` prints the escapes
+/// without sending anything, and `~.` ends skiff with 255 at once, directly
+/// and through the agent (where the agent reads a pipe and skiff the
+/// terminal).
+#[test]
+fn escape_sequences_in_a_terminal_session() {
+    if !require_tool("tmux", "tmux") {
+        return;
+    }
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    for through_agent in [false, true] {
+        let ah = AgentHome::new();
+        trust(&ah, &d, &fx);
+        let c = ctx(&d, &format!("escapes, through the agent: {through_agent}"));
+        let work = tempdir();
+        let remote_dir = account_dir();
+        let typed = remote_dir.path().join("typed");
+        let (out, rc) = (work.path().join("out"), work.path().join("rc"));
+        // The remote side says it is ready, then keeps what arrives.
+        let remote = format!("echo ready; exec cat > {}", typed.display());
+        let script = skiff_in_a_pane(&work, &ah, &fx, &d, through_agent, &remote);
+        let tmux = Tmux::new();
+        tmux.cmd(&[
+            "new-session",
+            "-d",
+            "-s",
+            "esc",
+            &format!("sh {}", script.display()),
+        ])
+        .expect_code(0, &c);
+        let shown = || std::fs::read_to_string(&out).unwrap_or_default();
+        assert!(
+            wait_for_line(&out, "ready", Duration::from_secs(20)).is_some(),
+            "{c}: the session did not start\n{}",
+            shown()
+        );
+        let keys = |literal: &str| {
+            tmux.cmd(&["send-keys", "-t", "esc", "-l", literal])
+                .expect_code(0, &c);
+            tmux.cmd(&["send-keys", "-t", "esc", "Enter"])
+                .expect_code(0, &c);
+        };
+        keys("~~one");
+        keys("two~.three");
+        // What reached the remote command, once it has all of it.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let expected = "~one\ntwo~.three\n";
+        while std::fs::read_to_string(&typed).unwrap_or_default() != expected {
+            assert!(
+                Instant::now() < deadline,
+                "{c}: the remote side got {:?}\n{}",
+                std::fs::read_to_string(&typed).unwrap_or_default(),
+                shown()
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+        tmux.cmd(&["send-keys", "-t", "esc", "-l", "~?"])
+            .expect_code(0, &c);
+        let help = wait_for_line(&out, "Supported escape sequences", Duration::from_secs(20));
+        assert!(help.is_some(), "{c}: no help for ~?\n{}", shown());
+        tmux.cmd(&["send-keys", "-t", "esc", "-l", "~."])
+            .expect_code(0, &c);
+        let code = wait_for_line(&rc, "", Duration::from_secs(20));
+        assert_eq!(
+            code.as_deref(),
+            Some("255"),
+            "{c}: ~. ends skiff\n{}",
+            shown()
+        );
+        assert!(shown().contains("closed."), "{c}\n{}", shown());
+        // Neither escape reached the remote side.
+        assert_eq!(
+            std::fs::read_to_string(&typed).unwrap_or_default(),
+            expected,
+            "{c}"
+        );
         assert_eq!(
             ah.agent_pids().len(),
             usize::from(through_agent),

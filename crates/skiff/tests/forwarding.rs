@@ -554,6 +554,27 @@ fn connect_when_listening(port: u16) -> TcpStream {
     }
 }
 
+/// Asks the SOCKS proxy on `proxy_port` (SOCKS 5, the destination by
+/// name, as curl --socks5-hostname does) for 127.0.0.1:`port`; returns
+/// the stream once the proxy says it is connected.
+fn socks5_by_name(proxy_port: u16, port: u16, context: &str) -> TcpStream {
+    let mut s = connect_when_listening(proxy_port);
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    s.write_all(&[5, 1, 0]).unwrap();
+    let mut reply = [0u8; 2];
+    std::io::Read::read_exact(&mut s, &mut reply).unwrap();
+    assert_eq!(reply, [5, 0], "SOCKS 5 method: {context}");
+    let mut request = vec![5, 1, 0, 3, 9];
+    request.extend_from_slice(b"127.0.0.1");
+    request.extend_from_slice(&port.to_be_bytes());
+    s.write_all(&request).unwrap();
+    let mut reply = [0u8; 10];
+    std::io::Read::read_exact(&mut s, &mut reply).unwrap();
+    assert_eq!(reply[..2], [5, 0], "SOCKS 5 connect: {context}");
+    s
+}
+
 #[test]
 fn skiff_ssh_n_with_a_socks_proxy_and_a_remote_port_the_server_picks() {
     let Some((fx, servers)) = both_servers() else {
@@ -582,18 +603,7 @@ fn skiff_ssh_n_with_a_socks_proxy_and_a_remote_port_the_server_picks() {
         check_echoes(connect_when_listening(allocated), &c("-R 0", &skiff));
 
         // SOCKS 5 with a host name, the way curl --socks5-hostname asks.
-        let mut s = connect_when_listening(socks_port);
-        s.write_all(&[5, 1, 0]).unwrap();
-        let mut reply = [0u8; 2];
-        std::io::Read::read_exact(&mut s, &mut reply).unwrap();
-        assert_eq!(reply, [5, 0], "{}", c("SOCKS 5 method", &skiff));
-        let mut request = vec![5, 1, 0, 3, 9];
-        request.extend_from_slice(b"127.0.0.1");
-        request.extend_from_slice(&echo.port.to_be_bytes());
-        s.write_all(&request).unwrap();
-        let mut reply = [0u8; 10];
-        std::io::Read::read_exact(&mut s, &mut reply).unwrap();
-        assert_eq!(reply[..2], [5, 0], "{}", c("SOCKS 5 connect", &skiff));
+        let s = socks5_by_name(socks_port, echo.port, &c("SOCKS 5", &skiff));
         check_echoes(s, &c("SOCKS 5", &skiff));
 
         // SOCKS 4 with an address.
@@ -1006,4 +1016,330 @@ fn skiff_ssh_forwards_to_and_from_unix_sockets() {
         thread::sleep(std::time::Duration::from_millis(50));
     }
     assert!(!local_socket.exists(), "{}: the socket outlived skiff", c());
+}
+
+// ---------------------------------------------------------------------------
+// Unix-socket forwarding: skiffd serving stock ssh, and skiff ssh -R
+// ---------------------------------------------------------------------------
+
+/// Polls (at most 20 s) until `path` exists or stops existing.
+fn wait_for_path(path: &std::path::Path, exists: bool, context: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while path.exists() != exists {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{context}: {} {}",
+            path.display(),
+            if exists {
+                "never appeared"
+            } else {
+                "is still there"
+            }
+        );
+        thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Connects to the Unix socket at `path`, retrying (at most 20 s) until
+/// something listens there.
+fn connect_unix_when_listening(
+    path: &std::path::Path,
+    context: &str,
+) -> std::os::unix::net::UnixStream {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(s) => return s,
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "{context}: {e}");
+                thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// A remote command that waits (at most 30 s) until `file` exists.
+fn wait_for_file_command(file: &std::path::Path) -> String {
+    format!(
+        "for i in $(seq 300); do [ -e {} ] && exit 0; sleep 0.1; done; exit 3",
+        file.display()
+    )
+}
+
+#[test]
+fn skiffd_forwards_unix_sockets_as_the_account() {
+    let Some((fx, [no_forwarding], d)) = skiffd_with("", [("noforward", "no-port-forwarding")])
+    else {
+        return;
+    };
+    let echo = echo_server();
+    let c = || ctx(&d, "Unix-socket forwarding through skiffd");
+    let dir = account_dir();
+
+    // ssh -L to a socket on the server.
+    let echo_socket = dir.path().join("echo.sock");
+    unix_echo_server(&echo_socket);
+    let to_socket = |key: &Key, local: u16, socket: &std::path::Path| {
+        ssh(d.port(), user(), key)
+            .flag("-L")
+            .flag(&format!("127.0.0.1:{local}:{}", socket.display()))
+            .args(&[&talk_to(local)])
+            .run()
+    };
+    to_socket(&fx.client_key, free_port(), &echo_socket)
+        .expect_code(0, &c())
+        .expect_stdout(TWO_ECHOES, &c());
+    assert!(
+        d.log().contains(&format!(
+            "forwarding to socket {:?}",
+            echo_socket.display().to_string()
+        )),
+        "{}",
+        c()
+    );
+    // The key's no-port-forwarding covers sockets.
+    let out = to_socket(&no_forwarding, free_port(), &echo_socket);
+    assert_eq!(out.stdout_str(), "", "{}\n{out}", c());
+    assert!(d.log().contains("refusing forwarding to socket"), "{}", c());
+
+    // A socket only root may use stays out of the account's reach: skiffd
+    // connects with the account's rights, not its own.
+    if is_root() && account().uid != 0 {
+        let private = tempdir();
+        let socket = private.path().join("root-only.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        std::fs::set_permissions(&socket, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let out = to_socket(&fx.client_key, free_port(), &socket);
+        assert_eq!(out.stdout_str(), "", "{}\n{out}", c());
+        assert!(d.log().contains("failed: Permission denied"), "{}", c());
+        assert!(
+            listener.accept().is_err(),
+            "{}: the root-only socket was reached",
+            c()
+        );
+    }
+
+    // ssh -R from a socket skiffd makes (0600, the account's) to the echo
+    // server here; removed when the connection ends.
+    let made = dir.path().join("made.sock");
+    let done = dir.path().join("done");
+    let forward = {
+        let (port, key, made, done) = (d.port(), fx.client_key.clone(), made.clone(), done.clone());
+        thread::spawn(move || {
+            ssh(port, user(), &key)
+                .opt("ExitOnForwardFailure=yes")
+                .flag("-R")
+                .flag(&format!("{}:127.0.0.1:{}", made.display(), echo.port))
+                .args(&[&wait_for_file_command(&done)])
+                .run()
+        })
+    };
+    wait_for_path(&made, true, &c());
+    assert_eq!(file_mode(&made) & 0o777, 0o600, "{}", c());
+    if is_root() {
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            std::fs::metadata(&made).unwrap().uid(),
+            account().uid,
+            "{}",
+            c()
+        );
+    }
+    let stream = std::os::unix::net::UnixStream::connect(&made).unwrap();
+    check_echoes(stream, &c());
+    write_file(&done, "", 0o644);
+    forward.join().unwrap().expect_code(0, &c());
+    wait_for_path(&made, false, &c());
+
+    // An existing file at the path: refused without StreamLocalBindUnlink.
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let out = ssh(d.port(), user(), &fx.client_key)
+        .opt("ExitOnForwardFailure=yes")
+        .flag("-R")
+        .flag(&format!("{}:127.0.0.1:{}", stale.display(), echo.port))
+        .args(&["echo should not run"])
+        .run();
+    assert_eq!(out.code, 255, "{}\n{out}", c());
+    assert!(d.log().contains("cannot listen on"), "{}", c());
+}
+
+#[test]
+fn skiffd_socket_settings_and_refusals() {
+    let config =
+        "AllowStreamLocalForwarding local\nMatch User *\n  AllowStreamLocalForwarding all\n";
+    let Some((fx, [], d)) = skiffd_with(config, []) else {
+        return;
+    };
+    let echo = echo_server();
+    let c = || ctx(&d, "Match sets AllowStreamLocalForwarding");
+    let dir = account_dir();
+    let made = dir.path().join("m.sock");
+    let r = |d: &Skiffd, key: &Key, path: &std::path::Path| {
+        ssh(d.port(), user(), key)
+            .opt("ExitOnForwardFailure=yes")
+            .flag("-R")
+            .flag(&format!("{}:127.0.0.1:{}", path.display(), echo.port))
+            .args(&["echo listening"])
+            .run()
+    };
+    // The Match block wins over the global `local`.
+    r(&d, &fx.client_key, &made)
+        .expect_code(0, &c())
+        .expect_stdout("listening\n", &c());
+    drop(d);
+
+    let config = "AllowStreamLocalForwarding local\n";
+    let Some((fx, [], d)) = skiffd_with(config, []) else {
+        return;
+    };
+    let out = r(&d, &fx.client_key, &made);
+    assert_eq!(out.code, 255, "{}\n{out}", ctx(&d, "local only"));
+    assert!(
+        d.log()
+            .contains("AllowStreamLocalForwarding does not allow remote forwarding"),
+        "{}",
+        ctx(&d, "local only")
+    );
+    drop(d);
+
+    // StreamLocalBindUnlink replaces a stale socket; the mask sets the mode.
+    let config = "StreamLocalBindUnlink yes\nStreamLocalBindMask 0111\n";
+    let Some((fx, [], d)) = skiffd_with(config, []) else {
+        return;
+    };
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let done = dir.path().join("done");
+    let forward = {
+        let (port, key, stale, done) =
+            (d.port(), fx.client_key.clone(), stale.clone(), done.clone());
+        thread::spawn(move || {
+            ssh(port, user(), &key)
+                .opt("ExitOnForwardFailure=yes")
+                .flag("-R")
+                .flag(&format!("{}:127.0.0.1:{}", stale.display(), echo.port))
+                .args(&[&wait_for_file_command(&done)])
+                .run()
+        })
+    };
+    let c = || ctx(&d, "StreamLocalBindUnlink yes");
+    // The new socket answers (the stale one never could).
+    let stream = connect_unix_when_listening(&stale, &c());
+    assert_eq!(file_mode(&stale) & 0o777, 0o666, "{}", c());
+    check_echoes(stream, &c());
+    write_file(&done, "", 0o644);
+    forward.join().unwrap().expect_code(0, &c());
+}
+
+#[test]
+fn skiff_ssh_remote_forwarding_with_sockets_and_a_remote_socks_proxy() {
+    let Some((fx, servers)) = both_servers() else {
+        return;
+    };
+    let echo = echo_server();
+    let local_dir = tempdir();
+    let local_socket = local_dir.path().join("echo.sock");
+    unix_echo_server(&local_socket);
+    for server in &servers {
+        let server = server.as_ref();
+        let home = client_home(server, &fx);
+        let remote_dir = account_dir();
+        let remote_socket = remote_dir.path().join("r.sock");
+        let mut cmd = skiff_ssh_process(&home);
+        cmd.args(["-N", "-R"])
+            .arg(format!(
+                "{}:127.0.0.1:{}",
+                remote_socket.display(),
+                echo.port
+            ))
+            .args(["-R", &format!("0:{}", local_socket.display())])
+            .args(["-R", "0", "box"]);
+        let mut skiff = Background::start(cmd);
+        let c = |what: &str, skiff: &Background| {
+            format!("{}\nskiff stderr:\n{}", ctx(server, what), skiff.stderr())
+        };
+        let allocated = |skiff: &mut Background, to: &str| -> u16 {
+            let marker = format!(" for remote {to}");
+            skiff.wait_for(&marker.clone(), move |text| {
+                text.lines().find(|l| l.contains(&marker)).and_then(|l| {
+                    let rest = l.split("Allocated port ").nth(1)?;
+                    rest.split_whitespace().next()?.parse().ok()
+                })
+            })
+        };
+        let to_local_socket = allocated(
+            &mut skiff,
+            &format!("forward to {}", local_socket.display()),
+        );
+        let socks = allocated(&mut skiff, "SOCKS proxy");
+
+        // A socket on the server, connected here to TCP.
+        wait_for_path(&remote_socket, true, &c("-R /path:host:port", &skiff));
+        let stream = std::os::unix::net::UnixStream::connect(&remote_socket).unwrap();
+        check_echoes(stream, &c("-R /path:host:port", &skiff));
+
+        // A port on the server, connected here to a Unix socket.
+        check_echoes(
+            connect_when_listening(to_local_socket),
+            &c("-R 0:/path", &skiff),
+        );
+
+        // A SOCKS proxy on the server whose connections skiff makes here.
+        let s = socks5_by_name(socks, echo.port, &c("-R 0 (SOCKS)", &skiff));
+        check_echoes(s, &c("-R 0 (SOCKS)", &skiff));
+        assert!(
+            skiff.child.try_wait().unwrap().is_none(),
+            "{}",
+            c("-N", &skiff)
+        );
+    }
+    assert_eq!(echo.connections(), 2 * servers.len());
+}
+
+#[test]
+fn skiff_ssh_local_sockets_follow_stream_local_bind_settings() {
+    let Some((fx, [], d)) = skiffd_with("", []) else {
+        return;
+    };
+    let echo = echo_server();
+    let home = client_home(&d, &fx);
+    let c = || ctx(&d, "StreamLocalBindMask and StreamLocalBindUnlink");
+    let settings = [
+        "-o",
+        "StreamLocalBindMask=0117",
+        "-o",
+        "StreamLocalBindUnlink=yes",
+    ];
+    let shown = skiff_ssh(&home, &[&["-G"], &settings[..], &["box"]].concat()).run();
+    shown.expect_code(0, &c());
+    for line in ["streamlocalbindmask 0117", "streamlocalbindunlink yes"] {
+        assert!(
+            shown.stdout_str().lines().any(|l| l == line),
+            "{line}\n{shown}"
+        );
+    }
+
+    // A stale socket where the forwarding listens: refused by default ...
+    let dir = tempdir();
+    let path = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    let spec = format!("{}:127.0.0.1:{}", path.display(), echo.port);
+    let out = skiff_ssh(
+        &home,
+        &["-o", "ExitOnForwardFailure=yes", "-L", &spec, "box", "true"],
+    )
+    .run();
+    assert_eq!(out.code, 255, "{}\n{out}", c());
+    assert!(out.stderr.contains("cannot listen on"), "{}\n{out}", c());
+
+    // ... replaced under StreamLocalBindUnlink, with the mask's mode.
+    let mut cmd = skiff_ssh_process(&home);
+    cmd.args(settings).args(["-N", "-L", &spec, "box"]);
+    let skiff = Background::start(cmd);
+    let stream = connect_unix_when_listening(&path, &format!("{}\n{}", c(), skiff.stderr()));
+    assert_eq!(file_mode(&path) & 0o777, 0o660, "{}", c());
+    check_echoes(stream, &c());
 }

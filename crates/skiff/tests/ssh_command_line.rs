@@ -541,14 +541,11 @@ fn command_line_details() {
         out.stderr.contains("-M (connection sharing as a master"),
         "{out}"
     );
-    let out = u
-        .run(&shim.path)
-        .args(["-R", "/tmp/x.sock:x:80", "box"])
-        .run();
-    out.expect_code(255, "-R with a socket");
+    let out = u.run(&shim.path).args(["-D", "/tmp/x.sock", "box"]).run();
+    out.expect_code(255, "-D with a socket");
     assert!(
         out.stderr
-            .contains("Unix-socket forwarding with -R is not supported"),
+            .contains("Unix-socket forwarding is not supported"),
         "{out}"
     );
     let out = u.run(&shim.path).args(["-s", "box"]).run();
