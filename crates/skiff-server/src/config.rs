@@ -70,6 +70,9 @@ pub struct Settings {
     /// subsystem); `None` refuses it. skiffd sets it to its own
     /// `--transfer-server` mode before reading `--config`.
     pub transfer_command: Option<String>,
+    /// skiffd's own executable, which serves `internal-sftp` inside a
+    /// `ChrootDirectory` jail (it needs nothing from the jail).
+    pub server_exe: Option<PathBuf>,
     /// Whether skiff clients may use the data plane at all (`DataPlane`).
     pub data_plane: bool,
     /// Where the data plane may run without encryption (`integrity` and
@@ -85,6 +88,9 @@ pub struct Settings {
     pub force_command: Option<String>,
     /// `PermitTTY`.
     pub permit_tty: bool,
+    /// `ChrootDirectory`: the jail of a login's sessions, tokens (`%h`,
+    /// `%u`, `%U`) unexpanded; see [`crate::chroot`].
+    pub chroot_directory: Option<String>,
     /// `Banner`: a file whose text is sent to clients before they
     /// authenticate (read at every connection).
     pub banner: Option<PathBuf>,
@@ -152,12 +158,14 @@ impl Default for Settings {
             client_alive_count_max: 3,
             sftp_command: None,
             transfer_command: None,
+            server_exe: None,
             data_plane: true,
             unencrypted_data_plane: UnencryptedPolicy::Loopback,
             max_channel_window: skiff_proto::window::DEFAULT_MAX_WINDOW,
             forwarding: Default::default(),
             force_command: None,
             permit_tty: true,
+            chroot_directory: None,
             banner: None,
             required_rsa_size: 1024,
             matches: Vec::new(),
@@ -425,6 +433,16 @@ fn apply_lines(
                 let command = match command.trim() {
                     "" => return Err(err("Subsystem needs a name and a command".into())),
                     "none" => None,
+                    // sshd's name for its built-in server: skiffd's own.
+                    "internal-sftp" if name == "sftp" => Some(
+                        settings
+                            .server_exe
+                            .as_deref()
+                            .and_then(crate::sftp::subsystem_command)
+                            .ok_or_else(|| {
+                                err("internal-sftp: skiffd cannot name its own executable".into())
+                            })?,
+                    ),
                     c => Some(c.to_string()),
                 };
                 match name {
@@ -498,6 +516,19 @@ fn apply_lines(
                 }
             }
             "permittty" => settings.permit_tty = parse_yes_no(one()?).map_err(err)?,
+            "chrootdirectory" => {
+                settings.chroot_directory = match one()? {
+                    "none" => None,
+                    path if path.starts_with('/') || path.starts_with("%h") => {
+                        Some(path.to_string())
+                    }
+                    path => {
+                        return Err(err(format!(
+                            "ChrootDirectory must be an absolute path (or none), not {path:?}"
+                        )))
+                    }
+                }
+            }
             "banner" => {
                 settings.banner = match one()? {
                     "none" => None,
@@ -767,6 +798,22 @@ mod tests {
         );
         apply_config_text(&mut s, "c", "subsystem=sftp none").unwrap();
         assert_eq!(s.sftp_command, None);
+        // sshd's internal-sftp names skiffd's own server.
+        let e = apply_config_text(&mut s, "c", "Subsystem sftp internal-sftp").unwrap_err();
+        assert!(e.message.contains("internal-sftp"), "{e}");
+        s.server_exe = Some("/usr/sbin/skiffd".into());
+        apply_config_text(&mut s, "c", "Subsystem sftp internal-sftp").unwrap();
+        assert_eq!(
+            s.sftp_command.as_deref(),
+            Some("'/usr/sbin/skiffd' --sftp-server")
+        );
+        apply_config_text(&mut s, "c", "ChrootDirectory /srv/jail/%u\n").unwrap();
+        assert_eq!(s.chroot_directory.as_deref(), Some("/srv/jail/%u"));
+        apply_config_text(&mut s, "c", "ChrootDirectory none\n").unwrap();
+        assert_eq!(s.chroot_directory, None);
+        let e = apply_config_text(&mut s, "c", "#\nChrootDirectory jail\n").unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.message.contains("absolute"), "{e}");
         let e = apply_config_text(&mut s, "c", "Subsystem sftp").unwrap_err();
         assert_eq!(e.to_string(), "c:1: Subsystem needs a name and a command");
         let e = apply_config_text(&mut s, "c", "Subsystem other /bin/x").unwrap_err();

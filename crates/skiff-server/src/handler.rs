@@ -192,6 +192,29 @@ impl ConnectionHandler {
             .unwrap_or(&self.state.settings)
     }
 
+    /// The `ChrootDirectory` of `account`'s login, expanded and checked;
+    /// `None` when there is none. Jailing needs root.
+    fn jail_for(&self, account: &Account) -> Result<Option<std::path::PathBuf>, String> {
+        let Some(template) = &self.settings().chroot_directory else {
+            return Ok(None);
+        };
+        if !nix::unistd::geteuid().is_root() {
+            return Err("skiffd must run as root to jail a login".into());
+        }
+        let jail = crate::chroot::expand(template, account)?;
+        crate::chroot::check(&jail)?;
+        Ok(Some(jail))
+    }
+
+    /// Why Unix-socket forwarding is refused: `rules`' reason, or a jailed
+    /// login's (its sockets would be outside the jail).
+    fn socket_refusal(&self, rules: Option<String>) -> Option<String> {
+        if self.settings().chroot_directory.is_some() {
+            return Some("the login is jailed (ChrootDirectory)".into());
+        }
+        rules
+    }
+
     /// The login asking for a forwarding, and how logs name it ("user from
     /// peer"); `None` before authentication.
     fn forwarder(&self) -> Option<(&Authenticated, String)> {
@@ -536,12 +559,38 @@ impl ConnectionHandler {
             None => (requested.clone(), None),
         };
         let env = self.environment_for(auth, chan, original.as_deref());
+        let jail = match self.jail_for(&auth.account) {
+            Ok(jail) => jail,
+            Err(why) => {
+                tracing::warn!(peer = %self.peer, user = %auth.account.name, "refusing session: ChrootDirectory: {why}");
+                return session.channel_failure(id);
+            }
+        };
+        // The configured SFTP server, when it is skiffd's own: in a jail it
+        // starts as root outside and enters the jail itself.
+        let settings = self.settings();
+        let internal_sftp = match (&command, &settings.sftp_command) {
+            (Some(c), Some(sftp)) if jail.is_some() && c == sftp => {
+                crate::sftp::internal_server_exe(c).filter(|exe| {
+                    crate::chroot::check_server_exe(exe)
+                        .inspect_err(|why| {
+                            tracing::warn!("the SFTP server cannot serve a jail: {why}")
+                        })
+                        .is_ok()
+                })
+            }
+            _ => None,
+        };
         let spawned = process::spawn(SpawnRequest {
             account: &auth.account,
             command: command.as_deref(),
             env,
             pty: chan.pty.as_ref(),
             extra: extra.map(std::os::fd::AsRawFd::as_raw_fd),
+            jail: jail.as_deref().map(|root| process::Jail {
+                root,
+                internal_sftp: internal_sftp.as_deref(),
+            }),
         });
         let spawned = match spawned {
             Ok(s) => s,
@@ -584,9 +633,16 @@ impl ConnectionHandler {
             .is_some_and(|a| a.options.command.is_some());
         let has_pty = self.channels.get(&id).is_some_and(|c| c.pty.is_some());
         let command = match &settings.transfer_command {
-            Some(c) if settings.data_plane && !forced && !has_pty => c.clone(),
+            Some(c)
+                if settings.data_plane
+                    && !forced
+                    && !has_pty
+                    && settings.chroot_directory.is_none() =>
+            {
+                c.clone()
+            }
             _ => {
-                tracing::info!(peer = %self.peer, "data plane refused (off, forced command or pty)");
+                tracing::info!(peer = %self.peer, "data plane refused (off, forced command, pty or ChrootDirectory)");
                 return session.channel_failure(id);
             }
         };
@@ -1203,11 +1259,11 @@ impl russh::server::Handler for ConnectionHandler {
                 .await;
             return Ok(());
         };
-        match self
-            .settings()
-            .forwarding
-            .socket_open_refusal(&auth.options)
-        {
+        match self.socket_refusal(
+            self.settings()
+                .forwarding
+                .socket_open_refusal(&auth.options),
+        ) {
             None => self.forwards.open_socket(
                 channel,
                 reply,
@@ -1276,7 +1332,7 @@ impl russh::server::Handler for ConnectionHandler {
             return Ok(false);
         };
         let rules = &self.settings().forwarding;
-        let listened = match rules.socket_listen_refusal(&auth.options) {
+        let listened = match self.socket_refusal(rules.socket_listen_refusal(&auth.options)) {
             None => {
                 let (mask, unlink) = (rules.bind_mask, rules.bind_unlink);
                 let owner = crate::account_fs::Identity::of(&auth.account);

@@ -12,6 +12,7 @@
 pub mod access;
 pub mod account;
 mod account_fs;
+pub mod chroot;
 pub mod config;
 mod dataplane;
 pub mod forward_policy;

@@ -21,6 +21,7 @@ pub const ALLOWED_IN_MATCH: &[&str] = &[
     "allowusers",
     "authorizedkeysfile",
     "authorizedprincipalsfile",
+    "chrootdirectory",
     "dataplane",
     "dataplaneunencrypted",
     "denygroups",

@@ -6,6 +6,7 @@
 use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nix::pty::{openpty, Winsize};
@@ -38,6 +39,17 @@ pub struct SpawnRequest<'a> {
     pub pty: Option<&'a PtySpec>,
     /// Becomes the child's fd 3 (the transfer process's socket to skiffd).
     pub extra: Option<RawFd>,
+    /// A `ChrootDirectory` jail (checked already) to run the command in.
+    pub jail: Option<Jail<'a>>,
+}
+
+/// Where a jailed command runs.
+pub struct Jail<'a> {
+    pub root: &'a Path,
+    /// skiffd's own executable, when the command is its SFTP server: that
+    /// starts as root outside the jail, enters it and drops to the account
+    /// itself, so the jail needs no program or library of its own.
+    pub internal_sftp: Option<&'a Path>,
 }
 
 /// The child's standard streams.
@@ -61,7 +73,8 @@ pub struct Spawned {
 pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
     let acct = req.account;
     let login_name;
-    let args: Vec<&OsStr> = match req.command {
+    let mut program = acct.shell.as_path();
+    let mut args: Vec<&OsStr> = match req.command {
         Some(c) => vec![acct.shell.as_os_str(), OsStr::new("-c"), OsStr::new(c)],
         None => {
             let base = acct
@@ -73,15 +86,52 @@ pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
             vec![OsStr::new(&login_name)]
         }
     };
-    let home_ok = acct.home.is_dir();
-    let cwd = if home_ok {
-        acct.home.as_path()
-    } else {
-        std::path::Path::new("/")
+    let mut credentials = acct.credentials();
+    let mut root = None;
+    let jailed_start: PathBuf;
+    let drop_to;
+    let cwd = match &req.jail {
+        None if acct.home.is_dir() => acct.home.as_path(),
+        None => {
+            tracing::warn!(user = %acct.name, "home directory {} missing; starting in /", acct.home.display());
+            Path::new("/")
+        }
+        Some(Jail {
+            root: jail,
+            internal_sftp: Some(exe),
+        }) => {
+            // The SFTP server enters the jail and drops privileges itself.
+            drop_to = crate::chroot::DropTo {
+                uid: acct.uid,
+                gid: acct.gid,
+                groups: acct.groups.clone(),
+            }
+            .to_arg();
+            program = exe;
+            args = vec![
+                exe.as_os_str(),
+                OsStr::new("--sftp-server"),
+                OsStr::new("--chroot"),
+                jail.as_os_str(),
+                OsStr::new("--drop-to"),
+                OsStr::new(&drop_to),
+                OsStr::new("--home"),
+                acct.home.as_os_str(),
+            ];
+            credentials = None;
+            Path::new("/")
+        }
+        Some(Jail {
+            root: jail,
+            internal_sftp: None,
+        }) => {
+            root = Some(*jail);
+            jailed_start = crate::chroot::start_dir(jail, &acct.home);
+            jailed_start.as_path()
+        }
     };
-    let credentials = acct.credentials();
     let plan = |stdio: [RawFd; 3], controlling_tty: bool| spawn::Plan {
-        program: &acct.shell,
+        program,
         args: args.clone(),
         env: req
             .env
@@ -89,6 +139,7 @@ pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect(),
         cwd,
+        root,
         stdio,
         extra: req.extra,
         controlling_tty,
@@ -121,9 +172,6 @@ pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
         }
     };
     let pid = child.id().map(|p| p as i32).unwrap_or(-1);
-    if !home_ok {
-        tracing::warn!(user = %acct.name, "home directory {} missing; starting in /", acct.home.display());
-    }
     Ok(Spawned { child, pid, io })
 }
 

@@ -60,6 +60,20 @@ pub fn subsystem_command(exe: &Path) -> Option<String> {
     Some(format!("{} --sftp-server", shell_quote(exe)))
 }
 
+/// The executable of an SFTP command line in the form
+/// [`subsystem_command`] makes (`'EXE' --sftp-server`): skiffd's own
+/// server, which can serve a `ChrootDirectory` jail from outside it.
+pub fn internal_server_exe(command: &str) -> Option<PathBuf> {
+    let quoted = command.strip_suffix(" --sftp-server")?;
+    let inner = quoted.strip_prefix('\'')?.strip_suffix('\'')?;
+    let exe = inner.replace(r"'\''", "'");
+    // Any other lone quote would end the word early.
+    if inner.replace(r"'\''", "").contains('\'') || !exe.starts_with('/') {
+        return None;
+    }
+    Some(PathBuf::from(exe))
+}
+
 /// Quotes `s` as one word for a POSIX shell.
 pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
@@ -1203,6 +1217,23 @@ mod tests {
 
     fn s(p: &Path) -> String {
         p.to_str().expect("utf-8 temp path").to_string()
+    }
+
+    #[test]
+    fn internal_server_commands_are_recognised() {
+        for exe in ["/usr/sbin/skiffd", "/opt/my skiffd", "/opt/it's/skiffd"] {
+            let command = subsystem_command(Path::new(exe)).unwrap();
+            assert_eq!(internal_server_exe(&command), Some(PathBuf::from(exe)));
+        }
+        for other in [
+            "/usr/lib/openssh/sftp-server",
+            "'/x' --sftp-server --more",
+            "'/x'; rm -rf / #' --sftp-server",
+            "'x' --sftp-server",
+            "/x --sftp-server",
+        ] {
+            assert_eq!(internal_server_exe(other), None, "{other}");
+        }
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub struct Plan<'a> {
     /// The complete environment (nothing is inherited).
     pub env: Vec<(&'a str, &'a str)>,
     pub cwd: &'a Path,
+    /// A directory the child makes its root (`ChrootDirectory`) before it
+    /// changes to `cwd`, which is then inside it.
+    pub root: Option<&'a Path>,
     /// Descriptors that become the child's 0, 1 and 2.
     pub stdio: [RawFd; 3],
     /// A descriptor that becomes the child's 3 (the transfer process's
@@ -63,6 +66,7 @@ struct Prepared {
     envp: Vec<CString>,
     envp_ptrs: Vec<*const libc::c_char>,
     cwd: CString,
+    root: Option<CString>,
     stdio: [RawFd; 3],
     extra: Option<RawFd>,
     controlling_tty: bool,
@@ -72,7 +76,7 @@ struct Prepared {
 }
 
 /// The step that failed in the child, for the error message.
-const STEPS: [&str; 7] = [
+const STEPS: [&str; 8] = [
     "",
     "set up standard streams",
     "start a session",
@@ -80,6 +84,7 @@ const STEPS: [&str; 7] = [
     "change directory",
     "drop privileges",
     "execute",
+    "change the root directory",
 ];
 
 fn cstring(bytes: &[u8], what: &str) -> io::Result<CString> {
@@ -105,6 +110,10 @@ impl Prepared {
             .map(|(k, v)| cstring(format!("{k}={v}").as_bytes(), "an environment variable"))
             .collect::<io::Result<Vec<_>>>()?;
         let cwd = cstring(plan.cwd.as_os_str().as_bytes(), "the directory")?;
+        let root = plan
+            .root
+            .map(|r| cstring(r.as_os_str().as_bytes(), "the root directory"))
+            .transpose()?;
         let mut prepared = Box::new(Prepared {
             program,
             argv,
@@ -112,6 +121,7 @@ impl Prepared {
             envp,
             envp_ptrs: Vec::new(),
             cwd,
+            root,
             stdio: plan.stdio,
             extra: plan.extra,
             controlling_tty: plan.controlling_tty,
@@ -211,6 +221,11 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         }
         if p.controlling_tty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
             return fail(p, 3);
+        }
+        if let Some(root) = &p.root {
+            if libc::chroot(root.as_ptr()) < 0 {
+                return fail(p, 7);
+            }
         }
         if libc::chdir(p.cwd.as_ptr()) < 0 {
             return fail(p, 4);
@@ -421,6 +436,7 @@ mod tests {
             args: args.iter().map(OsStr::new).collect(),
             env: vec![("SKIFF_SPAWN_TEST", "value 1")],
             cwd: Path::new("/"),
+            root: None,
             stdio,
             extra: None,
             controlling_tty: false,

@@ -126,21 +126,7 @@ fn force_command_internal_sftp() {
     let c = || ctx(&d, "ForceCommand internal-sftp");
     let batch = fx.path().join("batch");
     write_file(&batch, "pwd\n", 0o644);
-    let out = Run::new("sftp")
-        .args(["-F", "/dev/null", "-b"])
-        .arg(&batch)
-        .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"])
-        .args([
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "IdentitiesOnly=yes",
-        ])
-        .arg("-i")
-        .arg(&fx.client_key.private)
-        .args(["-P", &d.port().to_string()])
-        .arg(format!("{}@127.0.0.1", user()))
-        .run();
+    let out = stock_sftp_batch(d.port(), &fx.client_key, &batch);
     out.expect_code(0, &c());
     assert!(
         out.stdout_str().contains("Remote working directory"),

@@ -34,6 +34,16 @@ struct Args {
     /// as the account, for the `sftp` subsystem.
     #[arg(long = "sftp-server", hide = true)]
     sftp_server: bool,
+    /// With --sftp-server, started as root for a `ChrootDirectory` login:
+    /// the jail to enter before serving.
+    #[arg(long = "chroot", hide = true, requires_all = ["drop_to", "home"])]
+    chroot: Option<PathBuf>,
+    /// With --chroot: who to become once inside, UID:GID:GROUPS.
+    #[arg(long = "drop-to", hide = true)]
+    drop_to: Option<String>,
+    /// With --chroot: the home directory to start in, inside the jail.
+    #[arg(long = "home", hide = true)]
+    home: Option<PathBuf>,
     /// Serve the skiff data plane (stdin/stdout plus the socket skiffd
     /// passes as fd 3): what skiffd runs, as the account, for the
     /// `transfer@skiff` subsystem.
@@ -45,6 +55,15 @@ fn main() {
     let args = Args::parse();
     if args.sftp_server {
         // No logging: stderr goes to the client's terminal.
+        if let (Some(jail), Some(who), Some(home)) = (&args.chroot, &args.drop_to, &args.home) {
+            let entered = skiff_server::chroot::DropTo::parse(who)
+                .map_err(std::io::Error::other)
+                .and_then(|who| skiff_server::chroot::enter(jail, home, &who));
+            if let Err(e) = entered {
+                eprintln!("skiffd --sftp-server: cannot enter {}: {e}", jail.display());
+                std::process::exit(1);
+            }
+        }
         if let Err(e) = skiff_server::sftp::serve_stdio() {
             eprintln!("skiffd --sftp-server: {e}");
             std::process::exit(1);
@@ -90,6 +109,7 @@ fn run(args: Args) -> Result<()> {
     match std::env::current_exe() {
         Ok(exe) => {
             settings.sftp_command = skiff_server::sftp::subsystem_command(&exe);
+            settings.server_exe = Some(exe.clone());
             settings.transfer_command = exe
                 .to_str()
                 .map(|e| format!("{} --transfer-server", skiff_server::sftp::shell_quote(e)));

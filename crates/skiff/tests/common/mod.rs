@@ -2132,6 +2132,26 @@ pub fn sftp_subsystem_config() -> Option<String> {
         .then(|| format!("Subsystem sftp '{}' --sftp-server\n", exe.display()))
 }
 
+/// Stock `sftp -b BATCH` as the test account against 127.0.0.1:`port`
+/// with `key`, host keys unchecked.
+pub fn stock_sftp_batch(port: u16, key: &Key, batch: &Path) -> CmdOutput {
+    Run::new("sftp")
+        .args(["-F", "/dev/null", "-b"])
+        .arg(batch)
+        .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"])
+        .args([
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "IdentitiesOnly=yes",
+        ])
+        .arg("-i")
+        .arg(&key.private)
+        .args(["-P", &port.to_string()])
+        .arg(format!("{}@127.0.0.1", user()))
+        .run()
+}
+
 /// Like [`sftp_subsystem_config`], for the data plane's `transfer@skiff`.
 pub fn transfer_subsystem_config() -> Option<String> {
     let exe = account_skiffd();
