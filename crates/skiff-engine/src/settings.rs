@@ -203,6 +203,14 @@ fn local_hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
+/// Whether `name` resolves to an address, for `CanonicalizeHostname`.
+fn name_resolves(name: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    (name, 0u16)
+        .to_socket_addrs()
+        .is_ok_and(|mut addrs| addrs.next().is_some())
+}
+
 fn config_error(e: ConfigError) -> SkiffError {
     SkiffError::new(ErrorKind::Config, format!("bad configuration: {e}"))
 }
@@ -235,7 +243,7 @@ fn include_files(arg: &str, from_label: &str, home: &Path) -> Result<Vec<ConfigF
     } else {
         home.join(".ssh").join(arg)
     };
-    let mut paths = glob_paths(&expanded);
+    let mut paths = skiff_files::glob_paths(&expanded);
     paths.sort();
     let mut files = Vec::new();
     for p in paths {
@@ -253,33 +261,6 @@ fn include_files(arg: &str, from_label: &str, home: &Path) -> Result<Vec<ConfigF
         }
     }
     Ok(files)
-}
-
-/// Expands `*` and `?` in each path component against the filesystem.
-fn glob_paths(path: &Path) -> Vec<PathBuf> {
-    let mut current = vec![PathBuf::from(if path.is_absolute() { "/" } else { "." })];
-    for comp in path.components().skip(usize::from(path.is_absolute())) {
-        let part = comp.as_os_str().to_string_lossy();
-        let mut next = Vec::new();
-        for base in &current {
-            if skiff_proto::pattern::has_wildcard(&part) {
-                if let Ok(rd) = std::fs::read_dir(base) {
-                    for entry in rd.flatten() {
-                        let name = entry.file_name().to_string_lossy().into_owned();
-                        if !name.starts_with('.')
-                            && skiff_proto::pattern::wildcard_match(&part, &name)
-                        {
-                            next.push(base.join(name));
-                        }
-                    }
-                }
-            } else {
-                next.push(base.join(&*part));
-            }
-        }
-        current = next;
-    }
-    current
 }
 
 /// The parts of a client process's environment that configuration depends on.
@@ -385,10 +366,19 @@ impl Resolver {
             remote_user: dest.user.clone(),
             local_user: self.local_user.clone(),
         };
-        let cfg = ssh_config::resolve(files, &ctx, &mut |arg, from| {
-            include_files(arg, from, &self.home)
-        })
+        let cfg = ssh_config::resolve_canonical(
+            files,
+            &ctx,
+            &mut |arg, from| include_files(arg, from, &self.home),
+            &mut name_resolves,
+        )
         .map_err(config_error)?;
+        if let Some(host) = &cfg.unresolved {
+            return Err(SkiffError::new(
+                ErrorKind::Connect,
+                format!("could not resolve host \"{host}\" in any of CanonicalDomains (CanonicalizeFallbackLocal no)"),
+            ));
+        }
         let jump = match &cfg.proxy {
             Some(ProxySpec::Jump(hops)) => Some(hops.clone()),
             _ => None,

@@ -99,6 +99,36 @@ pub const CA_SIGNATURE: AlgorithmList = AlgorithmList {
     more: &["ssh-rsa"],
 };
 
+/// The signature algorithms skiffd accepts from user keys and user
+/// certificates (`PubkeyAcceptedAlgorithms` in its configuration). RSA
+/// with SHA-1 (`ssh-rsa`) is not supported at all.
+pub const SERVER_PUBKEY: AlgorithmList = AlgorithmList {
+    keyword: "PubkeyAcceptedAlgorithms",
+    default: &[
+        "ssh-ed25519",
+        "ssh-ed25519-cert-v01@openssh.com",
+        "ecdsa-sha2-nistp256",
+        "ecdsa-sha2-nistp256-cert-v01@openssh.com",
+        "ecdsa-sha2-nistp384",
+        "ecdsa-sha2-nistp384-cert-v01@openssh.com",
+        "ecdsa-sha2-nistp521",
+        "ecdsa-sha2-nistp521-cert-v01@openssh.com",
+        "rsa-sha2-512",
+        "rsa-sha2-512-cert-v01@openssh.com",
+        "rsa-sha2-256",
+        "rsa-sha2-256-cert-v01@openssh.com",
+    ],
+    more: &[],
+};
+
+/// What a CA may have signed a user certificate with, for skiffd
+/// (`CASignatureAlgorithms`): the client's default, and nothing weaker.
+pub const SERVER_CA_SIGNATURE: AlgorithmList = AlgorithmList {
+    keyword: "CASignatureAlgorithms",
+    default: CA_SIGNATURE.default,
+    more: &[],
+};
+
 /// skiffd's key exchange (`KexAlgorithms` in its configuration). The
 /// group-exchange methods are client-only here.
 pub const SERVER_KEX: AlgorithmList = AlgorithmList {

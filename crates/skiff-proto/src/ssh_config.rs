@@ -39,9 +39,16 @@
 //!   and `Match canonical` are true in it (both are false in the first pass), and
 //!   `Host` lines are matched against the resolved host name (the `HostName`
 //!   value, else [`MatchContext::host`]) — the name `ssh` would use after
-//!   canonicalisation. skiff does not canonicalise host names itself
-//!   (`CanonicalizeHostname` is recorded as ignored), so without `Match final`
-//!   there is a single pass.
+//!   canonicalisation. Without `Match final` or canonicalisation there is a
+//!   single pass.
+//! * `CanonicalizeHostname yes` (not through a proxy) or `always`: after the
+//!   first pass, a name with at most `CanonicalizeMaxDots` dots (default 1)
+//!   that is not an address is tried with each of `CanonicalDomains` in
+//!   turn; the first that the caller's `lookup` resolves becomes the host
+//!   name, and the second pass runs with it. A name ending in a dot is
+//!   taken as it is, without the dot. When nothing resolves and
+//!   `CanonicalizeFallbackLocal no` is set, [`HostConfig::unresolved`] says
+//!   so and the caller refuses to connect.
 //! * `Match exec`, `localnetwork`, `sessiontype`, `command` and `version` cannot
 //!   be evaluated here: a `Match` line using any of them (negated or not) never
 //!   matches, and `"Match exec"` (etc.) is recorded in [`HostConfig::ignored`].
@@ -312,6 +319,10 @@ enum Directive {
     StreamLocalBindMask(u32),
     StreamLocalBindUnlink(bool),
     EscapeChar(crate::escape::EscapeChar),
+    CanonicalizeHostname(Canonicalize),
+    CanonicalDomains(Vec<String>),
+    CanonicalizeMaxDots(u32),
+    CanonicalizeFallbackLocal(bool),
     /// A real `ssh_config` keyword that skiff does not implement (canonical spelling).
     Ignored(&'static str),
     /// A keyword nobody knows (as written).
@@ -395,6 +406,10 @@ enum Kw {
     StreamLocalBindMask,
     StreamLocalBindUnlink,
     EscapeChar,
+    CanonicalizeHostname,
+    CanonicalDomains,
+    CanonicalizeMaxDots,
+    CanonicalizeFallbackLocal,
 }
 
 const SUPPORTED: &[(&str, Kw)] = &[
@@ -452,6 +467,10 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("StreamLocalBindMask", Kw::StreamLocalBindMask),
     ("StreamLocalBindUnlink", Kw::StreamLocalBindUnlink),
     ("EscapeChar", Kw::EscapeChar),
+    ("CanonicalizeHostname", Kw::CanonicalizeHostname),
+    ("CanonicalDomains", Kw::CanonicalDomains),
+    ("CanonicalizeMaxDots", Kw::CanonicalizeMaxDots),
+    ("CanonicalizeFallbackLocal", Kw::CanonicalizeFallbackLocal),
 ];
 
 /// Keywords accepted by OpenSSH's `ssh` (including deprecated ones it still
@@ -460,10 +479,6 @@ const SUPPORTED: &[(&str, Kw)] = &[
 const IGNORED: &[&str] = &[
     "AddKeysToAgent",
     "AFSTokenPassing",
-    "CanonicalDomains",
-    "CanonicalizeFallbackLocal",
-    "CanonicalizeHostname",
-    "CanonicalizeMaxDots",
     "CanonicalizePermittedCNAMEs",
     "ChallengeResponseAuthentication",
     "ChannelTimeout",
@@ -1031,6 +1046,48 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
         Kw::StreamLocalBindMask => Directive::StreamLocalBindMask(
             crate::forward_spec::parse_bind_mask(&single(name, args)?)?,
         ),
+        Kw::CanonicalizeHostname => {
+            let v = single(name, args)?;
+            Directive::CanonicalizeHostname(match v.to_ascii_lowercase().as_str() {
+                "no" | "false" | "none" => Canonicalize::No,
+                "yes" | "true" => Canonicalize::Yes,
+                "always" => Canonicalize::Always,
+                _ => return Err(format!("{name}: expected yes, no or always, got \"{v}\"")),
+            })
+        }
+        Kw::CanonicalDomains => {
+            if args.is_empty() {
+                return Err(format!("{name}: expected one or more domains"));
+            }
+            if let Some(bad) = args.iter().find(|d| {
+                d.is_empty()
+                    || d.starts_with('.')
+                    || !d
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+            }) {
+                return Err(format!("{name}: \"{bad}\" is not a domain name"));
+            }
+            if args.iter().any(|d| d == "none") {
+                Directive::CanonicalDomains(Vec::new())
+            } else {
+                Directive::CanonicalDomains(
+                    args.iter()
+                        .map(|d| d.trim_end_matches('.').to_ascii_lowercase())
+                        .collect(),
+                )
+            }
+        }
+        Kw::CanonicalizeMaxDots => {
+            let v = single(name, args)?;
+            Directive::CanonicalizeMaxDots(
+                v.parse()
+                    .map_err(|_| format!("{name}: expected a number, got \"{v}\""))?,
+            )
+        }
+        Kw::CanonicalizeFallbackLocal => {
+            Directive::CanonicalizeFallbackLocal(parse_flag(name, &single(name, args)?)?)
+        }
         Kw::EscapeChar => Directive::EscapeChar(
             crate::escape::parse_escape_char(&single(name, args)?)
                 .map_err(|e| format!("{name}: {e}"))?,
@@ -1245,6 +1302,15 @@ pub struct HostConfig {
     pub stream_local_bind_unlink: Option<bool>,
     /// `EscapeChar`: what starts an escape sequence in a terminal session.
     pub escape_char: Option<crate::escape::EscapeChar>,
+    pub canonicalize_hostname: Option<Canonicalize>,
+    /// `CanonicalDomains`, lowercased, without trailing dots.
+    pub canonical_domains: Option<Vec<String>>,
+    pub canonicalize_max_dots: Option<u32>,
+    pub canonicalize_fallback_local: Option<bool>,
+    /// The name canonicalisation could not resolve in any of
+    /// `CanonicalDomains` under `CanonicalizeFallbackLocal no`: the
+    /// caller must not connect.
+    pub unresolved: Option<String>,
     /// `(keyword, "file:line")` for applicable `ssh` options that skiff does not
     /// implement (and `"Match exec"` etc. for unevaluable criteria), for `-v`.
     pub ignored: Vec<(String, String)>,
@@ -1269,6 +1335,66 @@ pub fn resolve(
     ctx: &MatchContext,
     include: &mut IncludeFn<'_>,
 ) -> Result<HostConfig, ConfigError> {
+    resolve_canonical(files, ctx, include, &mut |_| false)
+}
+
+/// `CanonicalizeHostname`'s setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Canonicalize {
+    No,
+    /// Unless the connection goes through a proxy.
+    Yes,
+    /// Even through a proxy.
+    Always,
+}
+
+/// What canonicalisation makes of a host name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CanonicalName {
+    /// Not a name to canonicalise (an address, or too many dots).
+    Unchanged,
+    Found(String),
+    /// Searched for in every domain, and not found.
+    NotFound,
+}
+
+/// Canonicalises `host` with `domains`; `lookup` says whether a name
+/// resolves.
+pub fn canonical_name(
+    host: &str,
+    domains: &[String],
+    max_dots: u32,
+    lookup: &mut dyn FnMut(&str) -> bool,
+) -> CanonicalName {
+    let unbracketed = host.trim_start_matches('[').trim_end_matches(']');
+    if unbracketed.parse::<std::net::IpAddr>().is_ok() || host.is_empty() {
+        return CanonicalName::Unchanged;
+    }
+    // Already fully qualified: as it is, less the root's dot.
+    if let Some(fqdn) = host.strip_suffix('.') {
+        return CanonicalName::Found(fqdn.to_string());
+    }
+    let dots = host.matches('.').count();
+    if dots > max_dots as usize || domains.is_empty() {
+        return CanonicalName::Unchanged;
+    }
+    for domain in domains {
+        let candidate = format!("{host}.{domain}");
+        if lookup(&candidate) {
+            return CanonicalName::Found(candidate);
+        }
+    }
+    CanonicalName::NotFound
+}
+
+/// [`resolve`], with host-name canonicalisation (see the module
+/// documentation): `lookup` says whether a name resolves.
+pub fn resolve_canonical(
+    files: &[ConfigFile],
+    ctx: &MatchContext,
+    include: &mut IncludeFn<'_>,
+    lookup: &mut dyn FnMut(&str) -> bool,
+) -> Result<HostConfig, ConfigError> {
     let mut r = Resolver {
         ctx,
         include,
@@ -1281,6 +1407,20 @@ pub fn resolve(
     };
     for file in files {
         r.process_file(file, true, false, 0)?;
+    }
+    let mode = r.cfg.canonicalize_hostname.unwrap_or(Canonicalize::No);
+    if mode == Canonicalize::Always || (mode == Canonicalize::Yes && r.cfg.proxy.is_none()) {
+        let host = r.effective_host().to_string();
+        let domains = r.cfg.canonical_domains.clone().unwrap_or_default();
+        let max_dots = r.cfg.canonicalize_max_dots.unwrap_or(1);
+        match canonical_name(&host, &domains, max_dots, lookup) {
+            CanonicalName::Found(name) => r.cfg.hostname = Some(name),
+            CanonicalName::NotFound if r.cfg.canonicalize_fallback_local == Some(false) => {
+                r.cfg.unresolved = Some(host)
+            }
+            CanonicalName::NotFound | CanonicalName::Unchanged => {}
+        }
+        r.want_final_pass = true;
     }
     if r.want_final_pass {
         r.final_pass = true;
@@ -1518,6 +1658,12 @@ impl Resolver<'_, '_> {
             Directive::StreamLocalBindMask(v) => first(&mut cfg.stream_local_bind_mask, v),
             Directive::StreamLocalBindUnlink(v) => first(&mut cfg.stream_local_bind_unlink, v),
             Directive::EscapeChar(v) => first(&mut cfg.escape_char, v),
+            Directive::CanonicalizeHostname(v) => first(&mut cfg.canonicalize_hostname, v),
+            Directive::CanonicalDomains(v) => first(&mut cfg.canonical_domains, v),
+            Directive::CanonicalizeMaxDots(v) => first(&mut cfg.canonicalize_max_dots, v),
+            Directive::CanonicalizeFallbackLocal(v) => {
+                first(&mut cfg.canonicalize_fallback_local, v)
+            }
             Directive::Ignored(name) => {
                 let loc = format!("{}:{}", file.label, line);
                 push_ignored(&mut cfg.ignored, name, loc);
@@ -2164,6 +2310,85 @@ mod tests {
         assert!(parse_err("LocalForward 8080\n").contains("LocalForward"));
         assert!(parse_err("LocalForward 8080 db:0\n").contains("not a port"));
         assert!(parse_err("DynamicForward x\n").contains("DynamicForward"));
+    }
+
+    /// Resolves `text` for `host` with canonicalisation, where `known`
+    /// names resolve.
+    fn res_canonical(text: &str, host: &str, known: &[&str]) -> HostConfig {
+        let file = parse("cfg", text).unwrap();
+        resolve_canonical(&[file], &ctx(host), &mut no_include, &mut |n| {
+            known.contains(&n)
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn canonicalisation_finds_the_name_and_applies_its_blocks() {
+        let text = "CanonicalizeHostname yes\nCanonicalDomains corp.example example.org\n\
+                    Host web.example.org\n  Port 2200\nMatch canonical host web.example.org\n  User canon\n\
+                    Host web\n  IdentityFile ~/.ssh/first-pass\n";
+        let c = res_canonical(text, "web", &["web.example.org"]);
+        assert_eq!(c.hostname.as_deref(), Some("web.example.org"));
+        assert_eq!(c.port, Some(2200));
+        assert_eq!(c.user.as_deref(), Some("canon"));
+        // The first pass still counted for the name as given.
+        assert_eq!(c.identity_files.len(), 1);
+        // The first domain that resolves wins.
+        let c = res_canonical(text, "web", &["web.corp.example", "web.example.org"]);
+        assert_eq!(c.hostname.as_deref(), Some("web.corp.example"));
+        // Nothing resolves: the name stays, unless fallback is off.
+        let c = res_canonical(text, "web", &[]);
+        assert_eq!(c.hostname, None);
+        assert_eq!(c.unresolved, None);
+        let strict = format!("CanonicalizeFallbackLocal no\n{text}");
+        let c = res_canonical(&strict, "web", &[]);
+        assert_eq!(c.unresolved.as_deref(), Some("web"));
+    }
+
+    #[test]
+    fn canonicalisation_leaves_what_it_should_alone() {
+        let on = "CanonicalizeHostname yes\nCanonicalDomains example.org\nCanonicalizeFallbackLocal no\n";
+        let all = &[
+            "db.example.org",
+            "a.b.c.example.org",
+            "10.0.0.1.example.org",
+        ];
+        // Addresses, names with more dots than allowed, names that end in a dot.
+        for (host, want) in [
+            ("10.0.0.1", None),
+            ("::1", None),
+            ("a.b.c", None),
+            ("db.", Some("db")),
+        ] {
+            let c = res_canonical(on, host, all);
+            assert_eq!(c.hostname.as_deref(), want, "{host}");
+            assert_eq!(c.unresolved, None, "{host}");
+        }
+        let c = res_canonical(&format!("CanonicalizeMaxDots 2\n{on}"), "a.b.c", all);
+        assert_eq!(c.hostname.as_deref(), Some("a.b.c.example.org"));
+        // `yes` skips proxied connections, `always` does not; `no` is off.
+        let proxied = "ProxyJump bastion\nCanonicalDomains example.org\nCanonicalizeHostname ";
+        let c = res_canonical(&format!("{proxied}yes\n"), "db", all);
+        assert_eq!(c.hostname, None);
+        let c = res_canonical(&format!("{proxied}always\n"), "db", all);
+        assert_eq!(c.hostname.as_deref(), Some("db.example.org"));
+        let c = res_canonical(
+            "CanonicalizeHostname no\nCanonicalDomains example.org\n",
+            "db",
+            all,
+        );
+        assert_eq!(c.hostname, None);
+        // HostName is what is canonicalised.
+        let c = res_canonical(&format!("{on}Host alias\n  HostName db\n"), "alias", all);
+        assert_eq!(c.hostname.as_deref(), Some("db.example.org"));
+        for bad in [
+            "CanonicalizeHostname maybe\n",
+            "CanonicalDomains\n",
+            "CanonicalDomains .example.org\n",
+            "CanonicalizeMaxDots many\n",
+        ] {
+            assert!(parse_err(bad).contains("Canonical"), "{bad}");
+        }
     }
 
     #[test]

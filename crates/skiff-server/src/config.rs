@@ -1,11 +1,14 @@
 //! skiffd settings and the parser for its configuration file.
 //!
-//! The file format is a small, sshd_config-like subset: one `Keyword value...`
-//! per line, keywords case-insensitive, `#` comments. Parsing is pure (text in,
-//! settings or a `file:line` error out); reading the file is the caller's job.
-//! See docs/skiffd-config.md for the keyword list.
+//! The file format is sshd_config's: one `Keyword value...` per line,
+//! keywords case-insensitive, `#` comments, `Include` and `Match`, and, as
+//! in sshd, the first value given for a keyword wins (repeatable keywords
+//! such as `HostKey` accumulate). Parsing is pure (text in, settings or a
+//! `file:line` error out) given the reader for `Include` files that
+//! [`apply_config`] takes; [`apply_config_text`] reads them from disk. See
+//! docs/skiffd-config.md for the keyword list.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -20,12 +23,28 @@ pub const DEFAULT_AUTHORIZED_KEYS: &str = "%h/.ssh/authorized_keys";
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub listen: Vec<SocketAddr>,
+    /// `Port` lines of the file being read: the ports of `ListenAddress`
+    /// lines without one, and, with no `ListenAddress`, of every address.
+    pub ports: Vec<u16>,
+    /// `ListenAddress` lines without a port, waiting for the `Port` lines.
+    pub listen_bare: Vec<IpAddr>,
+    /// `AddressFamily`: which of 0.0.0.0 and :: a `Port` alone listens on.
+    pub address_family: AddressFamily,
+    /// What skiffd does instead of sshd keywords it accepts without acting
+    /// on (`file:line: keyword: note`), for the log.
+    pub config_notes: Vec<String>,
     /// `KexAlgorithms`, `HostKeyAlgorithms`, `Ciphers`, `MACs`: names in
     /// preference order (see [`skiff_proto::algorithms`]'s `SERVER_*`).
     pub kex_algorithms: Vec<String>,
     pub host_key_algorithms: Vec<String>,
     pub ciphers: Vec<String>,
     pub macs: Vec<String>,
+    /// `PubkeyAcceptedAlgorithms`: the signature algorithms user keys and
+    /// certificates may use.
+    pub pubkey_algorithms: Vec<String>,
+    /// `CASignatureAlgorithms`: what a user certificate's CA may have
+    /// signed it with.
+    pub ca_signature_algorithms: Vec<String>,
     pub host_keys: Vec<PathBuf>,
     /// Host certificates for some of the host keys (`HostCertificate`).
     pub host_certificates: Vec<PathBuf>,
@@ -58,6 +77,10 @@ pub struct Settings {
     pub max_auth_tries: usize,
     /// Unauthenticated connections allowed at once; further ones are dropped.
     pub max_startups: usize,
+    /// `MaxStartups start:rate:full`: from `start` unauthenticated
+    /// connections, new ones are dropped with a probability that starts at
+    /// `rate`% and reaches 100% at `max_startups`.
+    pub early_drop: Option<(usize, u32)>,
     pub max_sessions: usize,
     /// Interval of server keepalives to detect dead clients; `None` disables them.
     pub client_alive_interval: Option<Duration>,
@@ -96,9 +119,50 @@ pub struct Settings {
     pub banner: Option<PathBuf>,
     /// `RequiredRSASize`: the fewest bits an RSA user key may have.
     pub required_rsa_size: u32,
-    /// `Match` blocks with the file they come from, in file order.
-    pub matches: Vec<(String, MatchBlock)>,
+    /// `Match` blocks, in file order.
+    pub matches: Vec<MatchBlock>,
 }
+
+/// `AddressFamily`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressFamily {
+    Any,
+    Inet,
+    Inet6,
+}
+
+/// Where a configuration line comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub file: String,
+    pub line: usize,
+}
+
+/// The port of a `ListenAddress` without one when no `Port` is given
+/// (sshd's would be 22; skiffd does not take a privileged port unasked).
+pub const DEFAULT_PORT: u16 = 2222;
+
+/// How deep `Include` files may nest.
+const MAX_INCLUDE_DEPTH: usize = 16;
+
+/// Keywords that may be given more than once, each line adding to the
+/// last; every other keyword keeps its first value, as in sshd.
+const REPEATABLE: &[&str] = &[
+    "acceptenv",
+    "allowgroups",
+    "allowusers",
+    "denygroups",
+    "denyusers",
+    "hostcertificate",
+    "hostkey",
+    "listenaddress",
+    "port",
+    "subsystem",
+];
+
+/// Reads the files an `Include` argument names, as `(label, text)` in
+/// lexical order; the error is the reason.
+pub type IncludeFn<'a> = dyn FnMut(&str) -> Result<Vec<(String, String)>, String> + 'a;
 
 /// Where skiffd lets a client turn data-plane encryption off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +201,10 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             listen: Vec::new(),
+            ports: Vec::new(),
+            listen_bare: Vec::new(),
+            address_family: AddressFamily::Any,
+            config_notes: Vec::new(),
             host_keys: Vec::new(),
             host_certificates: Vec::new(),
             trusted_user_ca_keys: None,
@@ -153,6 +221,7 @@ impl Default for Settings {
             login_grace_time: Duration::from_secs(120),
             max_auth_tries: 6,
             max_startups: 100,
+            early_drop: None,
             max_sessions: 256,
             client_alive_interval: Some(Duration::from_secs(60)),
             client_alive_count_max: 3,
@@ -173,6 +242,8 @@ impl Default for Settings {
             host_key_algorithms: algorithms::SERVER_HOST_KEY.defaults(),
             ciphers: algorithms::SERVER_CIPHERS.defaults(),
             macs: algorithms::SERVER_MACS.defaults(),
+            pubkey_algorithms: algorithms::SERVER_PUBKEY.defaults(),
+            ca_signature_algorithms: algorithms::SERVER_CA_SIGNATURE.defaults(),
         }
     }
 }
@@ -186,26 +257,84 @@ pub struct ConfigError {
     pub message: String,
 }
 
-/// Applies the lines of a configuration file on top of `settings`.
-///
-/// Repeatable keywords (`ListenAddress`, `HostKey`, `HostCertificate`, `AcceptEnv`) accumulate;
-/// the first `AcceptEnv` line replaces the default list.
-///
-/// `Match` blocks are checked here (each of their lines must be valid and
-/// allowed in a block) and kept in [`Settings::matches`], to be applied per
-/// login by [`Settings::for_login`].
+/// Applies a configuration file on top of `settings`, reading the files
+/// its `Include` lines name from disk (see [`read_included`]).
 pub fn apply_config_text(
     settings: &mut Settings,
     file: &str,
     text: &str,
 ) -> Result<(), ConfigError> {
+    apply_config(settings, file, text, &mut read_included)
+}
+
+/// Reads the files an `Include` argument names: a relative path is under
+/// /etc/ssh, as in sshd; `*` and `?` expand, in lexical order; a pattern
+/// that matches nothing is no error.
+pub fn read_included(pattern: &str) -> Result<Vec<(String, String)>, String> {
+    let path = std::path::Path::new("/etc/ssh").join(pattern);
+    let mut paths = skiff_files::glob_paths(&path);
+    paths.sort();
+    let mut files = Vec::new();
+    for p in paths {
+        match std::fs::read_to_string(&p) {
+            Ok(text) => files.push((p.display().to_string(), text)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("cannot read {}: {e}", p.display())),
+        }
+    }
+    Ok(files)
+}
+
+/// Applies a configuration file on top of `settings`; `include` reads the
+/// files of its `Include` lines.
+///
+/// The first value of a keyword wins, except for [`REPEATABLE`] ones,
+/// which accumulate (the first `AcceptEnv` line replaces the default list).
+/// Later lines for a keyword already set are still checked.
+///
+/// `Match` blocks are checked here (each of their lines must be valid and
+/// allowed in a block) and kept in [`Settings::matches`], to be applied per
+/// login by [`Settings::for_login`]. A `Match` inside an included file ends
+/// with that file.
+pub fn apply_config(
+    settings: &mut Settings,
+    file: &str,
+    text: &str,
+    include: &mut IncludeFn<'_>,
+) -> Result<(), ConfigError> {
     let mut global = Vec::new();
     let mut blocks: Vec<MatchBlock> = Vec::new();
+    collect_lines(file, text, include, 0, None, &mut global, &mut blocks)?;
+    apply_lines(settings, &global)?;
+    settings.settle_listen();
+    for block in &blocks {
+        let mut scratch = settings.clone();
+        apply_lines(&mut scratch, &block.lines)?;
+    }
+    settings.matches.extend(blocks);
+    Ok(())
+}
+
+/// Sorts the lines of `text` (and of the files it includes) into global
+/// lines and `Match` blocks. `block` is the block in force where `text`
+/// starts (for a file included inside one).
+fn collect_lines(
+    file: &str,
+    text: &str,
+    include: &mut IncludeFn<'_>,
+    depth: usize,
+    mut block: Option<usize>,
+    global: &mut Vec<(Origin, String)>,
+    blocks: &mut Vec<MatchBlock>,
+) -> Result<(), ConfigError> {
     for (index, raw) in text.lines().enumerate() {
-        let line_no = index + 1;
+        let origin = Origin {
+            file: file.to_string(),
+            line: index + 1,
+        };
         let err = |message: String| ConfigError {
             file: file.to_string(),
-            line: line_no,
+            line: index + 1,
             message,
         };
         let line = raw.trim();
@@ -213,32 +342,43 @@ pub fn apply_config_text(
             continue;
         }
         let (keyword, rest) = split_keyword(line);
-        if keyword.eq_ignore_ascii_case("match") {
+        let lower = keyword.to_ascii_lowercase();
+        if lower == "match" {
             let args: Vec<&str> = rest.split_whitespace().collect();
             blocks.push(MatchBlock::parse(&args).map_err(err)?);
+            block = Some(blocks.len() - 1);
             continue;
         }
-        match blocks.last_mut() {
-            Some(block) => {
-                let lower = keyword.to_ascii_lowercase();
-                if !crate::match_block::ALLOWED_IN_MATCH.contains(&lower.as_str()) {
+        if lower == "include" {
+            if rest.is_empty() {
+                return Err(err("Include needs a file name or pattern".into()));
+            }
+            if depth >= MAX_INCLUDE_DEPTH {
+                return Err(err(format!(
+                    "Include nested deeper than {MAX_INCLUDE_DEPTH} files"
+                )));
+            }
+            for pattern in rest.split_whitespace() {
+                for (label, text) in include(pattern).map_err(err)? {
+                    collect_lines(&label, &text, include, depth + 1, block, global, blocks)?;
+                }
+            }
+            continue;
+        }
+        match block {
+            Some(i) => {
+                let allowed = crate::match_block::ALLOWED_IN_MATCH.contains(&lower.as_str())
+                    || crate::sshd_only::verdict(&lower, &[]).is_some();
+                if !allowed {
                     return Err(err(format!(
                         "{keyword} cannot be used inside a Match block"
                     )));
                 }
-                block.lines.push((line_no, line.to_string()));
+                blocks[i].lines.push((origin, line.to_string()));
             }
-            None => global.push((line_no, line)),
+            None => global.push((origin, line.to_string())),
         }
     }
-    apply_lines(settings, file, global)?;
-    for block in &blocks {
-        let mut scratch = settings.clone();
-        apply_lines(&mut scratch, file, block_lines(block, &[]))?;
-    }
-    settings
-        .matches
-        .extend(blocks.into_iter().map(|b| (file.to_string(), b)));
     Ok(())
 }
 
@@ -254,12 +394,12 @@ fn split_keyword(line: &str) -> (&str, &str) {
 }
 
 /// A block's lines, without those whose keyword is in `skip` (lowercase).
-fn block_lines<'a>(block: &'a MatchBlock, skip: &[String]) -> Vec<(usize, &'a str)> {
+fn block_lines(block: &MatchBlock, skip: &[String]) -> Vec<(Origin, String)> {
     block
         .lines
         .iter()
         .filter(|(_, line)| !skip.contains(&split_keyword(line).0.to_ascii_lowercase()))
-        .map(|(n, line)| (*n, line.as_str()))
+        .cloned()
         .collect()
 }
 
@@ -268,19 +408,15 @@ impl Settings {
     /// block that matches `ctx` on top. As in sshd, the first matching
     /// block to set a keyword wins. `None` when no block matches.
     pub fn for_login(&self, ctx: &MatchContext<'_>) -> Option<Settings> {
-        let mut matching = self
-            .matches
-            .iter()
-            .filter(|(_, b)| b.matches(ctx))
-            .peekable();
+        let mut matching = self.matches.iter().filter(|b| b.matches(ctx)).peekable();
         matching.peek()?;
         let mut effective = self.clone();
         effective.matches.clear();
         let mut set: Vec<String> = Vec::new();
-        for (file, block) in matching {
+        for block in matching {
             let lines = block_lines(block, &set);
             // Checked when the file was read; cannot fail here.
-            if let Err(e) = apply_lines(&mut effective, file, lines) {
+            if let Err(e) = apply_lines(&mut effective, &lines) {
                 tracing::warn!("{e}");
             }
             set.extend(
@@ -294,17 +430,36 @@ impl Settings {
     }
 }
 
-/// Applies settings lines (`(line number, trimmed line)`, no `Match`).
-fn apply_lines(
-    settings: &mut Settings,
-    file: &str,
-    lines: Vec<(usize, &str)>,
-) -> Result<(), ConfigError> {
+/// Applies settings lines (trimmed, no `Match` or `Include`): the first
+/// value of each keyword wins (see [`REPEATABLE`]); later ones are only
+/// checked.
+fn apply_lines(settings: &mut Settings, lines: &[(Origin, String)]) -> Result<(), ConfigError> {
+    let mut seen: Vec<String> = Vec::new();
     let mut accept_env_seen = false;
-    for (line_no, line) in lines {
+    for (origin, line) in lines {
+        let lower = split_keyword(line).0.to_ascii_lowercase();
+        if REPEATABLE.contains(&lower.as_str()) || !seen.contains(&lower) {
+            apply_line(settings, origin, line, &mut accept_env_seen)?;
+            seen.push(lower);
+        } else {
+            let mut scratch = settings.clone();
+            apply_line(&mut scratch, origin, line, &mut true)?;
+        }
+    }
+    Ok(())
+}
+
+/// Applies one settings line.
+fn apply_line(
+    settings: &mut Settings,
+    origin: &Origin,
+    line: &str,
+    accept_env_seen: &mut bool,
+) -> Result<(), ConfigError> {
+    {
         let err = |message: String| ConfigError {
-            file: file.to_string(),
-            line: line_no,
+            file: origin.file.clone(),
+            line: origin.line,
             message,
         };
         let (keyword, rest) = split_keyword(line);
@@ -319,7 +474,31 @@ fn apply_lines(
         match keyword.to_ascii_lowercase().as_str() {
             "listenaddress" => {
                 let v = one()?;
-                settings.listen.push(parse_listen(v).map_err(err)?);
+                match v.trim_matches(|c| c == '[' || c == ']').parse::<IpAddr>() {
+                    Ok(ip) if !v.contains("]:") => settings.listen_bare.push(ip),
+                    _ => settings.listen.push(parse_listen(v).map_err(err)?),
+                }
+            }
+            "port" => {
+                let v = one()?;
+                let port = v
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|p| *p != 0)
+                    .ok_or_else(|| err(format!("Port must be from 1 to 65535, not {v:?}")))?;
+                settings.ports.push(port);
+            }
+            "addressfamily" => {
+                settings.address_family = match one()?.to_ascii_lowercase().as_str() {
+                    "any" => AddressFamily::Any,
+                    "inet" => AddressFamily::Inet,
+                    "inet6" => AddressFamily::Inet6,
+                    v => {
+                        return Err(err(format!(
+                            "AddressFamily must be any, inet or inet6, not {v:?}"
+                        )))
+                    }
+                }
             }
             "hostkey" => settings.host_keys.push(PathBuf::from(one()?)),
             "kexalgorithms" => {
@@ -333,6 +512,15 @@ fn apply_lines(
                 settings.ciphers = algorithms::SERVER_CIPHERS.resolve(one()?).map_err(err)?
             }
             "macs" => settings.macs = algorithms::SERVER_MACS.resolve(one()?).map_err(err)?,
+            "pubkeyacceptedalgorithms" | "pubkeyacceptedkeytypes" => {
+                settings.pubkey_algorithms =
+                    algorithms::SERVER_PUBKEY.resolve(one()?).map_err(err)?
+            }
+            "casignaturealgorithms" => {
+                settings.ca_signature_algorithms = algorithms::SERVER_CA_SIGNATURE
+                    .resolve(one()?)
+                    .map_err(err)?
+            }
             "hostcertificate" => settings.host_certificates.push(PathBuf::from(one()?)),
             "revokedkeys" => {
                 settings.revoked_keys = match one()? {
@@ -397,9 +585,9 @@ fn apply_lines(
                 if args.is_empty() {
                     return Err(err("AcceptEnv needs at least one pattern".into()));
                 }
-                if !accept_env_seen {
+                if !*accept_env_seen {
                     settings.accept_env.clear();
-                    accept_env_seen = true;
+                    *accept_env_seen = true;
                 }
                 settings
                     .accept_env
@@ -411,10 +599,35 @@ fn apply_lines(
             "logingracetime" => settings.login_grace_time = parse_duration(one()?).map_err(err)?,
             "maxauthtries" => settings.max_auth_tries = parse_count(one()?).map_err(err)?,
             "maxstartups" => {
-                // sshd's "start:rate:full" form: skiff honours the hard limit ("full", or the single number).
+                // `full`, or sshd's `start:rate:full` with random early drop.
                 let v = one()?;
-                let full = v.rsplit(':').next().unwrap_or(v);
-                settings.max_startups = parse_count(full).map_err(err)?;
+                match v.split(':').collect::<Vec<_>>().as_slice() {
+                    [full] => {
+                        settings.max_startups = parse_count(full).map_err(err)?;
+                        settings.early_drop = None;
+                    }
+                    [start, rate, full] => {
+                        let start = parse_count(start).map_err(err)?;
+                        let full = parse_count(full).map_err(err)?;
+                        let rate = rate.parse::<u32>().ok().filter(|r| *r <= 100);
+                        match rate {
+                            Some(rate) if start <= full => {
+                                settings.max_startups = full;
+                                settings.early_drop = Some((start, rate));
+                            }
+                            _ => {
+                                return Err(err(format!(
+                                    "MaxStartups {v:?}: expected start:rate:full with start <= full and a rate from 0 to 100"
+                                )))
+                            }
+                        }
+                    }
+                    _ => {
+                        return Err(err(format!(
+                            "MaxStartups {v:?}: expected a number or start:rate:full"
+                        )))
+                    }
+                }
             }
             "maxsessions" => settings.max_sessions = parse_count(one()?).map_err(err)?,
             "clientaliveinterval" => {
@@ -560,10 +773,71 @@ fn apply_lines(
                     }
                 };
             }
-            _ => return Err(err(format!("unknown keyword {keyword:?}"))),
+            other => {
+                let args: Vec<&str> = rest.split_whitespace().collect();
+                match crate::sshd_only::verdict(other, &args) {
+                    Some(crate::sshd_only::Verdict::Fine) => {}
+                    Some(crate::sshd_only::Verdict::Noted(note)) => settings.config_notes.push(
+                        format!("{}:{}: {keyword}: {note}", origin.file, origin.line),
+                    ),
+                    Some(crate::sshd_only::Verdict::Refused(message)) => return Err(err(message)),
+                    None => return Err(err(format!("unknown keyword {keyword:?}"))),
+                }
+            }
         }
     }
     Ok(())
+}
+
+impl Settings {
+    /// The chance (0 to 1) that a new connection is dropped while
+    /// `unauthenticated` others are still authenticating (`MaxStartups`).
+    pub fn drop_chance(&self, unauthenticated: usize) -> f64 {
+        let full = self.max_startups;
+        if unauthenticated >= full {
+            return 1.0;
+        }
+        match self.early_drop {
+            Some((start, rate)) if unauthenticated >= start => {
+                let rate = f64::from(rate) / 100.0;
+                let span = (full - start).max(1) as f64;
+                rate + (1.0 - rate) * (unauthenticated - start) as f64 / span
+            }
+            _ => 0.0,
+        }
+    }
+
+    /// Turns the `Port` and bare `ListenAddress` lines of a file into listen
+    /// addresses: each bare address on every port (or [`DEFAULT_PORT`]),
+    /// and, with ports but no `ListenAddress` at all, every address of
+    /// `AddressFamily` on them, as sshd does.
+    fn settle_listen(&mut self) {
+        let ports = std::mem::take(&mut self.ports);
+        let bare = std::mem::take(&mut self.listen_bare);
+        let each_port: Vec<u16> = if ports.is_empty() {
+            vec![DEFAULT_PORT]
+        } else {
+            ports.clone()
+        };
+        for ip in &bare {
+            self.listen
+                .extend(each_port.iter().map(|p| SocketAddr::new(*ip, *p)));
+        }
+        if self.listen.is_empty() {
+            let any: Vec<IpAddr> = match self.address_family {
+                AddressFamily::Any => vec![
+                    std::net::Ipv4Addr::UNSPECIFIED.into(),
+                    std::net::Ipv6Addr::UNSPECIFIED.into(),
+                ],
+                AddressFamily::Inet => vec![std::net::Ipv4Addr::UNSPECIFIED.into()],
+                AddressFamily::Inet6 => vec![std::net::Ipv6Addr::UNSPECIFIED.into()],
+            };
+            for p in &ports {
+                self.listen
+                    .extend(any.iter().map(|ip| SocketAddr::new(*ip, *p)));
+            }
+        }
+    }
 }
 
 /// Parses `ADDR:PORT`, `[V6]:PORT`, or a bare address (port 2222).
@@ -635,6 +909,181 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn user_key_and_ca_signature_algorithms() {
+        let mut s = Settings::default();
+        assert!(!s.pubkey_algorithms.iter().any(|a| a.starts_with("ssh-rsa")));
+        apply_config_text(
+            &mut s,
+            "f",
+            "PubkeyAcceptedKeyTypes -rsa-sha2-*\nCASignatureAlgorithms ssh-ed25519\n",
+        )
+        .unwrap();
+        assert!(s.pubkey_algorithms.iter().all(|a| !a.starts_with("rsa-")));
+        assert!(s
+            .pubkey_algorithms
+            .contains(&"ssh-ed25519-cert-v01@openssh.com".to_string()));
+        assert_eq!(s.ca_signature_algorithms, ["ssh-ed25519"]);
+        for bad in [
+            "PubkeyAcceptedAlgorithms +ssh-rsa",
+            "CASignatureAlgorithms +ssh-rsa",
+        ] {
+            let e = apply_config_text(&mut Settings::default(), "f", bad).unwrap_err();
+            assert!(e.message.contains("ssh-rsa"), "{e}");
+        }
+    }
+
+    #[test]
+    fn max_startups_drops_early_with_rising_chance() {
+        let mut s = Settings::default();
+        assert_eq!((s.drop_chance(99), s.drop_chance(100)), (0.0, 1.0));
+        apply_config_text(&mut s, "f", "MaxStartups 10:30:60\n").unwrap();
+        assert_eq!(s.drop_chance(9), 0.0);
+        assert!((s.drop_chance(10) - 0.3).abs() < 1e-9);
+        assert!((s.drop_chance(35) - 0.65).abs() < 1e-9);
+        assert_eq!(s.drop_chance(60), 1.0);
+        for bad in [
+            "MaxStartups 10:130:60",
+            "MaxStartups 70:30:60",
+            "MaxStartups 1:2",
+            "MaxStartups x",
+        ] {
+            assert!(
+                apply_config_text(&mut Settings::default(), "f", bad).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_first_value_wins_and_repeatable_keywords_add_up() {
+        let mut s = Settings::default();
+        let text = "PermitRootLogin no\nPermitRootLogin yes\nMaxSessions 3\nMaxSessions 9\n\
+                    HostKey /a\nHostKey /b\nAllowUsers ann\nAllowUsers bob\n";
+        apply_config_text(&mut s, "f", text).unwrap();
+        assert_eq!(s.access.root_login, crate::access::RootLogin::No);
+        assert_eq!(s.max_sessions, 3);
+        assert_eq!(s.host_keys, [PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(s.access.allow_users, ["ann", "bob"]);
+        // A later value that is not used is still checked.
+        let e = apply_config_text(
+            &mut Settings::default(),
+            "f",
+            "MaxSessions 3\nMaxSessions x\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.line, 2);
+    }
+
+    #[test]
+    fn includes_come_first_and_their_match_blocks_end_with_them() {
+        let files = [
+            (
+                "/etc/ssh/sshd_config.d/10-first.conf",
+                "PermitTTY no\nMatch User ann\n  MaxSessions 1\n",
+            ),
+            (
+                "/etc/ssh/sshd_config.d/20-second.conf",
+                "PermitTTY yes\nMaxAuthTries 2\n",
+            ),
+        ];
+        let mut include = |pattern: &str| -> Result<Vec<(String, String)>, String> {
+            assert_eq!(pattern, "sshd_config.d/*.conf");
+            Ok(files
+                .iter()
+                .map(|(l, t)| (l.to_string(), t.to_string()))
+                .collect())
+        };
+        let mut s = Settings::default();
+        let text = "Include sshd_config.d/*.conf\nPermitTTY yes\nMaxSessions 5\n";
+        apply_config(&mut s, "/etc/ssh/sshd_config", text, &mut include).unwrap();
+        // The drop-in's value came first; the main file's MaxSessions is
+        // global, not part of the drop-in's Match block.
+        assert!(!s.permit_tty);
+        assert_eq!(s.max_auth_tries, 2);
+        assert_eq!(s.max_sessions, 5);
+        assert_eq!(s.matches.len(), 1);
+        assert_eq!(s.matches[0].lines[0].0.file, files[0].0);
+        // Errors name the included file and its line.
+        let mut bad = |_: &str| {
+            Ok(vec![(
+                "/etc/ssh/x.conf".to_string(),
+                "#\nNoSuchThing 1\n".to_string(),
+            )])
+        };
+        let e = apply_config(
+            &mut Settings::default(),
+            "main",
+            "Include x.conf\n",
+            &mut bad,
+        )
+        .unwrap_err();
+        assert_eq!((e.file.as_str(), e.line), ("/etc/ssh/x.conf", 2), "{e}");
+        // A file that includes itself stops at the depth limit.
+        let mut itself = |_: &str| Ok(vec![("loop".to_string(), "Include loop\n".to_string())]);
+        let e = apply_config(
+            &mut Settings::default(),
+            "loop",
+            "Include loop\n",
+            &mut itself,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("nested"), "{e}");
+    }
+
+    #[test]
+    fn ports_and_bare_listen_addresses_combine() {
+        let listen = |text: &str| {
+            let mut s = Settings::default();
+            apply_config_text(&mut s, "f", text).unwrap();
+            s.listen.iter().map(|a| a.to_string()).collect::<Vec<_>>()
+        };
+        assert_eq!(listen("Port 22\n"), ["0.0.0.0:22", "[::]:22"]);
+        assert_eq!(
+            listen("AddressFamily inet\nPort 22\nPort 2022\n"),
+            ["0.0.0.0:22", "0.0.0.0:2022"]
+        );
+        assert_eq!(
+            listen("ListenAddress 10.0.0.1\nListenAddress [::1]:99\nPort 22\n"),
+            ["[::1]:99", "10.0.0.1:22"]
+        );
+        assert_eq!(listen("ListenAddress ::1\n"), ["[::1]:2222"]);
+        assert!(listen("").is_empty());
+        for bad in ["Port 0", "Port http", "AddressFamily ipx"] {
+            assert!(
+                apply_config_text(&mut Settings::default(), "f", bad).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_debian_sshd_config_is_served_as_it_is() {
+        let text = "Include /nonexistent/sshd_config.d/*.conf\nKbdInteractiveAuthentication no\n\
+                    UsePAM yes\nX11Forwarding yes\nPrintMotd no\nAcceptEnv LANG LC_*\n\
+                    Subsystem\tsftp\t/usr/lib/openssh/sftp-server\n\
+                    Match User anoncvs\n\tX11Forwarding no\n\tAllowTcpForwarding no\n";
+        let mut s = Settings::default();
+        apply_config_text(&mut s, "sshd_config", text).unwrap();
+        assert_eq!(
+            s.sftp_command.as_deref(),
+            Some("/usr/lib/openssh/sftp-server")
+        );
+        assert_eq!(s.config_notes.len(), 2, "{:?}", s.config_notes);
+        assert!(
+            s.config_notes[0].starts_with("sshd_config:3: UsePAM:"),
+            "{:?}",
+            s.config_notes
+        );
+        for refused in [
+            "PubkeyAuthentication no",
+            "AuthenticationMethods publickey,password",
+        ] {
+            let e = apply_config_text(&mut Settings::default(), "f", refused).unwrap_err();
+            assert!(e.message.contains("public"), "{e}");
+        }
+    }
 
     #[test]
     fn match_blocks_apply_per_login_first_value_wins() {

@@ -192,6 +192,23 @@ impl ConnectionHandler {
             .unwrap_or(&self.state.settings)
     }
 
+    /// Why `user` may not sign in with a key whose signature algorithm is
+    /// one of `names`: none of them is in the login's
+    /// `PubkeyAcceptedAlgorithms` (which never holds RSA with SHA-1).
+    fn algorithm_refusal(&mut self, user: &str, names: &[&str]) -> Option<String> {
+        // The account's Match blocks may narrow the list.
+        self.load_candidate(user);
+        let accepted = &self.settings().pubkey_algorithms;
+        if names.iter().any(|n| accepted.iter().any(|a| a == n)) {
+            None
+        } else {
+            Some(format!(
+                "{} is not among PubkeyAcceptedAlgorithms",
+                names.join(" or ")
+            ))
+        }
+    }
+
     /// The `ChrootDirectory` of `account`'s login, expanded and checked;
     /// `None` when there is none. Jailing needs root.
     fn jail_for(&self, account: &Account) -> Result<Option<std::path::PathBuf>, String> {
@@ -1040,8 +1057,8 @@ impl russh::server::Handler for ConnectionHandler {
         user: &str,
         offer: PublicKeyOffer<'_>,
     ) -> Result<Auth, Self::Error> {
-        if !signature_algorithm_allowed(offer.algorithm) {
-            tracing::info!(peer = %self.peer, user, "refusing {} signatures (SHA-1)", offer.algorithm.as_str());
+        if let Some(why) = self.algorithm_refusal(user, &[offer.algorithm.as_str()]) {
+            tracing::info!(peer = %self.peer, user, "refusing the key: {why}");
             return Ok(publickey_only());
         }
         let command_keys = self.command_keys(user, offer.public_key).await;
@@ -1072,6 +1089,23 @@ impl russh::server::Handler for ConnectionHandler {
         // The account first: its settings (Match blocks) say which CAs,
         // principals and revocations apply.
         if self.load_candidate(user).is_none() {
+            return Ok(publickey_only());
+        }
+        let cert_algorithms = certificate_algorithms(certificate.algorithm());
+        let names: Vec<&str> = cert_algorithms.iter().map(String::as_str).collect();
+        if let Some(why) = self.algorithm_refusal(user, &names) {
+            tracing::info!(%peer, user, id = certificate.key_id(), "certificate refused: {why}");
+            return Ok(publickey_only());
+        }
+        let ca_signature = certificate.signature().algorithm();
+        if !self
+            .settings()
+            .ca_signature_algorithms
+            .iter()
+            .any(|a| a == ca_signature.as_str())
+        {
+            tracing::info!(%peer, user, id = certificate.key_id(),
+                "certificate refused: its CA signed with {}, which CASignatureAlgorithms leaves out", ca_signature.as_str());
             return Ok(publickey_only());
         }
         let Ok(ca_blob) =
@@ -1161,7 +1195,8 @@ impl russh::server::Handler for ConnectionHandler {
         user: &str,
         key: VerifiedPublicKey<'_>,
     ) -> Result<Auth, Self::Error> {
-        if !signature_algorithm_allowed(key.algorithm) {
+        if let Some(why) = self.algorithm_refusal(user, &[key.algorithm.as_str()]) {
+            tracing::info!(peer = %self.peer, user, "refusing the key: {why}");
             return Ok(publickey_only());
         }
         let command_keys = self.command_keys(user, key.public_key).await;
@@ -1568,12 +1603,16 @@ impl russh::server::Handler for ConnectionHandler {
 
 /// User signatures skiffd accepts: ed25519, ecdsa, rsa-sha2-256/512. Plain
 /// `ssh-rsa` means SHA-1 and is refused (OpenSSH refuses it by default too).
-fn signature_algorithm_allowed(alg: &russh::keys::Algorithm) -> bool {
-    use russh::keys::Algorithm;
-    matches!(
-        alg,
-        Algorithm::Ed25519 | Algorithm::Ecdsa { .. } | Algorithm::Rsa { hash: Some(_) }
-    )
+/// The `PubkeyAcceptedAlgorithms` names a user certificate of this key
+/// type may be signed in with: for RSA, either SHA-2 variant.
+fn certificate_algorithms(key: russh::keys::Algorithm) -> Vec<String> {
+    match key {
+        russh::keys::Algorithm::Rsa { .. } => vec![
+            "rsa-sha2-512-cert-v01@openssh.com".into(),
+            "rsa-sha2-256-cert-v01@openssh.com".into(),
+        ],
+        other => vec![format!("{}-cert-v01@openssh.com", other.as_str())],
+    }
 }
 
 fn publickey_only() -> Auth {
@@ -1709,19 +1748,27 @@ mod tests {
     use std::path::PathBuf;
 
     #[test]
-    fn sha1_rsa_signatures_are_refused() {
-        assert!(!signature_algorithm_allowed(&Algorithm::Rsa { hash: None }));
-        assert!(signature_algorithm_allowed(&Algorithm::Rsa {
+    fn sha1_rsa_and_dsa_are_not_accepted_by_default() {
+        let accepted = crate::config::Settings::default().pubkey_algorithms;
+        let ok = |a: Algorithm| accepted.iter().any(|n| n == a.as_str());
+        assert!(!ok(Algorithm::Rsa { hash: None }));
+        assert!(ok(Algorithm::Rsa {
             hash: Some(HashAlg::Sha256)
         }));
-        assert!(signature_algorithm_allowed(&Algorithm::Rsa {
+        assert!(ok(Algorithm::Rsa {
             hash: Some(HashAlg::Sha512)
         }));
-        assert!(signature_algorithm_allowed(&Algorithm::Ed25519));
-        assert!(signature_algorithm_allowed(&Algorithm::Ecdsa {
+        assert!(ok(Algorithm::Ed25519));
+        assert!(ok(Algorithm::Ecdsa {
             curve: EcdsaCurve::NistP256
         }));
-        assert!(!signature_algorithm_allowed(&Algorithm::Dsa));
+        assert!(!ok(Algorithm::Dsa));
+        assert_eq!(
+            certificate_algorithms(Algorithm::Ed25519),
+            ["ssh-ed25519-cert-v01@openssh.com"]
+        );
+        let rsa = certificate_algorithms(Algorithm::Rsa { hash: None });
+        assert!(rsa.iter().all(|n| accepted.contains(n)), "{rsa:?}");
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //! `process` (starting commands as the account, with pipes or a pty), on top
 //! of `spawn` (a vfork-style process start that can drop privileges).
 //! [`sftp`] is the file server that the `sftp` subsystem runs as the account
-//! (`skiffd --sftp-server`), never inside the server process.
+//! (`skiffd --sftp-server`), never inside the server process; [`chroot`]
+//! jails logins (`ChrootDirectory`). `account_fs` connects to and makes
+//! Unix sockets with an account's rights; `sshd_only` rules on sshd
+//! keywords skiffd accepts without acting on.
 
 pub mod access;
 pub mod account;
@@ -25,6 +28,7 @@ pub mod match_block;
 mod process;
 pub mod sftp;
 mod spawn;
+mod sshd_only;
 pub mod transfer;
 
 pub use handler::authorized_keys_path;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use russh::keys::Algorithm;
 use russh::{cipher, kex, mac, Preferred, SshId};
 use tokio::net::{TcpListener, TcpStream};
@@ -79,13 +79,36 @@ pub fn russh_config(settings: &Settings, host: HostIdentity) -> russh::server::C
 pub async fn serve(settings: Settings, host: HostIdentity) -> Result<()> {
     anyhow::ensure!(!settings.listen.is_empty(), "no listen address");
     let mut listeners = Vec::new();
+    let mut failures = Vec::new();
     for addr in &settings.listen {
-        let listener = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
-        listeners.push(listener);
+        match bind(*addr) {
+            Ok(listener) => listeners.push(listener),
+            Err(e) => failures.push(format!("cannot listen on {addr}: {e}")),
+        }
+    }
+    // As sshd: an address that cannot be had is logged; none at all is fatal.
+    if listeners.is_empty() {
+        anyhow::bail!("{}", failures.join("; "));
+    }
+    for f in &failures {
+        tracing::error!("{f}");
     }
     serve_listeners(listeners, settings, host).await
+}
+
+/// A listening socket on `addr`; an IPv6 one takes IPv6 only, so that
+/// `0.0.0.0` and `::` can both be listened on, each on its own.
+fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv6() {
+        let s = tokio::net::TcpSocket::new_v6()?;
+        socket2::SockRef::from(&s).set_only_v6(true)?;
+        s
+    } else {
+        tokio::net::TcpSocket::new_v4()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
 }
 
 /// Serves connections on already bound listeners (`settings.listen` is ignored).
@@ -146,8 +169,10 @@ async fn accept_loop(
                 continue;
             }
         };
-        if unauthenticated.load(Ordering::SeqCst) >= state.settings.max_startups {
-            tracing::warn!(%peer, "dropping connection: {} unauthenticated connections (MaxStartups)", state.settings.max_startups);
+        let waiting = unauthenticated.load(Ordering::SeqCst);
+        let chance = state.settings.drop_chance(waiting);
+        if chance > 0.0 && (chance >= 1.0 || rand::random::<f64>() < chance) {
+            tracing::warn!(%peer, "dropping connection: {waiting} unauthenticated connections (MaxStartups)");
             continue;
         }
         unauthenticated.fetch_add(1, Ordering::SeqCst);

@@ -36,6 +36,8 @@ pub const ALLOWED_IN_MATCH: &[&str] = &[
     "permitrootlogin",
     "permittty",
     "permituserenvironment",
+    "pubkeyacceptedalgorithms",
+    "pubkeyacceptedkeytypes",
     "revokedkeys",
     "trustedusercakeys",
 ];
@@ -69,8 +71,8 @@ enum Criterion {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MatchBlock {
     criteria: Vec<Criterion>,
-    /// `(line number, line)` of each setting in the block.
-    pub lines: Vec<(usize, String)>,
+    /// Where each setting in the block comes from, and the line.
+    pub lines: Vec<(crate::config::Origin, String)>,
 }
 
 /// A comma-separated pattern list.

@@ -214,3 +214,49 @@ fn required_rsa_size_on_both_sides() {
     );
     ssh_cmd(strict.port(), user(), &fx.client_key, &["true"]).expect_code(0, "ed25519 still works");
 }
+
+/// `PubkeyAcceptedAlgorithms` narrows the user keys skiffd accepts, for
+/// every login or per `Match` block, as sshd's does.
+#[test]
+fn skiffd_accepts_only_the_listed_user_key_algorithms() {
+    let config = "PubkeyAcceptedAlgorithms ssh-ed25519,ecdsa-sha2-*\n\
+                  Match User someone-else\n  PubkeyAcceptedAlgorithms rsa-sha2-*\n";
+    let Some((fx, [], d)) = skiffd_configured(Some(config), []) else {
+        return;
+    };
+    let c = || server_context(&d, "PubkeyAcceptedAlgorithms");
+    let login = |d: &Skiffd, key: &Key| ssh(d.port(), user(), key).args(&["echo in"]).run();
+    for key in [&fx.client_key, &fx.ecdsa_key] {
+        login(&d, key)
+            .expect_code(0, &c())
+            .expect_stdout("in\n", &c());
+    }
+    let out = login(&d, &fx.rsa_key);
+    assert_eq!(out.code, 255, "{}\n{out}", c());
+    assert!(
+        d.log()
+            .contains("rsa-sha2-512 is not among PubkeyAcceptedAlgorithms"),
+        "{}",
+        c()
+    );
+    drop(d);
+
+    // A Match block for this user narrows it further.
+    let config = format!(
+        "Match User {}\n  PubkeyAcceptedAlgorithms ssh-ed25519\n",
+        user()
+    );
+    let Some((fx, [], d)) = skiffd_configured(Some(&config), []) else {
+        return;
+    };
+    let c = || server_context(&d, "PubkeyAcceptedAlgorithms in a Match block");
+    login(&d, &fx.client_key).expect_code(0, &c());
+    let out = login(&d, &fx.ecdsa_key);
+    assert_eq!(out.code, 255, "{}\n{out}", c());
+    assert!(
+        d.log()
+            .contains("ecdsa-sha2-nistp256 is not among PubkeyAcceptedAlgorithms"),
+        "{}",
+        c()
+    );
+}

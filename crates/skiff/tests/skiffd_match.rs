@@ -176,3 +176,56 @@ fn bad_match_configuration_names_the_line() {
         );
     }
 }
+
+/// A Debian-style sshd_config: drop-ins included first win over the main
+/// file, sshd keywords for what skiffd never offers are accepted (and the
+/// ones that ask for it logged), and the server serves.
+#[test]
+fn a_stock_sshd_config_with_drop_ins_is_served() {
+    let drop_ins = tempdir();
+    write_file(
+        &drop_ins.path().join("50-local.conf"),
+        "PermitTTY no\nAcceptEnv SKIFF_DROP_IN\n",
+        0o644,
+    );
+    // Not matched by the pattern: never read.
+    write_file(
+        &drop_ins.path().join("README"),
+        "NoSuchKeyword here\n",
+        0o644,
+    );
+    let config = format!(
+        "Include {}/*.conf\nKbdInteractiveAuthentication no\nUsePAM yes\nX11Forwarding yes\n\
+         PrintMotd no\nPermitTTY yes\nAcceptEnv LANG LC_*\n",
+        drop_ins.path().display()
+    );
+    let Some((fx, d)) = skiffd_with(&config) else {
+        return;
+    };
+    let c = || ctx(&d, "a Debian-style sshd_config");
+    // PermitTTY no from the drop-in, though the main file says yes.
+    let out = ssh_to(&d, &fx, Ipv4Addr::LOCALHOST)
+        .flag("-tt")
+        .args(&["tty"])
+        .run();
+    assert!(
+        out.stderr.contains("PTY allocation request failed"),
+        "{}\n{out}",
+        c()
+    );
+    // AcceptEnv lines add up across the files.
+    ssh_to(&d, &fx, Ipv4Addr::LOCALHOST)
+        .env("SKIFF_DROP_IN", "seen")
+        .opt("SendEnv=SKIFF_DROP_IN")
+        .args(&["echo $SKIFF_DROP_IN"])
+        .run()
+        .expect_code(0, &c())
+        .expect_stdout("seen\n", &c());
+    let log = d.log();
+    assert!(log.contains("UsePAM: skiffd does not use PAM"), "{}", c());
+    assert!(
+        log.contains("X11Forwarding: skiffd does not offer X11"),
+        "{}",
+        c()
+    );
+}

@@ -687,3 +687,61 @@ fn source_address_and_address_family() {
         "{text}"
     );
 }
+
+/// `CanonicalizeHostname`: a short name is tried in each of
+/// `CanonicalDomains`; the first that resolves is the host, and its own
+/// `Host` block applies in the second pass. (The only names every machine
+/// resolves are addresses, so `127.0.0` in domain `1` stands in for `web`
+/// in `example.org`.)
+#[test]
+fn canonicalized_host_names_pick_up_their_own_blocks() {
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let c = || server_context(&d, "CanonicalizeHostname");
+    let home = ClientHome::new();
+    home.trust(d.port(), &fx.host_key);
+    let config = |extra: &str| {
+        format!(
+            "CanonicalizeHostname yes\nCanonicalizeMaxDots 2\n{extra}\
+             Host 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  IdentitiesOnly yes\n  \
+             BatchMode yes\n  ConnectTimeout 10\n",
+            d.port(),
+            user(),
+            fx.client_key.private.display()
+        )
+    };
+    let skiff = || {
+        Run::new(skiff_bin())
+            .env("HOME", home.path())
+            .env("SKIFF_AGENT", "off")
+            .env_remove("SSH_AUTH_SOCK")
+    };
+    let ssh_config = home.ssh_dir().join("config");
+    write_file(
+        &ssh_config,
+        config("CanonicalDomains nowhere.invalid 1\n"),
+        0o600,
+    );
+    skiff()
+        .args(["ssh", "127.0.0", "echo", "canonical"])
+        .run()
+        .expect_code(0, &c())
+        .expect_stdout("canonical\n", &c());
+    let shown = skiff().args(["ssh", "-G", "127.0.0"]).run();
+    assert!(
+        shown.stdout_str().contains("hostname 127.0.0.1\n")
+            && shown.stdout_str().contains(&format!("port {}\n", d.port())),
+        "{}",
+        shown
+    );
+
+    // Nothing resolves: without fallback, skiff refuses before connecting.
+    write_file(
+        &ssh_config,
+        config("CanonicalDomains nowhere.invalid\nCanonicalizeFallbackLocal no\n"),
+        0o600,
+    );
+    let out = skiff().args(["ssh", "127.0.0", "true"]).run();
+    out.expect_skiff_failure(&["could not resolve host \"127.0.0\""], "no fallback");
+}

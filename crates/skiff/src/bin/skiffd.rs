@@ -128,6 +128,9 @@ fn run(args: Args) -> Result<()> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
         apply_config_text(&mut settings, &path.display().to_string(), &text)?;
+        for note in std::mem::take(&mut settings.config_notes) {
+            tracing::warn!("{note}");
+        }
     }
     if !args.listen.is_empty() {
         settings.listen = args.listen;

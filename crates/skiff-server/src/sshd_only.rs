@@ -1,0 +1,182 @@
+//! sshd_config keywords that skiffd accepts without acting on, so that a
+//! stock sshd_config (Debian's has `UsePAM yes`, `X11Forwarding yes`,
+//! `PrintMotd no`, `KbdInteractiveAuthentication no`) can be served as it
+//! is. Each is accepted only where ignoring it can never widen access:
+//! cosmetic and logging settings, and features skiffd never offers
+//! (passwords, X11, tunnels), whatever their value. Anything that would
+//! narrow access if honoured, such as `AuthenticationMethods` with a second
+//! factor or `PubkeyAuthentication no`, stays an error. Pure: no I/O.
+
+/// What skiffd makes of a keyword it does not implement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing to do: the value is what skiffd does anyway.
+    Fine,
+    /// Accepted; the note says what skiffd does instead (logged once).
+    Noted(String),
+    /// Refused: the line is an error with this message.
+    Refused(String),
+}
+
+/// Keywords with no bearing on who gets in or what they may do.
+const COSMETIC: &[&str] = &[
+    "compression",
+    "debianbanner",
+    "ipqos",
+    "loglevel",
+    "logverbose",
+    "modulifile",
+    "pidfile",
+    "printlastlog",
+    "printmotd",
+    "protocol",
+    "rekeylimit",
+    "syslogfacility",
+    "tcpkeepalive",
+    "usedns",
+    "useprivilegeseparation",
+    "versionaddendum",
+];
+
+/// Features skiffd never offers: whatever their setting, it stays off.
+const NEVER_OFFERED: &[(&str, &str)] = &[
+    (
+        "challengeresponseauthentication",
+        "keyboard-interactive authentication",
+    ),
+    ("gssapiauthentication", "GSSAPI authentication"),
+    ("gssapicleanupcredentials", "GSSAPI authentication"),
+    ("gssapistrictacceptorcheck", "GSSAPI authentication"),
+    ("hostbasedauthentication", "host-based authentication"),
+    (
+        "hostbasedusesnamefrompacketonly",
+        "host-based authentication",
+    ),
+    ("ignorerhosts", "host-based authentication"),
+    ("ignoreuserknownhosts", "host-based authentication"),
+    (
+        "kbdinteractiveauthentication",
+        "keyboard-interactive authentication",
+    ),
+    ("kerberosauthentication", "Kerberos authentication"),
+    ("kerberosgetafstoken", "Kerberos authentication"),
+    ("kerberosorlocalpasswd", "Kerberos authentication"),
+    ("kerberosticketcleanup", "Kerberos authentication"),
+    ("passwordauthentication", "password authentication"),
+    ("permitemptypasswords", "password authentication"),
+    ("permittunnel", "tun device forwarding"),
+    ("permituserrc", "~/.ssh/rc files"),
+    ("x11displayoffset", "X11 forwarding"),
+    ("x11forwarding", "X11 forwarding"),
+    ("x11uselocalhost", "X11 forwarding"),
+    ("xauthlocation", "X11 forwarding"),
+];
+
+/// Whether `value` turns something on.
+fn enables(value: &str) -> bool {
+    !matches!(
+        value.to_ascii_lowercase().as_str(),
+        "no" | "none" | "false" | "off" | ""
+    )
+}
+
+/// The verdict on `keyword` (lowercase) with its `args`, or `None` when it
+/// is not one of these keywords.
+pub fn verdict(keyword: &str, args: &[&str]) -> Option<Verdict> {
+    let first = args.first().copied().unwrap_or("");
+    if COSMETIC.contains(&keyword) {
+        return Some(Verdict::Fine);
+    }
+    if let Some((_, feature)) = NEVER_OFFERED.iter().find(|(k, _)| *k == keyword) {
+        return Some(if enables(first) && !keyword.starts_with("ignore") {
+            Verdict::Noted(format!("skiffd does not offer {feature}; it stays off"))
+        } else {
+            Verdict::Fine
+        });
+    }
+    Some(match keyword {
+        "usepam" if enables(first) => Verdict::Noted(
+            "skiffd does not use PAM: its own checks (locked accounts, shells, AllowUsers and \
+             the like) apply, PAM's account and session modules do not run"
+                .into(),
+        ),
+        "usepam" => Verdict::Fine,
+        "strictmodes" => Verdict::Fine,
+        "pubkeyauthentication" if enables(first) => Verdict::Fine,
+        "pubkeyauthentication" => Verdict::Refused(
+            "PubkeyAuthentication no: skiffd authenticates with public keys only".into(),
+        ),
+        "authenticationmethods" => {
+            let only_keys = args.iter().all(|list| {
+                list.split(',').all(|m| m == "publickey" || m == "any")
+                    && !list.contains(",publickey")
+            });
+            if only_keys {
+                Verdict::Fine
+            } else {
+                Verdict::Refused(format!(
+                    "AuthenticationMethods {}: skiffd offers public-key authentication only, \
+                     once, and cannot require more",
+                    args.join(" ")
+                ))
+            }
+        }
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debian_defaults_are_accepted() {
+        assert_eq!(verdict("printmotd", &["no"]), Some(Verdict::Fine));
+        assert_eq!(
+            verdict("kbdinteractiveauthentication", &["no"]),
+            Some(Verdict::Fine)
+        );
+        assert!(
+            matches!(verdict("usepam", &["yes"]), Some(Verdict::Noted(n)) if n.contains("PAM"))
+        );
+        assert!(
+            matches!(verdict("x11forwarding", &["yes"]), Some(Verdict::Noted(n)) if n.contains("X11"))
+        );
+        assert_eq!(verdict("x11forwarding", &["no"]), Some(Verdict::Fine));
+        assert_eq!(verdict("ignorerhosts", &["yes"]), Some(Verdict::Fine));
+    }
+
+    #[test]
+    fn what_would_narrow_access_is_refused() {
+        assert!(matches!(
+            verdict("pubkeyauthentication", &["no"]),
+            Some(Verdict::Refused(_))
+        ));
+        assert_eq!(
+            verdict("pubkeyauthentication", &["yes"]),
+            Some(Verdict::Fine)
+        );
+        for ok in [&["publickey"][..], &["any"], &["publickey", "any"]] {
+            assert_eq!(
+                verdict("authenticationmethods", ok),
+                Some(Verdict::Fine),
+                "{ok:?}"
+            );
+        }
+        for two_factor in [
+            &["publickey,keyboard-interactive"][..],
+            &["publickey,publickey"],
+            &["password"],
+        ] {
+            assert!(
+                matches!(
+                    verdict("authenticationmethods", two_factor),
+                    Some(Verdict::Refused(_))
+                ),
+                "{two_factor:?}"
+            );
+        }
+        assert_eq!(verdict("pubkeyacceptedalgorithms", &["ssh-ed25519"]), None);
+        assert_eq!(verdict("nosuchkeyword", &[]), None);
+    }
+}
