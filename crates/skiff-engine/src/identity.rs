@@ -329,12 +329,15 @@ pub async fn authenticate<H: Handler>(
                     }
                 }
                 tried.push(path.display().to_string());
-                let with_hash = PrivateKeyWithHashAlg::new(key, hash);
+                let with_hash = PrivateKeyWithHashAlg::new(key.clone(), hash);
                 match handle
                     .authenticate_publickey(&settings.user, with_hash)
                     .await
                 {
-                    Ok(AuthResult::Success) => return Ok(()),
+                    Ok(AuthResult::Success) => {
+                        add_to_agent(settings, agent.as_mut(), &key, &path).await;
+                        return Ok(());
+                    }
                     Ok(AuthResult::Failure { .. }) => {}
                     Err(e) => {
                         return Err(SkiffError::new(
@@ -372,6 +375,44 @@ pub async fn authenticate<H: Handler>(
     } else {
         err
     })
+}
+
+/// `AddKeysToAgent`: hands `key`, read from `path`, to ssh-agent once it
+/// has signed in, with the configured constraints. Without an agent there
+/// is nothing to do; a failure is only a note.
+async fn add_to_agent(
+    settings: &ConnectSettings,
+    agent: Option<&mut AgentClient<tokio::net::UnixStream>>,
+    key: &PrivateKey,
+    path: &Path,
+) {
+    use skiff_proto::ssh_config::AddKeysToAgent;
+    let (confirm, lifetime) = match settings.add_keys_to_agent {
+        AddKeysToAgent::No => return,
+        AddKeysToAgent::Ask => {
+            tracing::info!(
+                "AddKeysToAgent ask: skiff does not ask; {} was not added to ssh-agent",
+                path.display()
+            );
+            return;
+        }
+        AddKeysToAgent::Yes { confirm, lifetime } => (confirm, lifetime),
+    };
+    let Some(agent) = agent else {
+        tracing::debug!("AddKeysToAgent: no ssh-agent to add {} to", path.display());
+        return;
+    };
+    let mut constraints = Vec::new();
+    if confirm {
+        constraints.push(russh::keys::agent::Constraint::Confirm);
+    }
+    if let Some(seconds) = lifetime {
+        constraints.push(russh::keys::agent::Constraint::KeyLifetime { seconds });
+    }
+    match agent.add_identity(key, &constraints).await {
+        Ok(()) => tracing::debug!("added {} to ssh-agent", path.display()),
+        Err(e) => tracing::warn!("cannot add {} to ssh-agent: {e}", path.display()),
+    }
 }
 
 /// The hash to sign with for a key of this algorithm (only RSA has a choice),

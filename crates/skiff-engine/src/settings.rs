@@ -113,6 +113,9 @@ pub struct ConnectSettings {
     /// `StreamLocalBindUnlink`: a local forwarding replaces an existing
     /// socket file at its path.
     pub stream_local_bind_unlink: bool,
+    /// `AddKeysToAgent`: whether a key read from a file is handed to
+    /// ssh-agent once it has signed in.
+    pub add_keys_to_agent: skiff_proto::ssh_config::AddKeysToAgent,
     /// `EscapeChar` (default `~`): starts an escape sequence in a session
     /// with a terminal.
     pub escape_char: skiff_proto::escape::EscapeChar,
@@ -632,6 +635,9 @@ fn settle(
         stream_local_bind_mask: cfg.stream_local_bind_mask.unwrap_or(0o177),
         stream_local_bind_unlink: cfg.stream_local_bind_unlink.unwrap_or(false),
         escape_char: cfg.escape_char.unwrap_or_default(),
+        add_keys_to_agent: cfg
+            .add_keys_to_agent
+            .unwrap_or(skiff_proto::ssh_config::AddKeysToAgent::No),
         ignored: cfg.ignored.clone(),
     })
 }

@@ -102,6 +102,21 @@ impl ConfigError {
 /// `StrictHostKeyChecking` values (shared with the known_hosts policy).
 pub use crate::known_hosts::StrictHostKeyChecking;
 
+/// `AddKeysToAgent`: what to do with a key read from a file once it has
+/// signed in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddKeysToAgent {
+    No,
+    /// Add it, asking the agent to confirm each use with `confirm`, and to
+    /// forget it after `lifetime` seconds.
+    Yes {
+        confirm: bool,
+        lifetime: Option<u32>,
+    },
+    /// Ask first (needs an askpass program).
+    Ask,
+}
+
 /// `ControlPersist` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ControlPersist {
@@ -323,6 +338,7 @@ enum Directive {
     CanonicalDomains(Vec<String>),
     CanonicalizeMaxDots(u32),
     CanonicalizeFallbackLocal(bool),
+    AddKeysToAgent(AddKeysToAgent),
     /// A real `ssh_config` keyword that skiff does not implement (canonical spelling).
     Ignored(&'static str),
     /// A keyword nobody knows (as written).
@@ -410,6 +426,7 @@ enum Kw {
     CanonicalDomains,
     CanonicalizeMaxDots,
     CanonicalizeFallbackLocal,
+    AddKeysToAgent,
 }
 
 const SUPPORTED: &[(&str, Kw)] = &[
@@ -471,13 +488,13 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("CanonicalDomains", Kw::CanonicalDomains),
     ("CanonicalizeMaxDots", Kw::CanonicalizeMaxDots),
     ("CanonicalizeFallbackLocal", Kw::CanonicalizeFallbackLocal),
+    ("AddKeysToAgent", Kw::AddKeysToAgent),
 ];
 
 /// Keywords accepted by OpenSSH's `ssh` (including deprecated ones it still
 /// tolerates, and common vendor additions such as Apple's `UseKeychain` and the
 /// GSSAPI key-exchange patches) that skiff does not implement.
 const IGNORED: &[&str] = &[
-    "AddKeysToAgent",
     "AFSTokenPassing",
     "CanonicalizePermittedCNAMEs",
     "ChallengeResponseAuthentication",
@@ -677,7 +694,7 @@ fn parse_line(raw: &str, command_line: bool) -> Result<Option<Directive>, String
 /// Splits arguments the way `ssh` does: whitespace-separated words, `"` and `'`
 /// quoting, backslash escapes for quotes, backslash and (unquoted) blanks, and
 /// an unquoted word starting with `#` ending the line.
-fn split_args(s: &str) -> Result<Vec<String>, String> {
+pub fn split_args(s: &str) -> Result<Vec<String>, String> {
     let mut args = Vec::new();
     let mut chars = s.chars().peekable();
     loop {
@@ -1085,6 +1102,51 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
                     .map_err(|_| format!("{name}: expected a number, got \"{v}\""))?,
             )
         }
+        Kw::AddKeysToAgent => {
+            // `yes`, `no`, `ask`, `confirm`, a time, or `confirm` and a time.
+            let bad = || {
+                format!(
+                    "{name}: expected yes, no, ask, confirm or a time (e.g. 1h), got \"{}\"",
+                    args.join(" ")
+                )
+            };
+            let lower: Vec<String> = args.iter().map(|a| a.to_ascii_lowercase()).collect();
+            let lifetime = |v: &str| -> Result<Option<u32>, String> {
+                match parse_time(v) {
+                    Some(0) => Ok(None),
+                    Some(secs) => u32::try_from(secs).map(Some).map_err(|_| bad()),
+                    None => Err(bad()),
+                }
+            };
+            Directive::AddKeysToAgent(
+                match lower
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+                    .as_slice()
+                {
+                    ["no" | "false"] => AddKeysToAgent::No,
+                    ["yes" | "true"] => AddKeysToAgent::Yes {
+                        confirm: false,
+                        lifetime: None,
+                    },
+                    ["ask"] => AddKeysToAgent::Ask,
+                    ["confirm"] => AddKeysToAgent::Yes {
+                        confirm: true,
+                        lifetime: None,
+                    },
+                    ["confirm", time] => AddKeysToAgent::Yes {
+                        confirm: true,
+                        lifetime: lifetime(time)?,
+                    },
+                    [time] => AddKeysToAgent::Yes {
+                        confirm: false,
+                        lifetime: lifetime(time)?,
+                    },
+                    _ => return Err(bad()),
+                },
+            )
+        }
         Kw::CanonicalizeFallbackLocal => {
             Directive::CanonicalizeFallbackLocal(parse_flag(name, &single(name, args)?)?)
         }
@@ -1307,6 +1369,7 @@ pub struct HostConfig {
     pub canonical_domains: Option<Vec<String>>,
     pub canonicalize_max_dots: Option<u32>,
     pub canonicalize_fallback_local: Option<bool>,
+    pub add_keys_to_agent: Option<AddKeysToAgent>,
     /// The name canonicalisation could not resolve in any of
     /// `CanonicalDomains` under `CanonicalizeFallbackLocal no`: the
     /// caller must not connect.
@@ -1664,6 +1727,7 @@ impl Resolver<'_, '_> {
             Directive::CanonicalizeFallbackLocal(v) => {
                 first(&mut cfg.canonicalize_fallback_local, v)
             }
+            Directive::AddKeysToAgent(v) => first(&mut cfg.add_keys_to_agent, v),
             Directive::Ignored(name) => {
                 let loc = format!("{}:{}", file.label, line);
                 push_ignored(&mut cfg.ignored, name, loc);
@@ -2388,6 +2452,47 @@ mod tests {
             "CanonicalizeMaxDots many\n",
         ] {
             assert!(parse_err(bad).contains("Canonical"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn add_keys_to_agent_values() {
+        let v = |text: &str| res(&format!("AddKeysToAgent {text}\n"), "x").add_keys_to_agent;
+        assert_eq!(v("no"), Some(AddKeysToAgent::No));
+        assert_eq!(
+            v("yes"),
+            Some(AddKeysToAgent::Yes {
+                confirm: false,
+                lifetime: None
+            })
+        );
+        assert_eq!(v("ask"), Some(AddKeysToAgent::Ask));
+        assert_eq!(
+            v("confirm"),
+            Some(AddKeysToAgent::Yes {
+                confirm: true,
+                lifetime: None
+            })
+        );
+        assert_eq!(
+            v("1h"),
+            Some(AddKeysToAgent::Yes {
+                confirm: false,
+                lifetime: Some(3600)
+            })
+        );
+        assert_eq!(
+            v("confirm 10m"),
+            Some(AddKeysToAgent::Yes {
+                confirm: true,
+                lifetime: Some(600)
+            })
+        );
+        for bad in ["maybe", "confirm soon", "yes 1h"] {
+            assert!(
+                parse_err(&format!("AddKeysToAgent {bad}\n")).contains("AddKeysToAgent"),
+                "{bad}"
+            );
         }
     }
 

@@ -57,7 +57,9 @@ pub struct Settings {
     /// Public keys that may never authenticate, nor sign certificates
     /// (`RevokedKeys`).
     pub revoked_keys: Option<PathBuf>,
-    /// Path template with `%h` and `%u` tokens. A path without tokens applies to every account.
+    /// Path templates with `%h` and `%u` tokens, separated by spaces
+    /// (`AuthorizedKeysFile`), or `none`. A path without tokens applies to
+    /// every account.
     pub authorized_keys: String,
     /// `AuthorizedKeysCommand`: the program (absolute) and its argument
     /// templates (see [`crate::lookup_command`]).
@@ -71,6 +73,8 @@ pub struct Settings {
     pub access: crate::access::AccessRules,
     /// Environment variable name patterns a client may set (`LANG LC_*` by default).
     pub accept_env: Vec<String>,
+    /// `SetEnv`: variables every session gets, over any other value.
+    pub set_env: Vec<(String, String)>,
     /// Honour `environment=` in authorized_keys.
     pub permit_user_environment: bool,
     pub login_grace_time: Duration,
@@ -217,6 +221,7 @@ impl Default for Settings {
             revoked_keys: None,
             authorized_keys: DEFAULT_AUTHORIZED_KEYS.to_string(),
             accept_env: vec!["LANG".into(), "LC_*".into()],
+            set_env: Vec::new(),
             permit_user_environment: false,
             login_grace_time: Duration::from_secs(120),
             max_auth_tries: 6,
@@ -540,7 +545,12 @@ fn apply_line(
                     path => Some(PathBuf::from(path)),
                 }
             }
-            "authorizedkeysfile" => settings.authorized_keys = one()?.to_string(),
+            "authorizedkeysfile" => {
+                if args.is_empty() {
+                    return Err(err("AuthorizedKeysFile needs a file (or none)".into()));
+                }
+                settings.authorized_keys = args.join(" ");
+            }
             "authorizedkeyscommand" | "authorizedprincipalscommand" => {
                 use crate::lookup_command::{parse_command_line, KEYS_TOKENS, PRINCIPALS_TOKENS};
                 let keys = keyword.eq_ignore_ascii_case("authorizedkeyscommand");
@@ -592,6 +602,25 @@ fn apply_line(
                 settings
                     .accept_env
                     .extend(args.iter().map(|s| s.to_string()));
+            }
+            "setenv" => {
+                let words = skiff_proto::ssh_config::split_args(rest)
+                    .map_err(|e| err(format!("SetEnv: {e}")))?;
+                if words.is_empty() {
+                    return Err(err("SetEnv needs NAME=VALUE".into()));
+                }
+                let mut vars = Vec::new();
+                for word in words {
+                    match word.split_once('=') {
+                        Some((name, value))
+                            if !name.is_empty() && !name.contains(char::is_whitespace) =>
+                        {
+                            vars.push((name.to_string(), value.to_string()))
+                        }
+                        _ => return Err(err(format!("SetEnv: expected NAME=VALUE, got {word:?}"))),
+                    }
+                }
+                settings.set_env = vars;
             }
             "permituserenvironment" => {
                 settings.permit_user_environment = parse_yes_no(one()?).map_err(err)?
@@ -932,6 +961,46 @@ mod tests {
             let e = apply_config_text(&mut Settings::default(), "f", bad).unwrap_err();
             assert!(e.message.contains("ssh-rsa"), "{e}");
         }
+    }
+
+    #[test]
+    fn set_env_takes_quoted_values() {
+        let mut s = Settings::default();
+        apply_config_text(
+            &mut s,
+            "f",
+            "SetEnv TZ=UTC \"GREETING=hello there\"\nSetEnv X=1\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.set_env,
+            [
+                ("TZ".to_string(), "UTC".to_string()),
+                ("GREETING".to_string(), "hello there".to_string())
+            ]
+        );
+        for bad in ["SetEnv", "SetEnv NOVALUE", "SetEnv =x", "SetEnv \"A=1"] {
+            assert!(
+                apply_config_text(&mut Settings::default(), "f", bad).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn authorized_keys_files_may_be_several() {
+        let mut s = Settings::default();
+        apply_config_text(
+            &mut s,
+            "f",
+            "AuthorizedKeysFile .ssh/authorized_keys .ssh/authorized_keys2\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.authorized_keys,
+            ".ssh/authorized_keys .ssh/authorized_keys2"
+        );
+        assert!(apply_config_text(&mut s, "f", "AuthorizedKeysFile\n").is_err());
     }
 
     #[test]

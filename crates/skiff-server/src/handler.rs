@@ -244,11 +244,15 @@ impl ConnectionHandler {
         if self.candidate.as_ref().map(|(u, _)| u.as_str()) != Some(user) {
             let loaded = match self.admissible_account(user) {
                 Ok(acct) => {
-                    let keys = load_account_file(
-                        &self.settings().authorized_keys,
-                        &acct,
-                        authorized_keys::parse,
-                    );
+                    // Every file `AuthorizedKeysFile` names, in order;
+                    // `none` names none.
+                    let keys = self
+                        .settings()
+                        .authorized_keys
+                        .split_whitespace()
+                        .filter(|t| *t != "none")
+                        .flat_map(|t| load_account_file(t, &acct, authorized_keys::parse))
+                        .collect();
                     Some((acct, keys))
                 }
                 Err(why) => {
@@ -540,6 +544,10 @@ impl ConnectionHandler {
         ];
         for (k, v) in fixed {
             set_var(&mut env, k, v);
+        }
+        // SetEnv wins over everything else, as in sshd.
+        for (k, v) in &self.settings().set_env {
+            set_var(&mut env, k, v.clone());
         }
         if let Some(pty) = &chan.pty {
             set_var(&mut env, "TERM", pty.term.clone());

@@ -39,6 +39,7 @@ pub const ALLOWED_IN_MATCH: &[&str] = &[
     "pubkeyacceptedalgorithms",
     "pubkeyacceptedkeytypes",
     "revokedkeys",
+    "setenv",
     "trustedusercakeys",
 ];
 

@@ -334,3 +334,31 @@ fn hashed_entries_key_types_are_tried_when_the_plain_ones_miss() {
         out.stderr
     );
 }
+
+/// `AddKeysToAgent yes` hands a key read from a file to ssh-agent once it
+/// has signed in; without it the agent is left alone.
+#[test]
+fn add_keys_to_agent_hands_the_file_key_to_ssh_agent() {
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let agent = Agent::start();
+    let home = ClientHome::new();
+    name_server_box(&home, &d, &fx);
+    let c = server_context(&d, "AddKeysToAgent");
+    let material = fx.client_key.pub_line();
+    let material = material.split_whitespace().nth(1).unwrap().to_string();
+    let skiff = |args: &[&str]| {
+        Run::new(skiff_bin())
+            .env("HOME", home.path())
+            .env("SKIFF_AGENT", "off")
+            .env("SSH_AUTH_SOCK", &agent.sock)
+            .arg("ssh")
+            .args(args)
+            .run()
+    };
+    skiff(&["box", "true"]).expect_code(0, &c);
+    assert!(!agent.list().contains(&material), "{c}: added unasked");
+    skiff(&["-o", "AddKeysToAgent=1h", "box", "true"]).expect_code(0, &c);
+    assert!(agent.list().contains(&material), "{c}: {}", agent.list());
+}

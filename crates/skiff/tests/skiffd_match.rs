@@ -229,3 +229,62 @@ fn a_stock_sshd_config_with_drop_ins_is_served() {
         c()
     );
 }
+
+/// `SetEnv` reaches every session, over what the client sends; a `Match`
+/// block's wins over the global one.
+#[test]
+fn set_env_reaches_sessions() {
+    let config = format!(
+        "SetEnv SKIFF_A=global \"SKIFF_B=two words\"\nAcceptEnv SKIFF_*\n\
+         Match User {}\n  SetEnv SKIFF_A=matched\n",
+        user()
+    );
+    let Some((fx, d)) = skiffd_with(&config) else {
+        return;
+    };
+    let c = || ctx(&d, "SetEnv");
+    // The Match block's SetEnv replaces the global list for this user.
+    ssh_to(&d, &fx, Ipv4Addr::LOCALHOST)
+        .env("SKIFF_A", "client")
+        .opt("SendEnv=SKIFF_A")
+        .args(&["echo \"$SKIFF_A/${SKIFF_B-unset}\""])
+        .run()
+        .expect_code(0, &c())
+        .expect_stdout("matched/unset\n", &c());
+}
+
+/// `skiffd -t` checks a configuration and its host keys without serving,
+/// as `sshd -t` does for config management tools.
+#[test]
+fn dash_t_checks_the_configuration_and_exits() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let config = fx.path().join("check.conf");
+    let check = || {
+        Run::new(skiffd_bin())
+            .args(["-t", "-f"])
+            .arg(&config)
+            .arg("--host-key")
+            .arg(&fx.host_key.private)
+            .run()
+    };
+    write_file(
+        &config,
+        "UsePAM yes\nPort 2022\nMatch User x\n  PermitTTY no\n",
+        0o644,
+    );
+    let out = check();
+    out.expect_code(0, "a good configuration");
+    assert!(out.stderr.contains("UsePAM"), "the note is shown\n{out}");
+    write_file(&config, "PermitTTY yes\nMatch User x\n  Port 22\n", 0o644);
+    let out = check();
+    assert_eq!(out.code, 1, "{out}");
+    assert!(out.stderr.contains("check.conf:3"), "{out}");
+    // A host key that cannot be read fails the check too.
+    write_file(&config, "HostKey /nonexistent/key\n", 0o644);
+    let out = Run::new(skiffd_bin()).args(["-t", "-f"]).arg(&config).run();
+    assert_eq!(out.code, 1, "{out}");
+    assert!(out.stderr.contains("/nonexistent/key"), "{out}");
+}

@@ -1041,3 +1041,33 @@ fn banner_is_sent_before_authentication() {
     out.expect_code(0, &c);
     assert_eq!(out.stderr, "", "{c}\n{out}");
 }
+
+/// `AuthorizedKeysFile` may name several files (sshd's default names two):
+/// each is read in turn, and a missing one is no error.
+#[test]
+fn several_authorized_keys_files_are_read_in_turn() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let (first, second) = (fx.path().join("keys1"), fx.path().join("keys2"));
+    write_file(&first, fx.client_key.pub_line() + "\n", 0o644);
+    write_file(&second, fx.rsa_key.pub_line() + "\n", 0o644);
+    let files = format!(
+        "{} {} {}",
+        fx.path().join("missing").display(),
+        first.display(),
+        second.display()
+    );
+    let d = Skiffd::start_with(SkiffdOptions::new(&fx.host_key, Path::new(&files)));
+    let c = server_context(&d, "several AuthorizedKeysFile files");
+    for key in [&fx.client_key, &fx.rsa_key] {
+        ssh(d.port(), user(), key)
+            .args(&["echo in"])
+            .run()
+            .expect_code(0, &c)
+            .expect_stdout("in\n", &c);
+    }
+    let out = ssh(d.port(), user(), &fx.ecdsa_key).args(&["true"]).run();
+    assert_eq!(out.code, 255, "{c}\n{out}");
+}

@@ -27,6 +27,11 @@ struct Args {
     /// `%u` the user name. Default %h/.ssh/authorized_keys.
     #[arg(long = "authorized-keys", value_name = "PATH")]
     authorized_keys: Option<String>,
+    /// Check the configuration and the host keys, then exit: 0 when skiffd
+    /// would start with them, as `sshd -t` does (nothing is created or
+    /// listened on).
+    #[arg(short = 't', long = "test")]
+    test: bool,
     /// More logging (-v: debug, -vv: trace). Logs go to stderr.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -143,7 +148,7 @@ fn run(args: Args) -> Result<()> {
     if !args.host_keys.is_empty() {
         settings.host_keys = args.host_keys;
     }
-    if settings.host_keys.is_empty() {
+    if settings.host_keys.is_empty() && !args.test {
         let dir = hostkey::default_state_dir()?;
         settings
             .host_keys
@@ -154,6 +159,10 @@ fn run(args: Args) -> Result<()> {
     }
     let keys = hostkey::load_host_keys(&settings.host_keys)?;
     let certificates = hostkey::load_host_certificates(&settings.host_certificates, &keys)?;
+    if args.test {
+        // Without a HostKey line, the default key is made at first start.
+        return Ok(());
+    }
     let host = hostkey::HostIdentity { keys, certificates };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
