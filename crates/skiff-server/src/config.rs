@@ -75,6 +75,8 @@ pub struct Settings {
     pub accept_env: Vec<String>,
     /// `SetEnv`: variables every session gets, over any other value.
     pub set_env: Vec<(String, String)>,
+    /// `ExposeAuthInfo`: tell sessions how the login authenticated.
+    pub expose_auth_info: bool,
     /// Honour `environment=` in authorized_keys.
     pub permit_user_environment: bool,
     pub login_grace_time: Duration,
@@ -222,6 +224,7 @@ impl Default for Settings {
             authorized_keys: DEFAULT_AUTHORIZED_KEYS.to_string(),
             accept_env: vec!["LANG".into(), "LC_*".into()],
             set_env: Vec::new(),
+            expose_auth_info: false,
             permit_user_environment: false,
             login_grace_time: Duration::from_secs(120),
             max_auth_tries: 6,
@@ -603,6 +606,7 @@ fn apply_line(
                     .accept_env
                     .extend(args.iter().map(|s| s.to_string()));
             }
+            "exposeauthinfo" => settings.expose_auth_info = parse_yes_no(one()?).map_err(err)?,
             "setenv" => {
                 let words = skiff_proto::ssh_config::split_args(rest)
                     .map_err(|e| err(format!("SetEnv: {e}")))?;

@@ -38,6 +38,9 @@ pub struct ServerState {
 struct Authenticated {
     account: Account,
     options: KeyOptions,
+    /// How it authenticated, as `ExposeAuthInfo` writes it
+    /// (`publickey KEYTYPE BASE64`).
+    credential: String,
 }
 
 /// A session channel before and after its command starts.
@@ -99,6 +102,8 @@ pub struct ConnectionHandler {
     session_rtt: Option<std::time::Duration>,
     /// TCP forwardings (`direct-tcpip` relays, `tcpip-forward` listeners).
     forwards: crate::forwarding::Forwards,
+    /// The `ExposeAuthInfo` file, made at the first session.
+    auth_info: Option<crate::auth_info::AuthInfoFile>,
     /// The account name whose login settings are in force, and those
     /// settings when `Match` blocks change them (see [`Self::settings`]).
     effective: Option<(String, Option<Arc<Settings>>)>,
@@ -124,6 +129,7 @@ impl ConnectionHandler {
             probe_answered: None,
             session_rtt: None,
             forwards: Default::default(),
+            auth_info: None,
             effective: None,
             state,
         }
@@ -393,7 +399,7 @@ impl ConnectionHandler {
 
     /// Records a successful login (a key or a certificate) as `account`,
     /// whose sessions run under `options`.
-    fn logged_in(&mut self, account: Account, mut options: KeyOptions) -> Auth {
+    fn logged_in(&mut self, account: Account, mut options: KeyOptions, credential: String) -> Auth {
         self.enter_login_settings(&account);
         if account.uid == 0
             && self.settings().access.root_login == crate::access::RootLogin::ForcedCommandsOnly
@@ -413,7 +419,11 @@ impl ConnectionHandler {
             });
         }
         options.no_pty |= !settings.permit_tty;
-        self.auth = Some(Authenticated { account, options });
+        self.auth = Some(Authenticated {
+            account,
+            options,
+            credential,
+        });
         self.candidate = None;
         self.session_rtt = self.probe_answered.take().map(|t| t.elapsed());
         self.authenticated_flag.send_replace(true);
@@ -558,7 +568,29 @@ impl ConnectionHandler {
         if let Some(socket) = &chan.agent {
             set_var(&mut env, "SSH_AUTH_SOCK", socket.display().to_string());
         }
+        if let Some(info) = &self.auth_info {
+            set_var(&mut env, "SSH_USER_AUTH", info.path().display().to_string());
+        }
         env
+    }
+
+    /// Makes the `ExposeAuthInfo` file at the login's first session, when
+    /// its settings ask for one; a failure is logged and the session goes
+    /// on without it.
+    fn expose_auth_info(&mut self) {
+        if self.auth_info.is_some() || !self.settings().expose_auth_info {
+            return;
+        }
+        let Some(auth) = &self.auth else {
+            return;
+        };
+        let acct = &auth.account;
+        match crate::auth_info::AuthInfoFile::create(&auth.credential, acct.uid, acct.gid) {
+            Ok(file) => self.auth_info = Some(file),
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, user = %acct.name, "ExposeAuthInfo: cannot write the file: {e}")
+            }
+        }
     }
 
     /// Starts the command (or shell) for a channel and wires its I/O.
@@ -569,6 +601,7 @@ impl ConnectionHandler {
         session: &mut Session,
         extra: Option<&std::os::fd::OwnedFd>,
     ) -> Result<(), russh::Error> {
+        self.expose_auth_info();
         let Some(auth) = self.auth.as_ref() else {
             return session.channel_failure(id);
         };
@@ -1189,7 +1222,8 @@ impl russh::server::Handler for ConnectionHandler {
                     ca = %certificate.signature_key().fingerprint(Default::default()),
                     via = ?authority, "accepted certificate");
                 let account = account.clone();
-                Ok(self.logged_in(account, options))
+                let credential = credential_line(certificate.to_openssh());
+                Ok(self.logged_in(account, options, credential))
             }
             Err(why) => {
                 tracing::info!(%peer, user, "certificate refused: {why}");
@@ -1212,7 +1246,8 @@ impl russh::server::Handler for ConnectionHandler {
             Some((account, options)) => {
                 tracing::info!(peer = %self.peer, user, key = %key.public_key.fingerprint(Default::default()),
                     "accepted publickey");
-                Ok(self.logged_in(account, options))
+                let credential = credential_line(key.public_key.to_openssh());
+                Ok(self.logged_in(account, options, credential))
             }
             None => Ok(publickey_only()),
         }
@@ -1620,6 +1655,17 @@ fn certificate_algorithms(key: russh::keys::Algorithm) -> Vec<String> {
             "rsa-sha2-256-cert-v01@openssh.com".into(),
         ],
         other => vec![format!("{}-cert-v01@openssh.com", other.as_str())],
+    }
+}
+
+/// `publickey KEYTYPE BASE64` from a key's (or certificate's) OpenSSH
+/// public form, without its comment.
+fn credential_line(openssh: Result<String, russh::keys::ssh_key::Error>) -> String {
+    let text = openssh.unwrap_or_default();
+    let mut fields = text.split_whitespace();
+    match (fields.next(), fields.next()) {
+        (Some(kind), Some(blob)) => format!("publickey {kind} {blob}\n"),
+        _ => "publickey\n".to_string(),
     }
 }
 

@@ -15,6 +15,7 @@
 pub mod access;
 pub mod account;
 mod account_fs;
+mod auth_info;
 pub mod chroot;
 pub mod config;
 mod dataplane;

@@ -27,6 +27,7 @@ pub const ALLOWED_IN_MATCH: &[&str] = &[
     "denygroups",
     "denyusers",
     "disableforwarding",
+    "exposeauthinfo",
     "forcecommand",
     "gatewayports",
     "maxchannelwindow",

@@ -288,3 +288,44 @@ fn dash_t_checks_the_configuration_and_exits() {
     assert_eq!(out.code, 1, "{out}");
     assert!(out.stderr.contains("/nonexistent/key"), "{out}");
 }
+
+/// `ExposeAuthInfo`: the session finds, in the file `SSH_USER_AUTH` names,
+/// the key that logged in; the file is the account's, 0600, and goes with
+/// the connection.
+#[test]
+fn expose_auth_info_names_the_key_that_logged_in() {
+    let config = format!("Match User {}\n  ExposeAuthInfo yes\n", user());
+    let Some((fx, d)) = skiffd_with(&config) else {
+        return;
+    };
+    let c = || ctx(&d, "ExposeAuthInfo");
+    let out = ssh_to(&d, &fx, Ipv4Addr::LOCALHOST)
+        .args(&[
+            "echo \"$SSH_USER_AUTH\"; cat \"$SSH_USER_AUTH\"; stat -c '%U %a' \"$SSH_USER_AUTH\"",
+        ])
+        .run();
+    out.expect_code(0, &c());
+    let stdout = out.stdout_str();
+    let lines: Vec<&str> = stdout.lines().collect();
+    let material = fx.client_key.pub_line();
+    let mut fields = material.split_whitespace();
+    let expected = format!(
+        "publickey {} {}",
+        fields.next().unwrap(),
+        fields.next().unwrap()
+    );
+    assert_eq!(lines.len(), 3, "{}\n{out}", c());
+    assert_eq!(lines[1], expected, "{}", c());
+    assert_eq!(lines[2], format!("{} 600", user()), "{}", c());
+    let path = std::path::PathBuf::from(lines[0]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while path.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}: {} outlived the connection",
+            c(),
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
