@@ -364,24 +364,16 @@ pub async fn start(
                 }
             }
             ForwardSpec::Remote { listen, host, port } => {
-                let to = ConnectEnd::Tcp(host.clone(), *port);
-                let asked = listen_remote_tcp(conn, listen, Target::Fixed(to.clone())).await;
-                match asked {
-                    Ok(Some(bound)) => notices.push(format!(
-                        "Allocated port {bound} for remote forward to {host}:{port}"
-                    )),
-                    Ok(None) => {}
-                    Err(e) => failures.push(failed(e)),
-                }
+                let to = Target::Fixed(ConnectEnd::Tcp(host.clone(), *port));
+                let asked = listen_remote_tcp(conn, listen, to).await.map_err(failed);
+                let announced = format!("remote forward to {host}:{port}");
+                record_remote(asked, &announced, &mut notices, &mut failures);
             }
             ForwardSpec::RemoteDynamic { listen } => {
-                match listen_remote_tcp(conn, listen, Target::Socks).await {
-                    Ok(Some(bound)) => {
-                        notices.push(format!("Allocated port {bound} for remote SOCKS proxy"))
-                    }
-                    Ok(None) => {}
-                    Err(e) => failures.push(failed(e)),
-                }
+                let asked = listen_remote_tcp(conn, listen, Target::Socks)
+                    .await
+                    .map_err(failed);
+                record_remote(asked, "remote SOCKS proxy", &mut notices, &mut failures);
             }
             ForwardSpec::RemoteUnix { from, to } => {
                 let target = Target::Fixed(to.clone());
@@ -391,17 +383,33 @@ pub async fn start(
                         .await
                         .map(|()| None),
                 };
-                match asked {
-                    Ok(Some(bound)) => {
-                        notices.push(format!("Allocated port {bound} for remote forward to {to}"))
-                    }
-                    Ok(None) => {}
-                    Err(e) => failures.push(failed(e)),
-                }
+                let announced = format!("remote forward to {to}");
+                record_remote(
+                    asked.map_err(failed),
+                    &announced,
+                    &mut notices,
+                    &mut failures,
+                );
             }
         }
     }
     (forwarding, failures, notices)
+}
+
+/// Records what came of asking the server to listen: the port it chose
+/// for 0 is announced ("Allocated port N for `announced`"), a refusal is a
+/// failure.
+fn record_remote(
+    asked: Result<Option<u32>, SkiffError>,
+    announced: &str,
+    notices: &mut Vec<String>,
+    failures: &mut Vec<SkiffError>,
+) {
+    match asked {
+        Ok(Some(bound)) => notices.push(format!("Allocated port {bound} for {announced}")),
+        Ok(None) => {}
+        Err(e) => failures.push(e),
+    }
 }
 
 /// Asks the server to listen on `listen` (as ssh: no address means

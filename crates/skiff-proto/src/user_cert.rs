@@ -56,8 +56,10 @@ pub enum Authority {
 /// `AuthorizedPrincipalsFile` when one is configured (empty when it is
 /// missing): for a `TrustedUserCAKeys` CA, a certificate principal must
 /// then be listed there instead of the account's name. `now` is Unix time,
-/// `utc_offset` the local zone's offset in seconds (for `expiry-time`). On
-/// success, the options the session runs under.
+/// `utc_offset` the local zone's offset in seconds (for `expiry-time`).
+/// `ca_signatures` are the signature algorithms a CA may have used
+/// (`CASignatureAlgorithms`; never RSA with SHA-1). On success, the options
+/// the session runs under.
 #[allow(clippy::too_many_arguments)]
 pub fn admit(
     authorized: &[AuthorizedKey],
@@ -65,6 +67,7 @@ pub fn admit(
     principals_file: Option<&[AuthorizedPrincipal]>,
     user: &str,
     cert: &UserCertificate<'_>,
+    ca_signatures: &[String],
     peer: IpAddr,
     now: i64,
     utc_offset: i64,
@@ -73,10 +76,15 @@ pub fn admit(
     if !cert.is_user_certificate {
         return Err(format!("certificate {id:?} is a host certificate"));
     }
-    if !CA_SIGNATURE.default.contains(&cert.signature_algorithm) {
+    let alg = cert.signature_algorithm;
+    if !ca_signatures.iter().any(|a| a == alg) || !CA_SIGNATURE.default.contains(&alg) {
+        let sha1 = if alg == "ssh-rsa" {
+            " (RSA with SHA-1 is never accepted)"
+        } else {
+            ""
+        };
         return Err(format!(
-            "certificate {id:?} is signed with {}, which skiffd does not accept (SHA-1)",
-            cert.signature_algorithm
+            "certificate {id:?} is signed with {alg}, which CASignatureAlgorithms leaves out{sha1}"
         ));
     }
     let line = authorized_keys::find_cert_authority(authorized, cert.ca_key_type, cert.ca_blob);
@@ -248,6 +256,11 @@ mod tests {
     const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
     const NOW: i64 = 1_800_000_000;
 
+    /// The default `CASignatureAlgorithms`.
+    fn ca() -> Vec<String> {
+        CA_SIGNATURE.defaults()
+    }
+
     fn admit_with(
         authorized: &str,
         trusted: &str,
@@ -257,7 +270,7 @@ mod tests {
         let (ak, w1) = parse("ak", authorized);
         let (tk, w2) = parse("ca", trusted);
         assert!(w1.is_empty() && w2.is_empty(), "{w1:?} {w2:?}");
-        admit(&ak, &tk, None, user, cert, LOOPBACK, NOW, 0)
+        admit(&ak, &tk, None, user, cert, &ca(), LOOPBACK, NOW, 0)
     }
 
     #[test]
@@ -310,6 +323,22 @@ mod tests {
         assert!(admit_with(&ak, "", "alice", &sha1)
             .unwrap_err()
             .contains("SHA-1"));
+        // A narrower CASignatureAlgorithms leaves the CA's algorithm out.
+        let (ak, _) = parse("ak", &ak);
+        let narrow = ["rsa-sha2-512".to_string()];
+        let err = admit(
+            &ak,
+            &[],
+            None,
+            "alice",
+            &c.view(),
+            &narrow,
+            LOOPBACK,
+            NOW,
+            0,
+        )
+        .unwrap_err();
+        assert!(err.contains("CASignatureAlgorithms"), "{err}");
     }
 
     #[test]
@@ -333,7 +362,19 @@ mod tests {
             "dba\ncommand=\"uptime\",from=\"127.0.0.0/8\" ops\nfrom=\"10.0.0.0/8\" web\n",
         );
         assert!(w.is_empty(), "{w:?}");
-        let with = |c: &Cert| admit(&[], &tk, Some(&file), "alice", &c.view(), LOOPBACK, NOW, 0);
+        let with = |c: &Cert| {
+            admit(
+                &[],
+                &tk,
+                Some(&file),
+                "alice",
+                &c.view(),
+                &ca(),
+                LOOPBACK,
+                NOW,
+                0,
+            )
+        };
         // The account's own name is not enough any more.
         assert!(with(&Cert::new(&["alice"]))
             .unwrap_err()
@@ -349,6 +390,7 @@ mod tests {
             Some(&[]),
             "alice",
             &Cert::new(&["alice"]).view(),
+            &ca(),
             LOOPBACK,
             NOW,
             0,

@@ -7,7 +7,9 @@
 //!
 //! `internal-sftp` needs no program inside the jail: skiffd's SFTP server
 //! starts as root with the jail on its command line, enters it, drops to
-//! the account, and only then reads a request ([`enter`]).
+//! the account, and only then reads a request ([`enter`]). Its executable
+//! must then pass the checks of any program skiffd runs as root (those of
+//! `AuthorizedKeysCommand`).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -73,20 +75,6 @@ pub fn check(jail: &Path) -> Result<(), String> {
             mode: m.mode(),
         })
     })
-}
-
-/// Checks that `exe`, which is to run as root to serve a jail, is a
-/// regular file owned by root and writable by no one else.
-pub fn check_server_exe(exe: &Path) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(exe).map_err(|e| format!("{}: {e}", exe.display()))?;
-    if !m.is_file() || m.uid() != 0 || m.mode() & 0o022 != 0 {
-        return Err(format!(
-            "{} must be a file owned by root and writable by no one else",
-            exe.display()
-        ));
-    }
-    Ok(())
 }
 
 /// The directory a jailed command starts in, as seen inside the jail: the

@@ -23,13 +23,6 @@ pub const DEFAULT_AUTHORIZED_KEYS: &str = "%h/.ssh/authorized_keys";
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub listen: Vec<SocketAddr>,
-    /// `Port` lines of the file being read: the ports of `ListenAddress`
-    /// lines without one, and, with no `ListenAddress`, of every address.
-    pub ports: Vec<u16>,
-    /// `ListenAddress` lines without a port, waiting for the `Port` lines.
-    pub listen_bare: Vec<IpAddr>,
-    /// `AddressFamily`: which of 0.0.0.0 and :: a `Port` alone listens on.
-    pub address_family: AddressFamily,
     /// What skiffd does instead of sshd keywords it accepts without acting
     /// on (`file:line: keyword: note`), for the log.
     pub config_notes: Vec<String>,
@@ -137,6 +130,33 @@ pub enum AddressFamily {
     Inet6,
 }
 
+/// What reading one file's lines remembers beyond the settings: the
+/// listen lines that wait for the whole file (sshd takes `Port`,
+/// `ListenAddress` and `AddressFamily` in any order), and whether the
+/// default `AcceptEnv` list has been replaced yet.
+#[derive(Debug, Clone)]
+struct FileState {
+    /// `Port` lines: the ports of `ListenAddress` lines without one, and,
+    /// with no `ListenAddress`, of every address.
+    ports: Vec<u16>,
+    /// `ListenAddress` lines without a port.
+    listen_bare: Vec<IpAddr>,
+    /// `AddressFamily`: which of 0.0.0.0 and :: a `Port` alone listens on.
+    address_family: AddressFamily,
+    accept_env_seen: bool,
+}
+
+impl Default for FileState {
+    fn default() -> Self {
+        FileState {
+            ports: Vec::new(),
+            listen_bare: Vec::new(),
+            address_family: AddressFamily::Any,
+            accept_env_seen: false,
+        }
+    }
+}
+
 /// Where a configuration line comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Origin {
@@ -207,9 +227,6 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             listen: Vec::new(),
-            ports: Vec::new(),
-            listen_bare: Vec::new(),
-            address_family: AddressFamily::Any,
             config_notes: Vec::new(),
             host_keys: Vec::new(),
             host_certificates: Vec::new(),
@@ -313,8 +330,8 @@ pub fn apply_config(
     let mut global = Vec::new();
     let mut blocks: Vec<MatchBlock> = Vec::new();
     collect_lines(file, text, include, 0, None, &mut global, &mut blocks)?;
-    apply_lines(settings, &global)?;
-    settings.settle_listen();
+    let state = apply_lines(settings, &global)?;
+    settings.settle_listen(state);
     for block in &blocks {
         let mut scratch = settings.clone();
         apply_lines(&mut scratch, &block.lines)?;
@@ -441,209 +458,208 @@ impl Settings {
 /// Applies settings lines (trimmed, no `Match` or `Include`): the first
 /// value of each keyword wins (see [`REPEATABLE`]); later ones are only
 /// checked.
-fn apply_lines(settings: &mut Settings, lines: &[(Origin, String)]) -> Result<(), ConfigError> {
+fn apply_lines(
+    settings: &mut Settings,
+    lines: &[(Origin, String)],
+) -> Result<FileState, ConfigError> {
     let mut seen: Vec<String> = Vec::new();
-    let mut accept_env_seen = false;
+    let mut state = FileState::default();
     for (origin, line) in lines {
         let lower = split_keyword(line).0.to_ascii_lowercase();
         if REPEATABLE.contains(&lower.as_str()) || !seen.contains(&lower) {
-            apply_line(settings, origin, line, &mut accept_env_seen)?;
+            apply_line(settings, &mut state, origin, line)?;
             seen.push(lower);
         } else {
-            let mut scratch = settings.clone();
-            apply_line(&mut scratch, origin, line, &mut true)?;
+            let (mut scratch, mut scratch_state) = (settings.clone(), state.clone());
+            apply_line(&mut scratch, &mut scratch_state, origin, line)?;
         }
     }
-    Ok(())
+    Ok(state)
 }
 
 /// Applies one settings line.
 fn apply_line(
     settings: &mut Settings,
+    state: &mut FileState,
     origin: &Origin,
     line: &str,
-    accept_env_seen: &mut bool,
 ) -> Result<(), ConfigError> {
-    {
-        let err = |message: String| ConfigError {
-            file: origin.file.clone(),
-            line: origin.line,
-            message,
-        };
-        let (keyword, rest) = split_keyword(line);
-        let args: Vec<&str> = rest.split_whitespace().collect();
-        let one = || -> Result<&str, ConfigError> {
-            match args.as_slice() {
-                [v] => Ok(*v),
-                [] => Err(err(format!("{keyword} needs a value"))),
-                _ => Err(err(format!("{keyword} takes exactly one value"))),
+    let err = |message: String| ConfigError {
+        file: origin.file.clone(),
+        line: origin.line,
+        message,
+    };
+    let (keyword, rest) = split_keyword(line);
+    let args: Vec<&str> = rest.split_whitespace().collect();
+    let one = || -> Result<&str, ConfigError> {
+        match args.as_slice() {
+            [v] => Ok(*v),
+            [] => Err(err(format!("{keyword} needs a value"))),
+            _ => Err(err(format!("{keyword} takes exactly one value"))),
+        }
+    };
+    match keyword.to_ascii_lowercase().as_str() {
+        "listenaddress" => {
+            let v = one()?;
+            match v.trim_matches(|c| c == '[' || c == ']').parse::<IpAddr>() {
+                Ok(ip) if !v.contains("]:") => state.listen_bare.push(ip),
+                _ => settings.listen.push(parse_listen(v).map_err(err)?),
             }
-        };
-        match keyword.to_ascii_lowercase().as_str() {
-            "listenaddress" => {
-                let v = one()?;
-                match v.trim_matches(|c| c == '[' || c == ']').parse::<IpAddr>() {
-                    Ok(ip) if !v.contains("]:") => settings.listen_bare.push(ip),
-                    _ => settings.listen.push(parse_listen(v).map_err(err)?),
+        }
+        "port" => {
+            let v = one()?;
+            let port = v
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| err(format!("Port must be from 1 to 65535, not {v:?}")))?;
+            state.ports.push(port);
+        }
+        "addressfamily" => {
+            state.address_family = match one()?.to_ascii_lowercase().as_str() {
+                "any" => AddressFamily::Any,
+                "inet" => AddressFamily::Inet,
+                "inet6" => AddressFamily::Inet6,
+                v => {
+                    return Err(err(format!(
+                        "AddressFamily must be any, inet or inet6, not {v:?}"
+                    )))
                 }
             }
-            "port" => {
-                let v = one()?;
-                let port = v
-                    .parse::<u16>()
-                    .ok()
-                    .filter(|p| *p != 0)
-                    .ok_or_else(|| err(format!("Port must be from 1 to 65535, not {v:?}")))?;
-                settings.ports.push(port);
+        }
+        "hostkey" => settings.host_keys.push(PathBuf::from(one()?)),
+        "kexalgorithms" => {
+            settings.kex_algorithms = algorithms::SERVER_KEX.resolve(one()?).map_err(err)?
+        }
+        "hostkeyalgorithms" => {
+            settings.host_key_algorithms =
+                algorithms::SERVER_HOST_KEY.resolve(one()?).map_err(err)?
+        }
+        "ciphers" => settings.ciphers = algorithms::SERVER_CIPHERS.resolve(one()?).map_err(err)?,
+        "macs" => settings.macs = algorithms::SERVER_MACS.resolve(one()?).map_err(err)?,
+        "pubkeyacceptedalgorithms" | "pubkeyacceptedkeytypes" => {
+            settings.pubkey_algorithms = algorithms::SERVER_PUBKEY.resolve(one()?).map_err(err)?
+        }
+        "casignaturealgorithms" => {
+            settings.ca_signature_algorithms = algorithms::SERVER_CA_SIGNATURE
+                .resolve(one()?)
+                .map_err(err)?
+        }
+        "hostcertificate" => settings.host_certificates.push(PathBuf::from(one()?)),
+        "revokedkeys" => {
+            settings.revoked_keys = match one()? {
+                "none" => None,
+                path => Some(PathBuf::from(path)),
             }
-            "addressfamily" => {
-                settings.address_family = match one()?.to_ascii_lowercase().as_str() {
-                    "any" => AddressFamily::Any,
-                    "inet" => AddressFamily::Inet,
-                    "inet6" => AddressFamily::Inet6,
-                    v => {
-                        return Err(err(format!(
-                            "AddressFamily must be any, inet or inet6, not {v:?}"
-                        )))
+        }
+        "authorizedprincipalsfile" => {
+            settings.authorized_principals_file = match one()? {
+                "none" => None,
+                template => Some(template.to_string()),
+            }
+        }
+        "trustedusercakeys" => {
+            settings.trusted_user_ca_keys = match one()? {
+                "none" => None,
+                path => Some(PathBuf::from(path)),
+            }
+        }
+        "authorizedkeysfile" => {
+            if args.is_empty() {
+                return Err(err("AuthorizedKeysFile needs a file (or none)".into()));
+            }
+            settings.authorized_keys = args.join(" ");
+        }
+        "authorizedkeyscommand" | "authorizedprincipalscommand" => {
+            use crate::lookup_command::{parse_command_line, KEYS_TOKENS, PRINCIPALS_TOKENS};
+            let keys = keyword.eq_ignore_ascii_case("authorizedkeyscommand");
+            let (name, tokens) = if keys {
+                ("AuthorizedKeysCommand", KEYS_TOKENS)
+            } else {
+                ("AuthorizedPrincipalsCommand", PRINCIPALS_TOKENS)
+            };
+            let argv = match rest.trim() {
+                "none" => None,
+                value => Some(parse_command_line(name, value, tokens).map_err(err)?),
+            };
+            if keys {
+                settings.authorized_keys_command = argv;
+            } else {
+                settings.authorized_principals_command = argv;
+            }
+        }
+        "authorizedprincipalscommanduser" => {
+            settings.authorized_principals_command_user = Some(one()?.to_string())
+        }
+        "allowusers" | "denyusers" | "allowgroups" | "denygroups" => {
+            if args.is_empty() {
+                return Err(err(format!("{keyword} needs at least one pattern")));
+            }
+            let access = &mut settings.access;
+            let list = match keyword.to_ascii_lowercase().as_str() {
+                "allowusers" => &mut access.allow_users,
+                "denyusers" => &mut access.deny_users,
+                "allowgroups" => &mut access.allow_groups,
+                _ => &mut access.deny_groups,
+            };
+            list.extend(args.iter().map(|s| s.to_string()));
+        }
+        "permitrootlogin" => {
+            settings.access.root_login = crate::access::RootLogin::parse(one()?).map_err(err)?
+        }
+        "authorizedkeyscommanduser" => {
+            settings.authorized_keys_command_user = Some(one()?.to_string())
+        }
+        "acceptenv" => {
+            if args.is_empty() {
+                return Err(err("AcceptEnv needs at least one pattern".into()));
+            }
+            if !state.accept_env_seen {
+                settings.accept_env.clear();
+                state.accept_env_seen = true;
+            }
+            settings
+                .accept_env
+                .extend(args.iter().map(|s| s.to_string()));
+        }
+        "exposeauthinfo" => settings.expose_auth_info = parse_yes_no(one()?).map_err(err)?,
+        "setenv" => {
+            let words = skiff_proto::ssh_config::split_args(rest)
+                .map_err(|e| err(format!("SetEnv: {e}")))?;
+            if words.is_empty() {
+                return Err(err("SetEnv needs NAME=VALUE".into()));
+            }
+            let mut vars = Vec::new();
+            for word in words {
+                match word.split_once('=') {
+                    Some((name, value))
+                        if !name.is_empty() && !name.contains(char::is_whitespace) =>
+                    {
+                        vars.push((name.to_string(), value.to_string()))
                     }
+                    _ => return Err(err(format!("SetEnv: expected NAME=VALUE, got {word:?}"))),
                 }
             }
-            "hostkey" => settings.host_keys.push(PathBuf::from(one()?)),
-            "kexalgorithms" => {
-                settings.kex_algorithms = algorithms::SERVER_KEX.resolve(one()?).map_err(err)?
-            }
-            "hostkeyalgorithms" => {
-                settings.host_key_algorithms =
-                    algorithms::SERVER_HOST_KEY.resolve(one()?).map_err(err)?
-            }
-            "ciphers" => {
-                settings.ciphers = algorithms::SERVER_CIPHERS.resolve(one()?).map_err(err)?
-            }
-            "macs" => settings.macs = algorithms::SERVER_MACS.resolve(one()?).map_err(err)?,
-            "pubkeyacceptedalgorithms" | "pubkeyacceptedkeytypes" => {
-                settings.pubkey_algorithms =
-                    algorithms::SERVER_PUBKEY.resolve(one()?).map_err(err)?
-            }
-            "casignaturealgorithms" => {
-                settings.ca_signature_algorithms = algorithms::SERVER_CA_SIGNATURE
-                    .resolve(one()?)
-                    .map_err(err)?
-            }
-            "hostcertificate" => settings.host_certificates.push(PathBuf::from(one()?)),
-            "revokedkeys" => {
-                settings.revoked_keys = match one()? {
-                    "none" => None,
-                    path => Some(PathBuf::from(path)),
+            settings.set_env = vars;
+        }
+        "permituserenvironment" => {
+            settings.permit_user_environment = parse_yes_no(one()?).map_err(err)?
+        }
+        "logingracetime" => settings.login_grace_time = parse_duration(one()?).map_err(err)?,
+        "maxauthtries" => settings.max_auth_tries = parse_count(one()?).map_err(err)?,
+        "maxstartups" => {
+            // `full`, or sshd's `start:rate:full` with random early drop.
+            let v = one()?;
+            match v.split(':').collect::<Vec<_>>().as_slice() {
+                [full] => {
+                    settings.max_startups = parse_count(full).map_err(err)?;
+                    settings.early_drop = None;
                 }
-            }
-            "authorizedprincipalsfile" => {
-                settings.authorized_principals_file = match one()? {
-                    "none" => None,
-                    template => Some(template.to_string()),
-                }
-            }
-            "trustedusercakeys" => {
-                settings.trusted_user_ca_keys = match one()? {
-                    "none" => None,
-                    path => Some(PathBuf::from(path)),
-                }
-            }
-            "authorizedkeysfile" => {
-                if args.is_empty() {
-                    return Err(err("AuthorizedKeysFile needs a file (or none)".into()));
-                }
-                settings.authorized_keys = args.join(" ");
-            }
-            "authorizedkeyscommand" | "authorizedprincipalscommand" => {
-                use crate::lookup_command::{parse_command_line, KEYS_TOKENS, PRINCIPALS_TOKENS};
-                let keys = keyword.eq_ignore_ascii_case("authorizedkeyscommand");
-                let (name, tokens) = if keys {
-                    ("AuthorizedKeysCommand", KEYS_TOKENS)
-                } else {
-                    ("AuthorizedPrincipalsCommand", PRINCIPALS_TOKENS)
-                };
-                let argv = match rest.trim() {
-                    "none" => None,
-                    value => Some(parse_command_line(name, value, tokens).map_err(err)?),
-                };
-                if keys {
-                    settings.authorized_keys_command = argv;
-                } else {
-                    settings.authorized_principals_command = argv;
-                }
-            }
-            "authorizedprincipalscommanduser" => {
-                settings.authorized_principals_command_user = Some(one()?.to_string())
-            }
-            "allowusers" | "denyusers" | "allowgroups" | "denygroups" => {
-                if args.is_empty() {
-                    return Err(err(format!("{keyword} needs at least one pattern")));
-                }
-                let access = &mut settings.access;
-                let list = match keyword.to_ascii_lowercase().as_str() {
-                    "allowusers" => &mut access.allow_users,
-                    "denyusers" => &mut access.deny_users,
-                    "allowgroups" => &mut access.allow_groups,
-                    _ => &mut access.deny_groups,
-                };
-                list.extend(args.iter().map(|s| s.to_string()));
-            }
-            "permitrootlogin" => {
-                settings.access.root_login = crate::access::RootLogin::parse(one()?).map_err(err)?
-            }
-            "authorizedkeyscommanduser" => {
-                settings.authorized_keys_command_user = Some(one()?.to_string())
-            }
-            "acceptenv" => {
-                if args.is_empty() {
-                    return Err(err("AcceptEnv needs at least one pattern".into()));
-                }
-                if !*accept_env_seen {
-                    settings.accept_env.clear();
-                    *accept_env_seen = true;
-                }
-                settings
-                    .accept_env
-                    .extend(args.iter().map(|s| s.to_string()));
-            }
-            "exposeauthinfo" => settings.expose_auth_info = parse_yes_no(one()?).map_err(err)?,
-            "setenv" => {
-                let words = skiff_proto::ssh_config::split_args(rest)
-                    .map_err(|e| err(format!("SetEnv: {e}")))?;
-                if words.is_empty() {
-                    return Err(err("SetEnv needs NAME=VALUE".into()));
-                }
-                let mut vars = Vec::new();
-                for word in words {
-                    match word.split_once('=') {
-                        Some((name, value))
-                            if !name.is_empty() && !name.contains(char::is_whitespace) =>
-                        {
-                            vars.push((name.to_string(), value.to_string()))
-                        }
-                        _ => return Err(err(format!("SetEnv: expected NAME=VALUE, got {word:?}"))),
-                    }
-                }
-                settings.set_env = vars;
-            }
-            "permituserenvironment" => {
-                settings.permit_user_environment = parse_yes_no(one()?).map_err(err)?
-            }
-            "logingracetime" => settings.login_grace_time = parse_duration(one()?).map_err(err)?,
-            "maxauthtries" => settings.max_auth_tries = parse_count(one()?).map_err(err)?,
-            "maxstartups" => {
-                // `full`, or sshd's `start:rate:full` with random early drop.
-                let v = one()?;
-                match v.split(':').collect::<Vec<_>>().as_slice() {
-                    [full] => {
-                        settings.max_startups = parse_count(full).map_err(err)?;
-                        settings.early_drop = None;
-                    }
-                    [start, rate, full] => {
-                        let start = parse_count(start).map_err(err)?;
-                        let full = parse_count(full).map_err(err)?;
-                        let rate = rate.parse::<u32>().ok().filter(|r| *r <= 100);
-                        match rate {
+                [start, rate, full] => {
+                    let start = parse_count(start).map_err(err)?;
+                    let full = parse_count(full).map_err(err)?;
+                    let rate = rate.parse::<u32>().ok().filter(|r| *r <= 100);
+                    match rate {
                             Some(rate) if start <= full => {
                                 settings.max_startups = full;
                                 settings.early_drop = Some((start, rate));
@@ -654,168 +670,158 @@ fn apply_line(
                                 )))
                             }
                         }
-                    }
-                    _ => {
-                        return Err(err(format!(
-                            "MaxStartups {v:?}: expected a number or start:rate:full"
-                        )))
-                    }
+                }
+                _ => {
+                    return Err(err(format!(
+                        "MaxStartups {v:?}: expected a number or start:rate:full"
+                    )))
                 }
             }
-            "maxsessions" => settings.max_sessions = parse_count(one()?).map_err(err)?,
-            "clientaliveinterval" => {
-                let d = parse_duration(one()?).map_err(err)?;
-                settings.client_alive_interval = (!d.is_zero()).then_some(d);
-            }
-            "clientalivecountmax" => {
-                settings.client_alive_count_max = parse_count(one()?).map_err(err)?
-            }
-            "subsystem" => {
-                // `Subsystem sftp COMMAND...`: the rest of the line is the
-                // command, as in sshd_config; `none` turns SFTP off.
-                let Some((name, command)) = rest.split_once(char::is_whitespace) else {
-                    return Err(err("Subsystem needs a name and a command".into()));
-                };
-                let command = match command.trim() {
-                    "" => return Err(err("Subsystem needs a name and a command".into())),
-                    "none" => None,
-                    // sshd's name for its built-in server: skiffd's own.
-                    "internal-sftp" if name == "sftp" => Some(
-                        settings
-                            .server_exe
-                            .as_deref()
-                            .and_then(crate::sftp::subsystem_command)
-                            .ok_or_else(|| {
-                                err("internal-sftp: skiffd cannot name its own executable".into())
-                            })?,
-                    ),
-                    c => Some(c.to_string()),
-                };
-                match name {
-                    "sftp" => settings.sftp_command = command,
-                    skiff_proto::dataplane::SUBSYSTEM => settings.transfer_command = command,
-                    _ => {
-                        return Err(err(format!(
-                            "unsupported subsystem {name:?}: only sftp and {} can be configured",
-                            skiff_proto::dataplane::SUBSYSTEM
-                        )))
-                    }
+        }
+        "maxsessions" => settings.max_sessions = parse_count(one()?).map_err(err)?,
+        "clientaliveinterval" => {
+            let d = parse_duration(one()?).map_err(err)?;
+            settings.client_alive_interval = (!d.is_zero()).then_some(d);
+        }
+        "clientalivecountmax" => {
+            settings.client_alive_count_max = parse_count(one()?).map_err(err)?
+        }
+        "subsystem" => {
+            // `Subsystem sftp COMMAND...`: the rest of the line is the
+            // command, as in sshd_config; `none` turns SFTP off.
+            let Some((name, command)) = rest.split_once(char::is_whitespace) else {
+                return Err(err("Subsystem needs a name and a command".into()));
+            };
+            let command = match command.trim() {
+                "" => return Err(err("Subsystem needs a name and a command".into())),
+                "none" => None,
+                // sshd's name for its built-in server: skiffd's own.
+                "internal-sftp" if name == "sftp" => Some(
+                    settings
+                        .server_exe
+                        .as_deref()
+                        .and_then(crate::sftp::subsystem_command)
+                        .ok_or_else(|| {
+                            err("internal-sftp: skiffd cannot name its own executable".into())
+                        })?,
+                ),
+                c => Some(c.to_string()),
+            };
+            match name {
+                "sftp" => settings.sftp_command = command,
+                skiff_proto::dataplane::SUBSYSTEM => settings.transfer_command = command,
+                _ => {
+                    return Err(err(format!(
+                        "unsupported subsystem {name:?}: only sftp and {} can be configured",
+                        skiff_proto::dataplane::SUBSYSTEM
+                    )))
                 }
             }
-            "maxchannelwindow" => {
-                let v = one()?;
-                settings.max_channel_window = skiff_proto::window::parse_size(v)
-                    .filter(|&n| n >= skiff_proto::window::INITIAL_WINDOW)
-                    .ok_or_else(|| {
-                        err(format!(
-                            "MaxChannelWindow must be a size from 2M to 4095M (e.g. 64M), not {v:?}"
-                        ))
-                    })?;
-            }
-            "allowtcpforwarding" => {
-                let rules = &mut settings.forwarding;
-                (rules.local, rules.remote) =
-                    crate::forward_policy::parse_allow_forwarding("AllowTcpForwarding", one()?)
-                        .map_err(err)?;
-            }
-            "allowstreamlocalforwarding" => {
-                let rules = &mut settings.forwarding;
-                (rules.stream_local, rules.stream_remote) =
-                    crate::forward_policy::parse_allow_forwarding(
-                        "AllowStreamLocalForwarding",
-                        one()?,
-                    )
+        }
+        "maxchannelwindow" => {
+            let v = one()?;
+            settings.max_channel_window = skiff_proto::window::parse_size(v)
+                .filter(|&n| n >= skiff_proto::window::INITIAL_WINDOW)
+                .ok_or_else(|| {
+                    err(format!(
+                        "MaxChannelWindow must be a size from 2M to 4095M (e.g. 64M), not {v:?}"
+                    ))
+                })?;
+        }
+        "allowtcpforwarding" => {
+            let rules = &mut settings.forwarding;
+            (rules.local, rules.remote) =
+                crate::forward_policy::parse_allow_forwarding("AllowTcpForwarding", one()?)
                     .map_err(err)?;
+        }
+        "allowstreamlocalforwarding" => {
+            let rules = &mut settings.forwarding;
+            (rules.stream_local, rules.stream_remote) =
+                crate::forward_policy::parse_allow_forwarding("AllowStreamLocalForwarding", one()?)
+                    .map_err(err)?;
+        }
+        "streamlocalbindmask" => {
+            settings.forwarding.bind_mask =
+                skiff_proto::forward_spec::parse_bind_mask(one()?).map_err(err)?
+        }
+        "streamlocalbindunlink" => {
+            settings.forwarding.bind_unlink = parse_yes_no(one()?).map_err(err)?
+        }
+        "allowagentforwarding" => settings.forwarding.agent = parse_yes_no(one()?).map_err(err)?,
+        "disableforwarding" => settings.forwarding.disabled = parse_yes_no(one()?).map_err(err)?,
+        "permitopen" | "permitlisten" => {
+            let listen = keyword.eq_ignore_ascii_case("permitlisten");
+            let list = crate::forward_policy::PermitList::parse(&args, listen)
+                .map_err(|e| err(format!("{keyword}: {e}")))?;
+            if listen {
+                settings.forwarding.permit_listen = list;
+            } else {
+                settings.forwarding.permit_open = list;
             }
-            "streamlocalbindmask" => {
-                settings.forwarding.bind_mask =
-                    skiff_proto::forward_spec::parse_bind_mask(one()?).map_err(err)?
+        }
+        "gatewayports" => {
+            settings.forwarding.gateway_ports =
+                crate::forward_policy::GatewayPorts::parse(one()?).map_err(err)?
+        }
+        "forcecommand" => {
+            settings.force_command = match rest.trim() {
+                "" => return Err(err("ForceCommand needs a command (or none)".into())),
+                "none" => None,
+                command => Some(command.to_string()),
             }
-            "streamlocalbindunlink" => {
-                settings.forwarding.bind_unlink = parse_yes_no(one()?).map_err(err)?
-            }
-            "allowagentforwarding" => {
-                settings.forwarding.agent = parse_yes_no(one()?).map_err(err)?
-            }
-            "disableforwarding" => {
-                settings.forwarding.disabled = parse_yes_no(one()?).map_err(err)?
-            }
-            "permitopen" | "permitlisten" => {
-                let listen = keyword.eq_ignore_ascii_case("permitlisten");
-                let list = crate::forward_policy::PermitList::parse(&args, listen)
-                    .map_err(|e| err(format!("{keyword}: {e}")))?;
-                if listen {
-                    settings.forwarding.permit_listen = list;
-                } else {
-                    settings.forwarding.permit_open = list;
+        }
+        "permittty" => settings.permit_tty = parse_yes_no(one()?).map_err(err)?,
+        "chrootdirectory" => {
+            settings.chroot_directory = match one()? {
+                "none" => None,
+                path if path.starts_with('/') || path.starts_with("%h") => Some(path.to_string()),
+                path => {
+                    return Err(err(format!(
+                        "ChrootDirectory must be an absolute path (or none), not {path:?}"
+                    )))
                 }
             }
-            "gatewayports" => {
-                settings.forwarding.gateway_ports =
-                    crate::forward_policy::GatewayPorts::parse(one()?).map_err(err)?
+        }
+        "banner" => {
+            settings.banner = match one()? {
+                "none" => None,
+                path => Some(PathBuf::from(path)),
             }
-            "forcecommand" => {
-                settings.force_command = match rest.trim() {
-                    "" => return Err(err("ForceCommand needs a command (or none)".into())),
-                    "none" => None,
-                    command => Some(command.to_string()),
+        }
+        "requiredrsasize" => {
+            let v = one()?;
+            settings.required_rsa_size = v
+                .parse()
+                .ok()
+                .filter(|b| (1024..=16384).contains(b))
+                .ok_or_else(|| {
+                    err(format!(
+                        "RequiredRSASize must be a number of bits from 1024 to 16384, not {v:?}"
+                    ))
+                })?;
+        }
+        "dataplane" => settings.data_plane = parse_yes_no(one()?).map_err(err)?,
+        "dataplaneunencrypted" => {
+            settings.unencrypted_data_plane = match one()?.to_ascii_lowercase().as_str() {
+                "loopback" => UnencryptedPolicy::Loopback,
+                "yes" => UnencryptedPolicy::Any,
+                "no" => UnencryptedPolicy::Never,
+                v => {
+                    return Err(err(format!(
+                        "DataPlaneUnencrypted must be loopback, yes or no, not {v:?}"
+                    )))
                 }
-            }
-            "permittty" => settings.permit_tty = parse_yes_no(one()?).map_err(err)?,
-            "chrootdirectory" => {
-                settings.chroot_directory = match one()? {
-                    "none" => None,
-                    path if path.starts_with('/') || path.starts_with("%h") => {
-                        Some(path.to_string())
-                    }
-                    path => {
-                        return Err(err(format!(
-                            "ChrootDirectory must be an absolute path (or none), not {path:?}"
-                        )))
-                    }
-                }
-            }
-            "banner" => {
-                settings.banner = match one()? {
-                    "none" => None,
-                    path => Some(PathBuf::from(path)),
-                }
-            }
-            "requiredrsasize" => {
-                let v = one()?;
-                settings.required_rsa_size = v
-                    .parse()
-                    .ok()
-                    .filter(|b| (1024..=16384).contains(b))
-                    .ok_or_else(|| {
-                        err(format!(
-                            "RequiredRSASize must be a number of bits from 1024 to 16384, not {v:?}"
-                        ))
-                    })?;
-            }
-            "dataplane" => settings.data_plane = parse_yes_no(one()?).map_err(err)?,
-            "dataplaneunencrypted" => {
-                settings.unencrypted_data_plane = match one()?.to_ascii_lowercase().as_str() {
-                    "loopback" => UnencryptedPolicy::Loopback,
-                    "yes" => UnencryptedPolicy::Any,
-                    "no" => UnencryptedPolicy::Never,
-                    v => {
-                        return Err(err(format!(
-                            "DataPlaneUnencrypted must be loopback, yes or no, not {v:?}"
-                        )))
-                    }
-                };
-            }
-            other => {
-                let args: Vec<&str> = rest.split_whitespace().collect();
-                match crate::sshd_only::verdict(other, &args) {
-                    Some(crate::sshd_only::Verdict::Fine) => {}
-                    Some(crate::sshd_only::Verdict::Noted(note)) => settings.config_notes.push(
-                        format!("{}:{}: {keyword}: {note}", origin.file, origin.line),
-                    ),
-                    Some(crate::sshd_only::Verdict::Refused(message)) => return Err(err(message)),
-                    None => return Err(err(format!("unknown keyword {keyword:?}"))),
-                }
+            };
+        }
+        other => {
+            let args: Vec<&str> = rest.split_whitespace().collect();
+            match crate::sshd_only::verdict(other, &args) {
+                Some(crate::sshd_only::Verdict::Fine) => {}
+                Some(crate::sshd_only::Verdict::Noted(note)) => settings.config_notes.push(
+                    format!("{}:{}: {keyword}: {note}", origin.file, origin.line),
+                ),
+                Some(crate::sshd_only::Verdict::Refused(message)) => return Err(err(message)),
+                None => return Err(err(format!("unknown keyword {keyword:?}"))),
             }
         }
     }
@@ -844,9 +850,13 @@ impl Settings {
     /// addresses: each bare address on every port (or [`DEFAULT_PORT`]),
     /// and, with ports but no `ListenAddress` at all, every address of
     /// `AddressFamily` on them, as sshd does.
-    fn settle_listen(&mut self) {
-        let ports = std::mem::take(&mut self.ports);
-        let bare = std::mem::take(&mut self.listen_bare);
+    fn settle_listen(&mut self, state: FileState) {
+        let FileState {
+            ports,
+            listen_bare: bare,
+            address_family,
+            ..
+        } = state;
         let each_port: Vec<u16> = if ports.is_empty() {
             vec![DEFAULT_PORT]
         } else {
@@ -857,7 +867,7 @@ impl Settings {
                 .extend(each_port.iter().map(|p| SocketAddr::new(*ip, *p)));
         }
         if self.listen.is_empty() {
-            let any: Vec<IpAddr> = match self.address_family {
+            let any: Vec<IpAddr> = match address_family {
                 AddressFamily::Any => vec![
                     std::net::Ipv4Addr::UNSPECIFIED.into(),
                     std::net::Ipv6Addr::UNSPECIFIED.into(),

@@ -630,7 +630,7 @@ impl ConnectionHandler {
         let internal_sftp = match (&command, &settings.sftp_command) {
             (Some(c), Some(sftp)) if jail.is_some() && c == sftp => {
                 crate::sftp::internal_server_exe(c).filter(|exe| {
-                    crate::chroot::check_server_exe(exe)
+                    crate::lookup_command::check_program(exe)
                         .inspect_err(|why| {
                             tracing::warn!("the SFTP server cannot serve a jail: {why}")
                         })
@@ -1138,17 +1138,6 @@ impl russh::server::Handler for ConnectionHandler {
             tracing::info!(%peer, user, id = certificate.key_id(), "certificate refused: {why}");
             return Ok(publickey_only());
         }
-        let ca_signature = certificate.signature().algorithm();
-        if !self
-            .settings()
-            .ca_signature_algorithms
-            .iter()
-            .any(|a| a == ca_signature.as_str())
-        {
-            tracing::info!(%peer, user, id = certificate.key_id(),
-                "certificate refused: its CA signed with {}, which CASignatureAlgorithms leaves out", ca_signature.as_str());
-            return Ok(publickey_only());
-        }
         let Ok(ca_blob) =
             russh::keys::PublicKey::from(certificate.signature_key().clone()).to_bytes()
         else {
@@ -1173,6 +1162,7 @@ impl russh::server::Handler for ConnectionHandler {
         let command_principals = self.command_principals(user, certificate).await;
         let trusted = self.trusted_user_cas();
         let principals_template = self.settings().authorized_principals_file.clone();
+        let ca_signatures = self.settings().ca_signature_algorithms.clone();
         let Some((account, keys)) = self.load_candidate(user) else {
             return Ok(publickey_only());
         };
@@ -1213,6 +1203,7 @@ impl russh::server::Handler for ConnectionHandler {
             principals.as_deref(),
             user,
             &view,
+            &ca_signatures,
             peer.ip(),
             unix_now(),
             local_utc_offset(),

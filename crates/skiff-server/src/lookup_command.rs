@@ -154,8 +154,8 @@ fn safe(uid: u32, mode: u32, trusted: u32, is_dir: bool) -> bool {
 }
 
 /// Checks the program and every directory above it (see the module
-/// documentation).
-fn check_program(program: &Path) -> Result<(), String> {
+/// documentation): what skiffd requires of any program it runs as root.
+pub(crate) fn check_program(program: &Path) -> Result<(), String> {
     let me = nix::unistd::Uid::effective().as_raw();
     let meta = std::fs::metadata(program).map_err(|e| format!("{}: {e}", program.display()))?;
     if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {

@@ -191,22 +191,25 @@ pub async fn exec_on(
     // With escapes on, the session reads what is typed through the
     // escape thread, which sends `~.` and `~R` here.
     let (requests, mut requested) = tokio::sync::mpsc::unbounded_channel();
-    let escape = escape_input::escape_byte(settings.escape_char, req.pty.is_some(), stdin_tty);
-    let stdin: Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>> = match escape {
-        _ if args.no_stdin => None,
-        Some(byte) => {
-            let saved = _raw.as_ref().map(terminal::RawMode::saved);
-            match escape_input::start(byte, saved, Some(requests))
-                .and_then(tokio::net::unix::pipe::Receiver::from_owned_fd)
-            {
-                Ok(typed) => Some(Box::new(typed)),
-                Err(e) => {
-                    eprintln!("skiff: warning: escape sequences are off: {e}");
-                    Some(Box::new(tokio::io::stdin()))
-                }
-            }
+    let stdin: Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>> = if args.no_stdin {
+        None
+    } else {
+        let remote_terminal = req.pty.is_some() && stdin_tty;
+        let typed = escape_input::filtered_stdin(
+            settings.escape_char,
+            remote_terminal,
+            _raw.as_ref(),
+            Some(requests),
+        )
+        .and_then(|fd| {
+            tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
+                .inspect_err(|e| eprintln!("skiff: warning: escape sequences are off: {e}"))
+                .ok()
+        });
+        match typed {
+            Some(typed) => Some(Box::new(typed)),
+            None => Some(Box::new(tokio::io::stdin())),
         }
-        None => Some(Box::new(tokio::io::stdin())),
     };
     let session = skiff_engine::exec(
         conn,
@@ -300,14 +303,9 @@ fn via_agent(
     };
     // Escapes are read here; the agent reads the rest from a pipe. `~.`
     // ends this process, and with it the agent's channel.
-    let escape = escape_input::escape_byte(settings.escape_char, wire.pty.is_some(), stdin_tty)
-        .filter(|_| !args.no_stdin);
-    let typed = escape.and_then(|byte| {
-        let saved = _raw.as_ref().map(terminal::RawMode::saved);
-        escape_input::start(byte, saved, None)
-            .inspect_err(|e| eprintln!("skiff: warning: escape sequences are off: {e}"))
-            .ok()
-    });
+    let remote_terminal = wire.pty.is_some() && stdin_tty && !args.no_stdin;
+    let typed =
+        escape_input::filtered_stdin(settings.escape_char, remote_terminal, _raw.as_ref(), None);
     let mut poll_resize: Box<dyn FnMut() -> Option<(u32, u32)>> = if wire.pty.is_some() {
         Box::new(terminal::install_winch_flag())
     } else {

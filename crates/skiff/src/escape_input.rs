@@ -24,23 +24,32 @@ pub enum Request {
 /// `~R` is declined.
 pub type Requests = Option<tokio::sync::mpsc::UnboundedSender<Request>>;
 
-/// The escape byte in force for a session, if escapes apply: only with a
-/// remote terminal on a local one, as in ssh.
-pub fn escape_byte(setting: EscapeChar, pty: bool, stdin_tty: bool) -> Option<u8> {
-    match setting {
-        EscapeChar::Byte(b) if pty && stdin_tty => Some(b),
-        _ => None,
+/// The session's input with escapes taken out, when they apply: `setting`
+/// is not `none` and a remote terminal is on a local one (`raw` is the
+/// local terminal, in raw mode), as in ssh. `None` means the session reads
+/// stdin itself: escapes do not apply, or the reading thread could not
+/// start (said on stderr).
+pub fn filtered_stdin(
+    setting: EscapeChar,
+    remote_terminal: bool,
+    raw: Option<&crate::terminal::RawMode>,
+    requests: Requests,
+) -> Option<OwnedFd> {
+    let EscapeChar::Byte(byte) = setting else {
+        return None;
+    };
+    if !remote_terminal {
+        return None;
     }
+    start(byte, raw.map(crate::terminal::RawMode::saved), requests)
+        .inspect_err(|e| eprintln!("skiff: warning: escape sequences are off: {e}"))
+        .ok()
 }
 
 /// Starts the reading thread; returns the pipe end the session reads.
 /// `terminal` is the terminal's settings from before raw mode, restored
 /// while skiff is suspended.
-pub fn start(
-    escape: u8,
-    terminal: Option<libc::termios>,
-    requests: Requests,
-) -> io::Result<OwnedFd> {
+fn start(escape: u8, terminal: Option<libc::termios>, requests: Requests) -> io::Result<OwnedFd> {
     let (reader, writer) = pipe()?;
     std::thread::Builder::new()
         .name("skiff-escapes".into())
