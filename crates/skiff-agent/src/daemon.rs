@@ -537,6 +537,7 @@ async fn run_fanout(
             timeout: (wire.timeout_ms > 0).then(|| Duration::from_millis(wire.timeout_ms)),
             subsystem: false,
         },
+        spread: Vec::new(),
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel(256);
     let run = fanout::fan_out(targets, opts, Some(agent.pool.clone()), tx);

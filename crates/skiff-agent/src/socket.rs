@@ -793,12 +793,28 @@ mod tests {
         assert_eq!(&got, b"ping");
     }
 
+    /// A Unix stream socket bound at `path`, not listening.
+    fn bound_unix_socket(path: &Path) -> OwnedFd {
+        let fd = socket::socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        socket::bind(fd.as_raw_fd(), &UnixAddr::new(path).unwrap()).unwrap();
+        fd
+    }
+
     #[test]
     fn stale_socket_is_removed_and_rebind_works() {
         let tmp = private_tempdir();
         let path = socket_path(tmp.path());
-        drop(bind_private(&path).unwrap());
-        // The file stays behind, and nobody listens on it any more.
+        // A socket file that nobody listens on: bound, never listened on.
+        // (Binding, listening and closing would race with other tests: a
+        // child forked meanwhile holds the listener until it execs.)
+        let fd = bound_unix_socket(&path);
+        drop(fd);
         assert!(fs::symlink_metadata(&path).unwrap().file_type().is_socket());
         let err = UnixStream::connect(&path).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ECONNREFUSED));
@@ -846,14 +862,7 @@ mod tests {
         let tmp = private_tempdir();
         let path = tmp.path().join("busy.sock");
         // Listener with a tiny backlog that never accepts.
-        let fd = socket::socket(
-            AddressFamily::Unix,
-            SockType::Stream,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .unwrap();
-        socket::bind(fd.as_raw_fd(), &UnixAddr::new(&path).unwrap()).unwrap();
+        let fd = bound_unix_socket(&path);
         socket::listen(&fd, Backlog::new(0).unwrap()).unwrap();
         let mut fillers = Vec::new();
         for _ in 0..4 {

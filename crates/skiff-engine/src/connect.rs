@@ -371,6 +371,10 @@ struct Handshake {
     remote_forwards: Arc<RemoteForwards>,
 }
 
+/// Capacity of the read buffer under russh, in bytes: every handshake
+/// packet fits, and reads of a bulk packet's body bypass it.
+const READ_BUFFER: usize = 8 * 1024;
+
 /// TCP connection and key exchange with the host-key algorithms ordered by
 /// `known_types`; the host key is verified on the way. `None` when the
 /// handler asks for another exchange with every known type first (only
@@ -388,12 +392,16 @@ async fn handshake(
         known_hosts.notice(notice);
     }
     let (peer_addr, route) = (transport.peer_addr, transport.route);
-    let (stream, server_id) = Recording::new(transport.stream);
+    // russh reads each packet as a 4-byte length and then the rest: without
+    // a buffer that is two or three system calls per packet. The buffer
+    // serves small reads only; bulk reads larger than it go straight through.
+    let buffered = tokio::io::BufReader::with_capacity(READ_BUFFER, transport.stream);
+    let (stream, server_id) = Recording::new(buffered);
     let refusal = Arc::new(Mutex::new(None));
     let order_again = Arc::new(AtomicBool::new(false));
     let remote_forwards = Arc::new(RemoteForwards::default());
     let handler = ClientHandler {
-        settings: settings.clone(),
+        settings: settings.without_identity_cache(),
         known_hosts: known_hosts.clone(),
         refusal: refusal.clone(),
         plain_order,
@@ -500,7 +508,7 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
     }
     Ok(Connection {
         handle,
-        settings: settings.clone(),
+        settings: settings.without_identity_cache(),
         notices: if settings.show_notices {
             known_hosts.take_notices()
         } else {

@@ -37,6 +37,9 @@ pub struct FanoutOptions {
     pub connect_rate: Option<f64>,
     /// The command (its `timeout` applies per host).
     pub request: ExecRequest,
+    /// Runtimes the hosts are dealt to in turn, each host's connection
+    /// staying on one; empty: the caller's runtime.
+    pub spread: Vec<tokio::runtime::Handle>,
 }
 
 /// Which output stream a chunk came from.
@@ -92,7 +95,7 @@ pub async fn fan_out(
         let pacer = pacer.clone();
         let request = request.clone();
         let pool = pool.clone();
-        running.spawn(async move {
+        let task = async move {
             let _permit = permit;
             let start = Instant::now();
             let result = match pool {
@@ -108,7 +111,11 @@ pub async fn fan_out(
                     duration: start.elapsed(),
                 })
                 .await;
-        });
+        };
+        match opts.spread.get(host % opts.spread.len().max(1)) {
+            Some(runtime) => running.spawn_on(task, runtime),
+            None => running.spawn(task),
+        };
         while running.try_join_next().is_some() {}
     }
     while running.join_next().await.is_some() {}

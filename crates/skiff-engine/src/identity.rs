@@ -19,7 +19,13 @@ use russh::keys::ssh_key::Signature;
 use russh::keys::{Algorithm, Certificate, HashAlg, PrivateKey, PrivateKeyWithHashAlg, PublicKey};
 
 use crate::error::{ErrorKind, SkiffError};
+use crate::identity_cache::FileCache;
 use crate::settings::ConnectSettings;
+
+/// Identity and certificate files as read for the connections of one
+/// resolver (see [`crate::identity_cache`]).
+pub(crate) type IdentityCache =
+    FileCache<Result<Option<Arc<PrivateKey>>, Unusable>, Result<Option<Certificate>, String>>;
 
 /// One thing to try, in order.
 enum Candidate {
@@ -37,7 +43,7 @@ fn file_public_key(path: &Path) -> Option<PublicKey> {
         }
     }
     let text = std::fs::read_to_string(path).ok()?;
-    russh::keys::decode_secret_key(&text, None)
+    crate::private_key::decode(&text, None)
         .ok()
         .map(|k| k.public_key().clone())
 }
@@ -65,6 +71,29 @@ fn read_certificate(path: &Path) -> Result<Option<Certificate>, String> {
             "{} is not an OpenSSH certificate: {e}",
             path.display()
         )),
+    }
+}
+
+/// [`load_private_key`], through the settings' cache when they have one.
+async fn private_key(
+    path: &Path,
+    settings: &ConnectSettings,
+) -> Result<Option<Arc<PrivateKey>>, Unusable> {
+    let load = || load_private_key(path, settings).map(|k| k.map(Arc::new));
+    match &settings.identity_cache {
+        Some(cache) => cache.key(path, settings.batch_mode, load).await,
+        None => load(),
+    }
+}
+
+/// [`read_certificate`], through the settings' cache when they have one.
+async fn certificate(
+    path: &Path,
+    settings: &ConnectSettings,
+) -> Result<Option<Certificate>, String> {
+    match &settings.identity_cache {
+        Some(cache) => cache.certificate(path, || read_certificate(path)).await,
+        None => read_certificate(path),
     }
 }
 
@@ -180,7 +209,7 @@ pub async fn authenticate<H: Handler>(
     let mut certificates = Vec::new();
     let mut notes = Vec::new();
     for path in &settings.certificate_files {
-        match read_certificate(path) {
+        match certificate(path, settings).await {
             Ok(Some(cert)) => certificates.push(UserCertificate {
                 cert,
                 from: path.display().to_string(),
@@ -281,7 +310,7 @@ pub async fn authenticate<H: Handler>(
                 }
             }
             Candidate::File { path } => {
-                let key = match load_private_key(&path, settings) {
+                let key = match private_key(&path, settings).await {
                     Ok(Some(k)) => k,
                     Ok(None) => continue,
                     Err(unusable) => {
@@ -301,9 +330,8 @@ pub async fn authenticate<H: Handler>(
                         continue;
                     }
                 };
-                let key = Arc::new(key);
                 let beside_path = certificate_beside(&path);
-                let beside = match read_certificate(&beside_path) {
+                let beside = match certificate(&beside_path, settings).await {
                     Ok(found) => found.map(|cert| UserCertificate {
                         cert,
                         from: beside_path.display().to_string(),
@@ -466,7 +494,8 @@ fn hash_for(alg: &Algorithm, rsa_hash: Option<HashAlg>) -> Result<Option<HashAlg
 }
 
 /// Why a key file could not be used, for the failure summary.
-struct Unusable {
+#[derive(Clone)]
+pub(crate) struct Unusable {
     note: String,
     /// Only because BatchMode forbids asking for its passphrase.
     needs_person: bool,
@@ -500,7 +529,7 @@ fn load_private_key(
         }
         Err(e) => return Err(format!("cannot read {}: {e}", path.display()).into()),
     };
-    match russh::keys::decode_secret_key(&text, None) {
+    match crate::private_key::decode(&text, None) {
         Ok(k) => return Ok(Some(k)),
         Err(russh::keys::Error::KeyIsEncrypted) => {}
         Err(e) => {
@@ -532,7 +561,7 @@ fn load_private_key(
             // An empty answer skips the key, as ssh does.
             return Ok(None);
         }
-        match russh::keys::decode_secret_key(&text, Some(&pass)) {
+        match crate::private_key::decode(&text, Some(&pass)) {
             Ok(k) => return Ok(Some(k)),
             Err(_) => eprintln!("Bad passphrase, try again for {}", path.display()),
         }

@@ -4,6 +4,7 @@
 //! (with `~` and globs), applies defaults and expands `%` tokens.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use skiff_proto::known_hosts::StrictHostKeyChecking;
@@ -12,6 +13,7 @@ use skiff_proto::ssh_config::{
 };
 
 use crate::error::{ErrorKind, SkiffError};
+use crate::identity::IdentityCache;
 
 /// What the command line says, before configuration is applied.
 #[derive(Debug, Clone, Default)]
@@ -40,6 +42,10 @@ pub struct ConnectSettings {
     /// `CertificateFile`s, offered with the keys they certify.
     pub certificate_files: Vec<PathBuf>,
     pub identities_only: bool,
+    /// Identity files as read for the other connections of the same
+    /// resolver (one run). None once connected: a live connection keeps no
+    /// private keys.
+    pub(crate) identity_cache: Option<Arc<IdentityCache>>,
     /// None means no agent (IdentityAgent none, or SSH_AUTH_SOCK unset).
     pub identity_agent: Option<PathBuf>,
     /// `RequiredRSASize`: the fewest bits an RSA host key or identity may
@@ -139,6 +145,17 @@ pub enum Proxy {
 pub const MAX_JUMPS: usize = 8;
 
 impl ConnectSettings {
+    /// These settings without the resolver's identity cache (jump hosts'
+    /// included), for keeping beside a live connection.
+    pub(crate) fn without_identity_cache(&self) -> ConnectSettings {
+        let mut kept = self.clone();
+        kept.identity_cache = None;
+        if let Some(Proxy::Jump(hop)) = &kept.proxy {
+            kept.proxy = Some(Proxy::Jump(Box::new(hop.without_identity_cache())));
+        }
+        kept
+    }
+
     /// The host and port host keys are looked up and recorded under:
     /// `HostKeyAlias` (without a port, as ssh does), else the host name and
     /// port.
@@ -312,7 +329,11 @@ pub struct Resolver {
     config_file: Option<PathBuf>,
     home: PathBuf,
     local_user: String,
+    local_hostname: String,
+    uid: u32,
     env: ClientEnv,
+    /// Shared by every connection resolved here.
+    identity_cache: Arc<IdentityCache>,
 }
 
 impl Resolver {
@@ -344,7 +365,11 @@ impl Resolver {
             config_file: config_file.map(Path::to_path_buf),
             home,
             local_user: local_user(),
+            local_hostname: local_hostname(),
+            // SAFETY: getuid cannot fail.
+            uid: unsafe { libc::getuid() },
             env: env.clone(),
+            identity_cache: Arc::default(),
         })
     }
 
@@ -386,7 +411,7 @@ impl Resolver {
             Some(ProxySpec::Jump(hops)) => Some(hops.clone()),
             _ => None,
         };
-        let mut settings = settle(dest, cfg, &self.home, &self.local_user, &self.env)?;
+        let mut settings = self.settle(dest, cfg)?;
         if let Some(hops) = jump {
             settings.proxy = Some(Proxy::Jump(Box::new(self.jump_chain(&hops, jumps)?)));
         }
@@ -430,216 +455,218 @@ impl Resolver {
     }
 }
 
-fn settle(
-    dest: &Destination,
-    cfg: HostConfig,
-    home: &Path,
-    local_user: &str,
-    env: &ClientEnv,
-) -> Result<ConnectSettings, SkiffError> {
-    let hostname = cfg
-        .hostname
-        .clone()
-        .unwrap_or_else(|| dest.host.clone())
-        .to_ascii_lowercase();
-    let port = dest.port.or(cfg.port).unwrap_or(22);
-    let user = dest
-        .user
-        .clone()
-        .or(cfg.user.clone())
-        .unwrap_or_else(|| local_user.to_string());
-    let tokens = TokenContext {
-        host: hostname.clone(),
-        original_host: dest.host.clone(),
-        remote_user: user.clone(),
-        local_user: local_user.to_string(),
-        port,
-        home: home.to_string_lossy().into_owned(),
-        local_hostname: local_hostname(),
-        // SAFETY: getuid cannot fail.
-        uid: unsafe { libc::getuid() },
-    };
-    let expand = |s: &str| -> Result<PathBuf, SkiffError> {
-        ssh_config::expand_tokens(s, &tokens)
-            .map(PathBuf::from)
-            .map_err(|e| {
-                SkiffError::new(
-                    ErrorKind::Config,
-                    format!("bad path {s:?} in configuration: {e}"),
-                )
-            })
-    };
-
-    let mut identity_files = dest.identity_files.clone();
-    for f in &cfg.identity_files {
-        identity_files.push(expand(f)?);
-    }
-    let certificate_files = cfg
-        .certificate_files
-        .iter()
-        .map(|f| expand(f))
-        .collect::<Result<Vec<_>, _>>()?;
-    let default_identities = identity_files.is_empty();
-    if default_identities {
-        for name in [
-            "id_rsa",
-            "id_ecdsa",
-            "id_ecdsa_sk",
-            "id_ed25519",
-            "id_ed25519_sk",
-        ] {
-            identity_files.push(home.join(".ssh").join(name));
-        }
-    }
-
-    // `$VAR`: the client's variable (the agent carries the CLI's), else ours.
-    let from_env = |name: &str| {
-        env.get(name).map(PathBuf::from).or_else(|| {
-            std::env::var_os(name)
-                .filter(|s| !s.is_empty())
-                .map(PathBuf::from)
-        })
-    };
-    let identity_agent = match cfg.identity_agent.as_deref() {
-        Some("none") => None,
-        Some("SSH_AUTH_SOCK") | None => env.get("SSH_AUTH_SOCK").map(PathBuf::from),
-        Some(v) if v.starts_with('$') => from_env(&v[1..]),
-        Some(v) => Some(expand(v)?),
-    };
-    let forward_agent = match cfg.forward_agent.as_deref() {
-        None | Some("no") => None,
-        Some("yes") => env.get("SSH_AUTH_SOCK").map(PathBuf::from),
-        Some(v) if v.starts_with('$') => from_env(&v[1..]),
-        Some(v) => Some(expand(v)?),
-    };
-
-    let user_known_hosts = match &cfg.user_known_hosts_files {
-        Some(list) => list.iter().map(|f| expand(f)).collect::<Result<_, _>>()?,
-        None => vec![
-            home.join(".ssh/known_hosts"),
-            home.join(".ssh/known_hosts2"),
-        ],
-    };
-    let global_known_hosts = match &cfg.global_known_hosts_files {
-        Some(list) => list.iter().map(|f| expand(f)).collect::<Result<_, _>>()?,
-        None => vec![
-            PathBuf::from("/etc/ssh/ssh_known_hosts"),
-            PathBuf::from("/etc/ssh/ssh_known_hosts2"),
-        ],
-    };
-
-    let alive = match cfg.server_alive_interval {
-        Some(0) => None,
-        Some(s) => Some(Duration::from_secs(s)),
-        None => Some(DEFAULT_ALIVE_INTERVAL),
-    };
-
-    Ok(ConnectSettings {
-        hostname,
-        original_host: dest.host.clone(),
-        port,
-        user,
-        identity_files,
-        certificate_files,
-        identities_only: cfg.identities_only.unwrap_or(false),
-        identity_agent,
-        forward_agent,
-        required_rsa_size: cfg.required_rsa_size.unwrap_or(1024),
-        user_known_hosts,
-        global_known_hosts,
-        strict_host_key_checking: cfg
-            .strict_host_key_checking
-            .unwrap_or(StrictHostKeyChecking::AcceptNew),
-        hash_known_hosts: cfg.hash_known_hosts.unwrap_or(false),
-        host_key_alias: cfg.host_key_alias.clone(),
-        revoked_host_keys: match cfg.revoked_host_keys.as_deref() {
-            None | Some("none") => None,
-            Some(v) => Some(expand(v)?),
-        },
-        algorithms: {
-            let d = skiff_proto::algorithms::Algorithms::default();
-            skiff_proto::algorithms::Algorithms {
-                kex: cfg.kex_algorithms.clone().unwrap_or(d.kex),
-                host_key: cfg.host_key_algorithms.clone().unwrap_or(d.host_key),
-                ciphers: cfg.ciphers.clone().unwrap_or(d.ciphers),
-                macs: cfg.macs.clone().unwrap_or(d.macs),
-                ca_signature: cfg
-                    .ca_signature_algorithms
-                    .clone()
-                    .unwrap_or(d.ca_signature),
-            }
-        },
-        known_hosts_command: match cfg.known_hosts_command.clone().flatten() {
-            Some(command) => Some(
-                ssh_config::expand_tokens_keeping(&command, &tokens, "HIKktf").map_err(|e| {
-                    SkiffError::new(
-                        ErrorKind::Config,
-                        format!("bad KnownHostsCommand {command:?}: {e}"),
-                    )
-                })?,
-            ),
-            None => None,
-        },
-        proxy: match &cfg.proxy {
-            Some(ProxySpec::Command(command)) => Some(Proxy::Command(
-                ssh_config::expand_tokens(command, &tokens).map_err(|e| {
-                    SkiffError::new(
-                        ErrorKind::Config,
-                        format!("bad ProxyCommand {command:?}: {e}"),
-                    )
-                })?,
-            )),
-            // Jump hosts are resolved by the caller, which has the files.
-            _ => None,
-        },
-        address_family: cfg.address_family.unwrap_or_default(),
-        bind_address: cfg.bind_address,
-        bind_interface: cfg.bind_interface.clone(),
-        connect_timeout: cfg
-            .connect_timeout
-            .filter(|&s| s > 0)
-            .map(Duration::from_secs)
-            .unwrap_or(DEFAULT_CONNECT_TIMEOUT),
-        server_alive_interval: alive,
-        server_alive_count_max: cfg.server_alive_count_max.unwrap_or(3).max(1) as usize,
-        batch_mode: cfg.batch_mode.unwrap_or(false),
-        pubkey_authentication: cfg.pubkey_authentication.unwrap_or(true),
-        refused_by: cfg
-            .refuse_connection
+impl Resolver {
+    /// The settings for `dest` from its resolved configuration `cfg`.
+    fn settle(&self, dest: &Destination, cfg: HostConfig) -> Result<ConnectSettings, SkiffError> {
+        let (home, local_user, env) = (self.home.as_path(), self.local_user.as_str(), &self.env);
+        let hostname = cfg
+            .hostname
             .clone()
-            .and_then(|(refuse, at)| refuse.then_some(at)),
-        remote_command: match cfg.remote_command.clone().flatten() {
-            Some(command) => Some(ssh_config::expand_tokens(&command, &tokens).map_err(|e| {
-                SkiffError::new(
-                    ErrorKind::Config,
-                    format!("bad RemoteCommand {command:?}: {e}"),
-                )
-            })?),
-            None => None,
-        },
-        stdin_null: cfg.stdin_null.unwrap_or(false),
-        session_type: cfg
-            .session_type
-            .unwrap_or(skiff_proto::ssh_config::SessionType::Default),
-        request_tty: cfg
-            .request_tty
-            .unwrap_or(skiff_proto::ssh_config::RequestTty::Auto),
-        show_notices: !matches!(cfg.log_level.as_deref(), Some("QUIET" | "FATAL" | "ERROR")),
-        send_env: cfg.send_env.clone(),
-        set_env: cfg.set_env.clone(),
-        control_persist: cfg.control_persist,
-        forwards: cfg.forwards.clone(),
-        clear_all_forwardings: cfg.clear_all_forwardings.unwrap_or(false),
-        exit_on_forward_failure: cfg.exit_on_forward_failure.unwrap_or(false),
-        gateway_ports: cfg.gateway_ports.unwrap_or(false),
-        stream_local_bind_mask: cfg.stream_local_bind_mask.unwrap_or(0o177),
-        stream_local_bind_unlink: cfg.stream_local_bind_unlink.unwrap_or(false),
-        escape_char: cfg.escape_char.unwrap_or_default(),
-        add_keys_to_agent: cfg
-            .add_keys_to_agent
-            .unwrap_or(skiff_proto::ssh_config::AddKeysToAgent::No),
-        ignored: cfg.ignored.clone(),
-    })
+            .unwrap_or_else(|| dest.host.clone())
+            .to_ascii_lowercase();
+        let port = dest.port.or(cfg.port).unwrap_or(22);
+        let user = dest
+            .user
+            .clone()
+            .or(cfg.user.clone())
+            .unwrap_or_else(|| local_user.to_string());
+        let tokens = TokenContext {
+            host: hostname.clone(),
+            original_host: dest.host.clone(),
+            remote_user: user.clone(),
+            local_user: local_user.to_string(),
+            port,
+            home: home.to_string_lossy().into_owned(),
+            local_hostname: self.local_hostname.clone(),
+            uid: self.uid,
+        };
+        let expand = |s: &str| -> Result<PathBuf, SkiffError> {
+            ssh_config::expand_tokens(s, &tokens)
+                .map(PathBuf::from)
+                .map_err(|e| {
+                    SkiffError::new(
+                        ErrorKind::Config,
+                        format!("bad path {s:?} in configuration: {e}"),
+                    )
+                })
+        };
+
+        let mut identity_files = dest.identity_files.clone();
+        for f in &cfg.identity_files {
+            identity_files.push(expand(f)?);
+        }
+        let certificate_files = cfg
+            .certificate_files
+            .iter()
+            .map(|f| expand(f))
+            .collect::<Result<Vec<_>, _>>()?;
+        let default_identities = identity_files.is_empty();
+        if default_identities {
+            for name in [
+                "id_rsa",
+                "id_ecdsa",
+                "id_ecdsa_sk",
+                "id_ed25519",
+                "id_ed25519_sk",
+            ] {
+                identity_files.push(home.join(".ssh").join(name));
+            }
+        }
+
+        // `$VAR`: the client's variable (the agent carries the CLI's), else ours.
+        let from_env = |name: &str| {
+            env.get(name).map(PathBuf::from).or_else(|| {
+                std::env::var_os(name)
+                    .filter(|s| !s.is_empty())
+                    .map(PathBuf::from)
+            })
+        };
+        let identity_agent = match cfg.identity_agent.as_deref() {
+            Some("none") => None,
+            Some("SSH_AUTH_SOCK") | None => env.get("SSH_AUTH_SOCK").map(PathBuf::from),
+            Some(v) if v.starts_with('$') => from_env(&v[1..]),
+            Some(v) => Some(expand(v)?),
+        };
+        let forward_agent = match cfg.forward_agent.as_deref() {
+            None | Some("no") => None,
+            Some("yes") => env.get("SSH_AUTH_SOCK").map(PathBuf::from),
+            Some(v) if v.starts_with('$') => from_env(&v[1..]),
+            Some(v) => Some(expand(v)?),
+        };
+
+        let user_known_hosts = match &cfg.user_known_hosts_files {
+            Some(list) => list.iter().map(|f| expand(f)).collect::<Result<_, _>>()?,
+            None => vec![
+                home.join(".ssh/known_hosts"),
+                home.join(".ssh/known_hosts2"),
+            ],
+        };
+        let global_known_hosts = match &cfg.global_known_hosts_files {
+            Some(list) => list.iter().map(|f| expand(f)).collect::<Result<_, _>>()?,
+            None => vec![
+                PathBuf::from("/etc/ssh/ssh_known_hosts"),
+                PathBuf::from("/etc/ssh/ssh_known_hosts2"),
+            ],
+        };
+
+        let alive = match cfg.server_alive_interval {
+            Some(0) => None,
+            Some(s) => Some(Duration::from_secs(s)),
+            None => Some(DEFAULT_ALIVE_INTERVAL),
+        };
+
+        Ok(ConnectSettings {
+            identity_cache: Some(self.identity_cache.clone()),
+            hostname,
+            original_host: dest.host.clone(),
+            port,
+            user,
+            identity_files,
+            certificate_files,
+            identities_only: cfg.identities_only.unwrap_or(false),
+            identity_agent,
+            forward_agent,
+            required_rsa_size: cfg.required_rsa_size.unwrap_or(1024),
+            user_known_hosts,
+            global_known_hosts,
+            strict_host_key_checking: cfg
+                .strict_host_key_checking
+                .unwrap_or(StrictHostKeyChecking::AcceptNew),
+            hash_known_hosts: cfg.hash_known_hosts.unwrap_or(false),
+            host_key_alias: cfg.host_key_alias.clone(),
+            revoked_host_keys: match cfg.revoked_host_keys.as_deref() {
+                None | Some("none") => None,
+                Some(v) => Some(expand(v)?),
+            },
+            algorithms: {
+                let d = skiff_proto::algorithms::Algorithms::default();
+                skiff_proto::algorithms::Algorithms {
+                    kex: cfg.kex_algorithms.clone().unwrap_or(d.kex),
+                    host_key: cfg.host_key_algorithms.clone().unwrap_or(d.host_key),
+                    ciphers: cfg.ciphers.clone().unwrap_or(d.ciphers),
+                    macs: cfg.macs.clone().unwrap_or(d.macs),
+                    ca_signature: cfg
+                        .ca_signature_algorithms
+                        .clone()
+                        .unwrap_or(d.ca_signature),
+                }
+            },
+            known_hosts_command: match cfg.known_hosts_command.clone().flatten() {
+                Some(command) => Some(
+                    ssh_config::expand_tokens_keeping(&command, &tokens, "HIKktf").map_err(
+                        |e| {
+                            SkiffError::new(
+                                ErrorKind::Config,
+                                format!("bad KnownHostsCommand {command:?}: {e}"),
+                            )
+                        },
+                    )?,
+                ),
+                None => None,
+            },
+            proxy: match &cfg.proxy {
+                Some(ProxySpec::Command(command)) => Some(Proxy::Command(
+                    ssh_config::expand_tokens(command, &tokens).map_err(|e| {
+                        SkiffError::new(
+                            ErrorKind::Config,
+                            format!("bad ProxyCommand {command:?}: {e}"),
+                        )
+                    })?,
+                )),
+                // Jump hosts are resolved by the caller, which has the files.
+                _ => None,
+            },
+            address_family: cfg.address_family.unwrap_or_default(),
+            bind_address: cfg.bind_address,
+            bind_interface: cfg.bind_interface.clone(),
+            connect_timeout: cfg
+                .connect_timeout
+                .filter(|&s| s > 0)
+                .map(Duration::from_secs)
+                .unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+            server_alive_interval: alive,
+            server_alive_count_max: cfg.server_alive_count_max.unwrap_or(3).max(1) as usize,
+            batch_mode: cfg.batch_mode.unwrap_or(false),
+            pubkey_authentication: cfg.pubkey_authentication.unwrap_or(true),
+            refused_by: cfg
+                .refuse_connection
+                .clone()
+                .and_then(|(refuse, at)| refuse.then_some(at)),
+            remote_command: match cfg.remote_command.clone().flatten() {
+                Some(command) => {
+                    Some(ssh_config::expand_tokens(&command, &tokens).map_err(|e| {
+                        SkiffError::new(
+                            ErrorKind::Config,
+                            format!("bad RemoteCommand {command:?}: {e}"),
+                        )
+                    })?)
+                }
+                None => None,
+            },
+            stdin_null: cfg.stdin_null.unwrap_or(false),
+            session_type: cfg
+                .session_type
+                .unwrap_or(skiff_proto::ssh_config::SessionType::Default),
+            request_tty: cfg
+                .request_tty
+                .unwrap_or(skiff_proto::ssh_config::RequestTty::Auto),
+            show_notices: !matches!(cfg.log_level.as_deref(), Some("QUIET" | "FATAL" | "ERROR")),
+            send_env: cfg.send_env.clone(),
+            set_env: cfg.set_env.clone(),
+            control_persist: cfg.control_persist,
+            forwards: cfg.forwards.clone(),
+            clear_all_forwardings: cfg.clear_all_forwardings.unwrap_or(false),
+            exit_on_forward_failure: cfg.exit_on_forward_failure.unwrap_or(false),
+            gateway_ports: cfg.gateway_ports.unwrap_or(false),
+            stream_local_bind_mask: cfg.stream_local_bind_mask.unwrap_or(0o177),
+            stream_local_bind_unlink: cfg.stream_local_bind_unlink.unwrap_or(false),
+            escape_char: cfg.escape_char.unwrap_or_default(),
+            add_keys_to_agent: cfg
+                .add_keys_to_agent
+                .unwrap_or(skiff_proto::ssh_config::AddKeysToAgent::No),
+            ignored: cfg.ignored.clone(),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ pub mod frame;
 pub mod known_hosts;
 pub mod krl;
 pub mod nodeset;
+pub mod openssh_key;
 pub mod pattern;
 pub mod signals;
 pub mod socks;

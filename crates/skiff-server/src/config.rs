@@ -80,6 +80,11 @@ pub struct Settings {
     /// connections, new ones are dropped with a probability that starts at
     /// `rate`% and reaches 100% at `max_startups`.
     pub early_drop: Option<(usize, u32)>,
+    /// `PerSourceMaxStartups`: unauthenticated connections allowed at once
+    /// from one source network; `None`: no limit beyond `max_startups`.
+    pub per_source_max_startups: Option<usize>,
+    /// `PerSourceNetBlockSize`: which source addresses make one network.
+    pub per_source_net_block: crate::startups::NetBlock,
     pub max_sessions: usize,
     /// Interval of server keepalives to detect dead clients; `None` disables them.
     pub client_alive_interval: Option<Duration>,
@@ -247,6 +252,8 @@ impl Default for Settings {
             max_auth_tries: 6,
             max_startups: 100,
             early_drop: None,
+            per_source_max_startups: None,
+            per_source_net_block: Default::default(),
             max_sessions: 256,
             client_alive_interval: Some(Duration::from_secs(60)),
             client_alive_count_max: 3,
@@ -645,6 +652,26 @@ fn apply_line(
         "permituserenvironment" => {
             settings.permit_user_environment = parse_yes_no(one()?).map_err(err)?
         }
+        "persourcemaxstartups" => {
+            settings.per_source_max_startups = match one()? {
+                v if v.eq_ignore_ascii_case("none") => None,
+                v => Some(parse_count(v).map_err(err)?),
+            }
+        }
+        "persourcenetblocksize" => {
+            settings.per_source_net_block =
+                crate::startups::NetBlock::parse(one()?).map_err(err)?;
+        }
+        // Penalties are not implemented; only turning them off is accepted,
+        // so that a configuration never suggests a protection that is absent.
+        "persourcepenalties" => match one()? {
+            v if v.eq_ignore_ascii_case("no") => {}
+            v => {
+                return Err(err(format!(
+                    "PerSourcePenalties {v:?}: skiffd does not implement penalties; only \"no\" is accepted (PerSourceMaxStartups and MaxStartups limit unauthenticated connections)"
+                )))
+            }
+        },
         "logingracetime" => settings.login_grace_time = parse_duration(one()?).map_err(err)?,
         "maxauthtries" => settings.max_auth_tries = parse_count(one()?).map_err(err)?,
         "maxstartups" => {
@@ -1015,6 +1042,40 @@ mod tests {
             ".ssh/authorized_keys .ssh/authorized_keys2"
         );
         assert!(apply_config_text(&mut s, "f", "AuthorizedKeysFile\n").is_err());
+    }
+
+    #[test]
+    fn per_source_startup_keywords() {
+        let mut s = Settings::default();
+        assert_eq!(s.per_source_max_startups, None);
+        apply_config_text(
+            &mut s,
+            "f",
+            "PerSourceMaxStartups 3\nPerSourceNetBlockSize 24:48\nPerSourcePenalties no\n",
+        )
+        .unwrap();
+        assert_eq!(s.per_source_max_startups, Some(3));
+        assert_eq!(
+            (
+                s.per_source_net_block.v4_bits,
+                s.per_source_net_block.v6_bits
+            ),
+            (24, 48)
+        );
+        let mut s = Settings::default();
+        apply_config_text(&mut s, "f", "PerSourceMaxStartups none\n").unwrap();
+        assert_eq!(s.per_source_max_startups, None);
+        for bad in [
+            "PerSourceMaxStartups 0",
+            "PerSourceMaxStartups lots",
+            "PerSourceNetBlockSize 33",
+            "PerSourceNetBlockSize 24:200",
+            "PerSourcePenalties yes",
+            "PerSourcePenalties authfail:5s",
+        ] {
+            let e = apply_config_text(&mut Settings::default(), "f", bad).unwrap_err();
+            assert!(e.to_string().contains("f:1"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -40,6 +40,15 @@ pub fn default_state_dir() -> Result<PathBuf> {
     Ok(PathBuf::from(home).join(".local/state/skiffd"))
 }
 
+/// An unencrypted OpenSSH key whose ECDSA scalar OpenSSH stored short (one
+/// P-256 key in 256), which ssh-key refuses: rebuilt at full width.
+fn repaired(text: &str) -> Option<PrivateKey> {
+    use skiff_proto::openssh_key::{armored_body, repair_unencrypted};
+    let body = zeroize::Zeroizing::new(armored_body(text)?);
+    let bytes = zeroize::Zeroizing::new(repair_unencrypted(&body)?);
+    PrivateKey::from_bytes(&bytes).ok()
+}
+
 /// Loads every configured host key; fails naming the file that could not be used.
 pub fn load_host_keys(paths: &[PathBuf]) -> Result<Vec<PrivateKey>> {
     paths
@@ -48,6 +57,7 @@ pub fn load_host_keys(paths: &[PathBuf]) -> Result<Vec<PrivateKey>> {
             let text = fs::read_to_string(p)
                 .with_context(|| format!("cannot read host key {}", p.display()))?;
             let key = PrivateKey::from_openssh(text.trim_end())
+                .or_else(|refused| repaired(&text).ok_or(refused))
                 .with_context(|| format!("{}: not an OpenSSH private key", p.display()))?;
             if key.is_encrypted() {
                 bail!(

@@ -30,6 +30,7 @@ mod process;
 pub mod sftp;
 mod spawn;
 mod sshd_only;
+pub mod startups;
 pub mod transfer;
 
 pub use handler::authorized_keys_path;

@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use crate::config::Settings;
 use crate::dataplane::Sniffed;
 use crate::handler::{ConnectionHandler, ServerState};
 use crate::hostkey::HostIdentity;
+use crate::startups::{Pending, Refusal, Startups};
 
 /// The russh server configuration for these settings and host keys.
 ///
@@ -139,12 +140,12 @@ pub async fn serve_listeners(
         settings,
         registry: Default::default(),
     });
-    let unauthenticated = Arc::new(AtomicUsize::new(0));
+    let startups = Arc::new(Startups::default());
     let mut loops = tokio::task::JoinSet::new();
     for listener in listeners {
         tracing::info!("listening on {}", listener.local_addr()?);
-        let (config, state, unauth) = (config.clone(), state.clone(), unauthenticated.clone());
-        loops.spawn(accept_loop(listener, config, state, unauth));
+        let (config, state, startups) = (config.clone(), state.clone(), startups.clone());
+        loops.spawn(accept_loop(listener, config, state, startups));
     }
     match loops.join_next().await {
         Some(Ok(r)) => r,
@@ -157,7 +158,7 @@ async fn accept_loop(
     listener: TcpListener,
     config: Arc<russh::server::Config>,
     state: Arc<ServerState>,
-    unauthenticated: Arc<AtomicUsize>,
+    startups: Arc<Startups>,
 ) -> Result<()> {
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -169,37 +170,33 @@ async fn accept_loop(
                 continue;
             }
         };
-        let waiting = unauthenticated.load(Ordering::SeqCst);
-        let chance = state.settings.drop_chance(waiting);
-        if chance > 0.0 && (chance >= 1.0 || rand::random::<f64>() < chance) {
-            tracing::warn!(%peer, "dropping connection: {waiting} unauthenticated connections (MaxStartups)");
-            continue;
-        }
-        unauthenticated.fetch_add(1, Ordering::SeqCst);
-        let (config, state, unauth) = (config.clone(), state.clone(), unauthenticated.clone());
+        let settings = &state.settings;
+        let admitted = startups.admit(
+            peer.ip(),
+            settings.per_source_net_block,
+            settings.per_source_max_startups,
+            |waiting| {
+                let chance = settings.drop_chance(waiting);
+                chance > 0.0 && (chance >= 1.0 || rand::random::<f64>() < chance)
+            },
+        );
+        let pending = match admitted {
+            Ok(pending) => pending,
+            Err(Refusal::Total(waiting)) => {
+                tracing::warn!(%peer, "dropping connection: {waiting} unauthenticated connections (MaxStartups)");
+                continue;
+            }
+            Err(Refusal::Source { network, waiting }) => {
+                tracing::warn!(%peer, "dropping connection: {waiting} unauthenticated connections from {network} (PerSourceMaxStartups)");
+                continue;
+            }
+        };
+        let (config, state) = (config.clone(), state.clone());
         tokio::spawn(async move {
-            let guard = Unauthenticated(Some(unauth));
-            if let Err(e) = handle_connection(stream, peer, config, state, guard).await {
+            if let Err(e) = handle_connection(stream, peer, config, state, pending).await {
                 tracing::info!(%peer, "connection ended: {e}");
             }
         });
-    }
-}
-
-/// Decrements the unauthenticated-connection count exactly once.
-struct Unauthenticated(Option<Arc<AtomicUsize>>);
-
-impl Unauthenticated {
-    fn release(&mut self) {
-        if let Some(c) = self.0.take() {
-            c.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-}
-
-impl Drop for Unauthenticated {
-    fn drop(&mut self) {
-        self.release();
     }
 }
 
@@ -208,7 +205,7 @@ async fn handle_connection(
     peer: SocketAddr,
     config: Arc<russh::server::Config>,
     state: Arc<ServerState>,
-    mut guard: Unauthenticated,
+    mut guard: Pending,
 ) -> Result<()> {
     stream.set_nodelay(true)?;
     let local = stream.local_addr()?;

@@ -223,7 +223,9 @@ fn execute(args: &RunArgs, hosts: Vec<nodeset::Target>, command: String) -> i32 
         }
         t => t.map(Duration::from_secs_f64),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // This thread's runtime writes the output and, running directly, takes
+    // its share of the hosts (see run_threads).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
@@ -234,6 +236,7 @@ fn execute(args: &RunArgs, hosts: Vec<nodeset::Target>, command: String) -> i32 
         }
     };
     let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    let mut workers = None;
     let labels = match through_agent(args, &hosts, &command, timeout, tx.clone()) {
         Some(labels) => {
             drop(tx); // the relay thread holds the only sender now
@@ -248,6 +251,22 @@ fn execute(args: &RunArgs, hosts: Vec<nodeset::Target>, command: String) -> i32 
                 }
             };
             let labels = targets.iter().map(|t| t.label.clone()).collect();
+            // One thread per core (this one included), no more than there
+            // are hosts to run at once.
+            let threads = std::thread::available_parallelism()
+                .map_or(1, usize::from)
+                .min(args.parallel.max(1))
+                .min(targets.len())
+                .min(MAX_THREADS);
+            match crate::run_threads::Workers::start(threads.saturating_sub(1)) {
+                Ok(w) => workers = Some(w),
+                Err(e) => {
+                    eprintln!("skiff run: cannot start threads: {e}");
+                    return 255;
+                }
+            }
+            let mut spread = vec![runtime.handle().clone()];
+            spread.extend(workers.iter().flat_map(|w| w.handles().iter().cloned()));
             let opts = FanoutOptions {
                 parallel: args.parallel.max(1),
                 connect_rate: args.rate,
@@ -256,6 +275,7 @@ fn execute(args: &RunArgs, hosts: Vec<nodeset::Target>, command: String) -> i32 
                     timeout,
                     ..Default::default()
                 },
+                spread,
             };
             runtime.spawn(fanout::fan_out(targets, opts, None, tx));
             labels
@@ -270,6 +290,7 @@ fn execute(args: &RunArgs, hosts: Vec<nodeset::Target>, command: String) -> i32 
     };
     let result = runtime.block_on(collect(rx, &labels, mode, args.outdir.as_deref()));
     runtime.shutdown_background();
+    drop(workers);
     let records = match result {
         Ok(r) => r,
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return 141,
@@ -290,6 +311,9 @@ fn execute(args: &RunArgs, hosts: Vec<nodeset::Target>, command: String) -> i32 
     }
     fanout::overall_exit_code(records.iter().map(|r| &r.result))
 }
+
+/// Most threads a direct fan-out runs connections on.
+const MAX_THREADS: usize = 64;
 
 /// Largest folded host set sent to the agent in one request.
 const MAX_AGENT_HOST_SET: usize = 256 * 1024;

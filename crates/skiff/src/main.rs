@@ -12,6 +12,7 @@ mod cli_ssh;
 mod demo;
 mod escape_input;
 mod run_output;
+mod run_threads;
 mod ssh_args;
 mod stdio;
 mod terminal;

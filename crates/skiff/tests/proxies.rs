@@ -41,21 +41,29 @@ fn target_sshd(fx: &Fixture) -> Sshd {
     Sshd::start(&fx.host_key, &fx.authorized_keys, &[])
 }
 
-#[test]
-fn exec_and_run_through_a_jump_host() {
-    if !require_openssh() {
-        return;
-    }
-    let fx = Fixture::new();
-    let target = target_sshd(&fx);
+/// An sshd destination, a jump host that forwards only to it (by address
+/// or as localhost) and knows its key, and both servers' logs for messages.
+fn jump_to_sshd(fx: &Fixture) -> (Sshd, Jump, String) {
+    let target = target_sshd(fx);
     let port = target.port();
-    let jump = Jump::start(&fx, &format!("127.0.0.1:{port} localhost:{port}"));
+    let jump = Jump::start(fx, &format!("127.0.0.1:{port} localhost:{port}"));
     jump.home.trust(port, &fx.host_key);
     let c = format!(
         "{}\n{}",
         server_context(&jump.sshd, "jump host"),
         server_context(&target, "destination")
     );
+    (target, jump, c)
+}
+
+#[test]
+fn exec_and_run_through_a_jump_host() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let (target, jump, c) = jump_to_sshd(&fx);
+    let port = target.port();
 
     let out = skiff_exec(&jump.home, port, user(), Some(&fx.client_key))
         .flag("-J")
@@ -122,6 +130,52 @@ fn exec_and_run_through_a_jump_host() {
         .cmd("echo never")
         .run();
     out.expect_skiff_failure(&["jump host", "authentication failed"], &c);
+}
+
+/// The jump host and the destination log in with the same encrypted key:
+/// its passphrase is asked for once.
+#[test]
+fn one_passphrase_serves_the_jump_host_and_the_destination() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let (target, jump, c) = jump_to_sshd(&fx);
+    let port = target.port();
+    fs::remove_file(jump.home.ssh_dir().join("id_ed25519")).unwrap();
+    let config = jump.home.path().join("ssh_config");
+    write_file(
+        &config,
+        format!(
+            "Host *\n  IdentityFile {}\n  IdentitiesOnly yes\n",
+            fx.encrypted_key.private.display()
+        ),
+        0o600,
+    );
+    let marker = jump.home.path().join("askpass-calls");
+    let askpass = askpass_script(jump.home.path(), PASSPHRASE, &marker);
+    let out = skiff_exec(&jump.home, port, user(), None)
+        .config(&config)
+        .interactive()
+        .flag("-J")
+        .flag(&jump.spec())
+        .opt("StrictHostKeyChecking=yes")
+        .askpass(&askpass)
+        .cmd("echo through")
+        .run();
+    out.expect_code(0, &c);
+    assert_eq!(out.stdout_str(), "through\n", "{c}\n{out}");
+    assert!(
+        jump.sshd.log().contains("Accepted publickey"),
+        "{c}: skiff never logged in to the jump host"
+    );
+    let calls = fs::read_to_string(&marker).unwrap_or_default();
+    assert_eq!(
+        calls.lines().count(),
+        1,
+        "{c}: one prompt for two logins\n{calls}\n{out}"
+    );
+    assert!(calls.contains("client_encrypted"), "{c}: {calls}");
 }
 
 #[test]

@@ -507,3 +507,42 @@ fn fan_out_reports_every_host_when_the_agent_dies() {
     );
     assert!(out.stderr.contains("agent went away"), "{c}\n{out}");
 }
+
+/// Identity files are read once per run, not once per host: a missing
+/// `-i` file is reported once, and a key that needs a passphrase is refused
+/// under the run's BatchMode without a prompt on any host.
+#[test]
+fn a_run_reads_each_identity_file_once() {
+    let Some((fx, d, home, cfg)) = many_hosts() else {
+        return;
+    };
+    let c = ctx(&d, "identity files read once per run");
+    let missing = home.path().join("no-such-key");
+    let out = skiff_run(
+        &home,
+        &cfg,
+        &["-i", missing.to_str().unwrap(), "node[001-040]", "echo hi"],
+    )
+    .run();
+    out.expect_code(0, &c);
+    assert_eq!(out.stdout_str().lines().count(), 40, "{c}\n{out}");
+    assert_eq!(
+        out.stderr.matches("not accessible").count(),
+        1,
+        "{c}: the missing identity file is reported once\n{out}"
+    );
+
+    let cfg = write_config(home.path(), d.port(), &fx.encrypted_key, "accept-new");
+    let marker = home.path().join("askpass-calls");
+    let askpass = askpass_script(home.path(), PASSPHRASE, &marker);
+    let out = skiff_run(&home, &cfg, &["-q", "node[001-010]", "echo hi"])
+        .askpass(&askpass)
+        .run();
+    out.expect_code(255, &c);
+    assert_eq!(
+        out.stderr.matches("BatchMode is on").count(),
+        10,
+        "{c}: every host says why\n{out}"
+    );
+    assert!(!marker.exists(), "{c}: a fan-out never prompts\n{out}");
+}

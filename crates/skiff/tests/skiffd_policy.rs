@@ -231,6 +231,28 @@ fn tcp_connect(port: u16) -> TcpStream {
         .unwrap_or_else(|e| panic!("connect to {addr}: {e}"))
 }
 
+/// A connection to 127.0.0.1:`port` from the local address `source`.
+fn tcp_connect_from(source: Ipv4Addr, port: u16) -> TcpStream {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(SocketAddr::from((source, 0)))
+            .unwrap_or_else(|e| panic!("bind {source}: {e}"));
+        let connecting = socket.connect(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+        let stream = tokio::time::timeout(Duration::from_secs(5), connecting)
+            .await
+            .expect("connect timed out")
+            .unwrap_or_else(|e| panic!("connect from {source}: {e}"));
+        let stream = stream.into_std().expect("std stream");
+        stream.set_nonblocking(false).expect("blocking");
+        stream
+    })
+}
+
 /// What a server did on a connection while we watched.
 #[derive(Debug)]
 struct Watched {
@@ -306,9 +328,14 @@ fn has_line(received: &[u8]) -> bool {
 /// as earlier connections (e.g. the harness's readiness probe) still count
 /// against MaxStartups.
 fn connect_with_banner(d: &Skiffd, limit: Duration) -> TcpStream {
+    connect_with_banner_from(d, Ipv4Addr::LOCALHOST, limit)
+}
+
+/// [`connect_with_banner`] from the local address `source`.
+fn connect_with_banner_from(d: &Skiffd, source: Ipv4Addr, limit: Duration) -> TcpStream {
     let deadline = Instant::now() + limit;
     loop {
-        let mut stream = tcp_connect(d.port());
+        let mut stream = tcp_connect_from(source, d.port());
         let seen = watch(
             &mut stream,
             Instant::now(),
@@ -411,25 +438,11 @@ fn max_startups_drops_excess_unauthenticated_connections() {
         .map(|_| connect_with_banner(&d, Duration::from_secs(10)))
         .collect();
 
-    let start = Instant::now();
-    let mut extra = tcp_connect(d.port());
-    let seen = watch(&mut extra, start, Duration::from_secs(5), |_| false);
-    let c = ctx(
+    expect_dropped_from(
         &d,
-        &format!("fourth connection with MaxStartups 3: {seen:?}"),
-    );
-    assert!(seen.received.is_empty(), "{c}: no banner expected");
-    let after = seen
-        .closed_after
-        .unwrap_or_else(|| panic!("{c}: still open after 5 s"));
-    assert!(
-        after < Duration::from_secs(2),
-        "{c}: closed only after {after:?}"
-    );
-    assert!(
-        d.log()
-            .contains("unauthenticated connections (MaxStartups)"),
-        "{c}: skiffd must log the drop"
+        Ipv4Addr::LOCALHOST,
+        "fourth connection with MaxStartups 3",
+        "unauthenticated connections (MaxStartups)",
     );
 
     // The three held connections were not disturbed.
@@ -443,6 +456,62 @@ fn max_startups_drops_excess_unauthenticated_connections() {
     }
     drop(held);
     connect_with_banner(&d, Duration::from_secs(10));
+}
+
+/// A connection from `source` that skiffd must close at once, unanswered,
+/// logging `reason`.
+fn expect_dropped_from(d: &Skiffd, source: Ipv4Addr, what: &str, reason: &str) {
+    let start = Instant::now();
+    let mut conn = tcp_connect_from(source, d.port());
+    let seen = watch(&mut conn, start, Duration::from_secs(5), |_| false);
+    let c = ctx(d, &format!("{what}: {seen:?}"));
+    assert!(seen.received.is_empty(), "{c}: no banner expected");
+    let after = seen
+        .closed_after
+        .unwrap_or_else(|| panic!("{c}: still open after 5 s"));
+    assert!(
+        after < Duration::from_secs(2),
+        "{c}: closed only after {after:?}"
+    );
+    wait_for_log(d, reason, Duration::from_secs(5), |log| {
+        log.contains(reason)
+    });
+}
+
+/// `PerSourceMaxStartups 2`: two unauthenticated connections from
+/// 127.0.0.1 use up its share, so a third from it is closed at once, while
+/// 127.0.0.2 is still served; once they are gone 127.0.0.1 is served again.
+/// With `PerSourceNetBlockSize 8` the two addresses are one source.
+#[test]
+fn per_source_max_startups_limits_each_source_network() {
+    let Some((fx, d)) = skiffd_with_config("PerSourceMaxStartups 2\n") else {
+        return;
+    };
+    let (first, second) = (Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2));
+    let held: Vec<TcpStream> = (0..2)
+        .map(|_| connect_with_banner_from(&d, first, Duration::from_secs(10)))
+        .collect();
+    expect_dropped_from(
+        &d,
+        first,
+        "third connection from 127.0.0.1",
+        "unauthenticated connections from 127.0.0.1 (PerSourceMaxStartups)",
+    );
+    let _other = connect_with_banner_from(&d, second, Duration::from_secs(10));
+    drop(held);
+    connect_with_banner_from(&d, first, Duration::from_secs(10));
+
+    let wide = Skiffd::start_with(
+        SkiffdOptions::new(&fx.host_key, &fx.authorized_keys)
+            .config("PerSourceMaxStartups 1\nPerSourceNetBlockSize 8\n"),
+    );
+    let _held = connect_with_banner_from(&wide, first, Duration::from_secs(10));
+    expect_dropped_from(
+        &wide,
+        second,
+        "127.0.0.2 in 127.0.0.0/8 with one connection from it open",
+        "unauthenticated connections from 127.0.0.0 (PerSourceMaxStartups)",
+    );
 }
 
 // ---------------------------------------------------------------------------

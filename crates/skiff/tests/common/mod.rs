@@ -707,6 +707,12 @@ impl Run {
         self
     }
 
+    /// Passphrases come from `program` (`SSH_ASKPASS`, forced).
+    pub fn askpass(self, program: &Path) -> Self {
+        self.env("SSH_ASKPASS", program)
+            .env("SSH_ASKPASS_REQUIRE", "force")
+    }
+
     pub fn input(mut self, input: Input) -> Self {
         self.input = input;
         self
@@ -1162,6 +1168,12 @@ impl SkiffExec {
     pub fn env(mut self, k: &str, v: impl AsRef<OsStr>) -> Self {
         self.env.push((k.into(), v.as_ref().to_os_string()));
         self
+    }
+
+    /// Passphrases come from `program` (`SSH_ASKPASS`, forced).
+    pub fn askpass(self, program: &Path) -> Self {
+        self.env("SSH_ASKPASS", program)
+            .env("SSH_ASKPASS_REQUIRE", "force")
     }
 
     pub fn input(mut self, i: Input) -> Self {
@@ -1879,9 +1891,7 @@ impl Agent {
             .args(args)
             .timeout(Duration::from_secs(30));
         if let Some(p) = askpass {
-            run = run
-                .env("SSH_ASKPASS", p)
-                .env("SSH_ASKPASS_REQUIRE", "force");
+            run = run.askpass(p);
         }
         run.run()
     }

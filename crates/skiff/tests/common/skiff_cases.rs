@@ -518,8 +518,7 @@ pub fn encrypted_key_askpass(server: &dyn Daemon, fx: &Fixture) {
         let out = skiff_exec(&home, server.port(), user(), Some(&fx.encrypted_key))
             .interactive()
             .opt("IdentitiesOnly=yes")
-            .env("SSH_ASKPASS", &script)
-            .env("SSH_ASKPASS_REQUIRE", "force")
+            .askpass(&script)
             .cmd(command)
             .run();
         let called = fs::read_to_string(&marker)

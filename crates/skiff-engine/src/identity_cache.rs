@@ -1,0 +1,136 @@
+//! Identity and certificate files read once for a whole set of connections
+//! (one `skiff run`, one agent request) instead of once per host: a key's
+//! passphrase is asked for once, a missing file is reported once, and the
+//! key is decoded once.
+//!
+//! A cache belongs to the [`crate::settings::Resolver`] that made the
+//! settings, so it lives as long as those settings. An established
+//! connection keeps none (see [`crate::settings::ConnectSettings`]).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::OnceCell;
+
+/// Cells keyed by file path; each is filled by the first caller and awaited
+/// by the others.
+type Cells<I, T> = Mutex<HashMap<I, Arc<OnceCell<T>>>>;
+
+/// Outcomes of reading files, by path. `K` is what loading a private key
+/// gives, `C` what reading a certificate gives.
+pub struct FileCache<K, C> {
+    /// By path and BatchMode: whether a passphrase may be asked for changes
+    /// the outcome of loading an encrypted key.
+    keys: Cells<(PathBuf, bool), K>,
+    certificates: Cells<PathBuf, C>,
+}
+
+impl<K, C> Default for FileCache<K, C> {
+    fn default() -> Self {
+        FileCache {
+            keys: Mutex::new(HashMap::new()),
+            certificates: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K, C> std::fmt::Debug for FileCache<K, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the keys themselves.
+        let keys = self.keys.lock().map_or(0, |m| m.len());
+        let certificates = self.certificates.lock().map_or(0, |m| m.len());
+        f.debug_struct("FileCache")
+            .field("keys", &keys)
+            .field("certificates", &certificates)
+            .finish()
+    }
+}
+
+fn cell<I: std::hash::Hash + Eq, T>(cells: &Cells<I, T>, id: I) -> Arc<OnceCell<T>> {
+    let mut map = cells.lock().unwrap_or_else(|p| p.into_inner());
+    map.entry(id).or_default().clone()
+}
+
+impl<K: Clone, C: Clone> FileCache<K, C> {
+    /// The outcome of loading the private key at `path` under `batch_mode`:
+    /// `load` runs for the first caller only; callers meanwhile wait for its
+    /// outcome.
+    pub async fn key(&self, path: &Path, batch_mode: bool, load: impl FnOnce() -> K) -> K {
+        let cell = cell(&self.keys, (path.to_path_buf(), batch_mode));
+        cell.get_or_init(|| async move { load() }).await.clone()
+    }
+
+    /// The outcome of reading the certificate at `path`, as for [`Self::key`].
+    pub async fn certificate(&self, path: &Path, read: impl FnOnce() -> C) -> C {
+        let cell = cell(&self.certificates, path.to_path_buf());
+        cell.get_or_init(|| async move { read() }).await.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn each_path_is_loaded_once_and_paths_are_separate() {
+        let cache: FileCache<Result<u32, String>, Option<u8>> = FileCache::default();
+        let loads = AtomicUsize::new(0);
+        let load = |v| {
+            loads.fetch_add(1, Ordering::SeqCst);
+            Ok(v)
+        };
+        assert_eq!(cache.key(Path::new("/a"), false, || load(1)).await, Ok(1));
+        assert_eq!(cache.key(Path::new("/a"), false, || load(2)).await, Ok(1));
+        assert_eq!(cache.key(Path::new("/b"), false, || load(3)).await, Ok(3));
+        assert_eq!(loads.load(Ordering::SeqCst), 2);
+        // Errors are kept too: a refused passphrase is not asked again.
+        assert_eq!(
+            cache
+                .key(Path::new("/c"), false, || Err("wrong passphrase".into()))
+                .await,
+            Err("wrong passphrase".to_string())
+        );
+        assert_eq!(
+            cache.key(Path::new("/c"), false, || load(4)).await,
+            Err("wrong passphrase".to_string())
+        );
+        // Certificates are cached apart from keys, even at the same path.
+        assert_eq!(
+            cache.certificate(Path::new("/a"), || Some(7)).await,
+            Some(7)
+        );
+        assert_eq!(cache.certificate(Path::new("/a"), || None).await, Some(7));
+        // BatchMode's outcome is kept apart from an interactive one.
+        assert_eq!(cache.key(Path::new("/a"), true, || load(5)).await, Ok(5));
+        assert_eq!(loads.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            format!("{cache:?}"),
+            "FileCache { keys: 4, certificates: 1 }"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_callers_share_one_load() {
+        let cache = Arc::new(FileCache::<u32, ()>::default());
+        let loads = Arc::new(AtomicUsize::new(0));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..16 {
+            let (cache, loads) = (cache.clone(), loads.clone());
+            tasks.spawn(async move {
+                cache
+                    .key(Path::new("/k"), false, || {
+                        loads.fetch_add(1, Ordering::SeqCst);
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        42
+                    })
+                    .await
+            });
+        }
+        while let Some(v) = tasks.join_next().await {
+            assert_eq!(v.unwrap(), 42);
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+    }
+}
