@@ -589,6 +589,10 @@ fn event_reply(event: RunEvent) -> Reply {
                 Ok(ExitOutcome::Status(code)) => HostEnd::Status(code),
                 Ok(ExitOutcome::Signal { name, .. }) => HostEnd::Signal(name),
                 Ok(ExitOutcome::Unknown) => HostEnd::Unknown,
+                Err(e) if e.needs_person => HostEnd::NeedsUser {
+                    kind: crate::wire_kind(e.kind),
+                    message: e.message,
+                },
                 Err(e) => HostEnd::Failed {
                     kind: crate::wire_kind(e.kind),
                     message: e.message,

@@ -489,22 +489,31 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
         }
     };
     let kex_budget = settings.connect_timeout;
-    if settings.batch_mode {
-        tokio::time::timeout(kex_budget, identity::authenticate(&mut handle, settings))
-            .await
-            .map_err(|_| {
-                SkiffError::new(
-                    ErrorKind::Auth,
-                    format!(
-                        "{}: authentication did not finish within {}s",
-                        settings.hostname,
-                        kex_budget.as_secs()
-                    ),
-                )
-            })??;
-    } else {
+    let late = || {
+        SkiffError::new(
+            ErrorKind::Auth,
+            format!(
+                "{}: authentication did not finish within {}s",
+                settings.hostname,
+                kex_budget.as_secs()
+            ),
+        )
+    };
+    match (&settings.identity_cache, settings.batch_mode) {
+        (_, true) => {
+            tokio::time::timeout(kex_budget, identity::authenticate(&mut handle, settings))
+                .await
+                .map_err(|_| late())??
+        }
+        (Some(cache), false) if settings.fan_out => within_budget_but_for_prompts(
+            kex_budget,
+            cache.person(),
+            identity::authenticate(&mut handle, settings),
+        )
+        .await
+        .ok_or_else(late)??,
         // A person may be typing a passphrase: no deadline; keepalives catch a dead peer.
-        identity::authenticate(&mut handle, settings).await?;
+        _ => identity::authenticate(&mut handle, settings).await?,
     }
     Ok(Connection {
         handle,
@@ -520,6 +529,39 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
     })
 }
 
+/// Runs `work` with `budget` to finish, not counting the time `clock`
+/// records a person being asked for a passphrase (another host's prompt
+/// included: this host may be waiting for the same key). `None`: out of
+/// time.
+async fn within_budget_but_for_prompts<T>(
+    budget: std::time::Duration,
+    clock: &crate::identity_cache::PersonClock,
+    work: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    /// How often an open prompt is looked at again.
+    const WHILE_ASKING: std::time::Duration = std::time::Duration::from_millis(250);
+    let start = tokio::time::Instant::now();
+    let spent_before = clock.spent();
+    let mut deadline = start + budget;
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            done = &mut work => return Some(done),
+            () = tokio::time::sleep_until(deadline) => {
+                let now = tokio::time::Instant::now();
+                let allowed = start + budget + clock.spent().saturating_sub(spent_before);
+                if clock.is_waiting() {
+                    deadline = allowed.max(now + WHILE_ASKING);
+                } else if allowed > now {
+                    deadline = allowed;
+                } else {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -527,6 +569,44 @@ mod tests {
 
     fn owned<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
         names.into_iter().map(|n| n.to_string()).collect()
+    }
+
+    /// A fan-out's authentication deadline leaves out the time a person
+    /// spends typing a passphrase, this host's or another's, and holds
+    /// otherwise.
+    #[tokio::test(start_paused = true)]
+    async fn prompts_do_not_count_against_the_authentication_deadline() {
+        use crate::identity_cache::PersonClock;
+        use std::time::Duration;
+        let budget = Duration::from_secs(10);
+        let clock = PersonClock::default();
+        let work = |secs| tokio::time::sleep(Duration::from_secs(secs));
+
+        // Nobody asked: the budget holds.
+        assert!(within_budget_but_for_prompts(budget, &clock, work(9))
+            .await
+            .is_some());
+        assert!(within_budget_but_for_prompts(budget, &clock, work(11))
+            .await
+            .is_none());
+
+        // A prompt open from 5 s to 35 s, past the budget: 40 s of work
+        // may take 10 s plus the 30 s the person took, and no more.
+        let prompt = |clock| async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let _open = PersonClock::waiting(clock);
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        };
+        let (done, ()) = tokio::join!(
+            within_budget_but_for_prompts(budget, &clock, work(39)),
+            prompt(&clock)
+        );
+        assert!(done.is_some(), "the prompt's 30 s are not counted");
+        let (done, ()) = tokio::join!(
+            within_budget_but_for_prompts(budget, &clock, work(41)),
+            prompt(&clock)
+        );
+        assert!(done.is_none(), "the rest of the budget still holds");
     }
 
     /// Every name skiff lets a configuration ask for is one russh knows, so

@@ -596,12 +596,19 @@ impl KnownHosts {
                     ))))
                 }
                 Decision::AcceptAndRecord => Next::Record,
-                Decision::AskUser if settings.batch_mode => Next::Done(Err(refuse(format!(
-                    "host key for {} is not known and BatchMode is on ({}); add it to known_hosts or use -o StrictHostKeyChecking=accept-new",
-                    known_hosts::host_port_name(host, port),
-                    known_hosts::fingerprint_sha256(&blob)
-                ))
-                .needing_person())),
+                Decision::AskUser if settings.batch_mode || settings.fan_out => {
+                    let why = if settings.batch_mode {
+                        "BatchMode is on"
+                    } else {
+                        "a fan-out asks no host-key questions"
+                    };
+                    Next::Done(Err(refuse(format!(
+                        "host key for {} is not known and {why} ({}); add it to known_hosts or use -o StrictHostKeyChecking=accept-new",
+                        known_hosts::host_port_name(host, port),
+                        known_hosts::fingerprint_sha256(&blob)
+                    ))
+                    .needing_person()))
+                }
                 Decision::AskUser => Next::Ask(known_hosts::ask_prompt(
                     &status, host, port, &key_type, &blob,
                 )),

@@ -75,15 +75,31 @@ fn read_certificate(path: &Path) -> Result<Option<Certificate>, String> {
 }
 
 /// [`load_private_key`], through the settings' cache when they have one.
+///
+/// In a fan-out that may ask for a passphrase, the load runs on a blocking
+/// thread, so that the hosts sharing this runtime thread keep going while a
+/// person types, and its time is kept on the cache's person clock.
 async fn private_key(
     path: &Path,
     settings: &ConnectSettings,
 ) -> Result<Option<Arc<PrivateKey>>, Unusable> {
-    let load = || load_private_key(path, settings).map(|k| k.map(Arc::new));
-    match &settings.identity_cache {
-        Some(cache) => cache.key(path, settings.batch_mode, load).await,
-        None => load(),
-    }
+    let batch_mode = settings.batch_mode;
+    let Some(cache) = &settings.identity_cache else {
+        return load_private_key(path, batch_mode).map(|k| k.map(Arc::new));
+    };
+    let load = || async {
+        if batch_mode || !settings.fan_out {
+            return load_private_key(path, batch_mode).map(|k| k.map(Arc::new));
+        }
+        let (owned, clock_owner) = (path.to_path_buf(), cache.clone());
+        tokio::task::spawn_blocking(move || {
+            let _waiting = clock_owner.person().waiting();
+            load_private_key(&owned, false).map(|k| k.map(Arc::new))
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("{}: loading failed: {e}", path.display()).into()))
+    };
+    cache.key(path, batch_mode, load).await
 }
 
 /// [`read_certificate`], through the settings' cache when they have one.
@@ -512,10 +528,7 @@ impl From<String> for Unusable {
 
 /// Loads a private key file. `Ok(None)`: the file does not exist (a default
 /// identity). `Err`: it cannot be used, with the reason for the summary.
-fn load_private_key(
-    path: &Path,
-    settings: &ConnectSettings,
-) -> Result<Option<PrivateKey>, Unusable> {
+fn load_private_key(path: &Path, batch_mode: bool) -> Result<Option<PrivateKey>, Unusable> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -536,7 +549,7 @@ fn load_private_key(
             return Err(format!("{} is not a usable private key: {e}", path.display()).into())
         }
     }
-    if settings.batch_mode {
+    if batch_mode {
         return Err(Unusable {
             note: format!(
                 "{} needs a passphrase and BatchMode is on (add it to ssh-agent with ssh-add)",
@@ -545,6 +558,9 @@ fn load_private_key(
             needs_person: true,
         });
     }
+    // One prompt at a time: connections of a fan-out may need two keys at once.
+    static PROMPTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = PROMPTING.lock().unwrap_or_else(|p| p.into_inner());
     for attempt in 0..3 {
         let prompt = format!("Enter passphrase for key '{}': ", path.display());
         let pass = match read_passphrase(&prompt) {

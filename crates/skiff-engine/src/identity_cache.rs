@@ -6,12 +6,20 @@
 //! A cache belongs to the [`crate::settings::Resolver`] that made the
 //! settings, so it lives as long as those settings. An established
 //! connection keeps none (see [`crate::settings::ConnectSettings`]).
+//!
+//! It also keeps a [`PersonClock`]: how long its connections have waited
+//! for someone to type a passphrase, which a fan-out leaves out of its
+//! authentication deadlines.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::OnceCell;
+use tokio::time::Instant;
 
 /// Cells keyed by file path; each is filled by the first caller and awaited
 /// by the others.
@@ -24,6 +32,7 @@ pub struct FileCache<K, C> {
     /// the outcome of loading an encrypted key.
     keys: Cells<(PathBuf, bool), K>,
     certificates: Cells<PathBuf, C>,
+    person: PersonClock,
 }
 
 impl<K, C> Default for FileCache<K, C> {
@@ -31,7 +40,53 @@ impl<K, C> Default for FileCache<K, C> {
         FileCache {
             keys: Mutex::new(HashMap::new()),
             certificates: Mutex::new(HashMap::new()),
+            person: PersonClock::default(),
         }
+    }
+}
+
+/// Time spent waiting for a person (a passphrase prompt), summed over the
+/// prompts of one cache, and how many prompts are open now.
+#[derive(Debug, Default)]
+pub struct PersonClock {
+    open: AtomicUsize,
+    spent_micros: AtomicU64,
+}
+
+/// An open prompt: its time is added to the clock when it is dropped.
+pub struct Waiting<'a> {
+    clock: &'a PersonClock,
+    since: Instant,
+}
+
+impl PersonClock {
+    /// Marks a prompt open until the returned guard is dropped.
+    pub fn waiting(&self) -> Waiting<'_> {
+        self.open.fetch_add(1, Ordering::SeqCst);
+        Waiting {
+            clock: self,
+            since: Instant::now(),
+        }
+    }
+
+    /// Whether a prompt is open now.
+    pub fn is_waiting(&self) -> bool {
+        self.open.load(Ordering::SeqCst) > 0
+    }
+
+    /// The time closed prompts have taken so far.
+    pub fn spent(&self) -> Duration {
+        Duration::from_micros(self.spent_micros.load(Ordering::SeqCst))
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let micros = u64::try_from(self.since.elapsed().as_micros()).unwrap_or(u64::MAX);
+        // Added before the prompt counts as closed, so that nobody sees it
+        // neither open nor spent.
+        self.clock.spent_micros.fetch_add(micros, Ordering::SeqCst);
+        self.clock.open.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -56,9 +111,19 @@ impl<K: Clone, C: Clone> FileCache<K, C> {
     /// The outcome of loading the private key at `path` under `batch_mode`:
     /// `load` runs for the first caller only; callers meanwhile wait for its
     /// outcome.
-    pub async fn key(&self, path: &Path, batch_mode: bool, load: impl FnOnce() -> K) -> K {
+    pub async fn key<F: Future<Output = K>>(
+        &self,
+        path: &Path,
+        batch_mode: bool,
+        load: impl FnOnce() -> F,
+    ) -> K {
         let cell = cell(&self.keys, (path.to_path_buf(), batch_mode));
-        cell.get_or_init(|| async move { load() }).await.clone()
+        cell.get_or_init(load).await.clone()
+    }
+
+    /// The time this cache's connections have waited for a person.
+    pub fn person(&self) -> &PersonClock {
+        &self.person
     }
 
     /// The outcome of reading the certificate at `path`, as for [`Self::key`].
@@ -81,19 +146,38 @@ mod tests {
             loads.fetch_add(1, Ordering::SeqCst);
             Ok(v)
         };
-        assert_eq!(cache.key(Path::new("/a"), false, || load(1)).await, Ok(1));
-        assert_eq!(cache.key(Path::new("/a"), false, || load(2)).await, Ok(1));
-        assert_eq!(cache.key(Path::new("/b"), false, || load(3)).await, Ok(3));
+        assert_eq!(
+            cache
+                .key(Path::new("/a"), false, || async { load(1) })
+                .await,
+            Ok(1)
+        );
+        assert_eq!(
+            cache
+                .key(Path::new("/a"), false, || async { load(2) })
+                .await,
+            Ok(1)
+        );
+        assert_eq!(
+            cache
+                .key(Path::new("/b"), false, || async { load(3) })
+                .await,
+            Ok(3)
+        );
         assert_eq!(loads.load(Ordering::SeqCst), 2);
         // Errors are kept too: a refused passphrase is not asked again.
         assert_eq!(
             cache
-                .key(Path::new("/c"), false, || Err("wrong passphrase".into()))
+                .key(Path::new("/c"), false, || async {
+                    Err("wrong passphrase".into())
+                })
                 .await,
             Err("wrong passphrase".to_string())
         );
         assert_eq!(
-            cache.key(Path::new("/c"), false, || load(4)).await,
+            cache
+                .key(Path::new("/c"), false, || async { load(4) })
+                .await,
             Err("wrong passphrase".to_string())
         );
         // Certificates are cached apart from keys, even at the same path.
@@ -103,12 +187,38 @@ mod tests {
         );
         assert_eq!(cache.certificate(Path::new("/a"), || None).await, Some(7));
         // BatchMode's outcome is kept apart from an interactive one.
-        assert_eq!(cache.key(Path::new("/a"), true, || load(5)).await, Ok(5));
+        assert_eq!(
+            cache.key(Path::new("/a"), true, || async { load(5) }).await,
+            Ok(5)
+        );
         assert_eq!(loads.load(Ordering::SeqCst), 3);
         assert_eq!(
             format!("{cache:?}"),
             "FileCache { keys: 4, certificates: 1 }"
         );
+    }
+
+    #[test]
+    fn the_person_clock_sums_closed_prompts() {
+        let clock = PersonClock::default();
+        assert!(!clock.is_waiting());
+        assert_eq!(clock.spent(), Duration::ZERO);
+        let first = clock.waiting();
+        let second = clock.waiting();
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(clock.is_waiting());
+        assert_eq!(
+            clock.spent(),
+            Duration::ZERO,
+            "open prompts are not spent yet"
+        );
+        drop(first);
+        assert!(clock.is_waiting(), "one prompt is still open");
+        let after_first = clock.spent();
+        assert!(after_first >= Duration::from_millis(30), "{after_first:?}");
+        drop(second);
+        assert!(!clock.is_waiting());
+        assert!(clock.spent() >= after_first + Duration::from_millis(30));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,9 +230,9 @@ mod tests {
             let (cache, loads) = (cache.clone(), loads.clone());
             tasks.spawn(async move {
                 cache
-                    .key(Path::new("/k"), false, || {
+                    .key(Path::new("/k"), false, || async move {
                         loads.fetch_add(1, Ordering::SeqCst);
-                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                         42
                     })
                     .await

@@ -81,6 +81,11 @@ pub struct ConnectSettings {
     pub server_alive_interval: Option<Duration>,
     pub server_alive_count_max: usize,
     pub batch_mode: bool,
+    /// A connection of a fan-out (`skiff run`, see [`Resolver::for_fan_out`]):
+    /// host-key questions are refused as under BatchMode, while a key's
+    /// passphrase may still be asked for, once for all hosts, with the time
+    /// spent typing it left out of the authentication deadline.
+    pub fan_out: bool,
     /// `PubkeyAuthentication` (default yes). skiff only authenticates with
     /// keys, so `no` leaves it nothing to offer.
     pub pubkey_authentication: bool,
@@ -334,6 +339,8 @@ pub struct Resolver {
     env: ClientEnv,
     /// Shared by every connection resolved here.
     identity_cache: Arc<IdentityCache>,
+    /// See [`ConnectSettings::fan_out`].
+    fan_out: bool,
 }
 
 impl Resolver {
@@ -370,7 +377,15 @@ impl Resolver {
             uid: unsafe { libc::getuid() },
             env: env.clone(),
             identity_cache: Arc::default(),
+            fan_out: false,
         })
+    }
+
+    /// Makes every connection resolved here one of a fan-out (see
+    /// [`ConnectSettings::fan_out`]).
+    pub fn for_fan_out(mut self) -> Self {
+        self.fan_out = true;
+        self
     }
 
     /// The settings for `dest`, whose `config_file` and `options` must be
@@ -627,6 +642,7 @@ impl Resolver {
             server_alive_interval: alive,
             server_alive_count_max: cfg.server_alive_count_max.unwrap_or(3).max(1) as usize,
             batch_mode: cfg.batch_mode.unwrap_or(false),
+            fan_out: self.fan_out,
             pubkey_authentication: cfg.pubkey_authentication.unwrap_or(true),
             refused_by: cfg
                 .refuse_connection

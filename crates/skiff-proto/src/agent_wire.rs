@@ -41,7 +41,7 @@ pub use crate::frame::MAX_FRAME;
 use crate::frame::{split_frame, Reader, Writer};
 
 /// The protocol version exchanged in `Hello`.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// The first version that takes `Forward`.
 pub const FORWARD_SINCE: u32 = 3;
@@ -127,6 +127,10 @@ pub enum HostEnd {
     Unknown,
     /// skiff-level failure, with the same kinds as [`Reply::Failed`].
     Failed { kind: u8, message: String },
+    /// A failure a person could settle (a passphrase the agent may not ask
+    /// for), as [`Reply::NeedsUser`] is for one command: the CLI may try
+    /// the host itself.
+    NeedsUser { kind: u8, message: String },
 }
 
 /// CLI -> agent. `Exec` travels with three file descriptors (stdin, stdout, stderr) attached by the transport.
@@ -211,6 +215,7 @@ const END_STATUS: u8 = 0;
 const END_SIGNAL: u8 = 1;
 const END_UNKNOWN: u8 = 2;
 const END_FAILED: u8 = 3;
+const END_NEEDS_USER: u8 = 4;
 
 // ---------------------------------------------------------------------------
 // Encoding
@@ -364,6 +369,11 @@ pub fn encode_reply(rep: &Reply) -> Vec<u8> {
                     w.u8(*kind);
                     w.str(message);
                 }
+                HostEnd::NeedsUser { kind, message } => {
+                    w.u8(END_NEEDS_USER);
+                    w.u8(*kind);
+                    w.str(message);
+                }
             }
             w.u64(*duration_us);
             w.finish()
@@ -493,6 +503,10 @@ pub fn decode_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, WireError> {
                 END_SIGNAL => HostEnd::Signal(r.str()?),
                 END_UNKNOWN => HostEnd::Unknown,
                 END_FAILED => HostEnd::Failed {
+                    kind: r.u8()?,
+                    message: r.str()?,
+                },
+                END_NEEDS_USER => HostEnd::NeedsUser {
                     kind: r.u8()?,
                     message: r.str()?,
                 },
@@ -680,6 +694,14 @@ mod tests {
                     message: "timed out".into(),
                 },
                 duration_us: 1,
+            },
+            Reply::RunDone {
+                host: 5,
+                end: HostEnd::NeedsUser {
+                    kind: 3,
+                    message: "needs a passphrase".into(),
+                },
+                duration_us: 2,
             },
         ]
     }

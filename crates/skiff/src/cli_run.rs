@@ -180,16 +180,18 @@ fn default_groups_path() -> PathBuf {
 /// Settings for each host; a host whose settings fail is reported as failed.
 /// The configuration files are read once for all of them.
 fn resolve_targets(args: &RunArgs, hosts: &[nodeset::Target]) -> Result<Vec<Target>, String> {
-    // A fan-out cannot ask a person hundreds of questions at once.
-    let mut options = vec!["BatchMode=yes".to_string()];
+    let mut options = Vec::new();
     if let Some(secs) = args.connect_timeout {
         options.push(format!("ConnectTimeout={secs}"));
     }
     options.extend(args.conn.ssh_options());
     let env = skiff_engine::settings::ClientEnv::from_process();
+    // A fan-out cannot ask a person hundreds of host-key questions; a key's
+    // passphrase it asks for once, for every host (unless BatchMode).
     let resolver =
         skiff_engine::settings::Resolver::new(args.conn.config.as_deref(), &options, &env)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| e.to_string())?
+            .for_fan_out();
     Ok(hosts
         .iter()
         .map(|h| {
@@ -243,42 +245,14 @@ fn execute(args: &RunArgs, hosts: Vec<nodeset::Target>, command: String) -> i32 
             labels
         }
         None => {
-            let targets = match resolve_targets(args, &hosts) {
-                Ok(t) => t,
+            match start_directly(args, &hosts, command, timeout, runtime.handle(), tx) {
+                Ok(w) => workers = Some(w),
                 Err(e) => {
                     eprintln!("skiff run: {e}");
                     return 255;
                 }
-            };
-            let labels = targets.iter().map(|t| t.label.clone()).collect();
-            // One thread per core (this one included), no more than there
-            // are hosts to run at once.
-            let threads = std::thread::available_parallelism()
-                .map_or(1, usize::from)
-                .min(args.parallel.max(1))
-                .min(targets.len())
-                .min(MAX_THREADS);
-            match crate::run_threads::Workers::start(threads.saturating_sub(1)) {
-                Ok(w) => workers = Some(w),
-                Err(e) => {
-                    eprintln!("skiff run: cannot start threads: {e}");
-                    return 255;
-                }
             }
-            let mut spread = vec![runtime.handle().clone()];
-            spread.extend(workers.iter().flat_map(|w| w.handles().iter().cloned()));
-            let opts = FanoutOptions {
-                parallel: args.parallel.max(1),
-                connect_rate: args.rate,
-                request: ExecRequest {
-                    command,
-                    timeout,
-                    ..Default::default()
-                },
-                spread,
-            };
-            runtime.spawn(fanout::fan_out(targets, opts, None, tx));
-            labels
+            hosts.iter().map(ToString::to_string).collect()
         }
     };
     let mode = if args.json {
@@ -312,6 +286,42 @@ fn execute(args: &RunArgs, hosts: Vec<nodeset::Target>, command: String) -> i32 
     fanout::overall_exit_code(records.iter().map(|r| &r.result))
 }
 
+/// Starts the fan-out to `hosts` from this process, on `handle`'s runtime
+/// and one more thread per core; events go to `tx`, numbered as `hosts`.
+fn start_directly(
+    args: &RunArgs,
+    hosts: &[nodeset::Target],
+    command: String,
+    timeout: Option<Duration>,
+    handle: &tokio::runtime::Handle,
+    tx: tokio::sync::mpsc::Sender<RunEvent>,
+) -> Result<crate::run_threads::Workers, String> {
+    let targets = resolve_targets(args, hosts)?;
+    // One thread per core (the caller's included), no more than there are
+    // hosts to run at once.
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(args.parallel.max(1))
+        .min(targets.len())
+        .min(MAX_THREADS);
+    let workers = crate::run_threads::Workers::start(threads.saturating_sub(1))
+        .map_err(|e| format!("cannot start threads: {e}"))?;
+    let mut spread = vec![handle.clone()];
+    spread.extend(workers.handles().iter().cloned());
+    let opts = FanoutOptions {
+        parallel: args.parallel.max(1),
+        connect_rate: args.rate,
+        request: ExecRequest {
+            command,
+            timeout,
+            ..Default::default()
+        },
+        spread,
+    };
+    handle.spawn(fanout::fan_out(targets, opts, None, tx));
+    Ok(workers)
+}
+
 /// Most threads a direct fan-out runs connections on.
 const MAX_THREADS: usize = 64;
 
@@ -339,8 +349,8 @@ fn through_agent(
         tracing::debug!("host set too large to hand to the agent; running directly");
         return None;
     }
-    let order: Vec<String> = match nodeset::parse(&folded, &|_| None) {
-        Ok(t) if t.len() == labels.len() => t.iter().map(ToString::to_string).collect(),
+    let order: Vec<nodeset::Target> = match nodeset::parse(&folded, &|_| None) {
+        Ok(t) if t.len() == labels.len() => t,
         _ => {
             tracing::debug!("host set does not fold losslessly; running directly");
             return None;
@@ -379,22 +389,39 @@ fn through_agent(
             u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1)
         }),
     };
-    let count = order.len();
-    std::thread::spawn(move || relay_agent_run(stream, wire, count, tx));
-    Some(order)
+    let labels = order.iter().map(ToString::to_string).collect();
+    let retry = Retry {
+        args: args.clone(),
+        command: command.to_string(),
+        timeout,
+    };
+    std::thread::spawn(move || relay_agent_run(stream, wire, order, retry, tx));
+    Some(labels)
+}
+
+/// What is needed to run hosts directly that the agent could not.
+struct Retry {
+    args: RunArgs,
+    command: String,
+    timeout: Option<Duration>,
 }
 
 /// Turns the agent's replies into events. Hosts the agent never finished
-/// (it failed or went away) are reported as failed with the reason.
+/// (it failed or went away) are reported as failed with the reason. Hosts
+/// it could not log in to without a person (a key's passphrase) are then
+/// run directly, where the passphrase can be asked for once.
 fn relay_agent_run(
     stream: std::os::unix::net::UnixStream,
     wire: skiff_proto::agent_wire::RunWire,
-    count: usize,
+    order: Vec<nodeset::Target>,
+    retry: Retry,
     tx: tokio::sync::mpsc::Sender<RunEvent>,
 ) {
     use skiff_engine::{ErrorKind, ExitOutcome, SkiffError};
     use skiff_proto::agent_wire::{HostEnd, Reply};
+    let count = order.len();
     let mut finished = vec![false; count];
+    let mut for_person = Vec::new();
     let mut on_reply = |reply: Reply| {
         let event = match reply {
             Reply::RunOutput { host, stream, data } if (host as usize) < count => {
@@ -413,6 +440,18 @@ fn relay_agent_run(
                 text,
             },
             Reply::RunDone {
+                end: HostEnd::NeedsUser { kind, .. },
+                host,
+                ..
+            } if (host as usize) < count
+                && !finished[host as usize]
+                && skiff_agent::kind_from_wire(kind) == ErrorKind::Auth =>
+            {
+                finished[host as usize] = true;
+                for_person.push(host as usize);
+                return true;
+            }
+            Reply::RunDone {
                 host,
                 end,
                 duration_us,
@@ -428,7 +467,8 @@ fn relay_agent_run(
                             message: String::new(),
                         }),
                         HostEnd::Unknown => Ok(ExitOutcome::Unknown),
-                        HostEnd::Failed { kind, message } => {
+                        HostEnd::Failed { kind, message }
+                        | HostEnd::NeedsUser { kind, message } => {
                             Err(SkiffError::new(skiff_agent::kind_from_wire(kind), message))
                         }
                     },
@@ -453,18 +493,105 @@ fn relay_agent_run(
         ErrorKind::Protocol,
         "the agent did not report this host".into(),
     ));
-    for (host, done) in finished.iter().enumerate() {
-        if !done {
-            let result = Err(SkiffError::new(kind, message.clone()));
-            let event = RunEvent::Done {
-                host,
-                result,
-                duration: Duration::ZERO,
-            };
-            if tx.blocking_send(event).is_err() {
-                return;
+    let unfinished = (0..count).filter(|&host| !finished[host]);
+    if !fail_hosts(unfinished, kind, &message, &tx) {
+        return;
+    }
+    if !for_person.is_empty() {
+        tracing::debug!(
+            "{} hosts need a passphrase the agent may not ask for: running them directly",
+            for_person.len()
+        );
+        run_directly_after_agent(&retry, &order, &for_person, &tx);
+    }
+}
+
+/// Runs `hosts` (indices into `order`) directly, on a runtime of this
+/// thread, with their events renumbered into `order`'s numbering.
+fn run_directly_after_agent(
+    retry: &Retry,
+    order: &[nodeset::Target],
+    hosts: &[usize],
+    tx: &tokio::sync::mpsc::Sender<RunEvent>,
+) {
+    let subset: Vec<nodeset::Target> = hosts.iter().map(|&i| order[i].clone()).collect();
+    let fail_all = |message: String| {
+        fail_hosts(
+            hosts.iter().copied(),
+            skiff_engine::ErrorKind::Config,
+            &message,
+            tx,
+        );
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail_all(format!("cannot start the async runtime: {e}")),
+    };
+    let (inner_tx, mut inner_rx) = tokio::sync::mpsc::channel(1024);
+    let workers = match start_directly(
+        &retry.args,
+        &subset,
+        retry.command.clone(),
+        retry.timeout,
+        runtime.handle(),
+        inner_tx,
+    ) {
+        Ok(w) => w,
+        Err(e) => return fail_all(e),
+    };
+    runtime.block_on(async {
+        while let Some(event) = inner_rx.recv().await {
+            if tx.send(renumbered(event, hosts)).await.is_err() {
+                break;
             }
         }
+    });
+    runtime.shutdown_background();
+    drop(workers);
+}
+
+/// Reports each of `hosts` as failed with `message`. False when the
+/// receiver is gone.
+fn fail_hosts(
+    hosts: impl Iterator<Item = usize>,
+    kind: skiff_engine::ErrorKind,
+    message: &str,
+    tx: &tokio::sync::mpsc::Sender<RunEvent>,
+) -> bool {
+    hosts.into_iter().all(|host| {
+        let event = RunEvent::Done {
+            host,
+            result: Err(skiff_engine::SkiffError::new(kind, message.to_string())),
+            duration: Duration::ZERO,
+        };
+        tx.blocking_send(event).is_ok()
+    })
+}
+
+/// `event` with its host number `n` replaced by `numbers[n]`.
+fn renumbered(event: RunEvent, numbers: &[usize]) -> RunEvent {
+    match event {
+        RunEvent::Output { host, stream, data } => RunEvent::Output {
+            host: numbers[host],
+            stream,
+            data,
+        },
+        RunEvent::Notice { host, text } => RunEvent::Notice {
+            host: numbers[host],
+            text,
+        },
+        RunEvent::Done {
+            host,
+            result,
+            duration,
+        } => RunEvent::Done {
+            host: numbers[host],
+            result,
+            duration,
+        },
     }
 }
 

@@ -509,8 +509,8 @@ fn fan_out_reports_every_host_when_the_agent_dies() {
 }
 
 /// Identity files are read once per run, not once per host: a missing
-/// `-i` file is reported once, and a key that needs a passphrase is refused
-/// under the run's BatchMode without a prompt on any host.
+/// `-i` file is reported once, and a key that needs a passphrase has it
+/// asked for once, for every host (never under the user's BatchMode).
 #[test]
 fn a_run_reads_each_identity_file_once() {
     let Some((fx, d, home, cfg)) = many_hosts() else {
@@ -535,14 +535,90 @@ fn a_run_reads_each_identity_file_once() {
     let cfg = write_config(home.path(), d.port(), &fx.encrypted_key, "accept-new");
     let marker = home.path().join("askpass-calls");
     let askpass = askpass_script(home.path(), PASSPHRASE, &marker);
-    let out = skiff_run(&home, &cfg, &["-q", "node[001-010]", "echo hi"])
+    let out = skiff_run(&home, &cfg, &["-q", "-j", "8", "node[001-030]", "echo hi"])
         .askpass(&askpass)
         .run();
+    out.expect_code(0, &c);
+    assert_eq!(out.stdout_str().lines().count(), 30, "{c}\n{out}");
+    let calls = std::fs::read_to_string(&marker).unwrap_or_default();
+    assert_eq!(
+        calls.lines().count(),
+        1,
+        "{c}: one passphrase serves every host\n{calls}\n{out}"
+    );
+    assert!(calls.contains("client_encrypted"), "{c}: {calls}");
+
+    // The user's BatchMode still forbids asking.
+    std::fs::remove_file(&marker).unwrap();
+    let out = skiff_run(
+        &home,
+        &cfg,
+        &["-q", "-o", "BatchMode=yes", "node[001-010]", "echo hi"],
+    )
+    .askpass(&askpass)
+    .run();
     out.expect_code(255, &c);
     assert_eq!(
         out.stderr.matches("BatchMode is on").count(),
         10,
         "{c}: every host says why\n{out}"
     );
-    assert!(!marker.exists(), "{c}: a fan-out never prompts\n{out}");
+    assert!(!marker.exists(), "{c}: BatchMode never prompts\n{out}");
+}
+
+/// Through the agent, which may not ask anyone anything, hosts that need a
+/// key's passphrase are run directly afterwards, with the passphrase asked
+/// for once.
+#[test]
+fn a_run_through_the_agent_asks_for_a_passphrase_once() {
+    let Some((fx, d, ah, _)) = many_hosts_with_agent() else {
+        return;
+    };
+    let c = ctx(&d, "passphrase through the agent");
+    let cfg = write_config(ah.home.path(), d.port(), &fx.encrypted_key, "accept-new");
+    let marker = ah.home.path().join("askpass-calls");
+    let askpass = askpass_script(ah.home.path(), PASSPHRASE, &marker);
+    let out = run_via_agent(&ah, &cfg, &["-j", "8", "node[001-020]", "echo hi"])
+        .askpass(&askpass)
+        .run();
+    out.expect_code(0, &c);
+    for n in 1..=20 {
+        assert!(
+            out.stdout_str()
+                .lines()
+                .any(|l| l == format!("node{n:03}: hi")),
+            "{c}: node{n:03}\n{out}"
+        );
+    }
+    assert!(
+        out.stderr.contains("ok (20): node[001-020]"),
+        "{c}: the summary counts each host once\n{out}"
+    );
+    let calls = std::fs::read_to_string(&marker).unwrap_or_default();
+    assert_eq!(calls.lines().count(), 1, "{c}: asked once\n{calls}\n{out}");
+    assert!(
+        !ah.agent_pids().is_empty(),
+        "{c}: the run did go through the agent\n{out}"
+    );
+}
+
+/// A fan-out asks no host-key questions: under StrictHostKeyChecking ask,
+/// an unknown host key is refused for each host without a prompt.
+#[test]
+fn a_run_asks_no_host_key_questions() {
+    let Some((fx, d, home, _)) = many_hosts() else {
+        return;
+    };
+    let c = ctx(&d, "unknown host keys in a fan-out");
+    let cfg = write_config(home.path(), d.port(), &fx.client_key, "ask");
+    let out = skiff_run(&home, &cfg, &["-q", "node[001-005]", "echo hi"]).run();
+    out.expect_code(255, &c);
+    assert_eq!(
+        out.stderr
+            .matches("is not known and a fan-out asks no host-key questions")
+            .count(),
+        5,
+        "{c}: every host says why\n{out}"
+    );
+    assert!(out.stdout_str().is_empty(), "{c}\n{out}");
 }
