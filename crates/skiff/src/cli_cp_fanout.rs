@@ -58,13 +58,12 @@ pub(crate) fn plan(
 type HostOutcome = Result<CopyReport, SkiffError>;
 
 pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
-    // Many hosts cannot each ask a person something.
-    let mut base = crate::cli_cp::base_destination(args);
-    base.options.insert(0, "BatchMode=yes".to_string());
+    let base = crate::cli_cp::base_destination(args);
     let env = skiff_engine::settings::ClientEnv::from_process();
+    // As in `skiff run`: no host-key questions, a passphrase asked for once.
     let resolver =
         match skiff_engine::settings::Resolver::new(args.config.as_deref(), &base.options, &env) {
-            Ok(r) => r,
+            Ok(r) => r.for_fan_out(),
             Err(e) => {
                 eprintln!("skiff: {e}");
                 return 255;

@@ -66,6 +66,15 @@ impl Fleet {
 
     /// `skiff cp ARGS` as this client, through the agent or not.
     fn cp(&self, agent: bool, args: &[&str]) -> CmdOutput {
+        self.cp_command(agent, args).run()
+    }
+
+    /// [`Self::cp`], with passphrases from `askpass`.
+    fn cp_with(&self, agent: bool, askpass: &Path, args: &[&str]) -> CmdOutput {
+        self.cp_command(agent, args).askpass(askpass).run()
+    }
+
+    fn cp_command(&self, agent: bool, args: &[&str]) -> Run {
         Run::new(skiff_bin())
             .env("HOME", self.home.home.path())
             .env_remove("SSH_AUTH_SOCK")
@@ -75,7 +84,6 @@ impl Fleet {
             .arg("cp")
             .args(args)
             .timeout(BULK_TIMEOUT)
-            .run()
     }
 
     fn context(&self) -> String {
@@ -136,6 +144,55 @@ fn one_upload_to_every_host_of_a_node_set() {
         "{}",
         server_context(&fleet.sshd, "h3 (sshd)")
     );
+}
+
+/// A key that needs a passphrase has it asked for once for every host,
+/// with the agent (which defers to a direct connection) and without.
+#[test]
+fn a_passphrase_is_asked_for_once_for_every_host() {
+    if !require_openssh() {
+        return;
+    }
+    let fleet = Fleet::start();
+    let src = tempdir();
+    write_file(&src.path().join("p.txt"), "pass\n", 0o644);
+    let home = fleet.home.home.path();
+    let config = home.join("encrypted_config");
+    let ssh_config = fs::read_to_string(home.join(".ssh/config")).unwrap();
+    write_file(
+        &config,
+        ssh_config.replace(
+            &fleet.fx.client_key.private.display().to_string(),
+            &fleet.fx.encrypted_key.private.display().to_string(),
+        ),
+        0o600,
+    );
+    let marker = home.join("askpass-calls");
+    let askpass = askpass_script(home, PASSPHRASE, &marker);
+    for agent in [false, true] {
+        let _ = fs::remove_file(&marker);
+        let remote = account_dir();
+        let target = format!("h[1-3]:{}/", remote.path().display());
+        let c = format!("{}\nthrough the agent: {agent}", fleet.context());
+        let out = fleet.cp_with(
+            agent,
+            &askpass,
+            &[
+                "-F",
+                &config.display().to_string(),
+                &src.path().join("p.txt").display().to_string(),
+                &target,
+            ],
+        );
+        out.expect_code(0, &c);
+        assert!(out.stderr.contains("copied to 3 of 3 hosts"), "{c}\n{out}");
+        assert_eq!(
+            fs::read_to_string(remote.path().join("p.txt")).unwrap(),
+            "pass\n"
+        );
+        let calls = fs::read_to_string(&marker).unwrap_or_default();
+        assert_eq!(calls.lines().count(), 1, "{c}: asked once\n{calls}\n{out}");
+    }
 }
 
 #[test]
