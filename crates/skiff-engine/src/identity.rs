@@ -1,6 +1,8 @@
 //! Public-key user authentication: identities from ssh-agent and key files,
 //! tried in OpenSSH's order, with passphrases read from the terminal or
-//! SSH_ASKPASS (never under BatchMode). A key's user certificates (its
+//! SSH_ASKPASS (never under BatchMode), and only for a key the server has
+//! accepted (a key file is offered by its public half). A key's user
+//! certificates (its
 //! `KEY-cert.pub`, a `CertificateFile`, or one the agent holds) are offered
 //! just before the key itself.
 
@@ -16,7 +18,7 @@ use russh::keys::ssh_key::certificate::CertType;
 use russh::keys::ssh_key::private::KeypairData;
 use russh::keys::ssh_key::public::KeyData;
 use russh::keys::ssh_key::Signature;
-use russh::keys::{Algorithm, Certificate, HashAlg, PrivateKey, PrivateKeyWithHashAlg, PublicKey};
+use russh::keys::{Algorithm, Certificate, HashAlg, PrivateKey, PublicKey};
 
 use crate::error::{ErrorKind, SkiffError};
 use crate::identity_cache::FileCache;
@@ -24,8 +26,11 @@ use crate::settings::ConnectSettings;
 
 /// Identity and certificate files as read for the connections of one
 /// resolver (see [`crate::identity_cache`]).
-pub(crate) type IdentityCache =
-    FileCache<Result<Option<Arc<PrivateKey>>, Unusable>, Result<Option<Certificate>, String>>;
+pub(crate) type IdentityCache = FileCache<
+    Result<Option<Arc<PrivateKey>>, Unusable>,
+    Result<Option<Certificate>, String>,
+    Option<PublicKey>,
+>;
 
 /// One thing to try, in order.
 enum Candidate {
@@ -33,8 +38,10 @@ enum Candidate {
     File { path: PathBuf },
 }
 
-/// A key file's public half, read from `KEY.pub` or from an unencrypted key.
-fn file_public_key(path: &Path) -> Option<PublicKey> {
+/// A key file's public half, read from `KEY.pub`, else from the key file
+/// itself: an OpenSSH key keeps it in the clear even when the private half
+/// is encrypted; an older (PEM) key must be unencrypted to give it.
+fn read_file_public_key(path: &Path) -> Option<PublicKey> {
     let mut pub_path = path.as_os_str().to_owned();
     pub_path.push(".pub");
     if let Ok(text) = std::fs::read_to_string(&pub_path) {
@@ -43,9 +50,23 @@ fn file_public_key(path: &Path) -> Option<PublicKey> {
         }
     }
     let text = std::fs::read_to_string(path).ok()?;
-    crate::private_key::decode(&text, None)
-        .ok()
-        .map(|k| k.public_key().clone())
+    let in_container = skiff_proto::openssh_key::armored_body(&text).and_then(|bytes| {
+        let blob = skiff_proto::openssh_key::parse(&bytes)?.public_key;
+        PublicKey::from_bytes(blob).ok()
+    });
+    in_container.or_else(|| {
+        crate::private_key::decode(&text, None)
+            .ok()
+            .map(|k| k.public_key().clone())
+    })
+}
+
+/// [`read_file_public_key`], through the settings' cache when they have one.
+async fn file_public_key(path: &Path, settings: &ConnectSettings) -> Option<PublicKey> {
+    match &settings.identity_cache {
+        Some(cache) => cache.public_key(path, || read_file_public_key(path)).await,
+        None => read_file_public_key(path),
+    }
 }
 
 /// A user certificate and where it came from, for messages.
@@ -128,22 +149,64 @@ fn certificates_for<'a>(
     pool.iter().filter(move |c| c.cert.public_key() == key)
 }
 
-/// Signs user-authentication requests with a key file's private key, for
-/// russh's certificate method (which asks a signer, as it asks ssh-agent):
-/// the request followed by the signature as an SSH string.
-struct FileSigner(Arc<PrivateKey>);
+/// Signs user-authentication requests with a key file's private key, as
+/// russh asks a signer (as it asks ssh-agent) once the server has accepted
+/// the public key offered: the request followed by the signature as an SSH
+/// string. The private key is loaded, and its passphrase asked for, only
+/// then, as ssh does: a key the server refuses costs no question.
+struct FileSigner<'a> {
+    path: &'a Path,
+    settings: &'a ConnectSettings,
+    /// The public key offered, which the private key must match.
+    offered: KeyData,
+    loaded: Option<Arc<PrivateKey>>,
+    /// Why the private key could not be loaded, once tried.
+    unusable: Option<Unusable>,
+}
 
 #[derive(Debug, thiserror::Error)]
 enum FileSignError {
     #[error("the connection is gone")]
     Send(#[from] russh::SendError),
+    #[error("{0}")]
+    Unusable(String),
     #[error("cannot sign: {0}")]
     Sign(#[from] russh::keys::signature::Error),
     #[error("cannot encode the signature: {0}")]
     Encoding(#[from] russh::keys::ssh_encoding::Error),
 }
 
-impl russh::Signer for FileSigner {
+impl FileSigner<'_> {
+    /// The private key, loaded on first use.
+    async fn key(&mut self) -> Result<Arc<PrivateKey>, FileSignError> {
+        if let Some(key) = &self.loaded {
+            return Ok(key.clone());
+        }
+        if self.unusable.is_none() {
+            let failure = match private_key(self.path, self.settings).await {
+                Ok(Some(key)) if key.public_key().key_data() == &self.offered => {
+                    self.loaded = Some(key.clone());
+                    return Ok(key);
+                }
+                Ok(Some(_)) => Unusable::from(format!(
+                    "{}: the private key does not match its public key ({}.pub)",
+                    self.path.display(),
+                    self.path.display()
+                )),
+                Ok(None) => Unusable::from(format!("{} is gone", self.path.display())),
+                Err(unusable) => unusable,
+            };
+            self.unusable = Some(failure);
+        }
+        let note = self
+            .unusable
+            .as_ref()
+            .map_or_else(String::new, |u| u.note.clone());
+        Err(FileSignError::Unusable(note))
+    }
+}
+
+impl russh::Signer for FileSigner<'_> {
     type Error = FileSignError;
 
     async fn auth_sign(
@@ -152,10 +215,11 @@ impl russh::Signer for FileSigner {
         hash_alg: Option<HashAlg>,
         mut to_sign: Vec<u8>,
     ) -> Result<Vec<u8>, Self::Error> {
-        let signature: Signature = match self.0.key_data() {
+        let key = self.key().await?;
+        let signature: Signature = match key.key_data() {
             // RSA signs with the SHA-2 hash the server accepts.
             KeypairData::Rsa(rsa) => (rsa, hash_alg).try_sign(&to_sign)?,
-            _ => self.0.try_sign(&to_sign)?,
+            _ => key.try_sign(&to_sign)?,
         };
         signature.encode_vec()?.encode(&mut to_sign)?;
         Ok(to_sign)
@@ -258,7 +322,7 @@ pub async fn authenticate<H: Handler>(
         let public = if agent_keys.is_empty() {
             None
         } else {
-            file_public_key(path)
+            file_public_key(path, settings).await
         };
         match public {
             Some(pk) if agent_keys.iter().any(|a| a.key_data() == pk.key_data()) => {
@@ -326,20 +390,27 @@ pub async fn authenticate<H: Handler>(
                 }
             }
             Candidate::File { path } => {
-                let key = match private_key(&path, settings).await {
-                    Ok(Some(k)) => k,
-                    Ok(None) => continue,
-                    Err(unusable) => {
-                        needs_person |= unusable.needs_person;
-                        notes.push(unusable.note);
-                        continue;
-                    }
+                // Offered by its public half; the private half is loaded
+                // when the server accepts it. A key whose public half cannot
+                // be read without decrypting it (an encrypted PEM key) is
+                // loaded first.
+                let (public, loaded) = match file_public_key(&path, settings).await {
+                    Some(public) => (public, None),
+                    None => match private_key(&path, settings).await {
+                        Ok(Some(k)) => (k.public_key().clone(), Some(k)),
+                        Ok(None) => continue,
+                        Err(unusable) => {
+                            needs_person |= unusable.needs_person;
+                            notes.push(unusable.note);
+                            continue;
+                        }
+                    },
                 };
-                if let Some(why) = rsa_too_small(settings, key.public_key()) {
+                if let Some(why) = rsa_too_small(settings, &public) {
                     notes.push(format!("{}: {why}", path.display()));
                     continue;
                 }
-                let hash = match signature_hash(&key.algorithm(), &mut rsa_hash, handle).await {
+                let hash = match signature_hash(&public.algorithm(), &mut rsa_hash, handle).await {
                     Ok(h) => h,
                     Err(why) => {
                         notes.push(format!("{}: {why}", path.display()));
@@ -357,12 +428,18 @@ pub async fn authenticate<H: Handler>(
                         None
                     }
                 };
-                let public = key.public_key().key_data().clone();
-                let mut signer = FileSigner(key.clone());
+                let offered = public.key_data().clone();
+                let mut signer = FileSigner {
+                    path: &path,
+                    settings,
+                    offered: offered.clone(),
+                    loaded,
+                    unusable: None,
+                };
                 for cert in beside
                     .iter()
-                    .filter(|c| c.cert.public_key() == &public)
-                    .chain(certificates_for(&certificates, &public))
+                    .filter(|c| c.cert.public_key() == &offered)
+                    .chain(certificates_for(&certificates, &offered))
                 {
                     match offer_certificate(handle, settings, cert, hash, &mut signer, &mut tried)
                         .await
@@ -373,17 +450,18 @@ pub async fn authenticate<H: Handler>(
                     }
                 }
                 tried.push(path.display().to_string());
-                let with_hash = PrivateKeyWithHashAlg::new(key.clone(), hash);
                 match handle
-                    .authenticate_publickey(&settings.user, with_hash)
+                    .authenticate_publickey_with(&settings.user, public, hash, &mut signer)
                     .await
                 {
                     Ok(AuthResult::Success) => {
-                        add_to_agent(settings, agent.as_mut(), &key, &path).await;
+                        if let Some(key) = &signer.loaded {
+                            add_to_agent(settings, agent.as_mut(), key, &path).await;
+                        }
                         return Ok(());
                     }
                     Ok(AuthResult::Failure { .. }) => {}
-                    Err(e) => {
+                    Err(FileSignError::Send(e)) => {
                         return Err(SkiffError::new(
                             ErrorKind::Connect,
                             format!(
@@ -392,6 +470,10 @@ pub async fn authenticate<H: Handler>(
                             ),
                         ))
                     }
+                    Err(e) => notes.push(format!("{}: {e}", path.display())),
+                }
+                if let Some(unusable) = &signer.unusable {
+                    needs_person |= unusable.needs_person;
                 }
             }
         }

@@ -26,20 +26,23 @@ use tokio::time::Instant;
 type Cells<I, T> = Mutex<HashMap<I, Arc<OnceCell<T>>>>;
 
 /// Outcomes of reading files, by path. `K` is what loading a private key
-/// gives, `C` what reading a certificate gives.
-pub struct FileCache<K, C> {
+/// gives, `C` what reading a certificate gives, `P` what reading a key
+/// file's public half gives.
+pub struct FileCache<K, C, P> {
     /// By path and BatchMode: whether a passphrase may be asked for changes
     /// the outcome of loading an encrypted key.
     keys: Cells<(PathBuf, bool), K>,
     certificates: Cells<PathBuf, C>,
+    public_keys: Cells<PathBuf, P>,
     person: PersonClock,
 }
 
-impl<K, C> Default for FileCache<K, C> {
+impl<K, C, P> Default for FileCache<K, C, P> {
     fn default() -> Self {
         FileCache {
             keys: Mutex::new(HashMap::new()),
             certificates: Mutex::new(HashMap::new()),
+            public_keys: Mutex::new(HashMap::new()),
             person: PersonClock::default(),
         }
     }
@@ -90,14 +93,16 @@ impl Drop for Waiting<'_> {
     }
 }
 
-impl<K, C> std::fmt::Debug for FileCache<K, C> {
+impl<K, C, P> std::fmt::Debug for FileCache<K, C, P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the keys themselves.
         let keys = self.keys.lock().map_or(0, |m| m.len());
         let certificates = self.certificates.lock().map_or(0, |m| m.len());
+        let public_keys = self.public_keys.lock().map_or(0, |m| m.len());
         f.debug_struct("FileCache")
             .field("keys", &keys)
             .field("certificates", &certificates)
+            .field("public_keys", &public_keys)
             .finish()
     }
 }
@@ -107,7 +112,7 @@ fn cell<I: std::hash::Hash + Eq, T>(cells: &Cells<I, T>, id: I) -> Arc<OnceCell<
     map.entry(id).or_default().clone()
 }
 
-impl<K: Clone, C: Clone> FileCache<K, C> {
+impl<K: Clone, C: Clone, P: Clone> FileCache<K, C, P> {
     /// The outcome of loading the private key at `path` under `batch_mode`:
     /// `load` runs for the first caller only; callers meanwhile wait for its
     /// outcome.
@@ -131,6 +136,12 @@ impl<K: Clone, C: Clone> FileCache<K, C> {
         let cell = cell(&self.certificates, path.to_path_buf());
         cell.get_or_init(|| async move { read() }).await.clone()
     }
+
+    /// The public half of the key file at `path`, as for [`Self::key`].
+    pub async fn public_key(&self, path: &Path, read: impl FnOnce() -> P) -> P {
+        let cell = cell(&self.public_keys, path.to_path_buf());
+        cell.get_or_init(|| async move { read() }).await.clone()
+    }
 }
 
 #[cfg(test)]
@@ -140,7 +151,7 @@ mod tests {
 
     #[tokio::test]
     async fn each_path_is_loaded_once_and_paths_are_separate() {
-        let cache: FileCache<Result<u32, String>, Option<u8>> = FileCache::default();
+        let cache: FileCache<Result<u32, String>, Option<u8>, Option<u16>> = FileCache::default();
         let loads = AtomicUsize::new(0);
         let load = |v| {
             loads.fetch_add(1, Ordering::SeqCst);
@@ -186,6 +197,9 @@ mod tests {
             Some(7)
         );
         assert_eq!(cache.certificate(Path::new("/a"), || None).await, Some(7));
+        // So are public halves.
+        assert_eq!(cache.public_key(Path::new("/a"), || Some(9)).await, Some(9));
+        assert_eq!(cache.public_key(Path::new("/a"), || None).await, Some(9));
         // BatchMode's outcome is kept apart from an interactive one.
         assert_eq!(
             cache.key(Path::new("/a"), true, || async { load(5) }).await,
@@ -194,7 +208,7 @@ mod tests {
         assert_eq!(loads.load(Ordering::SeqCst), 3);
         assert_eq!(
             format!("{cache:?}"),
-            "FileCache { keys: 4, certificates: 1 }"
+            "FileCache { keys: 4, certificates: 1, public_keys: 1 }"
         );
     }
 
@@ -223,7 +237,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_callers_share_one_load() {
-        let cache = Arc::new(FileCache::<u32, ()>::default());
+        let cache = Arc::new(FileCache::<u32, (), ()>::default());
         let loads = Arc::new(AtomicUsize::new(0));
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..16 {

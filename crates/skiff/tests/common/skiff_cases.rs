@@ -37,6 +37,7 @@ macro_rules! skiff_client_tests {
             agent_auth => agent_auth,
             encrypted_key_askpass => encrypted_key_askpass,
             encrypted_key_batch_mode => encrypted_key_batch_mode,
+            passphrase_asked_only_for_an_accepted_key => passphrase_asked_only_for_an_accepted_key,
             config_alias_include => config_alias_include,
         );
 
@@ -539,6 +540,70 @@ pub fn encrypted_key_askpass(server: &dyn Daemon, fx: &Fixture) {
     assert!(
         out.stderr_lines().iter().any(|l| l.starts_with("skiff: ")),
         "{c}: expected a `skiff: ` error line\n{out}"
+    );
+}
+
+/// As with ssh, a key file is offered by its public half and its
+/// passphrase asked for only once the server accepts it: an encrypted key
+/// the server does not know costs no question, and an encrypted key
+/// without a `.pub` beside it is offered from the key file's clear public
+/// section.
+pub fn passphrase_asked_only_for_an_accepted_key(server: &dyn Daemon, fx: &Fixture) {
+    let home = trusted_home(server, fx);
+    let dir = tempdir();
+    let marker = dir.path().join("askpass.log");
+    let script = askpass_script(dir.path(), PASSPHRASE, &marker);
+    let unknown = keygen(
+        dir.path(),
+        "unknown_encrypted",
+        KeyType::Ed25519,
+        Some(PASSPHRASE),
+    );
+    let out = skiff_exec(&home, server.port(), user(), Some(&unknown))
+        .key(&fx.client_key.private)
+        .interactive()
+        .opt("IdentitiesOnly=yes")
+        .askpass(&script)
+        .cmd("echo second-key")
+        .run();
+    let c = ctx(server, "unknown encrypted key first");
+    out.expect_code(0, &c).expect_stdout("second-key\n", &c);
+    assert!(
+        !marker.exists(),
+        "{c}: no passphrase asked for a key the server refused\n{out}"
+    );
+
+    let lone = dir.path().join("lone_encrypted");
+    fs::copy(&fx.encrypted_key.private, &lone).unwrap();
+    fs::set_permissions(&lone, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let out = skiff_exec(&home, server.port(), user(), None)
+        .key(&lone)
+        .interactive()
+        .opt("IdentitiesOnly=yes")
+        .askpass(&script)
+        .cmd("echo lone-key")
+        .run();
+    let c = ctx(server, "encrypted key without .pub");
+    out.expect_code(0, &c).expect_stdout("lone-key\n", &c);
+    let calls = fs::read_to_string(&marker).unwrap_or_default();
+    assert_eq!(calls.lines().count(), 1, "{c}: asked once\n{calls}\n{out}");
+
+    // A `.pub` that belongs to another key: the server accepts what was
+    // offered, and skiff refuses to sign with a key that does not match it.
+    let mismatched = dir.path().join("mismatched");
+    fs::copy(&fx.stranger_key.private, &mismatched).unwrap();
+    fs::copy(&fx.client_key.public, dir.path().join("mismatched.pub")).unwrap();
+    let out = skiff_exec(&home, server.port(), user(), None)
+        .key(&mismatched)
+        .opt("IdentitiesOnly=yes")
+        .cmd("echo should-not-run")
+        .run();
+    let c = ctx(server, "private key not matching its .pub");
+    out.expect_code(255, &c);
+    assert!(out.stdout.is_empty(), "{c}\n{out}");
+    assert!(
+        out.stderr.contains("does not match its public key"),
+        "{c}\n{out}"
     );
 }
 
