@@ -106,16 +106,16 @@ async fn private_key(
 ) -> Result<Option<Arc<PrivateKey>>, Unusable> {
     let batch_mode = settings.batch_mode;
     let Some(cache) = &settings.identity_cache else {
-        return load_private_key(path, batch_mode).map(|k| k.map(Arc::new));
+        return load_private_key(path, batch_mode);
     };
     let load = || async {
         if batch_mode || !settings.fan_out {
-            return load_private_key(path, batch_mode).map(|k| k.map(Arc::new));
+            return load_private_key(path, batch_mode);
         }
         let (owned, clock_owner) = (path.to_path_buf(), cache.clone());
         tokio::task::spawn_blocking(move || {
             let _waiting = clock_owner.person().waiting();
-            load_private_key(&owned, false).map(|k| k.map(Arc::new))
+            load_private_key(&owned, false)
         })
         .await
         .unwrap_or_else(|e| Err(format!("{}: loading failed: {e}", path.display()).into()))
@@ -182,27 +182,25 @@ impl FileSigner<'_> {
         if let Some(key) = &self.loaded {
             return Ok(key.clone());
         }
-        if self.unusable.is_none() {
-            let failure = match private_key(self.path, self.settings).await {
-                Ok(Some(key)) if key.public_key().key_data() == &self.offered => {
-                    self.loaded = Some(key.clone());
-                    return Ok(key);
-                }
-                Ok(Some(_)) => Unusable::from(format!(
-                    "{}: the private key does not match its public key ({}.pub)",
-                    self.path.display(),
-                    self.path.display()
-                )),
-                Ok(None) => Unusable::from(format!("{} is gone", self.path.display())),
-                Err(unusable) => unusable,
-            };
-            self.unusable = Some(failure);
+        if let Some(failure) = &self.unusable {
+            return Err(FileSignError::Unusable(failure.note.clone()));
         }
-        let note = self
-            .unusable
-            .as_ref()
-            .map_or_else(String::new, |u| u.note.clone());
-        Err(FileSignError::Unusable(note))
+        let failure = match private_key(self.path, self.settings).await {
+            Ok(Some(key)) if key.public_key().key_data() == &self.offered => {
+                self.loaded = Some(key.clone());
+                return Ok(key);
+            }
+            Ok(Some(_)) => Unusable::from(format!(
+                "{}: the private key does not match its public key ({}.pub)",
+                self.path.display(),
+                self.path.display()
+            )),
+            Ok(None) => Unusable::from(format!("{} is gone", self.path.display())),
+            Err(unusable) => unusable,
+        };
+        let error = FileSignError::Unusable(failure.note.clone());
+        self.unusable = Some(failure);
+        Err(error)
     }
 }
 
@@ -610,7 +608,7 @@ impl From<String> for Unusable {
 
 /// Loads a private key file. `Ok(None)`: the file does not exist (a default
 /// identity). `Err`: it cannot be used, with the reason for the summary.
-fn load_private_key(path: &Path, batch_mode: bool) -> Result<Option<PrivateKey>, Unusable> {
+fn load_private_key(path: &Path, batch_mode: bool) -> Result<Option<Arc<PrivateKey>>, Unusable> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -625,7 +623,7 @@ fn load_private_key(path: &Path, batch_mode: bool) -> Result<Option<PrivateKey>,
         Err(e) => return Err(format!("cannot read {}: {e}", path.display()).into()),
     };
     match crate::private_key::decode(&text, None) {
-        Ok(k) => return Ok(Some(k)),
+        Ok(k) => return Ok(Some(Arc::new(k))),
         Err(russh::keys::Error::KeyIsEncrypted) => {}
         Err(e) => {
             return Err(format!("{} is not a usable private key: {e}", path.display()).into())
@@ -660,7 +658,7 @@ fn load_private_key(path: &Path, batch_mode: bool) -> Result<Option<PrivateKey>,
             return Ok(None);
         }
         match crate::private_key::decode(&text, Some(&pass)) {
-            Ok(k) => return Ok(Some(k)),
+            Ok(k) => return Ok(Some(Arc::new(k))),
             Err(_) => eprintln!("Bad passphrase, try again for {}", path.display()),
         }
     }
