@@ -1,6 +1,7 @@
 //! Fuzz the known_hosts parser and lookup: arbitrary bytes (lossily decoded
-//! as UTF-8) must never make `parse`, `check`, `decide` or the formatters
-//! panic, and every parsed entry must round-trip through `to_line`.
+//! as UTF-8) must never make `parse`, `check`, `first_hashed`, `decide` or
+//! the formatters panic, and every parsed entry must round-trip through
+//! `to_line`.
 
 #![no_main]
 
@@ -49,6 +50,11 @@ fuzz_target!(|data: &[u8]| {
     for host in hosts {
         for port in [22u16, 2222] {
             let _ = known_hosts::cert_authorities(&files, host, port);
+            // A scan that stops early finds an entry a full lookup finds too.
+            if let Some(first) = known_hosts::first_hashed(&files, host, port, |_| true) {
+                let all = known_hosts::lookup(&files, host, port);
+                assert!(all.iter().any(|f| f.line == first.line));
+            }
             for (kt, blob) in &keys {
                 let status = check(&files, host, port, kt, blob);
                 if let HostKeyStatus::Known(found) = &status {

@@ -73,10 +73,10 @@ pub struct ClientHandler {
     known_hosts: Arc<KnownHosts>,
     /// Why the host key was refused, for the error message.
     refusal: Arc<Mutex<Option<SkiffError>>>,
-    /// The key types the host-key algorithms were ordered by, when hashed
-    /// entries were left out of that order (see
+    /// The key types the host-key algorithms were ordered by, when some
+    /// hashed entries were left out of that order (see
     /// [`KnownHosts::preferred_key_types`]).
-    plain_order: Option<Vec<String>>,
+    partial_order: Option<Vec<String>>,
     /// Set when the key exchange should be done again with every known type
     /// first ([`KnownHosts::order_missed_a_type`]).
     order_again: Arc<AtomicBool>,
@@ -241,10 +241,10 @@ impl client::Handler for ClientHandler {
             }
         }
         let (host, port) = self.settings.host_key_name();
-        if let Some(plain_types) = &self.plain_order {
+        if let Some(partial_types) = &self.partial_order {
             if self
                 .known_hosts
-                .order_missed_a_type(host, port, &public, plain_types)
+                .order_missed_a_type(host, port, &public, partial_types)
             {
                 self.order_again.store(true, Ordering::Relaxed);
                 return Ok(false);
@@ -378,12 +378,12 @@ const READ_BUFFER: usize = 8 * 1024;
 /// TCP connection and key exchange with the host-key algorithms ordered by
 /// `known_types`; the host key is verified on the way. `None` when the
 /// handler asks for another exchange with every known type first (only
-/// possible with `plain_order`, see [`ClientHandler::plain_order`]).
+/// possible with `partial_order`, see [`ClientHandler::partial_order`]).
 async fn handshake(
     settings: &ConnectSettings,
     known_hosts: &Arc<KnownHosts>,
     known_types: &[String],
-    plain_order: Option<Vec<String>>,
+    partial_order: Option<Vec<String>>,
 ) -> Result<Option<Handshake>, SkiffError> {
     let certificates = known_hosts.wants_certificates(settings);
     let config = Arc::new(russh_config(settings, known_types, certificates));
@@ -404,7 +404,7 @@ async fn handshake(
         settings: settings.without_identity_cache(),
         known_hosts: known_hosts.clone(),
         refusal: refusal.clone(),
-        plain_order,
+        partial_order,
         order_again: order_again.clone(),
         remote_forwards: remote_forwards.clone(),
     };
@@ -462,8 +462,8 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
     let known_hosts = Arc::new(KnownHosts::load(settings));
     let (key_host, key_port) = settings.host_key_name();
     let order = known_hosts.preferred_key_types(key_host, key_port);
-    let plain_order = order.hashed_left_out.then(|| order.types.clone());
-    let first = handshake(settings, &known_hosts, &order.types, plain_order).await?;
+    let partial_order = order.hashed_left_out.then(|| order.types.clone());
+    let first = handshake(settings, &known_hosts, &order.types, partial_order).await?;
     let Handshake {
         mut handle,
         peer_addr,
@@ -473,8 +473,8 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
         Some(done) => done,
         None => {
             tracing::debug!(
-                "{}: the server's key is not among the plain known_hosts entries; \
-                 exchanging keys again with the hashed entries' key types too",
+                "{}: the server's key is not among the known_hosts entries the key \
+                 exchange was ordered by; exchanging keys again with every known type",
                 settings.hostname
             );
             let every_type = known_hosts.known_key_types(key_host, key_port);

@@ -404,28 +404,38 @@ impl KnownHosts {
         self.with_files(|files| host_key_types(known_hosts::lookup(files, host, port)))
     }
 
-    /// Like [`KnownHosts::known_key_types`], but from the entries that are
-    /// not hashed when there are any, which costs no hashing. Then
-    /// `hashed_left_out` is true if hashed entries exist and may know other
-    /// types; see [`KnownHosts::order_missed_a_type`].
+    /// Like [`KnownHosts::known_key_types`], but cheaper: from the entries
+    /// that are not hashed when there are any, which costs no hashing, else
+    /// from the first hashed host-key entry for the host, which hashes the
+    /// name only with the salts up to that line. Then `hashed_left_out` is
+    /// true if other hashed entries may know other types; see
+    /// [`KnownHosts::order_missed_a_type`]. Only a host with no entry at all
+    /// costs a look at every hashed entry.
     pub fn preferred_key_types(&self, host: &str, port: u16) -> KeyTypeOrder {
         self.with_files(|files| {
             let types = host_key_types(known_hosts::lookup_plain(files, host, port));
-            if types.is_empty() {
+            if !types.is_empty() {
                 return KeyTypeOrder {
-                    types: host_key_types(known_hosts::lookup(files, host, port)),
-                    hashed_left_out: false,
+                    types,
+                    hashed_left_out: files.iter().any(|f| f.has_hashed()),
                 };
             }
-            KeyTypeOrder {
-                types,
-                hashed_left_out: files.iter().any(|f| f.has_hashed()),
+            match known_hosts::first_hashed(files, host, port, |e| e.marker.is_none()) {
+                Some(first) => KeyTypeOrder {
+                    types: host_key_types(vec![first]),
+                    hashed_left_out: true,
+                },
+                // Every hashed entry was looked at, and none is a host key.
+                None => KeyTypeOrder {
+                    types: Vec::new(),
+                    hashed_left_out: false,
+                },
             }
         })
     }
 
-    /// After a key exchange ordered by `plain_types` (a
-    /// [`KnownHosts::preferred_key_types`] with hashed entries left out):
+    /// After a key exchange ordered by `partial_types` (a
+    /// [`KnownHosts::preferred_key_types`] with some hashed entries left out):
     /// whether the server's `key` is not known while hashed entries know
     /// types that order did not prefer. Ordering by every type might then
     /// have chosen a key that is known, so the caller should connect again
@@ -435,7 +445,7 @@ impl KnownHosts {
         host: &str,
         port: u16,
         key: &PublicKey,
-        plain_types: &[String],
+        partial_types: &[String],
     ) -> bool {
         let Ok(blob) = key.to_bytes() else {
             return false;
@@ -448,7 +458,7 @@ impl KnownHosts {
             }
             host_key_types(known_hosts::lookup(files, host, port))
                 .iter()
-                .any(|t| !plain_types.contains(t))
+                .any(|t| !partial_types.contains(t))
         })
     }
 

@@ -229,7 +229,9 @@ const MEMO_LIMIT: usize = 1 << 16;
 ///   result of that scan is remembered per name in `memo`: a file's
 ///   first lookup of a name costs one scan, later ones (the same
 ///   connection's second lookup, or the next connection to that host in a
-///   long-lived process) none.
+///   long-lived process) none. A scan may also stop at the first line that
+///   settles a question ([`KnownHostsFile::first_hashed`]); the memo then
+///   remembers how far it went, and a later scan goes on from there.
 #[derive(Debug, Clone, Default)]
 struct HostIndex {
     /// Lowercased literal name -> entry indices (ascending, no duplicates).
@@ -245,37 +247,61 @@ struct HostIndex {
     /// Indices of the `@cert-authority` entries (few, so they are matched
     /// one by one, which hashes a name only with their own salts).
     authorities: Vec<usize>,
-    /// Lookup name -> indices of the hashed entries it matches.
+    /// Lookup name -> the hashed entries it matches, as far as scanned.
     memo: HashedMemo,
 }
 
 /// A hashed entry just added: `(index, salt, hash)`.
 type NewHashed = (usize, [u8; SHA1_LEN], [u8; SHA1_LEN]);
 
+/// How far the hashed entries were scanned for one name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct HashedScan {
+    /// Indices of the entries found so far, ascending.
+    hits: Vec<usize>,
+    /// Where the scan stopped ([`HashedLines::scan`]'s position); at
+    /// [`HashedLines::end`] every hashed entry was looked at.
+    next: usize,
+}
+
 /// Remembered results of scanning the hashed entries, per lowercased lookup
-/// name (entry indices, ascending; empty when none matched). Only in memory:
-/// writing names or their hashes anywhere would undo what HashKnownHosts
-/// is for.
+/// name. Only in memory: writing names or their hashes anywhere would undo
+/// what HashKnownHosts is for.
 #[derive(Default)]
-struct HashedMemo(Mutex<HashMap<String, Vec<usize>>>);
+struct HashedMemo(Mutex<HashMap<String, HashedScan>>);
 
 impl HashedMemo {
-    fn map(&self) -> MutexGuard<'_, HashMap<String, Vec<usize>>> {
+    fn map(&self) -> MutexGuard<'_, HashMap<String, HashedScan>> {
         // Every update is a single insert, so a panic elsewhere cannot leave
         // the map half-changed.
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn get(&self, name: &str) -> Option<Vec<usize>> {
-        self.map().get(name).cloned()
+    /// The scan remembered for `name`, complete or not.
+    fn scan(&self, name: &str) -> HashedScan {
+        self.map().get(name).cloned().unwrap_or_default()
     }
 
-    fn insert(&self, name: &str, hits: Vec<usize>) {
+    /// The hits for `name` if a scan for it went through every hashed entry.
+    #[cfg(test)]
+    fn get(&self, name: &str, end: usize) -> Option<Vec<usize>> {
+        self.map()
+            .get(name)
+            .filter(|scan| scan.next >= end)
+            .map(|scan| scan.hits.clone())
+    }
+
+    /// Remembers `scan` for `name` unless a scan that went further (made
+    /// meanwhile by another thread) is remembered already.
+    fn insert(&self, name: &str, scan: HashedScan) {
         let mut map = self.map();
+        if map.get(name).is_some_and(|known| known.next >= scan.next) {
+            return;
+        }
         if map.len() >= MEMO_LIMIT {
             map.clear();
         }
-        map.insert(name.to_string(), hits);
+        map.insert(name.to_string(), scan);
     }
 }
 
@@ -344,17 +370,27 @@ impl HostIndex {
     /// Indices of entries that apply to the lowercased lookup `name`, ascending.
     fn lookup(&self, name: &str) -> Vec<usize> {
         let mut out = self.lookup_plain(name);
-        if !self.hashed.is_empty() {
-            let hits = self.memo.get(name).unwrap_or_else(|| {
-                let hits = self.scan_hashed(name);
-                self.memo.insert(name, hits.clone());
-                hits
-            });
-            out.extend(hits);
-        }
+        out.extend(self.hashed_until(name, |_| false).hits);
         out.sort_unstable();
         out.dedup();
         out
+    }
+
+    /// The hashed entries that `name` matches, scanned (or taken from the
+    /// memo) only until `enough` holds for the entries found so far, and
+    /// remembered. The result is complete when its `next` is
+    /// [`HashedLines::end`].
+    fn hashed_until(&self, name: &str, enough: impl Fn(&[usize]) -> bool) -> HashedScan {
+        let end = self.hashed.end();
+        let mut scan = self.memo.scan(name);
+        if scan.next >= end || enough(&scan.hits) {
+            return scan;
+        }
+        scan.next = self
+            .hashed
+            .scan(name, scan.next, &mut scan.hits, &mut |hits| enough(hits));
+        self.memo.insert(name, scan.clone());
+        scan
     }
 
     /// Indices of the entries that are not hashed and apply to the
@@ -375,24 +411,41 @@ impl HostIndex {
     }
 
     /// The hashed entries that `name` matches, ascending, without the memo.
+    #[cfg(test)]
     fn scan_hashed(&self, name: &str) -> Vec<usize> {
         self.hashed.matching(name)
     }
 
     /// Brings the memo up to date after the hashed entries `new` were added
     /// (`(index, salt, hash)`, ascending by index, all after every older
-    /// entry). `written_for`, when given, is the lowercased name the new
-    /// lines are believed to hash: it is checked, and an entry that hashes it
-    /// can match no other name (that would take an HMAC-SHA1 collision), so
-    /// only that name's memo changes. Entries that do not hash it are tested
-    /// against every remembered name.
-    fn remember_new_hashed(&mut self, new: &[NewHashed], written_for: Option<&str>) {
+    /// entry) to hashed lines that had `blocks_before` blocks.
+    ///
+    /// A scan that stopped part way stopped before the last of those blocks
+    /// at the latest, where the new lines start, so it finds them when it
+    /// goes on. Complete scans are brought up to date here. `written_for`,
+    /// when given, is the lowercased name the new lines are believed to
+    /// hash: it is checked, and an entry that hashes it can match no other
+    /// name (that would take an HMAC-SHA1 collision), so only that name's
+    /// memo changes. Entries that do not hash it are tested against every
+    /// remembered name.
+    fn remember_new_hashed(
+        &mut self,
+        new: &[NewHashed],
+        blocks_before: usize,
+        written_for: Option<&str>,
+    ) {
+        let end = self.hashed.end();
         let memo = self
             .memo
             .0
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
-        if memo.is_empty() {
+        let mut complete: HashMap<&str, &mut HashedScan> = memo
+            .iter_mut()
+            .filter(|(_, scan)| scan.next >= blocks_before)
+            .map(|(name, scan)| (name.as_str(), scan))
+            .collect();
+        if complete.is_empty() {
             return;
         }
         for &(i, salt, hash) in new {
@@ -401,16 +454,19 @@ impl HostIndex {
             let hashes = |name: &str| key.mac(&PaddedName::new(name)) == hash;
             // Pushing keeps the lists ascending: new entries come last.
             if let Some(name) = written_for.filter(|n| hashes(n)) {
-                if let Some(hits) = memo.get_mut(name) {
-                    hits.push(i);
+                if let Some(scan) = complete.get_mut(name) {
+                    scan.hits.push(i);
                 }
                 continue;
             }
-            for (name, hits) in memo.iter_mut() {
+            for (name, scan) in complete.iter_mut() {
                 if hashes(name) {
-                    hits.push(i);
+                    scan.hits.push(i);
                 }
             }
+        }
+        for scan in complete.into_values() {
+            scan.next = end;
         }
     }
 
@@ -465,6 +521,21 @@ impl KnownHostsFile {
             .collect()
     }
 
+    /// The first hashed entry, in file order, that applies to `name` (a
+    /// lookup name as for [`KnownHostsFile::matching`]) and satisfies
+    /// `wanted`. The scan of the hashed entries stops there; how far it
+    /// went is remembered, so that a later lookup of the name goes on from
+    /// that point instead of starting again.
+    pub fn first_hashed(&self, name: &str, wanted: impl Fn(&Entry) -> bool) -> Option<&Entry> {
+        let name = name.to_ascii_lowercase();
+        let wanted_at = |i: usize| self.entries.get(i).filter(|e| wanted(e));
+        self.index
+            .hashed_until(&name, |hits| hits.iter().any(|&i| wanted_at(i).is_some()))
+            .hits
+            .into_iter()
+            .find_map(wanted_at)
+    }
+
     /// The `@cert-authority` entries that apply to `name` (a lookup name as
     /// for [`KnownHostsFile::matching`]), in file order. Hashes the name only
     /// with those entries' salts.
@@ -509,6 +580,7 @@ impl KnownHostsFile {
     /// wrong answer.
     pub fn extend(&mut self, text: &str, written_for: Option<&str>) -> Vec<ParseWarning> {
         let first = self.entries.len();
+        let blocks_before = self.index.hashed.end();
         let mut warnings = Vec::new();
         self.newlines += parse_lines(
             &self.label,
@@ -527,7 +599,8 @@ impl KnownHostsFile {
             }
         }
         let hint = written_for.map(str::to_ascii_lowercase);
-        self.index.remember_new_hashed(&new_hashed, hint.as_deref());
+        self.index
+            .remember_new_hashed(&new_hashed, blocks_before, hint.as_deref());
         warnings
     }
 }
@@ -814,16 +887,36 @@ fn found_in<'a, F: Borrow<KnownHostsFile>>(
         .collect()
 }
 
-/// [`HostKeyStatus::Known`] if a plain (not hashed) entry for this host
-/// holds exactly this key and no `@revoked` entry anywhere holds it; `None`
-/// when only a full [`check`] can tell.
+/// The first hashed entry for `host`/`port` that satisfies `wanted`, in
+/// the first file that has one, scanning each file's hashed entries only as
+/// far as that entry (see [`KnownHostsFile::first_hashed`]).
+pub fn first_hashed<'a, F: Borrow<KnownHostsFile>>(
+    files: &'a [F],
+    host: &str,
+    port: u16,
+    wanted: impl Fn(&Entry) -> bool,
+) -> Option<Found<'a>> {
+    let name = host_port_name(host, port);
+    files.iter().map(Borrow::borrow).find_map(|file| {
+        file.first_hashed(&name, &wanted).map(|entry| Found {
+            file: &file.label,
+            line: entry.line,
+            entry,
+        })
+    })
+}
+
+/// [`HostKeyStatus::Known`] if an entry for this host holds exactly this
+/// key and no `@revoked` entry anywhere holds it; `None` when only a full
+/// [`check`] can tell.
 ///
-/// Whatever the hashed entries say, such a key is known: [`check`] ranks an
+/// Whatever the other entries say, such a key is known: [`check`] ranks an
 /// exact match above everything but `@revoked`, and a revocation, hashed or
-/// not, is found here by its key blob. So hashing the name with every salt
-/// can be skipped, which is most of the cost of a first lookup in a large
-/// file.
-pub fn known_without_hashing<'a, F: Borrow<KnownHostsFile>>(
+/// not, is found here by its key blob. So the entries that are not hashed
+/// are looked at first, which costs no hashing, and then each file's hashed
+/// entries only up to the first that holds the key ([`first_hashed`]): on
+/// average half of them instead of all, when the key is known.
+fn known_at_least_cost<'a, F: Borrow<KnownHostsFile>>(
     files: &'a [F],
     host: &str,
     port: u16,
@@ -832,9 +925,11 @@ pub fn known_without_hashing<'a, F: Borrow<KnownHostsFile>>(
     if files.iter().any(|f| f.borrow().revokes_anywhere(key_blob)) {
         return None;
     }
+    let holds_key = |e: &Entry| e.marker.is_none() && e.key_blob == key_blob;
     lookup_plain(files, host, port)
         .into_iter()
-        .find(|f| f.entry.marker.is_none() && f.entry.key_blob == key_blob)
+        .find(|f| holds_key(f.entry))
+        .or_else(|| first_hashed(files, host, port, holds_key))
         .map(HostKeyStatus::Known)
 }
 
@@ -850,8 +945,10 @@ pub fn known_without_hashing<'a, F: Borrow<KnownHostsFile>>(
 /// [`cert_authorities`]. Keys are compared by their blobs; `key_type` is only
 /// used for the family when the blob does not name its type.
 ///
-/// When a plain entry settles it ([`known_without_hashing`]), hashed entries
-/// are not looked at and the `Known` entry reported is that plain one.
+/// When a plain entry holds the key, hashed entries are not looked at and
+/// the `Known` entry reported is that plain one. Otherwise hashed entries
+/// are hashed only up to the first that holds the key, if one does
+/// ([`known_at_least_cost`]); only a key that is not known takes them all.
 pub fn check<'a, F: Borrow<KnownHostsFile>>(
     files: &'a [F],
     host: &str,
@@ -859,7 +956,7 @@ pub fn check<'a, F: Borrow<KnownHostsFile>>(
     key_type: &str,
     key_blob: &[u8],
 ) -> HostKeyStatus<'a> {
-    known_without_hashing(files, host, port, key_blob)
+    known_at_least_cost(files, host, port, key_blob)
         .unwrap_or_else(|| check_every_entry(files, host, port, key_type, key_blob))
 }
 
@@ -1548,12 +1645,18 @@ mod tests {
             check(&files, "a", 22, "ssh-ed25519", &ed(1)),
             HostKeyStatus::Known(f) if f.line == 1
         ));
-        assert_eq!(files[0].index.memo.get("a"), None);
+        assert_eq!(
+            files[0].index.memo.get("a", files[0].index.hashed.end()),
+            None
+        );
         assert!(matches!(
             check(&files, "a", 22, "ssh-ed25519", &ed(2)),
             HostKeyStatus::Changed { .. }
         ));
-        assert_eq!(files[0].index.memo.get("a"), Some(vec![41]));
+        assert_eq!(
+            files[0].index.memo.get("a", files[0].index.hashed.end()),
+            Some(vec![41])
+        );
     }
 
     /// A revocation is found by its key even when it is hashed or sits in
@@ -2135,7 +2238,11 @@ mod tests {
                 let lower = name.to_ascii_lowercase();
                 let expected = brute_force(&f, name);
                 assert_eq!(f.index.lookup(&lower), expected, "{name} round {round}");
-                let memoized = f.index.memo.get(&lower).expect("remembered");
+                let memoized = f
+                    .index
+                    .memo
+                    .get(&lower, f.index.hashed.end())
+                    .expect("remembered");
                 assert_eq!(memoized, f.index.scan_hashed(&lower), "{name}");
             }
         }
@@ -2180,6 +2287,182 @@ mod tests {
         let mut h = KnownHostsFile::from_entries("h", g.entries.clone());
         h.extend(&line("y", &k), None);
         assert_eq!(h.matching("y")[0].line, 5);
+    }
+
+    /// A file of `lines` entries for a few hosts, most of them hashed, with
+    /// an occasional `@revoked` or `@cert-authority` line.
+    fn mixed_hashed_file(rng: &mut TestRng, hosts: &[&str], lines: usize) -> String {
+        let mut text = String::new();
+        for _ in 0..lines {
+            let host = hosts[rng.next() as usize % hosts.len()];
+            let key = if rng.next().is_multiple_of(4) {
+                rsa(rng.next() as u8 % 3)
+            } else {
+                ed(rng.next() as u8 % 4)
+            };
+            let key_type = blob_key_type(&key).unwrap_or_default().to_string();
+            let salt = rng.salt();
+            let hashed = !rng.next().is_multiple_of(5);
+            let entry = format_entry(host, 22, &key_type, &key, hashed.then_some(&salt));
+            text.push_str(&match rng.next() % 12 {
+                0 => format!("@revoked {entry}"),
+                1 => format!("@cert-authority {entry}"),
+                _ => entry,
+            });
+        }
+        text
+    }
+
+    /// Lookups that stop at the first hashed line that settles them, and
+    /// later lookups that go on from there, in any order and across files
+    /// of several blocks, answer as if every entry had been looked at.
+    #[test]
+    fn scans_stopped_early_and_resumed_answer_like_full_ones() {
+        let mut rng = TestRng(0xfeed_5eed);
+        let hosts = ["a", "b", "c.example", "d", "e"];
+        let keys = [ed(0), ed(1), ed(2), ed(3), rsa(0), rsa(1)];
+        for round in 0..40 {
+            let sizes = [rng.next() as usize % 90, rng.next() as usize % 40];
+            let texts = sizes.map(|n| mixed_hashed_file(&mut rng, &hosts, n));
+            let files = [parse_ok("one", &texts[0]), parse_ok("two", &texts[1])];
+            for _ in 0..30 {
+                let host = hosts[rng.next() as usize % hosts.len()];
+                // Fresh copies have an empty memo: they scan everything.
+                let fresh = [parse_ok("one", &texts[0]), parse_ok("two", &texts[1])];
+                match rng.next() % 4 {
+                    0 => {
+                        let key = &keys[rng.next() as usize % keys.len()];
+                        let key_type = blob_key_type(key).unwrap_or_default().to_string();
+                        let fast = check(&files, host, 22, &key_type, key);
+                        let full = check_every_entry(&fresh, host, 22, &key_type, key);
+                        match (&fast, &full) {
+                            (HostKeyStatus::Known(a), HostKeyStatus::Known(b)) => {
+                                assert_eq!(a.entry.key_blob, b.entry.key_blob)
+                            }
+                            _ => assert_eq!(fast, full, "round {round}, {host}"),
+                        }
+                    }
+                    1 => {
+                        let got = first_hashed(&files, host, 22, |e| e.marker.is_none());
+                        let want = lookup(&fresh, host, 22).into_iter().find(|f| {
+                            f.entry.marker.is_none()
+                                && matches!(f.entry.hosts, HostField::Hashed { .. })
+                        });
+                        assert_eq!(
+                            got.map(|f| (f.file, f.line)),
+                            want.map(|f| (f.file, f.line))
+                        );
+                    }
+                    2 => {
+                        let got: Vec<usize> =
+                            lookup(&files, host, 22).iter().map(|f| f.line).collect();
+                        let want: Vec<usize> =
+                            lookup(&fresh, host, 22).iter().map(|f| f.line).collect();
+                        assert_eq!(got, want, "round {round}, {host}");
+                    }
+                    _ => {
+                        for (f, g) in files.iter().zip(&fresh) {
+                            let name = host_port_name(host, 22);
+                            let memo = f.index.memo.scan(&name);
+                            let full = g.index.scan_hashed(&name);
+                            // What the memo holds is a prefix of the full answer.
+                            assert_eq!(memo.hits[..], full[..memo.hits.len()], "{host}");
+                            if memo.next >= f.index.hashed.end() {
+                                assert_eq!(memo.hits, full);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A known key on a hashed line is found without hashing the name with
+    /// the salts of the lines after it; a key that is not known still takes
+    /// every line into account.
+    #[test]
+    fn a_known_hashed_key_stops_the_scan() {
+        let mut rng = TestRng(5);
+        let mut text = String::new();
+        for i in 0..200u32 {
+            let name = if i == 37 {
+                "target".to_string()
+            } else {
+                format!("other{i}")
+            };
+            let key = if i == 37 { ed(1) } else { ed(2) };
+            text.push_str(&format_entry(
+                &name,
+                22,
+                "ssh-ed25519",
+                &key,
+                Some(&rng.salt()),
+            ));
+        }
+        text.push_str(&format_entry(
+            "target",
+            22,
+            "ssh-rsa",
+            &rsa(1),
+            Some(&rng.salt()),
+        ));
+        let files = [parse_ok("kh", &text)];
+        let end = files[0].index.hashed.end();
+        assert!(matches!(
+            check(&files, "target", 22, "ssh-ed25519", &ed(1)),
+            HostKeyStatus::Known(f) if f.line == 38
+        ));
+        let after_known = files[0].index.memo.scan("target");
+        assert_eq!(after_known.hits, vec![37]);
+        assert_eq!(after_known.next, 37 / 16 + 1);
+        assert!(after_known.next < end);
+        // The first line's type orders the key exchange, from the same scan.
+        let first = first_hashed(&files, "target", 22, |e| e.marker.is_none());
+        assert_eq!(first.map(|f| f.line), Some(38));
+        assert_eq!(files[0].index.memo.scan("target"), after_known);
+        // Another ed25519 key: changed, found by going on to the end.
+        assert!(matches!(
+            check(&files, "target", 22, "ssh-ed25519", &ed(3)),
+            HostKeyStatus::Changed { old } if old.len() == 1 && old[0].line == 38
+        ));
+        let done = files[0].index.memo.scan("target");
+        assert_eq!((done.hits, done.next), (vec![37, 200], end));
+    }
+
+    /// Lines appended after a scan stopped part way are found when it goes
+    /// on, and lines appended after a complete scan are added to it.
+    #[test]
+    fn extend_after_a_stopped_scan() {
+        let mut rng = TestRng(11);
+        let mut text = String::new();
+        // 40 lines: the third block is half full when more are appended.
+        for i in 0..40u32 {
+            let name = if i == 3 { "early" } else { "filler" };
+            text.push_str(&format_entry(
+                name,
+                22,
+                "ssh-ed25519",
+                &ed(i as u8),
+                Some(&rng.salt()),
+            ));
+        }
+        let (mut f, _) = parse("kh", &text);
+        let files = std::slice::from_ref(&f);
+        assert!(first_hashed(files, "early", 22, |_| true).is_some());
+        assert_eq!(f.index.memo.scan("early").next, 1);
+        assert!(lookup(files, "late", 22).is_empty());
+        for (name, key) in [("early", 50), ("late", 51)] {
+            let salt = rng.salt();
+            f.extend(
+                &format_entry(name, 22, "ssh-ed25519", &ed(key), Some(&salt)),
+                Some(name),
+            );
+        }
+        for name in ["early", "late", "filler"] {
+            assert_eq!(f.index.lookup(name), brute_force(&f, name), "{name}");
+        }
+        assert_eq!(f.index.memo.scan("late").hits, vec![41]);
+        assert_eq!(f.index.memo.scan("early").hits, vec![3, 40]);
     }
 
     #[test]
@@ -2239,7 +2522,7 @@ mod tests {
             let lower = n.to_ascii_lowercase();
             assert_eq!(f.index.lookup(&lower), brute_force(&f, n), "{n}");
             assert_eq!(
-                f.index.memo.get(&lower),
+                f.index.memo.get(&lower, f.index.hashed.end()),
                 Some(f.index.scan_hashed(&lower)),
                 "{n}"
             );

@@ -258,11 +258,12 @@ fn dead_server_detected_by_keepalives() {
 }
 
 /// Host-key algorithms are ordered by the plain known_hosts entries when
-/// there are some, so that a first connection need not hash the host name
-/// with every hashed entry's salt. When the key the server then presents is
-/// not known but a hashed entry knows another of its key types, skiff
-/// exchanges keys again with every recorded type first, as ordering by all
-/// entries would have done from the start.
+/// there are some, else by the first hashed entry for the host, so that a
+/// first connection need not hash the host name with every hashed entry's
+/// salt. When the key the server then presents is not known but a hashed
+/// entry knows another of its key types, skiff exchanges keys again with
+/// every recorded type first, as ordering by all entries would have done
+/// from the start.
 #[test]
 fn hashed_entries_key_types_are_tried_when_the_plain_ones_miss() {
     let Some((fx, _)) = skiffd_setup() else {
@@ -270,69 +271,73 @@ fn hashed_entries_key_types_are_tried_when_the_plain_ones_miss() {
     };
     let dir = fx.dir.path();
     let host_rsa = keygen(dir, "host_rsa", KeyType::Rsa, None);
+    let elsewhere = keygen(dir, "elsewhere_ecdsa", KeyType::Ecdsa, None);
     let d = Skiffd::start_with(
         SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).host_key(&host_rsa),
     );
     let port = d.port();
-    let home = ClientHome::new();
+    // A fresh client whose known_hosts holds `plain` and then the lines for
+    // `hashed`'s keys, hashed by ssh-keygen.
+    let home_with = |plain: &[&Key], hashed: &[&Key]| {
+        let home = ClientHome::new();
+        let kh = home.known_hosts();
+        let lines = |keys: &[&Key]| -> String {
+            keys.iter()
+                .map(|k| format!("{}\n", known_hosts_line(port, k)))
+                .collect()
+        };
+        write_file(&kh, lines(hashed), 0o600);
+        Run::new("ssh-keygen")
+            .arg("-H")
+            .arg("-f")
+            .arg(&kh)
+            .run()
+            .expect_code(0, "ssh-keygen -H");
+        let hashed = fs::read_to_string(&kh).expect("read hashed known_hosts");
+        assert!(hashed.starts_with("|1|"), "not hashed: {hashed:?}");
+        write_file(&kh, format!("{}{hashed}", lines(plain)), 0o600);
+        home
+    };
+    // Runs a command, which must succeed; says whether a second key exchange
+    // happened.
+    let exchanged_twice = |home: &ClientHome, what: &str| -> bool {
+        let out = skiff_exec(home, port, user(), Some(&fx.client_key))
+            .opt("StrictHostKeyChecking=yes")
+            .flag("-v")
+            .cmd("echo verified")
+            .run();
+        out.expect_code(0, &server_context(&d, what))
+            .expect_stdout("verified\n", what);
+        out.stderr.contains("exchanging keys again")
+    };
 
     // Hashed: the server's RSA key. Plain, first: an ECDSA key the server
     // does not have. Its ed25519 key is in neither.
+    let home = home_with(&[&elsewhere], &[&host_rsa]);
     let kh = home.known_hosts();
-    write_file(
-        &kh,
-        format!("{}\n", known_hosts_line(port, &host_rsa)),
-        0o600,
-    );
-    Run::new("ssh-keygen")
-        .arg("-H")
-        .arg("-f")
-        .arg(&kh)
-        .run()
-        .expect_code(0, "ssh-keygen -H");
-    let hashed = fs::read_to_string(&kh).expect("read hashed known_hosts");
-    assert!(hashed.starts_with("|1|"), "not hashed: {hashed:?}");
-    let elsewhere = keygen(dir, "elsewhere_ecdsa", KeyType::Ecdsa, None);
-    write_file(
-        &kh,
-        format!("{}\n{hashed}", known_hosts_line(port, &elsewhere)),
-        0o600,
-    );
     let before = fs::read(&kh).expect("read known_hosts");
-
-    let out = skiff_exec(&home, port, user(), Some(&fx.client_key))
-        .opt("StrictHostKeyChecking=yes")
-        .flag("-v")
-        .cmd("echo verified")
-        .run();
-    out.expect_code(0, &server_context(&d, "key types from hashed entries"))
-        .expect_stdout("verified\n", "key types from hashed entries");
     assert!(
-        out.stderr.contains("exchanging keys again"),
-        "the second key exchange is not in the log:\n{}",
-        out.stderr
+        exchanged_twice(&home, "key types from hashed entries"),
+        "the second key exchange is not in the log"
     );
     assert_eq!(fs::read(&kh).expect("read known_hosts"), before);
 
     // The server's ed25519 key in a plain line: one exchange, no second.
-    let home = ClientHome::new();
-    home.trust(port, &fx.host_key);
-    let kh = home.known_hosts();
-    let mut text = fs::read_to_string(&kh).expect("read known_hosts");
-    text.push_str(&hashed);
-    write_file(&kh, text, 0o600);
-    let out = skiff_exec(&home, port, user(), Some(&fx.client_key))
-        .opt("StrictHostKeyChecking=yes")
-        .flag("-v")
-        .cmd("echo verified")
-        .run();
-    out.expect_code(0, &server_context(&d, "plain ed25519 line"))
-        .expect_stdout("verified\n", "plain ed25519 line");
+    let home = home_with(&[&fx.host_key], &[&host_rsa]);
+    assert!(!exchanged_twice(&home, "plain ed25519 line"));
+
+    // Only hashed lines: the first one for the host orders the exchange.
+    // There, an ECDSA key the server does not have, before its RSA key:
+    // the first exchange misses and the second, by every type, succeeds.
+    let home = home_with(&[], &[&elsewhere, &host_rsa]);
     assert!(
-        !out.stderr.contains("exchanging keys again"),
-        "{}",
-        out.stderr
+        exchanged_twice(&home, "hashed ECDSA then RSA"),
+        "the second key exchange is not in the log"
     );
+
+    // The server's RSA key on the first hashed line: one exchange, by it.
+    let home = home_with(&[], &[&host_rsa]);
+    assert!(!exchanged_twice(&home, "hashed RSA line"));
 }
 
 /// `AddKeysToAgent yes` hands a key read from a file to ssh-agent once it

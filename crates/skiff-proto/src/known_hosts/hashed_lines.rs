@@ -215,11 +215,16 @@ fn round_constant(t: usize) -> u32 {
     ROUND_CONSTANTS[t / 20]
 }
 
-/// HMAC-SHA1 of the name (given as its blocks' schedules) under every line
+/// HMAC-SHA1 of the name (given as its blocks' schedules) under the lines
 /// of `blocks`, [`LANES`] lines at a time; pushes the entries whose hash
-/// matches.
+/// matches and stops as `stop` says (see [`HashedLines::scan`]).
 #[inline(always)]
-fn scan_vectors<V: Vector>(blocks: &[Block], name: &[[u32; 80]], hits: &mut Vec<usize>) {
+fn scan_vectors<V: Vector>(
+    blocks: &[Block],
+    name: &[[u32; 80]],
+    hits: &mut Vec<usize>,
+    stop: Stop<'_>,
+) -> usize {
     // The name's words plus round constants are the same in every lane.
     let name_kw: Vec<[u32; 80]> = name
         .iter()
@@ -227,7 +232,7 @@ fn scan_vectors<V: Vector>(blocks: &[Block], name: &[[u32; 80]], hits: &mut Vec<
         .collect();
     let outer_padding = outer_message([0; 5]).map(V::splat);
     let k: [V; 80] = std::array::from_fn(|t| V::splat(round_constant(t)));
-    for block in blocks {
+    for (at, block) in blocks.iter().enumerate() {
         let mut inner = block.inner.each_ref().map(V::load);
         for kw in &name_kw {
             compress_lanes(&mut inner, |t| V::splat(kw[t]));
@@ -246,24 +251,38 @@ fn scan_vectors<V: Vector>(blocks: &[Block], name: &[[u32; 80]], hits: &mut Vec<
         for (got, want) in outer.into_iter().zip(&block.expected) {
             equal &= got.eq_mask(V::load(want));
         }
-        push_lanes(block, equal, hits);
+        if push_lanes(block, equal, hits) && stop(hits) {
+            return at + 1;
+        }
     }
+    blocks.len()
 }
 
-/// Pushes the entries of `block`'s used lanes whose bit is set in `mask`.
-fn push_lanes(block: &Block, mut mask: u32, hits: &mut Vec<usize>) {
+/// Decides, after a block added hits, whether the hits so far are enough.
+type Stop<'a> = &'a mut dyn FnMut(&[usize]) -> bool;
+
+/// Pushes the entries of `block`'s used lanes whose bit is set in `mask`;
+/// true if there were any.
+fn push_lanes(block: &Block, mut mask: u32, hits: &mut Vec<usize>) -> bool {
     mask &= (1u32 << block.used) - 1;
+    let any = mask != 0;
     while mask != 0 {
         let lane = mask.trailing_zeros() as usize;
         hits.push(block.entries[lane]);
         mask &= mask - 1;
     }
+    any
 }
 
 /// The same scan one line at a time, with the `sha1` crate's compression
 /// (which uses the CPU's SHA instructions where it has them).
-fn scan_portable(blocks: &[Block], name: &PaddedName, hits: &mut Vec<usize>) {
-    for block in blocks {
+fn scan_portable(
+    blocks: &[Block],
+    name: &PaddedName,
+    hits: &mut Vec<usize>,
+    stop: Stop<'_>,
+) -> usize {
+    for (at, block) in blocks.iter().enumerate() {
         let mut mask = 0u32;
         for lane in 0..block.used {
             let key = KeyedSha1 {
@@ -274,8 +293,11 @@ fn scan_portable(blocks: &[Block], name: &PaddedName, hits: &mut Vec<usize>) {
                 mask |= 1 << lane;
             }
         }
-        push_lanes(block, mask, hits);
+        if push_lanes(block, mask, hits) && stop(hits) {
+            return at + 1;
+        }
     }
+    blocks.len()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -505,24 +527,65 @@ impl HashedLines {
         self.len == 0
     }
 
-    /// The entries whose hash is HMAC-SHA1(salt, `name`), in the order they
-    /// were added.
-    pub(super) fn matching(&self, name: &str) -> Vec<usize> {
-        self.matching_at(Level::best(), name)
+    /// How far a scan has to go to have looked at every line: lines are
+    /// hashed in blocks, and a scan position counts blocks.
+    pub(super) fn end(&self) -> usize {
+        self.blocks.len()
     }
 
-    fn matching_at(&self, level: Level, name: &str) -> Vec<usize> {
-        let name = PaddedName::new(name);
+    /// The entries whose hash is HMAC-SHA1(salt, `name`), in the order they
+    /// were added.
+    #[cfg(test)]
+    pub(super) fn matching(&self, name: &str) -> Vec<usize> {
         let mut hits = Vec::new();
+        self.scan(name, 0, &mut hits, &mut |_| false);
+        hits
+    }
+
+    /// Looks for `name` in the lines from scan position `from` on, appending
+    /// the matching entries to `hits` in the order they were added. After
+    /// each block that matched, `stop` is asked whether `hits` are enough;
+    /// if so the scan ends there. Returns where it ended: [`HashedLines::end`]
+    /// once every line from `from` on was looked at, else where to go on.
+    pub(super) fn scan(
+        &self,
+        name: &str,
+        from: usize,
+        hits: &mut Vec<usize>,
+        stop: Stop<'_>,
+    ) -> usize {
+        from + self.scan_at(Level::best(), name, from, hits, stop)
+    }
+
+    /// [`HashedLines::scan`] at a given level; returns the blocks looked at.
+    fn scan_at(
+        &self,
+        level: Level,
+        name: &str,
+        from: usize,
+        hits: &mut Vec<usize>,
+        stop: Stop<'_>,
+    ) -> usize {
+        let blocks = self.blocks.get(from..).unwrap_or_default();
+        if blocks.is_empty() {
+            return 0;
+        }
+        let name = PaddedName::new(name);
         match level {
-            Level::Portable => scan_portable(&self.blocks, &name, &mut hits),
+            Level::Portable => scan_portable(blocks, &name, hits, stop),
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Level::Avx2` is only chosen when the CPU has AVX2.
-            Level::Avx2 => unsafe { scan_avx2(&self.blocks, &name.schedules(), &mut hits) },
+            Level::Avx2 => unsafe { scan_avx2(blocks, &name.schedules(), hits, stop) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Level::Avx512` is only chosen when the CPU has AVX-512F.
-            Level::Avx512 => unsafe { scan_avx512(&self.blocks, &name.schedules(), &mut hits) },
+            Level::Avx512 => unsafe { scan_avx512(blocks, &name.schedules(), hits, stop) },
         }
+    }
+
+    #[cfg(test)]
+    fn matching_at(&self, level: Level, name: &str) -> Vec<usize> {
+        let mut hits = Vec::new();
+        self.scan_at(level, name, 0, &mut hits, &mut |_| false);
         hits
     }
 }
@@ -561,14 +624,19 @@ impl Level {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn scan_avx2(blocks: &[Block], name: &[[u32; 80]], hits: &mut Vec<usize>) {
-    scan_vectors::<x86::Avx2>(blocks, name, hits);
+fn scan_avx2(blocks: &[Block], name: &[[u32; 80]], hits: &mut Vec<usize>, stop: Stop<'_>) -> usize {
+    scan_vectors::<x86::Avx2>(blocks, name, hits, stop)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn scan_avx512(blocks: &[Block], name: &[[u32; 80]], hits: &mut Vec<usize>) {
-    scan_vectors::<x86::Avx512>(blocks, name, hits);
+fn scan_avx512(
+    blocks: &[Block],
+    name: &[[u32; 80]],
+    hits: &mut Vec<usize>,
+    stop: Stop<'_>,
+) -> usize {
+    scan_vectors::<x86::Avx512>(blocks, name, hits, stop)
 }
 
 #[cfg(test)]
@@ -634,6 +702,43 @@ mod tests {
                         .is_empty());
                 }
             }
+        }
+    }
+
+    /// A scan that stops after the first block with a hit and is then
+    /// resumed, at every level, finds the same lines as one full scan.
+    #[test]
+    fn a_stopped_scan_resumes_where_it_stopped() {
+        let mut rng = Rng(0xabc);
+        let wanted = random_name(&mut rng, 20);
+        let other = random_name(&mut rng, 20);
+        let mut hashed = HashedLines::default();
+        let mut expected = Vec::new();
+        for i in 0..100 {
+            let salt = rng.salt();
+            let hit = [3, 4, 40, 99].contains(&i);
+            let hash = hmac_sha1(&salt, if hit { &wanted } else { &other }.as_bytes());
+            hashed.push(i, &salt, &hash);
+            if hit {
+                expected.push(i);
+            }
+        }
+        assert_eq!(hashed.end(), 7);
+        for level in Level::available() {
+            let mut hits = Vec::new();
+            let mut stops = Vec::new();
+            let mut at = 0;
+            while at < hashed.end() {
+                at += hashed.scan_at(level, &wanted, at, &mut hits, &mut |_| true);
+                stops.push(at);
+            }
+            assert_eq!(hits, expected, "{level:?}");
+            // Blocks 0, 2 and 6 hold the hits; the last scan ends at the end.
+            assert_eq!(stops, vec![1, 3, 7], "{level:?}");
+            assert_eq!(
+                hashed.scan_at(level, &wanted, 7, &mut hits, &mut |_| true),
+                0
+            );
         }
     }
 
