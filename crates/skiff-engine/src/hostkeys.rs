@@ -628,7 +628,7 @@ impl KnownHosts {
             Next::Done(result) => result,
             Next::Record => self.record(settings, &key_type, &blob),
             Next::Ask(prompt) => {
-                if ask_on_terminal(&prompt, &blob)? {
+                if crate::prompt_screen::while_prompting(|| ask_on_terminal(&prompt, &blob))? {
                     self.record(settings, &key_type, &blob)
                 } else {
                     Err(refuse(format!(

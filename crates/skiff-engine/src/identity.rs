@@ -641,6 +641,12 @@ fn load_private_key(path: &Path, batch_mode: bool) -> Result<Option<Arc<PrivateK
     // One prompt at a time: connections of a fan-out may need two keys at once.
     static PROMPTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = PROMPTING.lock().unwrap_or_else(|p| p.into_inner());
+    crate::prompt_screen::while_prompting(|| ask_and_decode(path, &text))
+}
+
+/// Asks for the passphrase of the encrypted key `text` (read from `path`)
+/// up to three times.
+fn ask_and_decode(path: &Path, text: &str) -> Result<Option<Arc<PrivateKey>>, Unusable> {
     for attempt in 0..3 {
         let prompt = format!("Enter passphrase for key '{}': ", path.display());
         let pass = match read_passphrase(&prompt) {
@@ -657,7 +663,7 @@ fn load_private_key(path: &Path, batch_mode: bool) -> Result<Option<Arc<PrivateK
             // An empty answer skips the key, as ssh does.
             return Ok(None);
         }
-        match crate::private_key::decode(&text, Some(&pass)) {
+        match crate::private_key::decode(text, Some(&pass)) {
             Ok(k) => return Ok(Some(Arc::new(k))),
             Err(_) => eprintln!("Bad passphrase, try again for {}", path.display()),
         }

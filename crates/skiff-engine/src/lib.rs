@@ -17,6 +17,7 @@ mod identity_cache;
 pub mod pool;
 pub mod port_forward;
 mod private_key;
+pub mod prompt_screen;
 mod revoked_host_keys;
 pub mod server_id;
 pub mod settings;

@@ -4,12 +4,13 @@
 //! status: 0 when every file was copied, 1 when any failed (each named on
 //! stderr), 255 when skiff could not connect or authenticate.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use skiff_engine::copy::{CopyJob, CopyReport, Direction, NoProgress, Progress};
-use skiff_engine::{Connection, Destination, SkiffError};
+use skiff_engine::{prompt_screen, Connection, Destination, SkiffError};
 
 #[derive(Args, Debug, Clone)]
 #[command(override_usage = "skiff cp [OPTIONS] SRC... DST")]
@@ -405,11 +406,11 @@ async fn cp_main(
 ) -> Result<Finish, SkiffError> {
     let bar = show_bar.then(Bar::new);
     let progress: &dyn Progress = match &bar {
-        Some(b) => b,
+        Some((b, _)) => b,
         None => &NoProgress,
     };
     let finish = |report: Result<CopyReport, SkiffError>| {
-        if let Some(b) = &bar {
+        if let Some((b, _)) = &bar {
             b.0.finish();
         }
         report.map(Finish::Done)
@@ -637,8 +638,14 @@ pub(crate) async fn copy_over(
 /// A progress bar on stderr: bytes, rate and time left.
 pub(crate) struct Bar(pub(crate) indicatif::ProgressBar);
 
+/// How often the bar is redrawn when no bytes move, so that its rate and
+/// time left stay true during a stall.
+const BAR_TICK: std::time::Duration = std::time::Duration::from_millis(250);
+
 impl Bar {
-    pub(crate) fn new() -> Bar {
+    /// A bar that steps aside whenever the engine asks a person something
+    /// (a passphrase, a host key), for as long as `Bar` lives.
+    pub(crate) fn new() -> (Bar, prompt_screen::Registration) {
         let bar = indicatif::ProgressBar::with_draw_target(
             Some(0),
             indicatif::ProgressDrawTarget::stderr(),
@@ -649,7 +656,25 @@ impl Bar {
         .expect("valid template")
         .progress_chars("=> ");
         bar.set_style(style);
-        Bar(bar)
+        bar.enable_steady_tick(BAR_TICK);
+        let registration = prompt_screen::hide_while_prompting(Arc::new(Bar(bar.clone())));
+        (Bar(bar), registration)
+    }
+}
+
+impl prompt_screen::TerminalDrawing for Bar {
+    fn hide(&self) {
+        self.0
+            .set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        // The bar's last drawing is still on the line the question goes to.
+        let mut stderr = std::io::stderr().lock();
+        let _ = stderr.write_all(b"\r\x1b[2K");
+        let _ = stderr.flush();
+    }
+
+    fn show(&self) {
+        self.0
+            .set_draw_target(indicatif::ProgressDrawTarget::stderr());
     }
 }
 

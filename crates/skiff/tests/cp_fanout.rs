@@ -8,6 +8,7 @@ mod common;
 
 use std::fs;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -86,6 +87,23 @@ impl Fleet {
             .timeout(BULK_TIMEOUT)
     }
 
+    /// A copy of the client's ssh config that names the passphrase-protected
+    /// key instead of the plain one.
+    fn encrypted_config(&self) -> std::path::PathBuf {
+        let home = self.home.home.path();
+        let config = home.join("encrypted_config");
+        let ssh_config = fs::read_to_string(home.join(".ssh/config")).unwrap();
+        write_file(
+            &config,
+            ssh_config.replace(
+                &self.fx.client_key.private.display().to_string(),
+                &self.fx.encrypted_key.private.display().to_string(),
+            ),
+            0o600,
+        );
+        config
+    }
+
     fn context(&self) -> String {
         format!(
             "{}\n{}\n{}",
@@ -157,16 +175,7 @@ fn a_passphrase_is_asked_for_once_for_every_host() {
     let src = tempdir();
     write_file(&src.path().join("p.txt"), "pass\n", 0o644);
     let home = fleet.home.home.path();
-    let config = home.join("encrypted_config");
-    let ssh_config = fs::read_to_string(home.join(".ssh/config")).unwrap();
-    write_file(
-        &config,
-        ssh_config.replace(
-            &fleet.fx.client_key.private.display().to_string(),
-            &fleet.fx.encrypted_key.private.display().to_string(),
-        ),
-        0o600,
-    );
+    let config = fleet.encrypted_config();
     let marker = home.join("askpass-calls");
     let askpass = askpass_script(home, PASSPHRASE, &marker);
     for agent in [false, true] {
@@ -285,4 +294,156 @@ fn gathering_from_a_node_set_keeps_hosts_apart() {
     let out = fleet.cp(false, &["h[1-2]:/etc/hostname", "h3:/etc/hostname", "."]);
     out.expect_code(255, "sources from different hosts");
     assert!(out.stderr.contains("same host"), "{out}");
+}
+
+/// A child process on a new pseudo-terminal, which is its controlling
+/// terminal, its stdin and its stderr; the terminal's output is collected
+/// by a thread until the child has gone.
+struct OnTerminal {
+    child: std::process::Child,
+    master: std::fs::File,
+    output: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl OnTerminal {
+    fn spawn(mut cmd: std::process::Command) -> OnTerminal {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        use std::os::unix::process::CommandExt;
+        let (mut master, mut slave) = (0, 0);
+        // SAFETY: openpty writes two descriptors and reads nothing else.
+        let rc = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+        // SAFETY: both descriptors were just opened and are owned here.
+        let (master, slave) =
+            unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        let slave_fd = std::os::fd::AsRawFd::as_raw_fd(&slave);
+        cmd.stdin(slave.try_clone().unwrap())
+            .stderr(slave.try_clone().unwrap())
+            .stdout(std::process::Stdio::null());
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setsid() < 0 || libc::ioctl(slave_fd, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("spawn on a terminal");
+        drop(slave);
+        let master = std::fs::File::from(master);
+        let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut reader = master.try_clone().unwrap();
+        let sink = output.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            // Ends with EIO once the child and its descendants closed the terminal.
+            while let Ok(n) = std::io::Read::read(&mut reader, &mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        OnTerminal {
+            child,
+            master,
+            output,
+        }
+    }
+
+    fn output(&self) -> String {
+        String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
+    }
+
+    /// Waits until the terminal has shown `text`; its byte offset just after.
+    fn wait_for(&self, text: &str, limit: Duration) -> usize {
+        let deadline = Instant::now() + limit;
+        loop {
+            let out = self.output();
+            if let Some(at) = out.find(text) {
+                return at + text.len();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {text:?} on the terminal:\n{out:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn type_line(&mut self, line: &str) {
+        std::io::Write::write_all(&mut self.master, format!("{line}\n").as_bytes()).unwrap();
+    }
+
+    /// The exit status, killing the child if it has not ended in time.
+    fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("still running after {limit:?}:\n{}", self.output());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// On a terminal, the progress bar of a copy to many hosts steps aside
+/// while the passphrase is asked for: nothing is drawn over the question
+/// until it is answered (the bar redraws itself four times a second).
+#[test]
+fn the_progress_bar_does_not_draw_over_a_passphrase_prompt() {
+    if !require_openssh() {
+        return;
+    }
+    let fleet = Fleet::start();
+    let src = tempdir();
+    write_file(&src.path().join("p.txt"), "pass\n", 0o644);
+    let home = fleet.home.home.path();
+    let config = fleet.encrypted_config();
+    let remote = account_dir();
+    let mut cmd = std::process::Command::new(skiff_bin());
+    cmd.env("HOME", home)
+        .env_remove("SSH_AUTH_SOCK")
+        .env_remove("SSH_ASKPASS")
+        .env_remove("DISPLAY")
+        .env("TERM", "xterm")
+        .env("SKIFF_AGENT", "off")
+        .env("XDG_RUNTIME_DIR", fleet.home.runtime.path())
+        .env("XDG_STATE_HOME", home.join("state"))
+        .args(["cp", "-F"])
+        .arg(&config)
+        .arg(src.path().join("p.txt"))
+        .arg(format!("h[1-3]:{}/", remote.path().display()));
+    let mut term = OnTerminal::spawn(cmd);
+    let asked = term.wait_for("Enter passphrase for key", Duration::from_secs(60));
+    // Long enough for several redraws of a bar that did not step aside.
+    std::thread::sleep(Duration::from_millis(1500));
+    let while_asked = term.output()[asked..].to_string();
+    term.type_line(PASSPHRASE);
+    let status = term.wait(Duration::from_secs(120));
+    let all = term.output();
+    let c = format!("{}\nterminal:\n{all:?}", fleet.context());
+    assert!(
+        !while_asked.contains("ETA") && !while_asked.contains("hosts"),
+        "drawn while the question was open: {while_asked:?}\n{c}"
+    );
+    assert!(status.success(), "{status}\n{c}");
+    assert!(all.contains("copied to 3 of 3 hosts"), "{c}");
+    assert_eq!(
+        fs::read_to_string(remote.path().join("p.txt")).unwrap(),
+        "pass\n"
+    );
 }
