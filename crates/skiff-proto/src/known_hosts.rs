@@ -780,6 +780,17 @@ pub struct Found<'a> {
     pub entry: &'a Entry,
 }
 
+impl<'a> Found<'a> {
+    /// `entry`, one of `file`'s entries.
+    fn of(file: &'a KnownHostsFile, entry: &'a Entry) -> Self {
+        Found {
+            file: &file.label,
+            line: entry.line,
+            entry,
+        }
+    }
+}
+
 impl fmt::Display for Found<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.file, self.line)
@@ -878,11 +889,9 @@ fn found_in<'a, F: Borrow<KnownHostsFile>>(
         .iter()
         .map(Borrow::borrow)
         .flat_map(|file: &'a KnownHostsFile| {
-            matching(file, &name).into_iter().map(move |entry| Found {
-                file: &file.label,
-                line: entry.line,
-                entry,
-            })
+            matching(file, &name)
+                .into_iter()
+                .map(move |entry| Found::of(file, entry))
         })
         .collect()
 }
@@ -898,11 +907,8 @@ pub fn first_hashed<'a, F: Borrow<KnownHostsFile>>(
 ) -> Option<Found<'a>> {
     let name = host_port_name(host, port);
     files.iter().map(Borrow::borrow).find_map(|file| {
-        file.first_hashed(&name, &wanted).map(|entry| Found {
-            file: &file.label,
-            line: entry.line,
-            entry,
-        })
+        file.first_hashed(&name, &wanted)
+            .map(|entry| Found::of(file, entry))
     })
 }
 

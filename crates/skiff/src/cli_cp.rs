@@ -406,11 +406,11 @@ async fn cp_main(
 ) -> Result<Finish, SkiffError> {
     let bar = show_bar.then(Bar::new);
     let progress: &dyn Progress = match &bar {
-        Some((b, _)) => b,
+        Some(b) => b,
         None => &NoProgress,
     };
     let finish = |report: Result<CopyReport, SkiffError>| {
-        if let Some((b, _)) = &bar {
+        if let Some(b) = &bar {
             b.0.finish();
         }
         report.map(Finish::Done)
@@ -635,17 +635,21 @@ pub(crate) async fn copy_over(
     skiff_engine::copy::sftp::copy(conn, job, progress).await
 }
 
-/// A progress bar on stderr: bytes, rate and time left.
-pub(crate) struct Bar(pub(crate) indicatif::ProgressBar);
+/// A progress bar on stderr: bytes, rate and time left. It steps aside
+/// whenever the engine asks a person something (a passphrase, a host key),
+/// for as long as it lives.
+pub(crate) struct Bar(
+    pub(crate) indicatif::ProgressBar,
+    // Held for its drop, which ends the stepping aside.
+    #[allow(dead_code)] prompt_screen::Registration,
+);
 
 /// How often the bar is redrawn when no bytes move, so that its rate and
 /// time left stay true during a stall.
 const BAR_TICK: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Bar {
-    /// A bar that steps aside whenever the engine asks a person something
-    /// (a passphrase, a host key), for as long as `Bar` lives.
-    pub(crate) fn new() -> (Bar, prompt_screen::Registration) {
+    pub(crate) fn new() -> Bar {
         let bar = indicatif::ProgressBar::with_draw_target(
             Some(0),
             indicatif::ProgressDrawTarget::stderr(),
@@ -657,12 +661,15 @@ impl Bar {
         .progress_chars("=> ");
         bar.set_style(style);
         bar.enable_steady_tick(BAR_TICK);
-        let registration = prompt_screen::hide_while_prompting(Arc::new(Bar(bar.clone())));
-        (Bar(bar), registration)
+        let registration = prompt_screen::hide_while_prompting(Arc::new(BarOnStderr(bar.clone())));
+        Bar(bar, registration)
     }
 }
 
-impl prompt_screen::TerminalDrawing for Bar {
+/// The bar as the engine's prompts see it.
+struct BarOnStderr(indicatif::ProgressBar);
+
+impl prompt_screen::TerminalDrawing for BarOnStderr {
     fn hide(&self) {
         self.0
             .set_draw_target(indicatif::ProgressDrawTarget::hidden());

@@ -74,12 +74,12 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
     };
     let plane = crate::cli_cp::plane_of(args);
     let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
-        let (bar, registration) = crate::cli_cp::Bar::new();
+        let bar = crate::cli_cp::Bar::new();
         bar.0.set_message(format!("0/{} hosts", plan.hosts.len()));
-        (HostsBar(bar), registration)
+        HostsBar(bar)
     });
     let progress: &dyn Progress = match &bar {
-        Some((b, _)) => b,
+        Some(b) => b,
         None => &NoProgress,
     };
     let use_agent = crate::cli_cp::agent_wanted(args);
@@ -130,7 +130,7 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
                         results.push((label, outcome));
                         let (label, outcome) = results.last().expect("just pushed");
                         match &bar {
-                            Some((b, _)) => {
+                            Some(b) => {
                                 b.0 .0.suspend(|| report_host(label, outcome));
                                 b.0 .0.set_message(format!(
                                     "{}/{} hosts",
@@ -148,7 +148,7 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
         }
     });
     drop(copies);
-    if let Some((b, _)) = &bar {
+    if let Some(b) = &bar {
         b.0 .0.finish_and_clear();
     }
     runtime.shutdown_background();
