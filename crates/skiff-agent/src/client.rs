@@ -117,10 +117,22 @@ pub fn request(stream: UnixStream, req: &Request, fds: &[BorrowedFd<'_>]) -> Res
 /// Like [`request`]; while waiting, `poll_resize` is asked (every 100 ms or
 /// so) for a new window size to send to the agent.
 pub fn request_with(
+    stream: UnixStream,
+    req: &Request,
+    fds: &[BorrowedFd<'_>],
+    poll_resize: &mut dyn FnMut() -> Option<(u32, u32)>,
+) -> Result<Reply, String> {
+    request_announced(stream, req, fds, poll_resize, &mut |_| {})
+}
+
+/// Like [`request_with`]; an `Opened` reply on the way goes to `opened`
+/// and the final reply is returned.
+fn request_announced(
     mut stream: UnixStream,
     req: &Request,
     fds: &[BorrowedFd<'_>],
     poll_resize: &mut dyn FnMut() -> Option<(u32, u32)>,
+    opened: &mut dyn FnMut(Duration),
 ) -> Result<Reply, String> {
     let frame = agent_wire::encode_request(req);
     socket::send_with_fds(&stream, &frame, fds)
@@ -131,10 +143,16 @@ pub fn request_with(
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
     loop {
-        if let Some((reply, _)) =
+        while let Some((reply, used)) =
             agent_wire::decode_reply(&buf).map_err(|e| format!("bad reply from the agent: {e}"))?
         {
-            return Ok(reply);
+            match reply {
+                Reply::Opened { rtt_us } => {
+                    buf.drain(..used);
+                    opened(Duration::from_micros(rtt_us));
+                }
+                last => return Ok(last),
+            }
         }
         if let Some((cols, rows)) = poll_resize() {
             let frame = agent_wire::encode_request(&Request::WindowChange { cols, rows });
@@ -183,7 +201,46 @@ pub fn exec(
         stdout.as_fd(),
         stderr.as_fd(),
     ];
-    match request_with(stream, &Request::Exec(wire), &fds, poll_resize) {
+    answered(request_with(
+        stream,
+        &Request::Exec(wire),
+        &fds,
+        poll_resize,
+    ))
+}
+
+/// `ssh -W` through the agent with this process's stdin and stdout (and
+/// stderr for notices). An agent that cannot be reached, or one too old to
+/// forward (asked first, before any input is read), is `Unavailable`: the
+/// caller then connects directly.
+pub fn forward(wire: ForwardWire, spawn: bool) -> Outcome {
+    match agent_version(spawn) {
+        Ok((version, _)) if version >= agent_wire::FORWARD_SINCE => {}
+        Ok((version, pid)) => {
+            return Outcome::Unavailable(format!(
+                "the running agent (pid {pid}) speaks version {version}, too old to forward"
+            ))
+        }
+        Err(why) => return Outcome::Unavailable(why),
+    }
+    let stream = match connect_or_spawn(false) {
+        Ok(s) => s,
+        Err(why) => return Outcome::Unavailable(why),
+    };
+    let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
+    let fds = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];
+    answered(request_with(
+        stream,
+        &Request::Forward(wire),
+        &fds,
+        &mut || None,
+    ))
+}
+
+/// The outcome of a request the agent was reached for: its reply, or a
+/// connection failure when the agent went away.
+fn answered(reply: Result<Reply, String>) -> Outcome {
+    match reply {
         Ok(reply) => Outcome::Reply(reply),
         Err(e) => Outcome::Reply(Reply::Failed {
             kind: 2,
@@ -192,11 +249,9 @@ pub fn exec(
     }
 }
 
-/// `ssh -W` through the agent with this process's stdin and stdout (and
-/// stderr for notices). An agent that cannot be reached, or one too old to
-/// forward (asked first, before any input is read), is `Unavailable`: the
-/// caller then connects directly.
-pub fn forward(wire: ForwardWire, spawn: bool) -> Outcome {
+/// The protocol version and pid of the agent (started first when `spawn`
+/// is set and none answers).
+fn agent_version(spawn: bool) -> Result<(u32, u32), String> {
     let hello = connect_or_spawn(spawn).and_then(|s| {
         request(
             s,
@@ -207,28 +262,44 @@ pub fn forward(wire: ForwardWire, spawn: bool) -> Outcome {
         )
     });
     match hello {
-        Ok(Reply::Hello { version, .. }) if version >= agent_wire::FORWARD_SINCE => {}
-        Ok(Reply::Hello { version, pid }) => {
-            return Outcome::Unavailable(format!(
-                "the running agent (pid {pid}) speaks version {version}, too old to forward"
-            ))
-        }
-        Ok(other) => return Outcome::Unavailable(format!("unexpected reply to hello: {other:?}")),
-        Err(why) => return Outcome::Unavailable(why),
+        Ok(Reply::Hello { version, pid }) => Ok((version, pid)),
+        Ok(other) => Err(format!("unexpected reply to hello: {other:?}")),
+        Err(why) => Err(why),
     }
+}
+
+/// Like [`subsystem`] (the agent is started when none answers), and tells
+/// `opened` once the channel is open, before a byte of `io` is relayed:
+/// `Some(round trip)` as the agent measured it opening the channel, or
+/// `None` at once from an agent too old to say (the caller then goes on
+/// without it). `opened` is not called when no channel could be opened.
+pub fn subsystem_announced(
+    wire: ExecWire,
+    io: BorrowedFd<'_>,
+    opened: &mut dyn FnMut(Option<Duration>),
+) -> Outcome {
+    let version = match agent_version(true) {
+        Ok((version, _)) => version,
+        Err(why) => return Outcome::Unavailable(why),
+    };
     let stream = match connect_or_spawn(false) {
         Ok(s) => s,
         Err(why) => return Outcome::Unavailable(why),
     };
-    let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
-    let fds = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];
-    match request_with(stream, &Request::Forward(wire), &fds, &mut || None) {
-        Ok(reply) => Outcome::Reply(reply),
-        Err(e) => Outcome::Reply(Reply::Failed {
-            kind: 2,
-            message: e,
-        }),
+    if version < agent_wire::SUBSYSTEM_SINCE {
+        opened(None);
+        return subsystem(stream, wire, io);
     }
+    let stderr = std::io::stderr();
+    let fds = [io, io, stderr.as_fd()];
+    let req = Request::Subsystem(wire);
+    answered(request_announced(
+        stream,
+        &req,
+        &fds,
+        &mut || None,
+        &mut |rtt| opened(Some(rtt)),
+    ))
 }
 
 /// Starts a subsystem (`wire.subsystem`) through the agent with `io` as the
@@ -240,13 +311,12 @@ pub fn forward(wire: ForwardWire, spawn: bool) -> Outcome {
 pub fn subsystem(stream: UnixStream, wire: ExecWire, io: BorrowedFd<'_>) -> Outcome {
     let stderr = std::io::stderr();
     let fds = [io, io, stderr.as_fd()];
-    match request_with(stream, &Request::Exec(wire), &fds, &mut || None) {
-        Ok(reply) => Outcome::Reply(reply),
-        Err(e) => Outcome::Reply(Reply::Failed {
-            kind: 2,
-            message: e,
-        }),
-    }
+    answered(request_with(
+        stream,
+        &Request::Exec(wire),
+        &fds,
+        &mut || None,
+    ))
 }
 
 /// Runs a fan-out through the agent (`stream` from [`connect_or_spawn`]):

@@ -239,11 +239,41 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
         Request::Exec(wire) => {
             let (resize_tx, resize_rx) = tokio::sync::mpsc::channel(8);
             let resize = wire.pty.is_some().then_some(resize_rx);
-            let work = exec(&agent, wire, fds, resize);
+            let work = exec(&agent, wire, fds, Started::Resize(resize));
             match attended(&agent, &stream, resize_tx, work).await {
                 Some(r) => r,
                 None => {
                     tracing::info!("client went away; its command's channel was closed");
+                    return Ok(());
+                }
+            }
+        }
+        Request::Subsystem(wire) => {
+            let (resize_tx, _) = tokio::sync::mpsc::channel(1);
+            let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
+            let work = exec(&agent, wire, fds, Started::Announce(opened_tx));
+            // `Opened` goes to the client while the subsystem runs; the
+            // final reply follows it.
+            let announce = async {
+                if let Ok(rtt) = opened_rx.await {
+                    let rtt_us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX);
+                    let frame = agent_wire::encode_reply(&Reply::Opened { rtt_us });
+                    if write_shared(&stream, &frame).await.is_err() {
+                        tracing::debug!("could not tell the client its channel is open");
+                    }
+                }
+                std::future::pending::<()>().await
+            };
+            let work = async {
+                tokio::select! {
+                    reply = work => reply,
+                    _ = announce => unreachable!("announcing never ends"),
+                }
+            };
+            match attended(&agent, &stream, resize_tx, work).await {
+                Some(r) => r,
+                None => {
+                    tracing::info!("client went away; its subsystem's channel was closed");
                     return Ok(());
                 }
             }
@@ -370,13 +400,28 @@ fn stdio_fds(fds: Vec<OwnedFd>) -> Result<[OwnedFd; 3], Reply> {
     })
 }
 
+/// What a client's command gets besides its stdio: window changes (`Exec`),
+/// or someone to tell when its channel is open (`Subsystem`).
+enum Started {
+    Resize(Option<tokio::sync::mpsc::Receiver<skiff_engine::WindowSize>>),
+    Announce(tokio::sync::oneshot::Sender<Duration>),
+}
+
+/// Writes all of `bytes` to a socket that another task reads from.
+async fn write_shared(stream: &tokio::net::UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        stream.writable().await?;
+        match stream.try_write(bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Runs one command for a client, using the client's stdio fds.
-async fn exec(
-    agent: &Agent,
-    wire: ExecWire,
-    fds: Vec<OwnedFd>,
-    resize: Option<tokio::sync::mpsc::Receiver<skiff_engine::WindowSize>>,
-) -> Reply {
+async fn exec(agent: &Agent, wire: ExecWire, fds: Vec<OwnedFd>, started: Started) -> Reply {
     let [stdin_fd, stdout_fd, stderr_fd] = match stdio_fds(fds) {
         Ok(a) => a,
         Err(reply) => return reply,
@@ -407,10 +452,20 @@ async fn exec(
         let (reader, cancel) = stdin_pump(stdin_fd);
         (Some(reader), Some(cancel))
     };
-    let result = agent
-        .pool
-        .exec(&settings, &req, stdin, stdout, stderr, resize)
-        .await;
+    let result = match started {
+        Started::Resize(resize) => {
+            agent
+                .pool
+                .exec(&settings, &req, stdin, stdout, stderr, resize)
+                .await
+        }
+        Started::Announce(opened) => {
+            agent
+                .pool
+                .exec_announcing_open(&settings, &req, stdin, stdout, stderr, opened)
+                .await
+        }
+    };
     drop(cancel);
     match result {
         Ok(outcome) => Reply::Exit {

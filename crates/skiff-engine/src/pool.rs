@@ -350,15 +350,22 @@ impl Pool {
     }
 
     /// Opens a session channel to the destination, on a pooled connection
-    /// when one has room, otherwise on a new one. Also returns the notices of
-    /// a connection opened for it (a newly recorded host key, say), which
-    /// belong to this command's user.
+    /// when one has room, otherwise on a new one. Also returns how long the
+    /// channel open took (one round trip, the connecting left out) and the
+    /// notices of a connection opened for it (a newly recorded host key,
+    /// say), which belong to this command's user.
     async fn open(
         &self,
         settings: &ConnectSettings,
-    ) -> Result<(OpenSession, Slot, Vec<String>), SkiffError> {
-        self.open_channel(settings, &|conn| Box::pin(open_session(conn)))
-            .await
+    ) -> Result<((OpenSession, Duration), Slot, Vec<String>), SkiffError> {
+        self.open_channel(settings, &|conn| {
+            Box::pin(async move {
+                let started = Instant::now();
+                let session = open_session(conn).await?;
+                Ok((session, started.elapsed()))
+            })
+        })
+        .await
     }
 
     /// Opens a channel with `opener`, on a pooled connection when one has
@@ -449,7 +456,55 @@ impl Pool {
         O: AsyncWrite + Unpin,
         E: AsyncWrite + Unpin,
     {
-        let (session, slot, notices) = self.open(settings).await?;
+        let opened = self.open(settings).await?;
+        self.run_opened(opened, req, stdin, stdout, stderr, resize, None)
+            .await
+    }
+
+    /// As [`Pool::exec`] without a terminal, and tells `opened` how long
+    /// the channel took to open (a round trip to the server, measured on a
+    /// warm connection) as soon as it is open, before the command or
+    /// subsystem is asked for. The caller can then pick what depends on the
+    /// round trip, such as the data plane's stream count, without another.
+    pub async fn exec_announcing_open<I, O, E>(
+        &self,
+        settings: &ConnectSettings,
+        req: &ExecRequest,
+        stdin: Option<I>,
+        stdout: O,
+        stderr: E,
+        opened: tokio::sync::oneshot::Sender<Duration>,
+    ) -> Result<ExitOutcome, SkiffError>
+    where
+        I: AsyncRead + Unpin + Send + 'static,
+        O: AsyncWrite + Unpin,
+        E: AsyncWrite + Unpin,
+    {
+        let channel = self.open(settings).await?;
+        self.run_opened(channel, req, stdin, stdout, stderr, None, Some(opened))
+            .await
+    }
+
+    /// Runs `req` on a channel [`Pool::open`] opened.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_opened<I, O, E>(
+        &self,
+        ((session, open_time), slot, notices): ((OpenSession, Duration), Slot, Vec<String>),
+        req: &ExecRequest,
+        stdin: Option<I>,
+        stdout: O,
+        stderr: E,
+        resize: Option<tokio::sync::mpsc::Receiver<WindowSize>>,
+        opened: Option<tokio::sync::oneshot::Sender<Duration>>,
+    ) -> Result<ExitOutcome, SkiffError>
+    where
+        I: AsyncRead + Unpin + Send + 'static,
+        O: AsyncWrite + Unpin,
+        E: AsyncWrite + Unpin,
+    {
+        if let Some(tell) = opened {
+            let _ = tell.send(open_time);
+        }
         let member = &slot.0;
         let stdout = Counted::new(stdout, member);
         let mut stderr = Counted::new(stderr, member);

@@ -29,22 +29,31 @@
 //! back exactly the same bytes.
 //!
 //! Request tags: `1` Hello, `2` Exec, `3` WindowChange, `4` Status, `5` Stop,
-//! `6` Forget, `7` Run, `8` Forward. Reply tags: `1` Hello, `2` Exit, `3` Failed, `4`
-//! NeedsUser, `5` Status, `6` Done, `7` RunOutput, `8` RunNotice, `9` RunDone.
+//! `6` Forget, `7` Run, `8` Forward, `9` Subsystem. Reply tags: `1` Hello, `2` Exit,
+//! `3` Failed, `4` NeedsUser, `5` Status, `6` Done, `7` RunOutput, `8` RunNotice,
+//! `9` RunDone, `10` Opened.
 //!
 //! A `Run` is answered by any number of `RunOutput`/`RunNotice` frames and
 //! one `RunDone` per host (hosts numbered in the order the node set expands
 //! to), then `Done`.
+//!
+//! A `Subsystem` is answered by `Opened` as soon as the channel is open (the
+//! CLI then speaks the subsystem's protocol, knowing the round trip), then by
+//! the final `Exit`, `Failed` or `NeedsUser`; `Failed` or `NeedsUser` may
+//! also come instead of `Opened`, when no channel could be opened.
 
 pub use crate::frame::WireError;
 pub use crate::frame::MAX_FRAME;
 use crate::frame::{split_frame, Reader, Writer};
 
 /// The protocol version exchanged in `Hello`.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// The first version that takes `Forward`.
 pub const FORWARD_SINCE: u32 = 3;
+
+/// The first version that takes `Subsystem` (and answers `Opened`).
+pub const SUBSYSTEM_SINCE: u32 = 5;
 
 /// Everything the agent needs to run one command on a remote host.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -156,6 +165,10 @@ pub enum Request {
     /// Join stdin and stdout (two file descriptors attached) to a
     /// connection the destination opens; answered with `Exit` when it ends.
     Forward(ForwardWire),
+    /// Start the subsystem `command` (`subsystem` set) with the same three
+    /// file descriptors as `Exec`; answered with `Opened` once the channel
+    /// is open, then as `Exec` is.
+    Subsystem(ExecWire),
 }
 
 /// agent -> CLI.
@@ -187,6 +200,9 @@ pub enum Reply {
         end: HostEnd,
         duration_us: u64,
     },
+    /// The channel of a `Subsystem` request is open; opening it took
+    /// `rtt_us` microseconds, one round trip to the server.
+    Opened { rtt_us: u64 },
 }
 
 // Request tags.
@@ -198,6 +214,7 @@ const RQ_STOP: u8 = 5;
 const RQ_FORGET: u8 = 6;
 const RQ_RUN: u8 = 7;
 const RQ_FORWARD: u8 = 8;
+const RQ_SUBSYSTEM: u8 = 9;
 
 // Reply tags.
 const RP_HELLO: u8 = 1;
@@ -209,6 +226,7 @@ const RP_DONE: u8 = 6;
 const RP_RUN_OUTPUT: u8 = 7;
 const RP_RUN_NOTICE: u8 = 8;
 const RP_RUN_DONE: u8 = 9;
+const RP_OPENED: u8 = 10;
 
 // HostEnd tags.
 const END_STATUS: u8 = 0;
@@ -234,6 +252,11 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
         }
         Request::Exec(e) => {
             let mut w = Writer::new(RQ_EXEC);
+            encode_exec(&mut w, e);
+            w.finish()
+        }
+        Request::Subsystem(e) => {
+            let mut w = Writer::new(RQ_SUBSYSTEM);
             encode_exec(&mut w, e);
             w.finish()
         }
@@ -334,6 +357,11 @@ pub fn encode_reply(rep: &Reply) -> Vec<u8> {
             w.finish()
         }
         Reply::Done => Writer::new(RP_DONE).finish(),
+        Reply::Opened { rtt_us } => {
+            let mut w = Writer::new(RP_OPENED);
+            w.u64(*rtt_us);
+            w.finish()
+        }
         Reply::RunOutput { host, stream, data } => {
             let mut w = Writer::new(RP_RUN_OUTPUT);
             w.u32(*host);
@@ -397,6 +425,7 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Request, usize)>, WireError>
     let req = match r.u8()? {
         RQ_HELLO => Request::Hello { version: r.u32()? },
         RQ_EXEC => Request::Exec(decode_exec(&mut r)?),
+        RQ_SUBSYSTEM => Request::Subsystem(decode_exec(&mut r)?),
         RQ_WINDOW_CHANGE => Request::WindowChange {
             cols: r.u32()?,
             rows: r.u32()?,
@@ -487,6 +516,7 @@ pub fn decode_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, WireError> {
         RP_NEEDS_USER => Reply::NeedsUser { message: r.str()? },
         RP_STATUS => Reply::Status { text: r.str()? },
         RP_DONE => Reply::Done,
+        RP_OPENED => Reply::Opened { rtt_us: r.u64()? },
         RP_RUN_OUTPUT => Reply::RunOutput {
             host: r.u32()?,
             stream: r.u8()?,
@@ -615,6 +645,12 @@ mod tests {
             Request::Forget {
                 host: "日本.example:2222".into(),
             },
+            Request::Subsystem(ExecWire {
+                host: "files".into(),
+                command: "transfer@skiff".into(),
+                subsystem: true,
+                ..Default::default()
+            }),
         ]
     }
 
@@ -658,6 +694,8 @@ mod tests {
                 text: String::new(),
             },
             Reply::Done,
+            Reply::Opened { rtt_us: 0 },
+            Reply::Opened { rtt_us: u64::MAX },
             Reply::RunOutput {
                 host: 0,
                 stream: 1,
@@ -780,6 +818,10 @@ mod tests {
             [0, 0, 0, 7, 3, 3, 0, 0, 0, 1, b'x']
         );
         assert_eq!(encode_reply(&Reply::Done), [0, 0, 0, 1, 6]);
+        assert_eq!(
+            encode_reply(&Reply::Opened { rtt_us: 0x0102 }),
+            [0, 0, 0, 9, 10, 0, 0, 0, 0, 0, 0, 1, 2]
+        );
     }
 
     #[test]
@@ -914,7 +956,7 @@ mod tests {
 
     #[test]
     fn unknown_tags() {
-        for tag in [0u8, 10, 200, 255] {
+        for tag in [0u8, 11, 200, 255] {
             assert_eq!(
                 decode_request(&frame(&[tag])),
                 Err(WireError::UnknownTag(tag))

@@ -470,16 +470,6 @@ pub(crate) async fn via_agent(
 ) -> Option<Result<CopyReport, SkiffError>> {
     let host = settings.original_host.clone();
     for name in [skiff_proto::dataplane::SUBSYSTEM, "sftp"] {
-        let agent =
-            match tokio::task::spawn_blocking(|| skiff_agent::client::connect_or_spawn(true)).await
-            {
-                Ok(Ok(a)) => a,
-                Ok(Err(why)) => {
-                    tracing::debug!("not using the agent: {why}");
-                    return None;
-                }
-                Err(_) => return None,
-            };
         let (ours, theirs) = match std::os::unix::net::UnixStream::pair() {
             Ok(p) => p,
             Err(e) => {
@@ -489,9 +479,24 @@ pub(crate) async fn via_agent(
         };
         let wire = agent_wire(&plan.destination, name);
         let (tx, rx) = tokio::sync::oneshot::channel();
+        // The data plane waits for the channel to be open: the round trip
+        // the agent measured opening it picks the stream count, and the
+        // request then goes out with `Hello`. SFTP starts at once.
+        let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
+        let mut opened_tx = Some(opened_tx);
+        if name == "sftp" {
+            let _ = opened_tx.take().map(|t| t.send(None));
+        }
         std::thread::spawn(move || {
-            let outcome =
-                skiff_agent::client::subsystem(agent, wire, std::os::fd::AsFd::as_fd(&theirs));
+            let outcome = skiff_agent::client::subsystem_announced(
+                wire,
+                std::os::fd::AsFd::as_fd(&theirs),
+                &mut |rtt| {
+                    if let Some(t) = opened_tx.take() {
+                        let _ = t.send(rtt);
+                    }
+                },
+            );
             drop(theirs);
             let _ = tx.send(outcome);
         });
@@ -507,13 +512,21 @@ pub(crate) async fn via_agent(
                 )))
             }
         };
-        let copied = if name == "sftp" {
-            if plane.cipher != CipherMode::Aead {
-                eprintln!("skiff: {host} has no skiff data plane; copying over SFTP (encrypted)");
+        let copied = match opened_rx.await {
+            // No channel: the agent's reply says why.
+            Err(_) => Err(SkiffError::new(
+                skiff_engine::ErrorKind::Connect,
+                format!("{host}: the agent's channel lost before it opened"),
+            )),
+            Ok(_) if name == "sftp" => {
+                if plane.cipher != CipherMode::Aead {
+                    eprintln!(
+                        "skiff: {host} has no skiff data plane; copying over SFTP (encrypted)"
+                    );
+                }
+                skiff_engine::copy::sftp::copy_on(ours, &host, &plan.job, progress).await
             }
-            skiff_engine::copy::sftp::copy_on(ours, &host, &plan.job, progress).await
-        } else {
-            match server_address(settings).await {
+            Ok(rtt) => match server_address(settings).await {
                 Ok(addr) => {
                     skiff_engine::copy::dataplane::copy_on(
                         ours,
@@ -521,12 +534,13 @@ pub(crate) async fn via_agent(
                         addr,
                         &plan.job,
                         &plane_options(plane),
+                        rtt,
                         progress,
                     )
                     .await
                 }
                 Err(e) => Err(e),
-            }
+            },
         };
         // Our end is closed now: the channel ends and the agent answers.
         let outcome = rx

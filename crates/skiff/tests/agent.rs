@@ -872,3 +872,138 @@ fn later_commands_share_a_connection_with_a_stopped_reader_on_skiffd() {
     assert!(!status.contains("held up"), "{c}:\n{status}");
     assert_eq!(connections, 1, "{c}: one connection for all:\n{status}");
 }
+
+/// Sends `req` to this test's agent with `fds` attached and returns the
+/// socket the replies come back on.
+fn ask_agent(
+    ah: &AgentHome,
+    req: &skiff_proto::agent_wire::Request,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> std::os::unix::net::UnixStream {
+    let sock = std::os::unix::net::UnixStream::connect(ah.agent_dir().join("agent.sock"))
+        .expect("connect to the agent");
+    skiff_agent::socket::send_with_fds(&sock, &skiff_proto::agent_wire::encode_request(req), fds)
+        .expect("send the request");
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    sock
+}
+
+/// Reads one whole reply from the agent.
+fn next_reply(
+    sock: &mut std::os::unix::net::UnixStream,
+    buf: &mut Vec<u8>,
+) -> skiff_proto::agent_wire::Reply {
+    use std::io::Read;
+    loop {
+        if let Some((reply, used)) =
+            skiff_proto::agent_wire::decode_reply(buf).expect("a well-formed reply")
+        {
+            buf.drain(..used);
+            return reply;
+        }
+        let mut chunk = [0u8; 4096];
+        let n = sock.read(&mut chunk).expect("read a reply");
+        assert!(n > 0, "the agent closed the socket before replying");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// A `Subsystem` request is answered with `Opened` (and the round trip the
+/// agent measured) as soon as the channel is open, before anything of the
+/// subsystem is relayed; the channel then carries the subsystem (here the
+/// data plane's opening exchange with skiffd), and the final reply follows
+/// when it ends. Where no channel can be opened, no `Opened` comes: the
+/// only reply is the failure. (`skiff cp` through the agent waits for
+/// `Opened` and sends its transfer request with `Hello`.)
+#[test]
+fn the_agent_says_when_a_subsystem_channel_is_open() {
+    use skiff_proto::agent_wire::{ExecWire, Reply, Request};
+    use skiff_proto::dataplane as dp;
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let ah = AgentHome::new();
+    trust(&ah, &d, &fx);
+    let mut agent = start_agent_by_hand(&ah, 60);
+    let wire = |port: u16| ExecWire {
+        host: "127.0.0.1".into(),
+        user: Some(user().into()),
+        port: Some(port),
+        identity_files: vec![fx.client_key.private.display().to_string()],
+        config_file: Some("/dev/null".into()),
+        options: vec!["BatchMode=yes".into()],
+        command: dp::SUBSYSTEM.into(),
+        client_env: vec![("HOME".into(), ah.home.path().display().to_string())],
+        subsystem: true,
+        ..Default::default()
+    };
+    let c = ctx(&d, "subsystem through the agent");
+    let devnull = std::fs::File::open("/dev/null").expect("/dev/null");
+    let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+    let mut sock = ask_agent(
+        &ah,
+        &Request::Subsystem(wire(d.port())),
+        &[theirs.as_fd(), theirs.as_fd(), devnull.as_fd()],
+    );
+    drop(theirs);
+    let mut buf = Vec::new();
+    match next_reply(&mut sock, &mut buf) {
+        Reply::Opened { rtt_us } => assert!(
+            rtt_us > 0 && rtt_us < 30_000_000,
+            "{c}: a measured round trip, got {rtt_us} µs"
+        ),
+        other => panic!("{c}: the first reply is {other:?}, not Opened"),
+    }
+    // The channel is live: the data plane's Hello gets its Welcome.
+    ours.write_all(&dp::encode_client(&dp::ClientMsg::Hello {
+        version: dp::VERSION,
+        mode: dp::Mode::Aead,
+        streams: 1,
+        secret: [7; dp::SECRET_LEN],
+    }))
+    .expect("send Hello");
+    ours.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut got = Vec::new();
+    let welcome = loop {
+        if let Some((msg, _)) = dp::decode_server(&got).expect("a well-formed server message") {
+            break msg;
+        }
+        let mut chunk = [0u8; 4096];
+        let n = ours.read(&mut chunk).expect("read the server's answer");
+        assert!(n > 0, "{c}: the channel ended before the server answered");
+        got.extend_from_slice(&chunk[..n]);
+    };
+    match welcome {
+        dp::ServerMsg::Welcome { tokens, mode, .. } => {
+            assert_eq!(tokens.len(), 1, "{c}");
+            assert_eq!(mode, dp::Mode::Aead, "{c}");
+        }
+        other => panic!("{c}: the server answered {other:?}"),
+    }
+    // Hanging up ends the channel; the final reply follows.
+    drop(ours);
+    match next_reply(&mut sock, &mut buf) {
+        Reply::Exit { .. } => {}
+        other => panic!("{c}: the final reply is {other:?}"),
+    }
+
+    // Nothing listens here: no channel, so no Opened, only the failure.
+    let (_ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+    let mut sock = ask_agent(
+        &ah,
+        &Request::Subsystem(wire(free_port())),
+        &[theirs.as_fd(), theirs.as_fd(), devnull.as_fd()],
+    );
+    drop(theirs);
+    let mut buf = Vec::new();
+    match next_reply(&mut sock, &mut buf) {
+        Reply::Failed { kind, .. } => assert_eq!(kind, 2, "{c}: a connection failure"),
+        other => panic!("{c}: unreachable host answered with {other:?}"),
+    }
+    let _ = agent.kill();
+    let _ = agent.wait();
+}

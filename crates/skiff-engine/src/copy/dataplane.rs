@@ -266,14 +266,17 @@ pub async fn copy(
 }
 
 /// Copies over the data plane, with the `transfer@skiff` subsystem already
-/// started on `stream` (a channel the agent holds, say); the data streams
-/// go to `addr`, the SSH server's address.
+/// asked for on `stream` (a channel the agent holds, say); the data streams
+/// go to `addr`, the SSH server's address. With `rtt`, the round trip
+/// measured opening the channel, the request goes out with `Hello`;
+/// without, it waits for the server's answer, which measures one.
 pub async fn copy_on<S>(
     stream: S,
     host: &str,
     addr: SocketAddr,
     job: &CopyJob,
     options: &PlaneOptions,
+    rtt: Option<Duration>,
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError>
 where
@@ -284,7 +287,7 @@ where
         Err(report) => return Ok(report),
     };
     let mut control = ControlChannel::new(stream, host, Vec::new());
-    let opening = Opening::new(job, options, None);
+    let opening = Opening::new(job, options, rtt);
     control.send_bytes(&opening.bytes).await?;
     run(control, opening, addr, job, options, placement, progress).await
 }
