@@ -4,9 +4,12 @@
 //!
 //! The front end registers what it draws with [`hide_while_prompting`]; the
 //! engine wraps each question in [`while_prompting`]. Questions are already
-//! asked one at a time, so one registration at a time is enough.
+//! asked one at a time, so one registration at a time is enough. Lines the
+//! front end prints as work finishes (a host's report) go through
+//! [`print_outside_questions`], which holds them back while a question is
+//! open and prints them, in order, once it is answered.
 
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 /// Something drawn on the terminal that can step aside for a question.
 pub trait TerminalDrawing: Send + Sync {
@@ -52,17 +55,46 @@ impl Drop for Registration {
     }
 }
 
-/// Runs `ask` (which talks to a person) with the registered drawing hidden.
+/// Printing held back until the open question is answered.
+type Held = Vec<Box<dyn FnOnce() + Send>>;
+
+/// `Some` while a question is open.
+static HELD: Mutex<Option<Held>> = Mutex::new(None);
+
+fn held() -> std::sync::MutexGuard<'static, Option<Held>> {
+    HELD.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Runs `print` now or, while the engine is asking a person something, as
+/// soon as the question is answered, so that nothing lands in the middle of
+/// a question. What was held back runs in the order it came.
+pub fn print_outside_questions(print: impl FnOnce() + Send + 'static) {
+    let mut held = held();
+    match held.as_mut() {
+        Some(queue) => queue.push(Box::new(print)),
+        // Under the lock: a question cannot start halfway through.
+        None => print(),
+    }
+}
+
+/// Runs `ask` (which talks to a person) with the registered drawing hidden
+/// and printing held back (see [`print_outside_questions`]).
 pub(crate) fn while_prompting<R>(ask: impl FnOnce() -> R) -> R {
-    /// Shows the drawing again even if `ask` panics.
+    /// Shows the drawing again and prints what was held back, even if
+    /// `ask` panics.
     struct Shown(Registered);
     impl Drop for Shown {
         fn drop(&mut self) {
             if let Some(drawing) = &self.0 {
                 drawing.show();
             }
+            let mut held = held();
+            for print in held.take().into_iter().flatten() {
+                print();
+            }
         }
     }
+    held().get_or_insert_with(Vec::new);
     let shown = Shown(registered());
     if let Some(drawing) = &shown.0 {
         drawing.hide();
@@ -106,5 +138,34 @@ mod tests {
         // Dropped: questions leave it alone.
         while_prompting(|| ());
         assert_eq!(log.0.lock().unwrap().len(), 4);
+
+        // Printing waits for the question and keeps its order; outside a
+        // question it happens at once.
+        let printed = Arc::new(Mutex::new(Vec::new()));
+        let print = |line: &'static str| {
+            let printed = printed.clone();
+            move || printed.lock().unwrap().push(line)
+        };
+        print_outside_questions(print("before"));
+        let during = while_prompting(|| {
+            print_outside_questions(print("first"));
+            print_outside_questions(print("second"));
+            printed.lock().unwrap().clone()
+        });
+        assert_eq!(during, vec!["before"]);
+        print_outside_questions(print("after"));
+        assert_eq!(
+            *printed.lock().unwrap(),
+            vec!["before", "first", "second", "after"]
+        );
+        // And after a question that panicked.
+        let caught = std::panic::catch_unwind(|| {
+            while_prompting(|| {
+                print_outside_questions(print("held"));
+                panic!("no answer")
+            })
+        });
+        assert!(caught.is_err());
+        assert_eq!(printed.lock().unwrap().last(), Some(&"held"));
     }
 }

@@ -17,7 +17,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use std::io::IsTerminal;
 
 use skiff_engine::copy::{CopyJob, CopyReport, Direction, NoProgress, Progress};
-use skiff_engine::{Destination, SkiffError};
+use skiff_engine::{prompt_screen, Destination, SkiffError};
 use skiff_proto::nodeset;
 
 use crate::cli_cp::{CpArgs, Plan, PlaneOptions};
@@ -129,16 +129,20 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
                     Some((label, outcome)) => {
                         results.push((label, outcome));
                         let (label, outcome) = results.last().expect("just pushed");
-                        match &bar {
-                            Some(b) => {
-                                b.0 .0.suspend(|| report_host(label, outcome));
-                                b.0 .0.set_message(format!(
-                                    "{}/{} hosts",
-                                    results.len(),
-                                    plan.hosts.len()
-                                ));
-                            }
-                            None => report_host(label, outcome),
+                        let report = HostReport::of(label, outcome);
+                        let shown = bar.as_ref().map(|b| b.0 .0.clone());
+                        // Not over a passphrase question another host's
+                        // connection may have open, nor through the bar.
+                        prompt_screen::print_outside_questions(move || match shown {
+                            Some(b) => b.suspend(|| report.print()),
+                            None => report.print(),
+                        });
+                        if let Some(b) = &bar {
+                            b.0 .0.set_message(format!(
+                                "{}/{} hosts",
+                                results.len(),
+                                plan.hosts.len()
+                            ));
                         }
                     }
                     None => break Ok(results),
@@ -199,9 +203,16 @@ async fn copy_one(
         }
     }
     let conn = skiff_engine::connect(&settings).await?;
-    for notice in &conn.notices {
-        eprintln!("{label}: {notice}");
-    }
+    let notices: Vec<String> = conn
+        .notices
+        .iter()
+        .map(|n| format!("{label}: {n}"))
+        .collect();
+    prompt_screen::print_outside_questions(move || {
+        for notice in notices {
+            eprintln!("{notice}");
+        }
+    });
     crate::cli_cp::copy_over(&conn, &plan.job, plane, progress).await
 }
 
@@ -221,21 +232,47 @@ impl Progress for HostsBar {
     fn file_done(&self, _path: &str) {}
 }
 
-/// The host's line on stdout, and its failures on stderr.
-fn report_host(label: &str, outcome: &HostOutcome) {
-    match outcome {
-        Ok(r) => {
-            let failed = if r.failures.is_empty() {
-                String::new()
-            } else {
-                format!(", {} failed", r.failures.len())
-            };
-            println!("{label}: {} files, {} bytes{failed}", r.files, r.bytes);
-            for f in &r.failures {
-                eprintln!("skiff: {label}: {f}");
+/// What a finished host prints: its line on stdout, its failures on stderr.
+struct HostReport {
+    stdout: Option<String>,
+    stderr: Vec<String>,
+}
+
+impl HostReport {
+    fn of(label: &str, outcome: &HostOutcome) -> HostReport {
+        match outcome {
+            Ok(r) => {
+                let failed = if r.failures.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {} failed", r.failures.len())
+                };
+                HostReport {
+                    stdout: Some(format!(
+                        "{label}: {} files, {} bytes{failed}",
+                        r.files, r.bytes
+                    )),
+                    stderr: r
+                        .failures
+                        .iter()
+                        .map(|f| format!("skiff: {label}: {f}"))
+                        .collect(),
+                }
             }
+            Err(e) => HostReport {
+                stdout: None,
+                stderr: vec![format!("skiff: {label}: {e}")],
+            },
         }
-        Err(e) => eprintln!("skiff: {label}: {e}"),
+    }
+
+    fn print(&self) {
+        if let Some(line) = &self.stdout {
+            println!("{line}");
+        }
+        for line in &self.stderr {
+            eprintln!("{line}");
+        }
     }
 }
 

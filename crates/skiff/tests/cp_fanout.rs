@@ -104,6 +104,26 @@ impl Fleet {
         config
     }
 
+    /// `skiff cp -F CONFIG SRC TARGET` on a pseudo-terminal, without the
+    /// agent, where nothing but the terminal can give a passphrase.
+    fn cp_on_terminal(&self, config: &Path, src: &Path, target: &str) -> OnTerminal {
+        let home = self.home.home.path();
+        let mut cmd = std::process::Command::new(skiff_bin());
+        cmd.env("HOME", home)
+            .env_remove("SSH_AUTH_SOCK")
+            .env_remove("SSH_ASKPASS")
+            .env_remove("DISPLAY")
+            .env("TERM", "xterm")
+            .env("SKIFF_AGENT", "off")
+            .env("XDG_RUNTIME_DIR", self.home.runtime.path())
+            .env("XDG_STATE_HOME", home.join("state"))
+            .args(["cp", "-F"])
+            .arg(config)
+            .arg(src)
+            .arg(target);
+        OnTerminal::spawn(cmd)
+    }
+
     fn context(&self) -> String {
         format!(
             "{}\n{}\n{}",
@@ -297,7 +317,7 @@ fn gathering_from_a_node_set_keeps_hosts_apart() {
 }
 
 /// A child process on a new pseudo-terminal, which is its controlling
-/// terminal, its stdin and its stderr; the terminal's output is collected
+/// terminal and its stdin, stdout and stderr; the terminal's output is collected
 /// by a thread until the child has gone.
 struct OnTerminal {
     child: std::process::Child,
@@ -327,7 +347,7 @@ impl OnTerminal {
         let slave_fd = std::os::fd::AsRawFd::as_raw_fd(&slave);
         cmd.stdin(slave.try_clone().unwrap())
             .stderr(slave.try_clone().unwrap())
-            .stdout(std::process::Stdio::null());
+            .stdout(slave.try_clone().unwrap());
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
@@ -411,23 +431,13 @@ fn the_progress_bar_does_not_draw_over_a_passphrase_prompt() {
     let fleet = Fleet::start();
     let src = tempdir();
     write_file(&src.path().join("p.txt"), "pass\n", 0o644);
-    let home = fleet.home.home.path();
     let config = fleet.encrypted_config();
     let remote = account_dir();
-    let mut cmd = std::process::Command::new(skiff_bin());
-    cmd.env("HOME", home)
-        .env_remove("SSH_AUTH_SOCK")
-        .env_remove("SSH_ASKPASS")
-        .env_remove("DISPLAY")
-        .env("TERM", "xterm")
-        .env("SKIFF_AGENT", "off")
-        .env("XDG_RUNTIME_DIR", fleet.home.runtime.path())
-        .env("XDG_STATE_HOME", home.join("state"))
-        .args(["cp", "-F"])
-        .arg(&config)
-        .arg(src.path().join("p.txt"))
-        .arg(format!("h[1-3]:{}/", remote.path().display()));
-    let mut term = OnTerminal::spawn(cmd);
+    let mut term = fleet.cp_on_terminal(
+        &config,
+        &src.path().join("p.txt"),
+        &format!("h[1-3]:{}/", remote.path().display()),
+    );
     let asked = term.wait_for("Enter passphrase for key", Duration::from_secs(60));
     // Long enough for several redraws of a bar that did not step aside.
     std::thread::sleep(Duration::from_millis(1500));
@@ -446,4 +456,69 @@ fn the_progress_bar_does_not_draw_over_a_passphrase_prompt() {
         fs::read_to_string(remote.path().join("p.txt")).unwrap(),
         "pass\n"
     );
+}
+
+/// A host that finishes while another host's passphrase is being asked for
+/// prints its line after the question, not in the middle of it. `h1` (the
+/// plain key) is reached through a ProxyCommand that waits a second, so it
+/// finishes while `h2`'s key (the encrypted one) waits for its passphrase.
+#[test]
+fn a_host_that_finishes_during_a_passphrase_question_reports_after_it() {
+    if !require_openssh() {
+        return;
+    }
+    let fleet = Fleet::start();
+    let src = tempdir();
+    write_file(&src.path().join("q.txt"), "quiet\n", 0o644);
+    let home = fleet.home.home.path();
+    let config = home.join("mixed_config");
+    let host = |name: &str, port: u16, key: &Key, extra: &str| {
+        format!(
+            "Host {name}\n  HostName 127.0.0.1\n  Port {port}\n  User {}\n  IdentityFile {}\n{extra}",
+            user(),
+            key.private.display()
+        )
+    };
+    // A plain TCP relay (bash's /dev/tcp) after a second's wait.
+    let slow_way =
+        "  ProxyCommand bash -c 'sleep 1; exec 3<>/dev/tcp/%h/%p; cat <&3 & exec cat >&3'\n";
+    write_file(
+        &config,
+        host("h1", fleet.skiffd1.port(), &fleet.fx.client_key, slow_way)
+            + &host("h2", fleet.skiffd2.port(), &fleet.fx.encrypted_key, ""),
+        0o600,
+    );
+    let remote = account_dir();
+    let copied = remote.path().join("q.txt");
+    let mut term = fleet.cp_on_terminal(
+        &config,
+        &src.path().join("q.txt"),
+        &format!("h[1-2]:{}/", remote.path().display()),
+    );
+    let asked = term.wait_for("Enter passphrase for key", Duration::from_secs(60));
+    // h1 finishes meanwhile: its copy lands while the question is open.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !copied.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let h1_done_during_question = copied.exists();
+    std::thread::sleep(Duration::from_millis(500));
+    let while_asked = term.output()[asked..].to_string();
+    term.type_line(PASSPHRASE);
+    let status = term.wait(Duration::from_secs(120));
+    let all = term.output();
+    let c = format!("{}\nterminal:\n{all:?}", fleet.context());
+    assert!(
+        h1_done_during_question,
+        "h1 did not finish during the question\n{c}"
+    );
+    assert!(
+        !while_asked.contains("h1"),
+        "h1 reported in the middle of the question: {while_asked:?}\n{c}"
+    );
+    assert!(status.success(), "{status}\n{c}");
+    let after = &all[asked..];
+    assert!(after.contains("h1: 1 files, 6 bytes"), "{c}");
+    assert!(after.contains("h2: 1 files, 6 bytes"), "{c}");
+    assert!(all.contains("copied to 2 of 2 hosts"), "{c}");
 }
