@@ -651,11 +651,14 @@ pub(crate) async fn copy_over(
 
 /// A progress bar on stderr: bytes, rate and time left. It steps aside
 /// whenever the engine asks a person something (a passphrase, a host key),
-/// for as long as it lives.
+/// for as long as it lives. Until the first size is known its total is
+/// unknown, and the bar is drawn empty (a total of 0 would draw it full).
 pub(crate) struct Bar(
     pub(crate) indicatif::ProgressBar,
     // Held for its drop, which ends the stepping aside.
     #[allow(dead_code)] prompt_screen::Registration,
+    /// Serialises the first sizing against other sizes added at once.
+    std::sync::Mutex<()>,
 );
 
 /// How often the bar is redrawn when no bytes move, so that its rate and
@@ -664,10 +667,8 @@ const BAR_TICK: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Bar {
     pub(crate) fn new() -> Bar {
-        let bar = indicatif::ProgressBar::with_draw_target(
-            Some(0),
-            indicatif::ProgressDrawTarget::stderr(),
-        );
+        let bar =
+            indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
         let style = indicatif::ProgressStyle::with_template(
             "{wide_msg} {bytes}/{total_bytes} [{bar:24}] {binary_bytes_per_sec} ETA {eta}",
         )
@@ -676,7 +677,7 @@ impl Bar {
         bar.set_style(style);
         bar.enable_steady_tick(BAR_TICK);
         let registration = prompt_screen::hide_while_prompting(Arc::new(BarOnStderr(bar.clone())));
-        Bar(bar, registration)
+        Bar(bar, registration, std::sync::Mutex::new(()))
     }
 }
 
@@ -701,7 +702,11 @@ impl prompt_screen::TerminalDrawing for BarOnStderr {
 
 impl Progress for Bar {
     fn add_total(&self, bytes: u64) {
-        self.0.inc_length(bytes);
+        let _one_at_a_time = self.2.lock().unwrap_or_else(|p| p.into_inner());
+        match self.0.length() {
+            None => self.0.set_length(bytes),
+            Some(_) => self.0.inc_length(bytes),
+        }
     }
 
     fn advance(&self, bytes: u64) {

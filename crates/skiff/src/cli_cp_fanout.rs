@@ -222,11 +222,11 @@ struct HostsBar(crate::cli_cp::Bar);
 
 impl Progress for HostsBar {
     fn add_total(&self, bytes: u64) {
-        self.0 .0.inc_length(bytes);
+        self.0.add_total(bytes);
     }
 
     fn advance(&self, bytes: u64) {
-        self.0 .0.inc(bytes);
+        self.0.advance(bytes);
     }
 
     fn file_done(&self, _path: &str) {}

@@ -452,6 +452,8 @@ fn the_progress_bar_does_not_draw_over_a_passphrase_prompt() {
     );
     assert!(status.success(), "{status}\n{c}");
     assert!(all.contains("copied to 3 of 3 hosts"), "{c}");
+    // Before any size is known the bar is empty, not drawn as done.
+    assert!(!all.contains("0 B/0 B [="), "{c}");
     assert_eq!(
         fs::read_to_string(remote.path().join("p.txt")).unwrap(),
         "pass\n"
