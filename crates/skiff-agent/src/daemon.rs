@@ -252,8 +252,9 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
             let (resize_tx, _) = tokio::sync::mpsc::channel(1);
             let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
             let work = exec(&agent, wire, fds, Started::Announce(opened_tx));
-            // `Opened` goes to the client while the subsystem runs; the
-            // final reply follows it.
+            // `Opened` goes to the client while the subsystem runs. The
+            // final reply waits for it: the sender goes with `work`, so
+            // announcing ends by then, and never halfway through a frame.
             let announce = async {
                 if let Ok(rtt) = opened_rx.await {
                     let rtt_us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX);
@@ -262,14 +263,8 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
                         tracing::debug!("could not tell the client its channel is open");
                     }
                 }
-                std::future::pending::<()>().await
             };
-            let work = async {
-                tokio::select! {
-                    reply = work => reply,
-                    _ = announce => unreachable!("announcing never ends"),
-                }
-            };
+            let work = async { tokio::join!(work, announce).0 };
             match attended(&agent, &stream, resize_tx, work).await {
                 Some(r) => r,
                 None => {

@@ -456,8 +456,8 @@ impl Pool {
         O: AsyncWrite + Unpin,
         E: AsyncWrite + Unpin,
     {
-        let opened = self.open(settings).await?;
-        self.run_opened(opened, req, stdin, stdout, stderr, resize, None)
+        let ((session, _), slot, notices) = self.open(settings).await?;
+        self.run_opened((session, slot, notices), req, stdin, stdout, stderr, resize)
             .await
     }
 
@@ -480,31 +480,27 @@ impl Pool {
         O: AsyncWrite + Unpin,
         E: AsyncWrite + Unpin,
     {
-        let channel = self.open(settings).await?;
-        self.run_opened(channel, req, stdin, stdout, stderr, None, Some(opened))
+        let ((session, open_time), slot, notices) = self.open(settings).await?;
+        let _ = opened.send(open_time);
+        self.run_opened((session, slot, notices), req, stdin, stdout, stderr, None)
             .await
     }
 
     /// Runs `req` on a channel [`Pool::open`] opened.
-    #[allow(clippy::too_many_arguments)]
     async fn run_opened<I, O, E>(
         &self,
-        ((session, open_time), slot, notices): ((OpenSession, Duration), Slot, Vec<String>),
+        (session, slot, notices): (OpenSession, Slot, Vec<String>),
         req: &ExecRequest,
         stdin: Option<I>,
         stdout: O,
         stderr: E,
         resize: Option<tokio::sync::mpsc::Receiver<WindowSize>>,
-        opened: Option<tokio::sync::oneshot::Sender<Duration>>,
     ) -> Result<ExitOutcome, SkiffError>
     where
         I: AsyncRead + Unpin + Send + 'static,
         O: AsyncWrite + Unpin,
         E: AsyncWrite + Unpin,
     {
-        if let Some(tell) = opened {
-            let _ = tell.send(open_time);
-        }
         let member = &slot.0;
         let stdout = Counted::new(stdout, member);
         let mut stderr = Counted::new(stderr, member);
