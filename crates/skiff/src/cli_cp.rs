@@ -479,14 +479,11 @@ pub(crate) async fn via_agent(
         };
         let wire = agent_wire(&plan.destination, name);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        // The data plane waits for the channel to be open: the round trip
-        // the agent measured opening it picks the stream count, and the
-        // request then goes out with `Hello`. SFTP starts at once.
+        // The copy starts once the channel is open: for the data plane the
+        // round trip the agent measured opening it picks the stream count,
+        // and the request then goes out with `Hello`.
         let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
         let mut opened_tx = Some(opened_tx);
-        if name == "sftp" {
-            let _ = opened_tx.take().map(|t| t.send(None));
-        }
         std::thread::spawn(move || {
             let outcome = skiff_agent::client::subsystem_announced(
                 wire,
