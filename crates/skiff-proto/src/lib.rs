@@ -20,6 +20,7 @@ pub mod pattern;
 pub mod signals;
 pub mod socks;
 pub mod ssh_config;
+pub mod terminal_text;
 #[cfg(test)]
 mod test_keys;
 pub mod user_cert;
