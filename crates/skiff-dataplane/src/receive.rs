@@ -3,13 +3,18 @@
 //! thread that writes a file's last byte commits it (fsync, mode, times,
 //! rename). A chunk may arrive on its stream before its announcement on the
 //! control channel: the stream thread then waits for it.
+//!
+//! The peer is checked, not trusted: an id announced twice, a chunk for an
+//! id never announced (once the announcements are over), or bytes past a
+//! file's announced size end the transfer; a file still short when every
+//! stream has ended is reported by [`FileTable::incomplete`].
 
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use skiff_files::{AtomicFile, FileError, Times};
+use skiff_files::{AtomicFile, FileError, MadeDir, ReceivePolicy, Times};
 
 use crate::stream::{Record, RecordReader, StreamError};
 
@@ -45,11 +50,18 @@ impl Incoming {
         }
     }
 
-    fn write(&self, offset: u64, bytes: &[u8]) -> Result<bool, String> {
+    /// Writes a chunk; true when it was the file's last byte. A chunk past
+    /// the announced size is the peer's error ([`WriteError::Overrun`]).
+    fn write(&self, offset: u64, bytes: &[u8]) -> Result<bool, WriteError> {
         offset
             .checked_add(bytes.len() as u64)
             .filter(|&end| end <= self.size)
-            .ok_or_else(|| format!("{}: the sender wrote past the announced size", self.display))?;
+            .ok_or_else(|| {
+                WriteError::Overrun(format!(
+                    "{}: the sender wrote past the announced size of {} bytes",
+                    self.display, self.size
+                ))
+            })?;
         {
             let guard = self.file.lock().expect("file lock");
             let Some(f) = guard.as_ref() else {
@@ -57,12 +69,20 @@ impl Incoming {
             };
             f.file()
                 .write_all_at(bytes, offset)
-                .map_err(|e| FileError::io(f.temp_path(), &e).to_string())?;
+                .map_err(|e| WriteError::Local(FileError::io(f.temp_path(), &e).to_string()))?;
         }
         let before = self
             .received
             .fetch_add(bytes.len() as u64, Ordering::AcqRel);
-        Ok(before + bytes.len() as u64 == self.size)
+        let now = before + bytes.len() as u64;
+        if now > self.size {
+            // Chunks overlapped: more bytes than the file holds.
+            return Err(WriteError::Overrun(format!(
+                "{}: the sender sent more than the announced {} bytes",
+                self.display, self.size
+            )));
+        }
+        Ok(now == self.size)
     }
 
     /// Commits the file under its final name.
@@ -80,11 +100,29 @@ impl Incoming {
     }
 }
 
+/// Why a chunk could not be written.
+enum WriteError {
+    /// The local file (that file fails; the transfer goes on).
+    Local(String),
+    /// The peer sent bytes the file does not have room for (the transfer fails).
+    Overrun(String),
+}
+
 /// A file's fate, as reported to the control side.
 #[derive(Debug)]
 pub enum Settled {
     Stored(u32),
     Failed(u32, String),
+}
+
+/// What a stream thread found for a chunk's file id.
+enum Awaited {
+    Open(Arc<Incoming>),
+    /// Failed, abandoned or complete: the chunk is discarded.
+    Discard,
+    /// Announcements are over and this id was never among them.
+    Unannounced,
+    Aborted,
 }
 
 enum Slot {
@@ -99,7 +137,21 @@ struct Table {
     /// Files announced and not yet settled.
     pending: usize,
     aborted: bool,
+    /// Every entry is announced: a chunk for an unknown id is an error.
+    closed: bool,
 }
+
+/// An entry id the peer announced a second time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnnouncedTwice(pub u32);
+
+impl std::fmt::Display for AnnouncedTwice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the sender announced entry id {} twice", self.0)
+    }
+}
+
+impl std::error::Error for AnnouncedTwice {}
 
 /// The files of one transfer, by id.
 pub struct FileTable {
@@ -122,30 +174,75 @@ impl FileTable {
         })
     }
 
-    /// Announces a file. An empty file is committed at once.
-    pub fn open(&self, file: Incoming) {
+    /// True when `id` was announced already.
+    pub fn knows(&self, id: u32) -> bool {
+        self.table
+            .lock()
+            .expect("table lock")
+            .slots
+            .contains_key(&id)
+    }
+
+    /// Announces a file. An empty file is committed at once. An id
+    /// announced before is refused (the file's temporary is dropped).
+    pub fn open(&self, file: Incoming) -> Result<(), AnnouncedTwice> {
         let id = file.id;
         if file.size == 0 {
+            self.insert(id, Slot::Dropped, false)?;
             let result = file.commit();
-            self.insert(id, Slot::Dropped, false);
             self.report(id, result.map_err(|e| e.to_string()));
-            return;
+            return Ok(());
         }
-        self.insert(id, Slot::Open(Arc::new(file)), true);
+        self.insert(id, Slot::Open(Arc::new(file)), true)
     }
 
-    /// Announces a file that could not be created: its chunks are discarded.
-    pub fn refuse(&self, id: u32) {
-        self.insert(id, Slot::Dropped, false);
+    /// Announces an entry whose chunks are to be discarded: a file that
+    /// could not be created, or a directory (which has none).
+    pub fn refuse(&self, id: u32) -> Result<(), AnnouncedTwice> {
+        self.insert(id, Slot::Dropped, false)
     }
 
-    fn insert(&self, id: u32, slot: Slot, pending: bool) {
+    fn insert(&self, id: u32, slot: Slot, pending: bool) -> Result<(), AnnouncedTwice> {
         let mut t = self.table.lock().expect("table lock");
+        if t.slots.contains_key(&id) {
+            return Err(AnnouncedTwice(id));
+        }
         t.slots.insert(id, slot);
         if pending {
             t.pending += 1;
         }
         self.changed.notify_all();
+        Ok(())
+    }
+
+    /// Every entry has been announced: from now on a chunk for an id that
+    /// never was is the peer's error, instead of one to wait for.
+    pub fn close_announcements(&self) {
+        self.table.lock().expect("table lock").closed = true;
+        self.changed.notify_all();
+    }
+
+    /// The files announced and not complete, each dropped (its temporary
+    /// removed) and described (`path: received N of M bytes`). Called once
+    /// every stream has ended: what is missing will not come.
+    pub fn incomplete(&self) -> Vec<String> {
+        let mut t = self.table.lock().expect("table lock");
+        let mut short = Vec::new();
+        for slot in t.slots.values_mut() {
+            if let Slot::Open(f) = std::mem::replace(slot, Slot::Dropped) {
+                f.abandon();
+                short.push(format!(
+                    "{}: received {} of {} bytes",
+                    f.display,
+                    f.received.load(Ordering::Acquire),
+                    f.size
+                ));
+            }
+        }
+        t.pending = 0;
+        self.changed.notify_all();
+        short.sort();
+        short
     }
 
     /// The peer says file `id` failed on its side: drop what we have.
@@ -169,17 +266,17 @@ impl FileTable {
         });
     }
 
-    /// Waits until file `id` is announced; `None` when its chunks are to be
-    /// discarded or the transfer was aborted.
-    fn wait_for(&self, id: u32) -> Option<Arc<Incoming>> {
+    /// Waits until file `id` is announced.
+    fn wait_for(&self, id: u32) -> Awaited {
         let mut t = self.table.lock().expect("table lock");
         loop {
             if t.aborted {
-                return None;
+                return Awaited::Aborted;
             }
             match t.slots.get(&id) {
-                Some(Slot::Open(f)) => return Some(f.clone()),
-                Some(Slot::Dropped) => return None,
+                Some(Slot::Open(f)) => return Awaited::Open(f.clone()),
+                Some(Slot::Dropped) => return Awaited::Discard,
+                None if t.closed => return Awaited::Unannounced,
                 None => t = self.changed.wait(t).expect("table lock"),
             }
         }
@@ -248,11 +345,19 @@ impl FileTable {
                 }
                 Err(e) => break Err(e),
             };
-            let Some(file) = self.wait_for(chunk.file) else {
-                if self.table.lock().expect("table lock").aborted {
-                    break Err(StreamError::aborted(stream));
+            let file = match self.wait_for(chunk.file) {
+                Awaited::Open(file) => file,
+                Awaited::Discard => continue,
+                Awaited::Aborted => break Err(StreamError::aborted(stream)),
+                Awaited::Unannounced => {
+                    break Err(StreamError::Protocol {
+                        stream,
+                        what: format!(
+                            "data for entry id {}, which was never announced",
+                            chunk.file
+                        ),
+                    })
                 }
-                continue;
             };
             match file.write(chunk.offset, bytes) {
                 Ok(false) => received(bytes.len() as u64),
@@ -261,9 +366,12 @@ impl FileTable {
                     let result = file.commit().map_err(|e| e.to_string());
                     self.finish(&file, result);
                 }
-                Err(e) => {
+                Err(WriteError::Local(e)) => {
                     file.abandon();
                     self.finish(&file, Err(e));
+                }
+                Err(WriteError::Overrun(what)) => {
+                    break Err(StreamError::Protocol { stream, what })
                 }
             }
         };
@@ -283,7 +391,7 @@ impl FileTable {
 pub type PendingDir = (std::path::PathBuf, u32, Option<Times>);
 
 /// What became of an announced entry on the receiving side.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum Prepared {
     /// A file now expected on the streams: its size and its path as shown.
     File(u64, String),
@@ -295,21 +403,25 @@ pub enum Prepared {
 }
 
 /// Prepares the local side of an announced entry: checks the peer's
-/// relative path, then creates the directory (remembered in `dirs` for `-p`)
-/// or opens the file's temporary in `table`. Without `-p` modes follow the
-/// umask, as a new file's would.
+/// relative path, then creates the directory (remembered in `dirs` for `-p`
+/// when `policy` lets `-p` set it) or opens the file's temporary in `table`.
+/// Modes follow `policy`. An id announced before is the peer's error.
 pub fn prepare_entry(
     table: &FileTable,
     placement: &skiff_files::Placement,
     e: &skiff_proto::dataplane::EntryWire,
     preserve: bool,
+    policy: ReceivePolicy,
     dirs: &mut Vec<PendingDir>,
-) -> Prepared {
+) -> Result<Prepared, AnnouncedTwice> {
+    if table.knows(e.id) {
+        return Err(AnnouncedTwice(e.id));
+    }
     let rel = match skiff_files::safe_relative(&e.rel) {
         Ok(r) => r,
         Err(err) => {
-            table.refuse(e.id);
-            return Prepared::Failed(err.to_string());
+            table.refuse(e.id)?;
+            return Ok(Prepared::Failed(err.to_string()));
         }
     };
     let path = placement.path_for(&rel);
@@ -319,31 +431,29 @@ pub fn prepare_entry(
         mtime: e.mtime,
         mtime_nsec: e.mtime_nsec,
     });
-    let mode = if preserve {
-        e.mode & 0o7777
-    } else {
-        skiff_files::apply_umask(e.mode & 0o777)
-    };
     if e.is_dir {
-        return match skiff_files::make_dir(&path, mode) {
-            Ok(()) => {
-                if preserve {
+        table.refuse(e.id)?;
+        let mode = policy.dir_mode(e.mode, preserve);
+        return Ok(match skiff_files::make_dir(&path, mode) {
+            Ok(made) => {
+                if preserve && (made == MadeDir::Created || policy.finishes_existing_dirs()) {
                     dirs.push((path, mode, times));
                 }
                 Prepared::Dir
             }
             Err(err) => Prepared::Failed(err.to_string()),
-        };
+        });
     }
     match AtomicFile::create(&path) {
         Ok(f) => {
+            let mode = policy.file_mode(e.mode, preserve, f.replaced_mode());
             let display = path.display().to_string();
-            table.open(Incoming::new(e.id, f, e.size, mode, times, display.clone()));
-            Prepared::File(e.size, display)
+            table.open(Incoming::new(e.id, f, e.size, mode, times, display.clone()))?;
+            Ok(Prepared::File(e.size, display))
         }
         Err(err) => {
-            table.refuse(e.id);
-            Prepared::Failed(err.to_string())
+            table.refuse(e.id)?;
+            Ok(Prepared::Failed(err.to_string()))
         }
     }
 }
@@ -356,4 +466,134 @@ pub fn finish_dirs(dirs: &[PendingDir]) -> Vec<String> {
         .filter_map(|(path, mode, times)| skiff_files::finish_dir(path, *mode, *times).err())
         .map(|e| e.to_string())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::RecordWriter;
+    use skiff_proto::dataplane::{derive_keys, Mode, Side};
+    use std::net::{TcpListener, TcpStream};
+    use std::path::Path;
+
+    /// A writer and a reader joined by a loopback TCP stream.
+    fn stream_pair() -> (RecordWriter, RecordReader) {
+        let keys = derive_keys(&[1; 32], &[2; 32], Mode::Aead);
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (rx, _) = l.accept().unwrap();
+        (
+            RecordWriter::new(tx, &keys, Side::Server, Mode::Aead, 0),
+            RecordReader::new(rx, &keys, Side::Server, Mode::Aead, 0),
+        )
+    }
+
+    fn source(dir: &Path, bytes: &[u8]) -> std::fs::File {
+        let p = dir.join("source");
+        std::fs::write(&p, bytes).unwrap();
+        std::fs::File::open(p).unwrap()
+    }
+
+    fn incoming(dir: &Path, id: u32, size: u64) -> Incoming {
+        let path = dir.join(format!("f{id}"));
+        let f = AtomicFile::create(&path).unwrap();
+        Incoming::new(id, f, size, 0o644, None, path.display().to_string())
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "source")
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn table() -> Arc<FileTable> {
+        FileTable::new(|_| {})
+    }
+
+    #[test]
+    fn an_id_announced_twice_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = table();
+        t.open(incoming(dir.path(), 1, 5)).unwrap();
+        assert_eq!(
+            t.open(incoming(dir.path(), 1, 5)).unwrap_err(),
+            AnnouncedTwice(1)
+        );
+        assert_eq!(t.refuse(1).unwrap_err(), AnnouncedTwice(1));
+        t.refuse(2).unwrap();
+        assert_eq!(t.refuse(2).unwrap_err(), AnnouncedTwice(2));
+        // The refused second file left no temporary behind.
+        t.abort();
+        assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
+    }
+
+    #[test]
+    fn a_chunk_waits_for_its_announcement_until_they_are_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = table();
+        let (mut w, r) = stream_pair();
+        let src = source(dir.path(), b"hello");
+        w.send_chunk(7, &src, 0, 5).unwrap();
+        w.send_chunk(9, &src, 0, 5).unwrap();
+        w.send_end().unwrap();
+        let receiver = {
+            let t = t.clone();
+            std::thread::spawn(move || t.run_receiver(r, &|_| {}))
+        };
+        // Announced after its bytes were sent: written once it is.
+        t.open(incoming(dir.path(), 7, 5)).unwrap();
+        // Id 9 never is.
+        t.close_announcements();
+        let e = receiver.join().unwrap().unwrap_err();
+        assert!(e.to_string().contains("never announced"), "{e}");
+        assert_eq!(std::fs::read(dir.path().join("f7")).unwrap(), b"hello");
+    }
+
+    #[test]
+    fn bytes_past_the_announced_size_end_the_transfer() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = table();
+        t.open(incoming(dir.path(), 1, 10)).unwrap();
+        let (mut w, r) = stream_pair();
+        let src = source(dir.path(), &[b'x'; 20]);
+        w.send_chunk(1, &src, 0, 20).unwrap();
+        w.send_end().unwrap();
+        let e = t.run_receiver(r, &|_| {}).unwrap_err();
+        assert!(e.to_string().contains("past the announced size"), "{e}");
+        assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
+        assert!(!t.wait_settled(), "the transfer is aborted");
+    }
+
+    #[test]
+    fn a_file_left_short_is_reported_and_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let settled = Arc::new(Mutex::new(Vec::new()));
+        let t = {
+            let settled = settled.clone();
+            FileTable::new(move |s| settled.lock().unwrap().push(format!("{s:?}")))
+        };
+        t.open(incoming(dir.path(), 1, 100)).unwrap();
+        t.open(incoming(dir.path(), 2, 3)).unwrap();
+        let (mut w, r) = stream_pair();
+        let src = source(dir.path(), &[b'y'; 50]);
+        w.send_chunk(1, &src, 0, 50).unwrap();
+        w.send_chunk(2, &src, 0, 3).unwrap();
+        w.send_end().unwrap();
+        t.close_announcements();
+        t.run_receiver(r, &|_| {}).unwrap();
+        let short = t.incomplete();
+        assert_eq!(short.len(), 1, "{short:?}");
+        assert!(
+            short[0].ends_with("f1: received 50 of 100 bytes"),
+            "{short:?}"
+        );
+        assert!(t.wait_settled());
+        // The complete file is in; the short one left nothing.
+        assert_eq!(names(dir.path()), ["f2"]);
+        assert_eq!(*settled.lock().unwrap(), ["Stored(2)"]);
+    }
 }

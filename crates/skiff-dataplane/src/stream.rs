@@ -132,6 +132,11 @@ impl RecordWriter {
     pub fn stream(&self) -> u32 {
         self.stream
     }
+
+    /// The stream's socket, for a [`crate::StreamWatch`].
+    pub fn socket(&self) -> &TcpStream {
+        &self.sock
+    }
 }
 
 /// Sending a chunk failed: reading the file (that file fails) or the stream
@@ -212,6 +217,11 @@ impl RecordReader {
 
     pub fn stream(&self) -> u32 {
         self.stream
+    }
+
+    /// The stream's socket, for a [`crate::StreamWatch`].
+    pub fn socket(&self) -> &TcpStream {
+        &self.sock
     }
 }
 

@@ -4,8 +4,9 @@
 use std::os::fd::RawFd;
 use std::time::Duration;
 
-/// The kernel's smoothed round-trip time of the TCP connection on `fd`.
-pub fn rtt(fd: RawFd) -> Option<Duration> {
+/// The kernel's TCP_INFO for the connection on `fd`, and how many bytes of
+/// it the kernel filled in (older kernels fill in fewer fields).
+fn tcp_info(fd: RawFd) -> Option<(libc::tcp_info, usize)> {
     // SAFETY: an all-zero tcp_info is valid; getsockopt writes at most `len` bytes into it.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -19,7 +20,22 @@ pub fn rtt(fd: RawFd) -> Option<Duration> {
             &mut len,
         )
     };
-    (r == 0 && info.tcpi_rtt > 0).then(|| Duration::from_micros(u64::from(info.tcpi_rtt)))
+    (r == 0).then_some((info, len as usize))
+}
+
+/// The kernel's smoothed round-trip time of the TCP connection on `fd`.
+pub fn rtt(fd: RawFd) -> Option<Duration> {
+    let (info, _) = tcp_info(fd)?;
+    (info.tcpi_rtt > 0).then(|| Duration::from_micros(u64::from(info.tcpi_rtt)))
+}
+
+/// Bytes of the connection on `fd` that the peer acknowledged, plus bytes
+/// received from it (Linux 4.1 and later; `None` before).
+pub fn bytes_moved(fd: RawFd) -> Option<u64> {
+    let (info, len) = tcp_info(fd)?;
+    let needed =
+        std::mem::offset_of!(libc::tcp_info, tcpi_bytes_received) + std::mem::size_of::<u64>();
+    (len >= needed).then(|| info.tcpi_bytes_acked + info.tcpi_bytes_received)
 }
 
 /// The next receive-window target of a connection whose channel `channel`

@@ -161,6 +161,15 @@ impl ConnectSettings {
         kept
     }
 
+    /// How long a transfer may go without any byte moving or any message
+    /// arriving before it is given up: the keepalive budget
+    /// (`ServerAliveInterval` × `ServerAliveCountMax`, 45 s by default);
+    /// `None` when keepalives are off, as ssh then waits for ever.
+    pub fn progress_budget(&self) -> Option<Duration> {
+        self.server_alive_interval
+            .map(|i| i.saturating_mul(self.server_alive_count_max.max(1) as u32))
+    }
+
     /// The host and port host keys are looked up and recorded under:
     /// `HostKeyAlias` (without a port, as ssh does), else the host name and
     /// port.

@@ -55,7 +55,32 @@ pub struct AtomicFile {
     file: File,
     temp: PathBuf,
     final_path: PathBuf,
+    /// The regular file found under the final name when the temporary was
+    /// made, which the commit replaces.
+    replaced: Option<Replaced>,
     done: bool,
+}
+
+/// What is kept of a file a copy replaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Replaced {
+    mode: u32,
+    uid: u32,
+    gid: u32,
+}
+
+impl Replaced {
+    /// The regular file at `path`, if there is one (a symlink there is
+    /// replaced itself, not followed).
+    fn at(path: &Path) -> Option<Replaced> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = fs::symlink_metadata(path).ok()?;
+        meta.file_type().is_file().then(|| Replaced {
+            mode: meta.mode() & 0o7777,
+            uid: meta.uid(),
+            gid: meta.gid(),
+        })
+    }
 }
 
 /// A temporary name beside `final_path`.
@@ -96,6 +121,7 @@ impl AtomicFile {
                         file,
                         temp,
                         final_path: final_path.to_path_buf(),
+                        replaced: Replaced::at(final_path),
                         done: false,
                     })
                 }
@@ -123,6 +149,12 @@ impl AtomicFile {
         &self.final_path
     }
 
+    /// The permission bits (set-id and sticky included) of the regular file
+    /// this one replaces, if the final name held one when it was created.
+    pub fn replaced_mode(&self) -> Option<u32> {
+        self.replaced.map(|r| r.mode)
+    }
+
     /// Sets the temporary file's length (truncating or extending with zeros).
     pub fn set_len(&self, len: u64) -> Result<(), FileError> {
         self.file
@@ -132,9 +164,20 @@ impl AtomicFile {
 
     /// Makes the file durable and visible under its final name, with exactly
     /// `mode` (permission bits; no umask is applied here, see [`apply_umask`])
-    /// and, when given, the access and modification times.
+    /// and, when given, the access and modification times. A file it
+    /// replaces keeps its owner and group where this process may give them
+    /// (as root), as a copy written into it would.
     pub fn commit(mut self, mode: u32, times: Option<Times>) -> Result<(), FileError> {
         let fail = |e: io::Error| FileError::io(&self.final_path, &e);
+        if let Some(old) = self.replaced {
+            // SAFETY: geteuid cannot fail.
+            let root = unsafe { libc::geteuid() } == 0;
+            if root {
+                // Before the mode: a change of owner clears set-id bits.
+                std::os::unix::fs::fchown(&self.file, Some(old.uid), Some(old.gid))
+                    .map_err(fail)?;
+            }
+        }
         self.file
             .set_permissions(fs::Permissions::from_mode(mode & 0o7777))
             .map_err(fail)?;
@@ -183,18 +226,25 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     }
 }
 
+/// Whether [`make_dir`] made the directory or found it in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MadeDir {
+    Created,
+    Existed,
+}
+
 /// Creates a directory for a copied tree (ok if it exists as a directory).
 /// It is created with `mode` plus owner rwx, so its contents can be written
 /// whatever the source's mode; with `preserve`, the exact mode and times are
 /// applied by [`finish_dir`] after its contents are written.
-pub fn make_dir(path: &Path, mode: u32) -> Result<(), FileError> {
+pub fn make_dir(path: &Path, mode: u32) -> Result<MadeDir, FileError> {
     match fs::DirBuilder::new()
         .mode((mode & 0o777) | 0o700)
         .create(path)
     {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(MadeDir::Created),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => match fs::metadata(path) {
-            Ok(meta) if meta.is_dir() => Ok(()),
+            Ok(meta) if meta.is_dir() => Ok(MadeDir::Existed),
             Ok(_) => Err(FileError::new(
                 path,
                 "exists and is not a directory (os error 17)",
@@ -329,6 +379,43 @@ mod tests {
     }
 
     #[test]
+    fn a_replaced_file_is_remembered_with_its_owner() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dst = tmp.path().join("config");
+        fs::write(&dst, b"old").unwrap();
+        fs::set_permissions(&dst, fs::Permissions::from_mode(0o4640)).unwrap();
+        // SAFETY: geteuid cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        if root {
+            std::os::unix::fs::chown(&dst, Some(4321), Some(4322)).unwrap();
+        }
+        let before = fs::metadata(&dst).unwrap();
+        let f = AtomicFile::create(&dst).unwrap();
+        assert_eq!(f.replaced_mode(), Some(0o4640 & before.mode() & 0o7777));
+        f.file().write_at(b"new", 0).unwrap();
+        f.commit(0o640, None).unwrap();
+        let after = fs::metadata(&dst).unwrap();
+        assert_eq!(fs::read(&dst).unwrap(), b"new");
+        assert_eq!(after.mode() & 0o7777, 0o640);
+        assert_eq!((after.uid(), after.gid()), (before.uid(), before.gid()));
+        // Nothing there, or a symlink (replaced itself): nothing to keep.
+        assert_eq!(
+            AtomicFile::create(&tmp.path().join("new"))
+                .unwrap()
+                .replaced_mode(),
+            None
+        );
+        std::os::unix::fs::symlink(&dst, tmp.path().join("link")).unwrap();
+        assert_eq!(
+            AtomicFile::create(&tmp.path().join("link"))
+                .unwrap()
+                .replaced_mode(),
+            None
+        );
+    }
+
+    #[test]
     fn exact_mode_bits_including_setid() {
         let tmp = tempfile::tempdir().unwrap();
         let dst = tmp.path().join("tool");
@@ -374,11 +461,11 @@ mod tests {
     fn directories_are_made_then_finished() {
         let tmp = tempfile::tempdir().unwrap();
         let d = tmp.path().join("d");
-        make_dir(&d, 0o500).unwrap();
+        assert_eq!(make_dir(&d, 0o500).unwrap(), MadeDir::Created);
         // Writable while its contents are copied.
         assert_eq!(fs::metadata(&d).unwrap().mode() & 0o700, 0o700);
         fs::write(d.join("f"), b"x").unwrap();
-        make_dir(&d, 0o500).unwrap(); // exists: fine
+        assert_eq!(make_dir(&d, 0o500).unwrap(), MadeDir::Existed); // exists: fine
         let times = Times {
             atime: 1_500_000_000,
             atime_nsec: 0,

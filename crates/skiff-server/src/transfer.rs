@@ -18,7 +18,7 @@ use skiff_dataplane::{
     finish_dirs, prepare_entry, ChunkQueue, FileTable, Outgoing, PendingDir, Prepared,
     RecordReader, RecordWriter, Settled,
 };
-use skiff_files::EntryKind;
+use skiff_files::{EntryKind, ReceivePolicy};
 use skiff_proto::dataplane::{
     self as dp, ClientMsg, EntryWire, Keys, Mode, RelayMsg, ServerMsg, Side, SECRET_LEN, VERSION,
 };
@@ -365,12 +365,17 @@ fn put(plane: Plane, mut input: Input, target: &str, sources: u32, preserve: boo
     loop {
         match input.next() {
             Ok(Some(ClientMsg::Entry(e))) => {
-                let prepared = prepare_entry(&table, &placement, &e, preserve, &mut dirs);
-                if let Prepared::Failed(message) = prepared {
-                    control.fail(e.id, message);
+                let policy = ReceivePolicy::Upload;
+                match prepare_entry(&table, &placement, &e, preserve, policy, &mut dirs) {
+                    Ok(Prepared::Failed(message)) => control.fail(e.id, message),
+                    Ok(_) => {}
+                    Err(twice) => fatal(&control, &table, twice.to_string()),
                 }
             }
-            Ok(Some(ClientMsg::PutEnd)) => break,
+            Ok(Some(ClientMsg::PutEnd)) => {
+                table.close_announcements();
+                break;
+            }
             Ok(Some(other)) => {
                 table.abort();
                 bail!("unexpected control message {other:?} during an upload");
@@ -390,18 +395,24 @@ fn put(plane: Plane, mut input: Input, target: &str, sources: u32, preserve: boo
         let table = table.clone();
         move || table.abort()
     });
+    // Each stream reads up to its end record; a file still short then will
+    // not be completed.
+    match receivers.join() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => bail!("{e:#}"),
+        Err(_) => bail!("a receiver thread panicked"),
+    }
+    for short in table.incomplete() {
+        control.fail(
+            u32::MAX,
+            format!("{short}: the client ended the upload before sending all of it"),
+        );
+    }
     if !table.wait_settled() {
         let reason = table
             .abort_reason()
             .unwrap_or_else(|| "upload aborted".into());
         fatal(&control, &table, reason);
-    }
-    // Every file is in; let each stream read its end record before the
-    // process (and with it the sockets) goes away.
-    match receivers.join() {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => bail!("{e:#}"),
-        Err(_) => bail!("a receiver thread panicked"),
     }
     for message in finish_dirs(&dirs) {
         control.fail(u32::MAX, message);

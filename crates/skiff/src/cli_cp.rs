@@ -444,8 +444,11 @@ async fn cp_main(
     }
 }
 
-/// The data-plane mode `--cipher` asks for.
-fn plane_options(plane: &PlaneOptions) -> skiff_engine::copy::dataplane::PlaneOptions {
+/// The data-plane mode `--cipher` asks for, and the host's progress budget.
+fn plane_options(
+    plane: &PlaneOptions,
+    settings: &skiff_engine::ConnectSettings,
+) -> skiff_engine::copy::dataplane::PlaneOptions {
     let mode = match plane.cipher {
         CipherMode::Aead => skiff_proto::dataplane::Mode::Aead,
         CipherMode::Integrity => skiff_proto::dataplane::Mode::Integrity,
@@ -454,6 +457,7 @@ fn plane_options(plane: &PlaneOptions) -> skiff_engine::copy::dataplane::PlaneOp
     skiff_engine::copy::dataplane::PlaneOptions {
         mode,
         streams: plane.streams.map(u32::from),
+        stall: settings.progress_budget(),
     }
 }
 
@@ -530,7 +534,7 @@ pub(crate) async fn via_agent(
                         &host,
                         addr,
                         &plan.job,
-                        &plane_options(plane),
+                        &plane_options(plane, settings),
                         rtt,
                         progress,
                     )
@@ -628,7 +632,7 @@ pub(crate) async fn copy_over(
     plane: &PlaneOptions,
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError> {
-    let options = plane_options(plane);
+    let options = plane_options(plane, &conn.settings);
     if let Some(report) = skiff_engine::copy::dataplane::copy(conn, job, &options, progress).await?
     {
         return Ok(report);

@@ -228,6 +228,7 @@ async fn copy_demo(
     let options = dataplane::PlaneOptions {
         mode: skiff_proto::dataplane::Mode::Aead,
         streams: None,
+        stall: settings.progress_budget(),
     };
     let remote = dir.join("uploaded");
     let back = dir.join("downloaded");

@@ -5,6 +5,14 @@
 //!
 //! A server without the subsystem (a stock sshd, or a skiffd with the data
 //! plane off) makes [`copy`] return `Ok(None)`, and the caller uses SFTP.
+//!
+//! The server is not trusted with what it sends: a download admits only the
+//! entries the request names ([`skiff_files::Requested`]), with the modes
+//! [`ReceivePolicy::Download`] allows; an id announced twice, bytes past a
+//! file's size, data for an entry never announced, a file left short, or a
+//! transfer that stops moving for the keepalive budget end the copy, and
+//! nothing incomplete is left under a final name. Text from the server is
+//! shown through [`skiff_proto::terminal_text`].
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,12 +23,13 @@ use std::time::Duration;
 use russh::ChannelMsg;
 use skiff_dataplane::{
     connect_stream, finish_dirs, open_stream, prepare_entry, ChunkQueue, FileTable, Outgoing,
-    PendingDir, Prepared, RecordWriter, Settled, StreamError,
+    PendingDir, Prepared, RecordWriter, Settled, Stall, StreamError, StreamWatch,
 };
-use skiff_files::EntryKind;
+use skiff_files::{EntryKind, ReceivePolicy, Requested};
 use skiff_proto::dataplane::{
     self as dp, ClientMsg, EntryWire, Keys, Mode, ServerMsg, SECRET_LEN, TOKEN_LEN, VERSION,
 };
+use skiff_proto::terminal_text;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::{CopyJob, CopyReport, Direction, Progress};
@@ -33,7 +42,14 @@ pub struct PlaneOptions {
     pub mode: Mode,
     /// Streams to open; `None` picks from the round-trip time.
     pub streams: Option<u32>,
+    /// How long the transfer may go without progress (no byte acknowledged
+    /// or received on any stream, no control message) before it fails:
+    /// [`crate::ConnectSettings::progress_budget`]. `None` waits for ever.
+    pub stall: Option<Duration>,
 }
+
+/// How often a running transfer checks that it still moves.
+const STALL_TICK: Duration = Duration::from_secs(1);
 
 /// Chunks queued ahead of the senders.
 const QUEUE_CHUNKS: usize = 64;
@@ -114,6 +130,44 @@ struct Session {
     tokens: Vec<[u8; TOKEN_LEN]>,
     addr: SocketAddr,
     streams: u32,
+    stall: Option<Duration>,
+}
+
+/// A server's own words (a reason, a failure), made safe to show.
+fn server_text(s: &str) -> String {
+    terminal_text::one_line(s).into_owned()
+}
+
+/// The server broke the protocol: the copy ends.
+fn misbehaved(host: &str, what: impl std::fmt::Display) -> SkiffError {
+    let message = format!("{host}: {what}; the copy was stopped");
+    SkiffError::new(
+        ErrorKind::Protocol,
+        terminal_text::one_line(&message).into_owned(),
+    )
+}
+
+/// The transfer went `idle` without anything moving.
+fn stalled(host: &str, idle: Duration) -> SkiffError {
+    SkiffError::new(
+        ErrorKind::Connect,
+        format!(
+            "{host}: the transfer made no progress for {} s (ServerAliveInterval × ServerAliveCountMax); giving up, files not complete were not written",
+            idle.as_secs()
+        ),
+    )
+}
+
+/// A watch on `sockets`; a socket that cannot be watched is left out (its
+/// thread still ends with the transfer's other streams).
+fn watch_of<'a>(sockets: impl Iterator<Item = &'a std::net::TcpStream>) -> StreamWatch {
+    let mut watch = StreamWatch::new();
+    for s in sockets {
+        if let Err(e) = watch.add(s) {
+            tracing::debug!("cannot watch a data stream: {e}");
+        }
+    }
+    watch
 }
 
 /// Streams to use when the user did not say: more on long paths, where one
@@ -343,7 +397,10 @@ async fn run(
         ServerMsg::Refused { reason } => {
             return Err(SkiffError::new(
                 ErrorKind::Protocol,
-                format!("{host}: the server refused the data plane: {reason}"),
+                format!(
+                    "{host}: the server refused the data plane: {}",
+                    server_text(&reason)
+                ),
             ))
         }
         other => {
@@ -380,16 +437,26 @@ async fn run(
         tokens,
         addr,
         streams,
+        stall: options.stall,
     };
-    match (&job.direction, placement) {
+    let copied = match (&job.direction, placement) {
         (Direction::Upload { sources, .. }, _) => upload(session, sources, job, progress).await,
-        (Direction::Download { .. }, Some(placement)) => {
-            download(session, job, placement, progress).await
+        (Direction::Download { sources, .. }, Some(placement)) => {
+            download(session, sources, job, placement, progress).await
         }
         (Direction::Download { .. }, None) => {
             unreachable!("a download's placement is resolved first")
         }
-    }
+    };
+    // Failures quote the server's words and names it chose.
+    copied.map(|mut report| {
+        for f in &mut report.failures {
+            if !terminal_text::is_plain(f) {
+                *f = server_text(f);
+            }
+        }
+        report
+    })
 }
 
 /// Streams being opened: every one dialed at once, each on its own thread.
@@ -510,7 +577,7 @@ async fn upload(
         ServerMsg::Failed { message, .. } => {
             // The server refused the target and is ending: the streams
             // it will never take close with it.
-            report.failures.push(message);
+            report.failures.push(server_text(&message));
             let _ = streams_opened(&host, pending).await;
             return Ok(report);
         }
@@ -522,6 +589,8 @@ async fn upload(
         }
     }
     let streams = streams_opened(&host, pending).await?;
+    let watch = watch_of(streams.iter().map(|(w, _)| w.socket()));
+    let mut stall = Stall::new(s.stall, std::time::Instant::now());
     let counter = Arc::new(Counter::default());
     let queue = ChunkQueue::new(QUEUE_CHUNKS);
     let read_failures = Arc::new(Mutex::new(Vec::<(u32, String)>::new()));
@@ -583,7 +652,7 @@ async fn upload(
         );
         std::thread::spawn(move || produce(&queue, &sources, recursive, &tx, &sizes))
     };
-    let mut tick = tokio::time::interval(PROGRESS_TICK);
+    let mut tick = tokio::time::interval(PROGRESS_TICK.min(STALL_TICK));
     let mut producing = true;
     // Why the server gave up on the whole transfer, if it said.
     let mut server_reason = None;
@@ -605,36 +674,47 @@ async fn upload(
                 Some(Produced::Failure(f)) => report.failures.push(f),
                 None => producing = false,
             },
-            msg = s.control.recv() => match msg {
-                Ok(ServerMsg::Stored { id }) => {
-                    if let Some((size, path)) = sizes.lock().expect("lock").remove(&id) {
-                        report.files += 1;
-                        report.bytes += size;
-                        progress.file_done(&path);
+            msg = s.control.recv() => {
+                stall.progress(std::time::Instant::now());
+                match msg {
+                    Ok(ServerMsg::Stored { id }) => {
+                        if let Some((size, path)) = sizes.lock().expect("lock").remove(&id) {
+                            report.files += 1;
+                            report.bytes += size;
+                            progress.file_done(&path);
+                        }
                     }
+                    Ok(ServerMsg::Failed { id: u32::MAX, message }) => {
+                        let message = server_text(&message);
+                        server_reason = Some(message.clone());
+                        report.failures.push(message);
+                    }
+                    Ok(ServerMsg::Failed { id, message }) => {
+                        sizes.lock().expect("lock").remove(&id);
+                        report.failures.push(server_text(&message));
+                    }
+                    Ok(ServerMsg::Done) => break Ok(()),
+                    Ok(other) => break Err(misbehaved(&host, format_args!("unexpected {other:?}"))),
+                    Err(e) => break Err(e),
                 }
-                Ok(ServerMsg::Failed { id: u32::MAX, message }) => {
-                    server_reason = Some(message.clone());
-                    report.failures.push(message);
-                }
-                Ok(ServerMsg::Failed { id, message }) => {
-                    sizes.lock().expect("lock").remove(&id);
-                    report.failures.push(message);
-                }
-                Ok(ServerMsg::Done) => break Ok(()),
-                Ok(other) => break Err(SkiffError::new(ErrorKind::Protocol, format!("{host}: unexpected {other:?}"))),
-                Err(e) => break Err(e),
             },
             Some(reason) = refused_rx.recv() => {
                 refusal = Some(reason);
                 break Err(SkiffError::new(ErrorKind::Connect, format!("{host}: refused")));
             }
-            _ = tick.tick() => counter.flush(progress),
+            _ = tick.tick() => {
+                counter.flush(progress);
+                if let Some(idle) = stall.check(watch.bytes_moved(), std::time::Instant::now()) {
+                    break Err(stalled(&host, idle));
+                }
+            }
         }
     };
     counter.flush(progress);
     if outcome.is_err() {
+        // Senders blocked on a frozen path return once their sockets are down.
         queue.abort();
+        watch.cut();
     }
     let mut stream_error = None;
     for t in senders {
@@ -746,114 +826,132 @@ fn produce(
     let _ = tx.send(Produced::Msg(ClientMsg::PutEnd));
 }
 
+/// How a download's receiving thread ended.
+type ReceiverEnd = Result<(), StreamError>;
+
 async fn download(
     mut s: Session,
+    sources: &[String],
     job: &CopyJob,
     placement: skiff_files::Placement,
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError> {
     let host = s.control.host.clone();
-    let mut report = CopyReport::default();
     let streams = streams_opened(&host, dial_streams(&s, connect_stream)).await?;
+    let watch = watch_of(streams.iter().map(|(_, r)| r.socket()));
     let settled = Arc::new(Mutex::new(Vec::<Settled>::new()));
     let table = {
         let settled = settled.clone();
         FileTable::new(move |x| settled.lock().expect("lock").push(x))
     };
     let counter = Arc::new(Counter::default());
-    let mut receivers = Vec::new();
+    let (ended_tx, mut ended_rx) = tokio::sync::mpsc::unbounded_channel::<ReceiverEnd>();
+    let mut receiving = streams.len();
     for (writer, reader) in streams {
         drop(writer);
-        let (table, counter) = (table.clone(), counter.clone());
-        receivers.push(std::thread::spawn(move || {
-            table.run_receiver(reader, &|n| {
+        let (table, counter, ended_tx) = (table.clone(), counter.clone(), ended_tx.clone());
+        std::thread::spawn(move || {
+            let end = table.run_receiver(reader, &|n| {
                 counter.total.fetch_add(n, Ordering::Relaxed);
-            })
-        }));
+            });
+            let _ = ended_tx.send(end);
+        });
     }
-    let mut names = std::collections::HashMap::<u32, (u64, String)>::new();
-    let mut dirs: Vec<PendingDir> = Vec::new();
-    let mut tick = tokio::time::interval(PROGRESS_TICK);
+    drop(ended_tx);
+    let mut admitted = Admitted {
+        host: &host,
+        requested: Requested::new(sources, job.recursive),
+        table: &table,
+        placement: &placement,
+        preserve: job.preserve,
+        names: std::collections::HashMap::new(),
+        dirs: Vec::new(),
+        report: CopyReport::default(),
+    };
+    let mut stall = Stall::new(s.stall, std::time::Instant::now());
+    let mut tick = tokio::time::interval(PROGRESS_TICK.min(STALL_TICK));
+    // Entries come until `Done`; late failures from the server's senders
+    // may follow until the transfer process ends and its channel with it.
+    let mut announcing = true;
+    let mut control_open = true;
+    let mut stream_error = None;
     let outcome: Result<(), SkiffError> = loop {
-        tokio::select! {
-            msg = s.control.recv() => match msg {
-                Ok(ServerMsg::Entry(e)) => {
-                    match prepare_entry(&table, &placement, &e, job.preserve, &mut dirs) {
-                        Prepared::File(size, path) => {
-                            progress.add_total(size);
-                            names.insert(e.id, (size, path));
-                        }
-                        Prepared::Dir => report.dirs += 1,
-                        Prepared::Failed(message) => report.failures.push(message),
-                    }
-                }
-                Ok(ServerMsg::Failed { id, message }) => {
-                    if id != u32::MAX {
-                        table.abandon(id);
-                        names.remove(&id);
-                    }
-                    report.failures.push(message);
-                }
-                Ok(ServerMsg::Done) => break Ok(()),
-                Ok(other) => break Err(SkiffError::new(ErrorKind::Protocol, format!("{host}: unexpected {other:?}"))),
-                Err(e) => break Err(e),
-            },
-            _ = tick.tick() => counter.flush(progress),
+        if !announcing && !control_open && receiving == 0 {
+            break Ok(());
         }
-    };
-    if let Err(e) = outcome {
-        table.abort();
-        return Err(e);
-    }
-    // Every entry is announced; wait for the bytes, reporting progress. A
-    // late failure message from a sender may still come on the channel.
-    let waiter = {
-        let table = table.clone();
-        tokio::task::spawn_blocking(move || table.wait_settled())
-    };
-    tokio::pin!(waiter);
-    let all_settled = loop {
         tokio::select! {
-            done = &mut waiter => break done.unwrap_or(false),
-            msg = s.control.recv() => match msg {
-                Ok(ServerMsg::Failed { id, message }) => {
-                    if id != u32::MAX {
-                        table.abandon(id);
-                        names.remove(&id);
+            msg = s.control.recv(), if control_open => {
+                stall.progress(std::time::Instant::now());
+                match msg {
+                    Ok(ServerMsg::Entry(e)) if announcing => {
+                        if let Err(e) = admitted.entry(&e, progress) {
+                            break Err(e);
+                        }
                     }
-                    report.failures.push(message);
-                }
-                Ok(_) => {}
-                Err(_) => {
-                    // The server finished (or died): the streams tell which.
-                    break tokio::task::spawn_blocking({
-                        let table = table.clone();
-                        move || table.wait_settled()
-                    })
-                    .await
-                    .unwrap_or(false);
+                    Ok(ServerMsg::Failed { id, message }) => admitted.failed(id, &message),
+                    Ok(ServerMsg::Done) if announcing => {
+                        announcing = false;
+                        table.close_announcements();
+                    }
+                    Ok(other) => break Err(misbehaved(&host, format_args!("unexpected {other:?}"))),
+                    // The transfer process ends once it has sent everything.
+                    Err(_) if !announcing => control_open = false,
+                    Err(e) => break Err(e),
                 }
             },
-            _ = tick.tick() => counter.flush(progress),
+            Some(end) = ended_rx.recv() => {
+                receiving -= 1;
+                if let Err(e) = end {
+                    keep_cause(&mut stream_error, e);
+                    break Err(SkiffError::new(ErrorKind::Protocol, format!("{host}: transfer failed")));
+                }
+            }
+            _ = tick.tick() => {
+                counter.flush(progress);
+                if let Some(idle) = stall.check(watch.bytes_moved(), std::time::Instant::now()) {
+                    break Err(stalled(&host, idle));
+                }
+            }
         }
     };
     counter.flush(progress);
-    let mut stream_error = None;
-    for t in receivers {
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || t.join())
-            .await
-            .unwrap_or(Ok(Ok(())))
-        {
-            keep_cause(&mut stream_error, e);
-        }
-    }
-    if let Some(e) = stream_error {
+    if let Err(e) = outcome {
+        // Every temporary goes; threads blocked on the streams return.
         table.abort();
-        return Err(stream_failed(&host, e));
+        watch.cut();
+        while let Some(end) = ended_rx.recv().await {
+            if let Err(e) = end {
+                keep_cause(&mut stream_error, e);
+            }
+        }
+        return Err(match stream_error {
+            Some(cause) => stream_failed(&host, cause),
+            None => e,
+        });
     }
-    if !all_settled {
-        return Err(stream_failed(&host, "the transfer was aborted"));
+    // Every stream has ended and the server has said all it will: a file
+    // still short will not be completed.
+    let short = table.incomplete();
+    if let Some(first) = short.first() {
+        let more = match short.len() {
+            1 => String::new(),
+            n => format!(" (and {} more files)", n - 1),
+        };
+        return Err(misbehaved(
+            &host,
+            format_args!(
+                "the server ended the transfer before sending all of {}{more}",
+                server_text(first)
+            ),
+        ));
     }
+    let Admitted {
+        names,
+        dirs,
+        mut report,
+        ..
+    } = admitted;
+    let mut names = names;
     for x in settled.lock().expect("lock").drain(..) {
         match x {
             Settled::Stored(id) => {
@@ -863,9 +961,65 @@ async fn download(
                     progress.file_done(&path);
                 }
             }
-            Settled::Failed(_, message) => report.failures.push(message),
+            Settled::Failed(_, message) => report.failures.push(server_text(&message)),
         }
     }
     report.failures.extend(finish_dirs(&dirs));
     Ok(report)
+}
+
+/// A download's entries so far: what the request admits, what was prepared
+/// for each, and the per-file outcome.
+struct Admitted<'a> {
+    host: &'a str,
+    requested: Requested,
+    table: &'a FileTable,
+    placement: &'a skiff_files::Placement,
+    preserve: bool,
+    /// Files expected on the streams: size and path as shown.
+    names: std::collections::HashMap<u32, (u64, String)>,
+    /// Directories this copy created, for `-p`.
+    dirs: Vec<PendingDir>,
+    report: CopyReport,
+}
+
+impl Admitted<'_> {
+    /// Takes an announced entry: an id seen before, or an entry the request
+    /// does not name, ends the copy; a file or directory that cannot be
+    /// made here fails alone.
+    fn entry(&mut self, e: &EntryWire, progress: &dyn Progress) -> Result<(), SkiffError> {
+        if self.table.knows(e.id) {
+            return Err(misbehaved(self.host, skiff_dataplane::AnnouncedTwice(e.id)));
+        }
+        self.requested
+            .admit(&e.rel, e.is_dir)
+            .map_err(|u| misbehaved(self.host, u))?;
+        let prepared = prepare_entry(
+            self.table,
+            self.placement,
+            e,
+            self.preserve,
+            ReceivePolicy::Download,
+            &mut self.dirs,
+        )
+        .map_err(|twice| misbehaved(self.host, twice))?;
+        match prepared {
+            Prepared::File(size, path) => {
+                progress.add_total(size);
+                self.names.insert(e.id, (size, path));
+            }
+            Prepared::Dir => self.report.dirs += 1,
+            Prepared::Failed(message) => self.report.failures.push(server_text(&message)),
+        }
+        Ok(())
+    }
+
+    /// The server could not send a source or file.
+    fn failed(&mut self, id: u32, message: &str) {
+        if id != u32::MAX {
+            self.table.abandon(id);
+            self.names.remove(&id);
+        }
+        self.report.failures.push(server_text(message));
+    }
 }

@@ -17,6 +17,12 @@
 //! * Errors: a file that fails is reported (one line naming it) and the
 //!   rest goes on; a lost connection or SFTP session ends the copy with an
 //!   error.
+//! * The server is not trusted: a download admits only what the request
+//!   names ([`skiff_files::Requested`]: a listing that names an entry twice
+//!   ends the copy), modes follow [`ReceivePolicy::Download`] (no set-id or
+//!   sticky bits; directories that existed keep their mode and times), a
+//!   read answered with more bytes than asked for ends the copy, and the
+//!   server's words reach the report through [`skiff_proto::terminal_text`].
 
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
@@ -27,7 +33,10 @@ use russh::ChannelMsg;
 use russh_sftp::client::error::Error as SftpError;
 use russh_sftp::client::{Config, RawSftpSession};
 use russh_sftp::protocol::{FileAttributes, OpenFlags, Packet, Status, StatusCode};
-use skiff_files::{AtomicFile, Entry, EntryKind, FileError, Placement, Times};
+use skiff_files::{
+    AtomicFile, Entry, EntryKind, FileError, MadeDir, Placement, ReceivePolicy, Requested, Times,
+};
+use skiff_proto::terminal_text;
 
 use super::{CopyJob, CopyReport, Direction, Progress};
 use crate::connect::Connection;
@@ -57,6 +66,9 @@ const MAX_INCOMING_PACKET: u32 = 1024 * 1024 + 1024;
 const MAX_NAME_IN_TEMP: usize = 200;
 
 const POSIX_RENAME: &str = "posix-rename@openssh.com";
+
+/// Downloads take from the server only what [`ReceivePolicy::Download`] allows.
+const POLICY: ReceivePolicy = ReceivePolicy::Download;
 
 /// Copies `job` over SFTP on `conn`.
 pub async fn copy(
@@ -95,7 +107,24 @@ async fn run(
         }
     };
     let _ = sftp.raw.close_session();
-    result
+    // Failures quote the server's words and names it chose.
+    result.map(|mut report| {
+        for f in &mut report.failures {
+            if !terminal_text::is_plain(f) {
+                *f = terminal_text::one_line(f).into_owned();
+            }
+        }
+        report
+    })
+}
+
+/// The server broke the protocol: the copy ends.
+fn misbehaved(host: &str, what: impl std::fmt::Display) -> SkiffError {
+    let message = format!("{host}: {what}; the copy was stopped");
+    SkiffError::new(
+        ErrorKind::Protocol,
+        terminal_text::one_line(&message).into_owned(),
+    )
 }
 
 /// How one operation failed.
@@ -239,7 +268,7 @@ fn status_text(s: &Status) -> String {
     if s.error_message.trim().is_empty() {
         s.status_code.to_string()
     } else {
-        s.error_message.trim().to_string()
+        terminal_text::one_line(s.error_message.trim()).into_owned()
     }
 }
 
@@ -765,6 +794,15 @@ impl<'a> Sftp<'a> {
             self.walk_remote(source, job.recursive, &mut entries, &mut report.failures)
                 .await?;
         }
+        // Built from the request's names and the server's listings: each
+        // must still be one the request admits, and none may come twice.
+        let mut requested = Requested::new(sources, job.recursive);
+        for e in &entries {
+            let rel = e.rel.to_str().unwrap_or_default();
+            requested
+                .admit(rel, e.kind == EntryKind::Dir)
+                .map_err(|u| misbehaved(&self.host, u))?;
+        }
         progress.add_total(
             entries
                 .iter()
@@ -780,10 +818,14 @@ impl<'a> Sftp<'a> {
                 continue;
             }
             let local = placement.path_for(&e.rel);
-            match skiff_files::make_dir(&local, e.mode) {
-                Ok(()) => {
+            let mode = POLICY.dir_mode(e.mode, job.preserve);
+            match skiff_files::make_dir(&local, mode) {
+                Ok(made_dir) => {
                     report.dirs += 1;
-                    made.push((local, e));
+                    // `-p` sets what this copy created, not what was there.
+                    if made_dir == MadeDir::Created || POLICY.finishes_existing_dirs() {
+                        made.push((local, e));
+                    }
                 }
                 Err(err) => {
                     report.failures.push(err.to_string());
@@ -817,7 +859,8 @@ impl<'a> Sftp<'a> {
 
         if job.preserve {
             for (local, e) in made.iter().rev() {
-                if let Err(err) = skiff_files::finish_dir(local, e.mode, Some(e.times())) {
+                let mode = POLICY.dir_mode(e.mode, true);
+                if let Err(err) = skiff_files::finish_dir(local, mode, Some(e.times())) {
                     report.failures.push(err.to_string());
                 }
             }
@@ -1030,6 +1073,12 @@ impl<'a> Sftp<'a> {
             return Ok(Err(m));
         }
         names.sort_by(|a, b| a.0.cmp(&b.0));
+        if let Some(pair) = names.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(misbehaved(
+                &self.host,
+                format_args!("{path}: the server listed {:?} twice", pair[0].0),
+            ));
+        }
         Ok(Ok(names))
     }
 
@@ -1122,6 +1171,16 @@ impl<'a> Sftp<'a> {
                 probing = false;
             }
             match reply {
+                Ok(data) if data.data.len() as u64 > u64::from(len) => {
+                    return Err(Fail::Fatal(misbehaved(
+                        &self.host,
+                        format_args!(
+                            "{}: the server answered a read of {len} bytes with {}, more than asked for",
+                            terminal_text::one_line(&e.path),
+                            data.data.len()
+                        ),
+                    )));
+                }
                 Ok(data) if !data.data.is_empty() => {
                     let n = data.data.len() as u64;
                     if tx.send((offset, data.data)).await.is_err() {
@@ -1151,11 +1210,7 @@ impl<'a> Sftp<'a> {
         if writer_gone {
             return Err(local_fail(io::Error::other("writer stopped")));
         }
-        let mode = if preserve {
-            e.mode & 0o7777
-        } else {
-            skiff_files::apply_umask(e.mode)
-        };
+        let mode = POLICY.file_mode(e.mode, preserve, atomic.replaced_mode());
         let times = preserve.then(|| e.times());
         let committed = tokio::task::spawn_blocking(move || atomic.commit(mode, times))
             .await
