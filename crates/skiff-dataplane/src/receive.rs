@@ -160,6 +160,8 @@ pub struct FileTable {
     settled: Box<dyn Fn(Settled) + Send + Sync>,
     /// Why the transfer was aborted by a stream, when it was.
     reason: Mutex<Option<String>>,
+    /// Files being flushed and renamed into place right now.
+    committing: std::sync::atomic::AtomicUsize,
 }
 
 impl FileTable {
@@ -171,6 +173,7 @@ impl FileTable {
             changed: Condvar::new(),
             settled: Box::new(settled),
             reason: Mutex::new(None),
+            committing: Default::default(),
         })
     }
 
@@ -309,6 +312,12 @@ impl FileTable {
         self.changed.notify_all();
     }
 
+    /// True while a file is being flushed to disk and renamed into place:
+    /// progress, though no byte moves on the streams.
+    pub fn committing(&self) -> bool {
+        self.committing.load(Ordering::Relaxed) > 0
+    }
+
     /// The stream failure that aborted the transfer, if one did.
     pub fn abort_reason(&self) -> Option<String> {
         self.reason.lock().expect("reason lock").clone()
@@ -363,7 +372,9 @@ impl FileTable {
                 Ok(false) => received(bytes.len() as u64),
                 Ok(true) => {
                     received(bytes.len() as u64);
+                    self.committing.fetch_add(1, Ordering::Relaxed);
                     let result = file.commit().map_err(|e| e.to_string());
+                    self.committing.fetch_sub(1, Ordering::Relaxed);
                     self.finish(&file, result);
                 }
                 Err(WriteError::Local(e)) => {

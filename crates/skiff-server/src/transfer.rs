@@ -180,9 +180,39 @@ fn set_blocking(fd: RawFd) -> Result<()> {
     Ok(())
 }
 
+/// What to undo when skiffd hangs up on the process (its session's
+/// connection is gone) or it is told to stop: an upload's temporaries.
+type OnHangup = Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>;
+
+/// Takes SIGHUP, SIGTERM and SIGINT on a thread of their own, so that they
+/// run the registered cleanup before the process ends instead of killing it
+/// with its temporaries in place. Must run before any other thread starts
+/// (they inherit the blocked signals).
+fn handle_hangups() -> Result<OnHangup> {
+    use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+    let mut set = SigSet::empty();
+    for sig in [Signal::SIGHUP, Signal::SIGTERM, Signal::SIGINT] {
+        set.add(sig);
+    }
+    nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None)
+        .context("blocking signals")?;
+    let cleanup: OnHangup = Arc::new(Mutex::new(None));
+    let on_signal = cleanup.clone();
+    std::thread::spawn(move || {
+        if let Ok(sig) = set.wait() {
+            if let Some(undo) = on_signal.lock().expect("cleanup lock").take() {
+                undo();
+            }
+            std::process::exit(128 + sig as i32);
+        }
+    });
+    Ok(cleanup)
+}
+
 /// Runs the transfer process on stdin/stdout and fd 3. Returns when the
 /// transfer is over; an error is a transfer that failed as a whole.
 pub fn serve_stdio() -> Result<()> {
+    let on_hangup = handle_hangups()?;
     let relay = Relay::open()?;
     let control = Control(Arc::new(Mutex::new(io::stdout())));
     let mut input = Input {
@@ -238,7 +268,14 @@ pub fn serve_stdio() -> Result<()> {
             recursive: _,
             preserve,
             streams,
-        }) => put(plane.opening(streams), input, &target, sources, preserve),
+        }) => put(
+            plane.opening(streams),
+            input,
+            &target,
+            sources,
+            preserve,
+            &on_hangup,
+        ),
         Some(ClientMsg::Get {
             sources,
             recursive,
@@ -326,7 +363,14 @@ impl Plane {
 
 /// An upload: announce-then-bytes for each entry, files committed as they
 /// complete, directories finished (with -p) once everything is in.
-fn put(plane: Plane, mut input: Input, target: &str, sources: u32, preserve: bool) -> Result<()> {
+fn put(
+    plane: Plane,
+    mut input: Input,
+    target: &str,
+    sources: u32,
+    preserve: bool,
+    on_hangup: &OnHangup,
+) -> Result<()> {
     let control = plane.control.clone();
     let target = if target.is_empty() { "." } else { target };
     let placement = match skiff_files::resolve_target(Path::new(target), sources as usize) {
@@ -342,6 +386,10 @@ fn put(plane: Plane, mut input: Input, target: &str, sources: u32, preserve: boo
         Settled::Stored(id) => reporter.send(&ServerMsg::Stored { id }),
         Settled::Failed(id, message) => reporter.fail(id, message),
     });
+    *on_hangup.lock().expect("cleanup lock") = Some(Box::new({
+        let table = table.clone();
+        move || table.abort()
+    }));
     control.send(&ServerMsg::Ready);
     let receivers = {
         let on_error = {

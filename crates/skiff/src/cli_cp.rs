@@ -525,7 +525,14 @@ pub(crate) async fn via_agent(
                         "skiff: {host} has no skiff data plane; copying over SFTP (encrypted)"
                     );
                 }
-                skiff_engine::copy::sftp::copy_on(ours, &host, &plan.job, progress).await
+                skiff_engine::copy::sftp::copy_on(
+                    ours,
+                    &host,
+                    &plan.job,
+                    settings.progress_budget(),
+                    progress,
+                )
+                .await
             }
             Ok(rtt) => match server_address(settings).await {
                 Ok(addr) => {

@@ -32,7 +32,7 @@ use skiff_proto::dataplane::{
 use skiff_proto::terminal_text;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::{CopyJob, CopyReport, Direction, Progress};
+use super::{misbehaved, safe_report, stalled, CopyJob, CopyReport, Direction, Progress};
 use crate::error::{ErrorKind, SkiffError};
 use crate::Connection;
 
@@ -136,26 +136,6 @@ struct Session {
 /// A server's own words (a reason, a failure), made safe to show.
 fn server_text(s: &str) -> String {
     terminal_text::one_line(s).into_owned()
-}
-
-/// The server broke the protocol: the copy ends.
-fn misbehaved(host: &str, what: impl std::fmt::Display) -> SkiffError {
-    let message = format!("{host}: {what}; the copy was stopped");
-    SkiffError::new(
-        ErrorKind::Protocol,
-        terminal_text::one_line(&message).into_owned(),
-    )
-}
-
-/// The transfer went `idle` without anything moving.
-fn stalled(host: &str, idle: Duration) -> SkiffError {
-    SkiffError::new(
-        ErrorKind::Connect,
-        format!(
-            "{host}: the transfer made no progress for {} s (ServerAliveInterval × ServerAliveCountMax); giving up, files not complete were not written",
-            idle.as_secs()
-        ),
-    )
 }
 
 /// A watch on `sockets`; a socket that cannot be watched is left out (its
@@ -448,15 +428,7 @@ async fn run(
             unreachable!("a download's placement is resolved first")
         }
     };
-    // Failures quote the server's words and names it chose.
-    copied.map(|mut report| {
-        for f in &mut report.failures {
-            if !terminal_text::is_plain(f) {
-                *f = server_text(f);
-            }
-        }
-        report
-    })
+    copied.map(safe_report)
 }
 
 /// Streams being opened: every one dialed at once, each on its own thread.
@@ -658,6 +630,9 @@ async fn upload(
     let mut server_reason = None;
     // A stream the server refused: the cause of everything else that failed.
     let mut refusal = None;
+    // Nothing moved for the budget: what fails after the streams are cut
+    // is a consequence.
+    let mut gave_up = false;
     let outcome: Result<(), SkiffError> = loop {
         tokio::select! {
             produced = rx.recv(), if producing => match produced {
@@ -705,6 +680,7 @@ async fn upload(
             _ = tick.tick() => {
                 counter.flush(progress);
                 if let Some(idle) = stall.check(watch.bytes_moved(), std::time::Instant::now()) {
+                    gave_up = true;
                     break Err(stalled(&host, idle));
                 }
             }
@@ -732,7 +708,8 @@ async fn upload(
     // The refusal may be reported after the server's complaint about the
     // other streams, which stopped because of it (the senders are joined
     // now, so a refusal is queued if there was one).
-    if let Some(reason) = refusal.or_else(|| refused_rx.try_recv().ok()) {
+    let refusal = refusal.or_else(|| refused_rx.try_recv().ok().filter(|_| !gave_up));
+    if let Some(reason) = refusal {
         return Err(SkiffError::new(
             ErrorKind::Connect,
             format!("{host}: {reason}"),
@@ -908,7 +885,11 @@ async fn download(
             }
             _ = tick.tick() => {
                 counter.flush(progress);
-                if let Some(idle) = stall.check(watch.bytes_moved(), std::time::Instant::now()) {
+                let now = std::time::Instant::now();
+                if table.committing() {
+                    stall.progress(now);
+                }
+                if let Some(idle) = stall.check(watch.bytes_moved(), now) {
                     break Err(stalled(&host, idle));
                 }
             }
@@ -919,8 +900,10 @@ async fn download(
         // Every temporary goes; threads blocked on the streams return.
         table.abort();
         watch.cut();
+        let stream_failed_first = stream_error.is_some();
         while let Some(end) = ended_rx.recv().await {
-            if let Err(e) = end {
+            // Streams cut for another reason fail as a consequence.
+            if let (Err(e), true) = (end, stream_failed_first) {
                 keep_cause(&mut stream_error, e);
             }
         }

@@ -5,8 +5,14 @@
 
 pub mod dataplane;
 pub mod sftp;
+mod watchdog;
 
 use std::path::PathBuf;
+use std::time::Duration;
+
+use skiff_proto::terminal_text;
+
+use crate::error::{ErrorKind, SkiffError};
 
 /// Which way the files go, and between which paths.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,4 +72,37 @@ pub struct CopyReport {
     pub bytes: u64,
     /// One human line per failed file or directory, naming the path.
     pub failures: Vec<String>,
+}
+
+/// The server broke the protocol (an entry not asked for, an id announced
+/// twice, more bytes than asked for): the copy ends.
+pub(crate) fn misbehaved(host: &str, what: impl std::fmt::Display) -> SkiffError {
+    let message = format!("{host}: {what}; the copy was stopped");
+    SkiffError::new(
+        ErrorKind::Protocol,
+        terminal_text::one_line(&message).into_owned(),
+    )
+}
+
+/// The copy went `idle` without a byte moving or a message arriving.
+pub(crate) fn stalled(host: &str, idle: Duration) -> SkiffError {
+    SkiffError::new(
+        ErrorKind::Connect,
+        format!(
+            "{}: the transfer made no progress for {} s (ServerAliveInterval × ServerAliveCountMax); giving up, files not complete were not written",
+            terminal_text::one_line(host),
+            idle.as_secs()
+        ),
+    )
+}
+
+/// A report's failures quote the server's words and names it chose: they
+/// leave the engine made safe to show.
+pub(crate) fn safe_report(mut report: CopyReport) -> CopyReport {
+    for f in &mut report.failures {
+        if !terminal_text::is_plain(f) {
+            *f = terminal_text::one_line(f).into_owned();
+        }
+    }
+    report
 }

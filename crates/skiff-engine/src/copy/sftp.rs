@@ -38,7 +38,8 @@ use skiff_files::{
 };
 use skiff_proto::terminal_text;
 
-use super::{CopyJob, CopyReport, Direction, Progress};
+use super::watchdog::Heard;
+use super::{misbehaved, safe_report, CopyJob, CopyReport, Direction, Progress};
 use crate::connect::Connection;
 use crate::error::{ErrorKind, SkiffError};
 
@@ -71,28 +72,43 @@ const POSIX_RENAME: &str = "posix-rename@openssh.com";
 const POLICY: ReceivePolicy = ReceivePolicy::Download;
 
 /// Copies `job` over SFTP on `conn`.
+/// The copy fails once the server has sent nothing for the connection's
+/// keepalive budget ([`crate::ConnectSettings::progress_budget`]).
 pub async fn copy(
     conn: &Connection,
     job: &CopyJob,
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError> {
-    let sftp = Sftp::open(conn).await?;
-    run(sftp, job, progress).await
+    let heard = Heard::default();
+    let copying = async {
+        let sftp = Sftp::open(conn, &heard).await?;
+        run(sftp, job, progress).await
+    };
+    let host = &conn.settings.original_host;
+    heard
+        .watch(copying, conn.settings.progress_budget(), host)
+        .await
 }
 
 /// Copies `job` over an SFTP subsystem already started on `stream` (a
-/// channel the agent holds, say). `host` names the server in messages.
+/// channel the agent holds, say). `host` names the server in messages;
+/// `stall` is how long the server may stay silent (see [`copy`]).
 pub async fn copy_on<S>(
     stream: S,
     host: &str,
     job: &CopyJob,
+    stall: Option<std::time::Duration>,
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let sftp = Sftp::start(stream, host.to_string(), None).await?;
-    run(sftp, job, progress).await
+    let heard = Heard::default();
+    let copying = async {
+        let sftp = Sftp::start(heard.listen(stream), host.to_string(), None, &heard).await?;
+        run(sftp, job, progress).await
+    };
+    heard.watch(copying, stall, host).await
 }
 
 async fn run(
@@ -107,24 +123,7 @@ async fn run(
         }
     };
     let _ = sftp.raw.close_session();
-    // Failures quote the server's words and names it chose.
-    result.map(|mut report| {
-        for f in &mut report.failures {
-            if !terminal_text::is_plain(f) {
-                *f = terminal_text::one_line(f).into_owned();
-            }
-        }
-        report
-    })
-}
-
-/// The server broke the protocol: the copy ends.
-fn misbehaved(host: &str, what: impl std::fmt::Display) -> SkiffError {
-    let message = format!("{host}: {what}; the copy was stopped");
-    SkiffError::new(
-        ErrorKind::Protocol,
-        terminal_text::one_line(&message).into_owned(),
-    )
+    result.map(safe_report)
 }
 
 /// How one operation failed.
@@ -287,11 +286,13 @@ struct Sftp<'a> {
     posix_rename: bool,
     fsync: bool,
     expand_path: bool,
+    /// What the server sent, for the copy's watchdog.
+    heard: Heard,
 }
 
 impl<'a> Sftp<'a> {
     /// Opens a session channel, starts the `sftp` subsystem and negotiates.
-    async fn open(conn: &'a Connection) -> Result<Sftp<'a>, SkiffError> {
+    async fn open(conn: &'a Connection, heard: &Heard) -> Result<Sftp<'a>, SkiffError> {
         // Paths are shown as `host:path` with the host as typed.
         let host = conn.settings.original_host.clone();
         let lost = |e: &dyn std::fmt::Display| {
@@ -318,7 +319,7 @@ impl<'a> Sftp<'a> {
                 Some(_) => {}
             }
         }
-        Self::start(channel.into_stream(), host, Some(conn)).await
+        Self::start(heard.listen(channel.into_stream()), host, Some(conn), heard).await
     }
 
     /// Negotiates SFTP on a stream where the subsystem has started.
@@ -326,6 +327,7 @@ impl<'a> Sftp<'a> {
         stream: S,
         host: String,
         conn: Option<&'a Connection>,
+        heard: &Heard,
     ) -> Result<Sftp<'a>, SkiffError>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -377,6 +379,7 @@ impl<'a> Sftp<'a> {
             fsync: has(russh_sftp::extensions::FSYNC),
             expand_path: has(russh_sftp::extensions::EXPAND_PATH),
             host,
+            heard: heard.clone(),
         })
     }
 
@@ -1212,6 +1215,8 @@ impl<'a> Sftp<'a> {
         }
         let mode = POLICY.file_mode(e.mode, preserve, atomic.replaced_mode());
         let times = preserve.then(|| e.times());
+        // Flushing a large file to disk is progress, though nothing is heard.
+        let _busy = self.heard.busy();
         let committed = tokio::task::spawn_blocking(move || atomic.commit(mode, times))
             .await
             .unwrap_or_else(|j| Err(FileError::new(&local, j.to_string())));

@@ -1,0 +1,187 @@
+//! Keeping an SFTP copy from waiting for ever on a server that went quiet.
+//! The connection's keepalives catch a dead path, but a server that answers
+//! them and nothing else would hold the copy until each request's own
+//! timeout. So every byte the server sends on the SFTP channel is counted
+//! ([`Heard::listen`]), and the copy fails once nothing has arrived for the
+//! keepalive budget ([`Heard::watch`]) while it was not busy with its own
+//! disk ([`Heard::busy`]: an fsync of a large file may take a while).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use skiff_dataplane::Stall;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::error::SkiffError;
+
+/// How often the watch looks.
+const TICK: Duration = Duration::from_secs(1);
+
+/// What the server sent, and whether the copy is busy on its own side.
+#[derive(Clone, Default)]
+pub(crate) struct Heard {
+    bytes: Arc<AtomicU64>,
+    busy: Arc<AtomicUsize>,
+}
+
+impl Heard {
+    /// `stream`, with what it reads counted.
+    pub(crate) fn listen<S>(&self, stream: S) -> Listened<S> {
+        Listened {
+            inner: stream,
+            bytes: self.bytes.clone(),
+        }
+    }
+
+    /// Marks local work (a commit) that is progress though nothing is heard,
+    /// until the guard is dropped.
+    pub(crate) fn busy(&self) -> Busy {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        Busy(self.busy.clone())
+    }
+
+    /// Runs `copy`, failing it once nothing was heard for `budget` (never
+    /// with `None`). Dropping the copy removes its local temporaries.
+    pub(crate) async fn watch<T>(
+        &self,
+        copy: impl Future<Output = Result<T, SkiffError>>,
+        budget: Option<Duration>,
+        host: &str,
+    ) -> Result<T, SkiffError> {
+        if budget.is_none() {
+            return copy.await;
+        }
+        tokio::pin!(copy);
+        // tokio's clock, which tests can pause and advance.
+        let now = || tokio::time::Instant::now().into_std();
+        let mut stall = Stall::new(budget, now());
+        let mut tick = tokio::time::interval(TICK);
+        loop {
+            tokio::select! {
+                done = &mut copy => return done,
+                _ = tick.tick() => {
+                    let now = now();
+                    if self.busy.load(Ordering::Relaxed) > 0 {
+                        stall.progress(now);
+                    }
+                    if let Some(idle) = stall.check(self.bytes.load(Ordering::Relaxed), now) {
+                        return Err(super::stalled(host, idle));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Local work in progress (see [`Heard::busy`]).
+pub(crate) struct Busy(Arc<AtomicUsize>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A stream whose reads are counted into [`Heard`].
+pub(crate) struct Listened<S> {
+    inner: S,
+    bytes: Arc<AtomicU64>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Listened<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        if n > 0 {
+            self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Listened<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_server_fails_the_copy_and_a_busy_client_does_not() {
+        let heard = Heard::default();
+        let (ours, mut theirs) = tokio::io::duplex(64);
+        let mut ours = heard.listen(ours);
+        // The server talks for a while, then goes quiet.
+        let talk = tokio::spawn(async move {
+            for _ in 0..5 {
+                theirs.write_all(b"x").await.unwrap();
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            theirs
+        });
+        let copy = async {
+            let mut b = [0u8; 1];
+            loop {
+                ours.read_exact(&mut b).await.map_err(|e| {
+                    SkiffError::new(crate::error::ErrorKind::Connect, e.to_string())
+                })?;
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), SkiffError>(())
+        };
+        let started = tokio::time::Instant::now();
+        let e = heard
+            .watch(copy, Some(Duration::from_secs(5)), "h")
+            .await
+            .unwrap_err();
+        assert!(e.message.contains("no progress"), "{e}");
+        // Heard every 2 s for 8 s, then 5 s of quiet (and a tick).
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(13) && took <= Duration::from_secs(16),
+            "{took:?}"
+        );
+        drop(talk.await.unwrap());
+
+        // Busy on its own disk: not a stall.
+        let guard = heard.busy();
+        let done = heard
+            .watch(
+                async {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    Ok::<_, SkiffError>(7)
+                },
+                Some(Duration::from_secs(5)),
+                "h",
+            )
+            .await
+            .unwrap();
+        assert_eq!(done, 7);
+        drop(guard);
+    }
+}
