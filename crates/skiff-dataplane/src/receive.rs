@@ -226,8 +226,8 @@ impl FileTable {
     }
 
     /// The files announced and not complete, each dropped (its temporary
-    /// removed) and described (`path: received N of M bytes`). Called once
-    /// every stream has ended: what is missing will not come.
+    /// removed) and described (`path (N of M bytes)`). Called once every
+    /// stream has ended: what is missing will not come.
     pub fn incomplete(&self) -> Vec<String> {
         let mut t = self.table.lock().expect("table lock");
         let mut short = Vec::new();
@@ -235,7 +235,7 @@ impl FileTable {
             if let Slot::Open(f) = std::mem::replace(slot, Slot::Dropped) {
                 f.abandon();
                 short.push(format!(
-                    "{}: received {} of {} bytes",
+                    "{} ({} of {} bytes)",
                     f.display,
                     f.received.load(Ordering::Acquire),
                     f.size
@@ -310,6 +310,11 @@ impl FileTable {
         t.slots.clear();
         t.pending = 0;
         self.changed.notify_all();
+    }
+
+    /// Files announced and not settled yet.
+    pub fn pending(&self) -> usize {
+        self.table.lock().expect("table lock").pending
     }
 
     /// True while a file is being flushed to disk and renamed into place:
@@ -598,10 +603,7 @@ mod tests {
         t.run_receiver(r, &|_| {}).unwrap();
         let short = t.incomplete();
         assert_eq!(short.len(), 1, "{short:?}");
-        assert!(
-            short[0].ends_with("f1: received 50 of 100 bytes"),
-            "{short:?}"
-        );
+        assert!(short[0].ends_with("f1 (50 of 100 bytes)"), "{short:?}");
         assert!(t.wait_settled());
         // The complete file is in; the short one left nothing.
         assert_eq!(names(dir.path()), ["f2"]);

@@ -453,7 +453,7 @@ fn put(
     for short in table.incomplete() {
         control.fail(
             u32::MAX,
-            format!("{short}: the client ended the upload before sending all of it"),
+            format!("the upload ended before all of {short} arrived"),
         );
     }
     if !table.wait_settled() {

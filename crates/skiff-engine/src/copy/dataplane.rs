@@ -51,6 +51,11 @@ pub struct PlaneOptions {
 /// How often a running transfer checks that it still moves.
 const STALL_TICK: Duration = Duration::from_secs(1);
 
+/// How long a download whose streams have all ended waits for the server
+/// to account for a file still short (a failure notice, or its transfer
+/// process ending) before counting it incomplete.
+const LAST_WORD: Duration = Duration::from_secs(2);
+
 /// Chunks queued ahead of the senders.
 const QUEUE_CHUNKS: usize = 64;
 
@@ -847,16 +852,24 @@ async fn download(
     };
     let mut stall = Stall::new(s.stall, std::time::Instant::now());
     let mut tick = tokio::time::interval(PROGRESS_TICK.min(STALL_TICK));
-    // Entries come until `Done`; late failures from the server's senders
-    // may follow until the transfer process ends and its channel with it.
+    // Entries come until `Done`. Once every stream has ended too, the copy
+    // is over when every file is settled; a file the server failed to read
+    // may be reported on the channel a moment after the streams ended (the
+    // channel runs through skiffd, the streams do not), so a file still
+    // short waits for that, or for the transfer process to end, a little.
     let mut announcing = true;
     let mut control_open = true;
     let mut stream_error = None;
+    let mut last_word: Option<tokio::time::Instant> = None;
     let outcome: Result<(), SkiffError> = loop {
-        if !announcing && !control_open && receiving == 0 {
-            break Ok(());
+        if !announcing && receiving == 0 {
+            if !control_open || table.pending() == 0 {
+                break Ok(());
+            }
+            last_word.get_or_insert_with(|| tokio::time::Instant::now() + LAST_WORD);
         }
         tokio::select! {
+            _ = async { tokio::time::sleep_until(last_word.expect("guarded")).await }, if last_word.is_some() => break Ok(()),
             msg = s.control.recv(), if control_open => {
                 stall.progress(std::time::Instant::now());
                 match msg {
@@ -923,7 +936,7 @@ async fn download(
         return Err(misbehaved(
             &host,
             format_args!(
-                "the server ended the transfer before sending all of {}{more}",
+                "the server's streams ended before all of {} arrived{more}",
                 server_text(first)
             ),
         ));
