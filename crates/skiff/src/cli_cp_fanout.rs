@@ -18,7 +18,7 @@ use std::io::IsTerminal;
 
 use skiff_engine::copy::{CopyJob, CopyReport, Direction, NoProgress, Progress};
 use skiff_engine::{prompt_screen, Destination, SkiffError};
-use skiff_proto::nodeset;
+use skiff_proto::{nodeset, terminal_text};
 
 use crate::cli_cp::{CpArgs, Plan, PlaneOptions};
 
@@ -206,7 +206,7 @@ async fn copy_one(
     let notices: Vec<String> = conn
         .notices
         .iter()
-        .map(|n| format!("{label}: {n}"))
+        .map(|n| format!("{label}: {}", terminal_text::lines(n)))
         .collect();
     prompt_screen::print_outside_questions(move || {
         for notice in notices {
@@ -252,10 +252,12 @@ impl HostReport {
                         "{label}: {} files, {} bytes{failed}",
                         r.files, r.bytes
                     )),
+                    // A failure names a path (perhaps one the server
+                    // listed) and may carry the server's own words.
                     stderr: r
                         .failures
                         .iter()
-                        .map(|f| format!("skiff: {label}: {f}"))
+                        .map(|f| format!("skiff: {label}: {}", terminal_text::one_line(f)))
                         .collect(),
                 }
             }
@@ -306,5 +308,36 @@ fn summarize(hosts: &[nodeset::Target], results: &[(String, HostOutcome)]) -> i3
         1
     } else {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_engine::ErrorKind;
+
+    #[test]
+    fn a_hosts_report_shows_the_servers_words_escaped() {
+        let report = CopyReport {
+            files: 1,
+            bytes: 3,
+            failures: vec!["no-such-\u{1b}[2Jfile: No such file\r".into()],
+            ..CopyReport::default()
+        };
+        let shown = HostReport::of("h1", &Ok(report));
+        assert_eq!(
+            shown.stdout.as_deref(),
+            Some("h1: 1 files, 3 bytes, 1 failed")
+        );
+        assert_eq!(
+            shown.stderr,
+            ["skiff: h1: no-such-\\u{1b}[2Jfile: No such file\\r"]
+        );
+        let failed = Err(SkiffError::new(
+            ErrorKind::Protocol,
+            "bye\u{1b}[1A\u{1b}[2K",
+        ));
+        let shown = HostReport::of("h2", &failed);
+        assert_eq!(shown.stderr, ["skiff: h2: bye\\u{1b}[1A\\u{1b}[2K"]);
     }
 }

@@ -645,10 +645,7 @@ async fn collect(
                 }
             }
             RunEvent::Notice { host, text } => {
-                let _ = write_all(
-                    &mut stderr,
-                    &run_output::prefixed_line(&labels[host], text.as_bytes()),
-                );
+                let _ = write_all(&mut stderr, &run_output::notice_line(&labels[host], &text));
             }
             RunEvent::Done {
                 host,
@@ -667,11 +664,7 @@ async fn collect(
                 }
                 if let Err(e) = &result {
                     if mode != Mode::Json {
-                        let msg = format!("skiff: {}", e.message);
-                        let _ = write_all(
-                            &mut stderr,
-                            &run_output::prefixed_line(label, msg.as_bytes()),
-                        );
+                        let _ = write_all(&mut stderr, &run_output::error_line(label, e));
                     }
                 }
                 let rec = HostRecord {
