@@ -21,7 +21,7 @@ mod walk;
 pub use atomic::{apply_umask, finish_dir, make_dir, umask, AtomicFile, Times, TEMP_MARKER};
 pub use error::FileError;
 pub use glob::glob_paths;
-pub use names::{safe_name, safe_relative};
+pub use names::{label_file_name, safe_name, safe_relative};
 pub use private_umask::with_private_umask;
 pub use target::{place, resolve_target, Placement};
 pub use walk::{walk, Entry, EntryKind, Walk};

@@ -4,7 +4,8 @@
 //! (any sshd), through the agent's warm connections when there is one.
 //! `skiff cp NODESET:PATH... DIR` gathers from every host instead, each
 //! host's files into `DIR/HOST/` (created), as `clush --rcopy` keeps them
-//! apart.
+//! apart; `HOST` is the host's label made one file name
+//! ([`skiff_files::label_file_name`]: a host named `..` gets `DIR/%2E%2E/`).
 //!
 //! On a terminal (unless `-q`) one progress bar adds up every host's bytes.
 //! Each host that finishes prints one line on stdout (`host: N files, B
@@ -165,19 +166,15 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
     }
 }
 
-/// `job` for the host labelled `label`: a download goes into `TARGET/label`.
+/// `job` for the host labelled `label`: a download goes into
+/// `TARGET/NAME`, `NAME` being the label as one file name that no other
+/// label shares.
 fn job_for(job: &CopyJob, label: &str) -> CopyJob {
     let mut job = job.clone();
     if let Direction::Download { target, .. } = &mut job.direction {
-        *target = target.join(file_safe(label));
+        *target = target.join(skiff_files::label_file_name(label));
     }
     job
-}
-
-/// `label` as one path component: `/` (never in a host name, but in a
-/// node set's user part it could be) becomes `_`.
-fn file_safe(label: &str) -> String {
-    label.replace('/', "_")
 }
 
 /// One host's copy: through the agent when it can, else directly.
@@ -339,5 +336,25 @@ mod tests {
         ));
         let shown = HostReport::of("h2", &failed);
         assert_eq!(shown.stderr, ["skiff: h2: bye\\u{1b}[1A\\u{1b}[2K"]);
+    }
+
+    #[test]
+    fn each_host_downloads_into_a_directory_of_its_own() {
+        let job = CopyJob {
+            direction: Direction::Download {
+                sources: vec!["f".into()],
+                target: "out".into(),
+            },
+            recursive: false,
+            preserve: false,
+        };
+        let target = |label: &str| match job_for(&job, label).direction {
+            Direction::Download { target, .. } => target,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(target("web01"), std::path::Path::new("out/web01"));
+        assert_eq!(target(".."), std::path::Path::new("out/%2E%2E"));
+        assert_eq!(target("."), std::path::Path::new("out/%2E"));
+        assert_eq!(target("a/b"), std::path::Path::new("out/a%2Fb"));
     }
 }
