@@ -8,7 +8,8 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use skiff_proto::agent_wire::{self, ExecWire, ForwardWire, Reply, Request, RunWire};
+use skiff_proto::agent_wire::{self, ExecWire, ForwardWire, HostEnd, Reply, Request, RunWire};
+use skiff_proto::terminal_text;
 
 use crate::socket;
 
@@ -151,7 +152,7 @@ fn request_announced(
                     buf.drain(..used);
                     opened(Duration::from_micros(rtt_us));
                 }
-                last => return Ok(last),
+                last => return Ok(made_safe(last)),
             }
         }
         if let Some((cols, rows)) = poll_resize() {
@@ -342,9 +343,9 @@ pub fn run(
         {
             used += n;
             match reply {
-                Reply::Done | Reply::Failed { .. } => return Ok(reply),
+                Reply::Done | Reply::Failed { .. } => return Ok(made_safe(reply)),
                 other => {
-                    if !on_reply(other) {
+                    if !on_reply(made_safe(other)) {
                         return Ok(Reply::Done);
                     }
                 }
@@ -365,6 +366,63 @@ pub fn run(
     }
 }
 
+/// `reply` with its text made safe to show on a terminal: the agent's
+/// messages are often a server's words (a refusal, a banner, a signal's
+/// name), and the CLI prints them. Command output is left as it came.
+pub fn made_safe(reply: Reply) -> Reply {
+    fn line(text: String) -> String {
+        match terminal_text::one_line(&text) {
+            std::borrow::Cow::Borrowed(_) => text,
+            std::borrow::Cow::Owned(escaped) => escaped,
+        }
+    }
+    fn lines(text: String) -> String {
+        match terminal_text::lines(&text) {
+            std::borrow::Cow::Borrowed(_) => text,
+            std::borrow::Cow::Owned(escaped) => escaped,
+        }
+    }
+    match reply {
+        Reply::Failed { kind, message } => Reply::Failed {
+            kind,
+            message: line(message),
+        },
+        Reply::NeedsUser { message } => Reply::NeedsUser {
+            message: line(message),
+        },
+        Reply::Status { text } => Reply::Status { text: lines(text) },
+        Reply::RunNotice { host, text } => Reply::RunNotice {
+            host,
+            text: lines(text),
+        },
+        Reply::RunDone {
+            host,
+            end,
+            duration_us,
+        } => Reply::RunDone {
+            host,
+            end: match end {
+                HostEnd::Signal(name) => HostEnd::Signal(line(name)),
+                HostEnd::Failed { kind, message } => HostEnd::Failed {
+                    kind,
+                    message: line(message),
+                },
+                HostEnd::NeedsUser { kind, message } => HostEnd::NeedsUser {
+                    kind,
+                    message: line(message),
+                },
+                other @ (HostEnd::Status(_) | HostEnd::Unknown) => other,
+            },
+            duration_us,
+        },
+        other @ (Reply::Hello { .. }
+        | Reply::Exit { .. }
+        | Reply::Done
+        | Reply::RunOutput { .. }
+        | Reply::Opened { .. }) => other,
+    }
+}
+
 /// Why a fan-out through the agent did not complete.
 #[derive(Debug)]
 pub enum RunError {
@@ -372,4 +430,70 @@ pub enum RunError {
     Unavailable(String),
     /// The agent went away mid-run; some commands may have run.
     Lost(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agents_messages_are_made_safe_and_output_is_not() {
+        let failed = Reply::Failed {
+            kind: 5,
+            message: "h1: refused \u{1b}[1A\u{1b}[2K".into(),
+        };
+        assert_eq!(
+            made_safe(failed),
+            Reply::Failed {
+                kind: 5,
+                message: "h1: refused \\u{1b}[1A\\u{1b}[2K".into()
+            }
+        );
+        let notice = Reply::RunNotice {
+            host: 3,
+            text: "Welcome\n\u{1b}]52;c;aGk=\u{7}".into(),
+        };
+        assert_eq!(
+            made_safe(notice),
+            Reply::RunNotice {
+                host: 3,
+                text: "Welcome\n\\u{1b}]52;c;aGk=\\u{7}".into()
+            }
+        );
+        let done = Reply::RunDone {
+            host: 1,
+            end: HostEnd::Failed {
+                kind: 2,
+                message: "bye\r".into(),
+            },
+            duration_us: 7,
+        };
+        assert_eq!(
+            made_safe(done),
+            Reply::RunDone {
+                host: 1,
+                end: HostEnd::Failed {
+                    kind: 2,
+                    message: "bye\\r".into()
+                },
+                duration_us: 7,
+            }
+        );
+        let signal = Reply::RunDone {
+            host: 1,
+            end: HostEnd::Signal("TERM\u{9b}2J".into()),
+            duration_us: 7,
+        };
+        assert!(matches!(
+            made_safe(signal),
+            Reply::RunDone { end: HostEnd::Signal(name), .. } if name == "TERM\\u{9b}2J"
+        ));
+        // The command's own bytes pass through.
+        let output = Reply::RunOutput {
+            host: 0,
+            stream: 1,
+            data: b"\x1b[31mred\x1b[0m\n".to_vec(),
+        };
+        assert_eq!(made_safe(output.clone()), output);
+    }
 }

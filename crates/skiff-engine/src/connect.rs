@@ -93,15 +93,13 @@ impl client::Handler for ClientHandler {
         _session: &mut client::Session,
     ) -> Result<(), Self::Error> {
         // Shown as ssh shows it, unless notices are off (LogLevel QUIET,
-        // FATAL, ERROR). Control characters other than newlines and tabs
-        // are dropped: the server's text must not drive the terminal.
+        // FATAL, ERROR). The server's text must not drive the terminal:
+        // control characters other than newlines and tabs are shown escaped
+        // (a CRLF line end is only a line end).
         if self.settings.show_notices {
-            let clean: String = banner
-                .chars()
-                .filter(|c| !c.is_control() || *c == '\n' || *c == '\t')
-                .collect();
-            self.known_hosts
-                .notice(clean.trim_end_matches('\n').to_string());
+            let text = banner.replace("\r\n", "\n");
+            let shown = skiff_proto::terminal_text::lines(text.trim_end_matches('\n'));
+            self.known_hosts.notice(shown.into_owned());
         }
         Ok(())
     }
@@ -265,7 +263,8 @@ impl client::Handler for ClientHandler {
             }
             (Err(mut e), reason) => {
                 if let Some(reason) = reason {
-                    e.message = format!("host certificate not trusted: {reason}; {}", e.message);
+                    let message = format!("host certificate not trusted: {reason}; {}", e.message);
+                    e = e.with_message(message);
                 }
                 *self.refusal.lock().expect("not poisoned") = Some(e);
                 Ok(false)

@@ -1,7 +1,16 @@
 //! Client errors: a kind (what failed) and one line telling the user what
 //! happened and what to do. Every kind maps to exit status 255, as in ssh.
+//!
+//! A message is often built from a server's words (a refusal, a disconnect
+//! reason, a file name it listed), so it is made safe to show at
+//! construction: [`SkiffError::new`] and [`SkiffError::with_message`] escape
+//! whatever could steer a terminal ([`skiff_proto::terminal_text::one_line`]),
+//! and whoever prints or logs an error gets that safe text.
 
+use std::borrow::Cow;
 use std::fmt;
+
+use skiff_proto::terminal_text;
 
 /// What went wrong, for exit codes, summaries and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +51,9 @@ impl ErrorKind {
 #[derive(Debug, Clone)]
 pub struct SkiffError {
     pub kind: ErrorKind,
+    /// One line, safe to show on a terminal or in a log: set it through
+    /// [`SkiffError::new`] or [`SkiffError::with_message`], which escape
+    /// control characters, never by assignment.
     pub message: String,
     /// A person could settle this (an unknown host key to confirm, a key
     /// passphrase to type) where it was refused only for lack of one
@@ -50,12 +62,22 @@ pub struct SkiffError {
 }
 
 impl SkiffError {
+    /// An error of `kind` saying `message`, with anything in it that could
+    /// steer a terminal (escape sequences, carriage returns, newlines,
+    /// direction overrides) shown escaped.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         SkiffError {
             kind,
-            message: message.into(),
+            message: safe_line(message.into()),
             needs_person: false,
         }
+    }
+
+    /// The same error (kind, [`SkiffError::needs_person`]) saying `message`
+    /// instead, made safe as [`SkiffError::new`] does.
+    pub fn with_message(mut self, message: impl Into<String>) -> Self {
+        self.message = safe_line(message.into());
+        self
     }
 
     /// Marks the error as one a person could settle (see [`SkiffError::needs_person`]).
@@ -65,10 +87,68 @@ impl SkiffError {
     }
 }
 
+/// `text` as [`terminal_text::one_line`] shows it, without copying text
+/// that needs no escaping.
+fn safe_line(text: String) -> String {
+    match terminal_text::one_line(&text) {
+        Cow::Borrowed(_) => text,
+        Cow::Owned(escaped) => escaped,
+    }
+}
+
 impl fmt::Display for SkiffError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
+        // Escaped again in case the field was assigned directly; text
+        // already escaped is left as it is.
+        f.write_str(&terminal_text::one_line(&self.message))
     }
 }
 
 impl std::error::Error for SkiffError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_servers_words_are_escaped_at_construction() {
+        let e = SkiffError::new(
+            ErrorKind::Protocol,
+            "h1: refused: \u{1b}[1A\u{1b}[2Kall good\rnext",
+        );
+        assert_eq!(
+            e.message,
+            "h1: refused: \\u{1b}[1A\\u{1b}[2Kall good\\rnext"
+        );
+        assert_eq!(e.to_string(), e.message);
+        assert!(!e.message.contains('\u{1b}'));
+        // Plain messages are kept exactly.
+        let plain = SkiffError::new(ErrorKind::Auth, "h1: Permission denied (publickey)");
+        assert_eq!(plain.message, "h1: Permission denied (publickey)");
+    }
+
+    #[test]
+    fn escaping_twice_changes_nothing() {
+        let once = SkiffError::new(ErrorKind::Connect, "bye\u{1b}]52;c;aGk=\u{7}\n");
+        let twice = SkiffError::new(once.kind, once.message.clone());
+        assert_eq!(once.message, twice.message);
+        assert_eq!(once.to_string(), twice.to_string());
+    }
+
+    #[test]
+    fn a_new_message_is_escaped_and_keeps_the_rest() {
+        let e = SkiffError::new(ErrorKind::HostKey, "unknown key")
+            .needing_person()
+            .with_message("certificate \u{202e}txt.exe; unknown key");
+        assert_eq!(e.kind, ErrorKind::HostKey);
+        assert!(e.needs_person);
+        assert_eq!(e.message, "certificate \\u{202e}txt.exe; unknown key");
+    }
+
+    #[test]
+    fn display_escapes_a_message_assigned_directly() {
+        let mut e = SkiffError::new(ErrorKind::Protocol, "x");
+        e.message = "a\u{1b}[2Jb".into();
+        assert_eq!(e.to_string(), "a\\u{1b}[2Jb");
+    }
+}

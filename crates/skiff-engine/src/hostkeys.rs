@@ -393,8 +393,15 @@ impl KnownHosts {
         std::mem::take(&mut *self.notices.lock().expect("not poisoned"))
     }
 
-    /// Adds a warning for the person who ran the command.
+    /// Adds a warning for the person who ran the command. Parts of it may
+    /// be a server's words (a banner, a certificate's principals), so
+    /// anything but newlines and tabs that could steer a terminal is shown
+    /// escaped.
     pub fn notice(&self, text: String) {
+        let text = match skiff_proto::terminal_text::lines(&text) {
+            std::borrow::Cow::Borrowed(_) => text,
+            std::borrow::Cow::Owned(escaped) => escaped,
+        };
         self.notices.lock().expect("not poisoned").push(text);
     }
 

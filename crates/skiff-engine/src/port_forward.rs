@@ -18,7 +18,7 @@ use std::time::Duration;
 use russh::client::Msg;
 use russh::{Channel, ChannelOpenFailure};
 use skiff_proto::forward_spec::{ConnectEnd, ForwardSpec, Listen, ListenEnd};
-use skiff_proto::socks;
+use skiff_proto::{socks, terminal_text};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
@@ -133,6 +133,8 @@ impl RemoteForwards {
             } => a == address && (*bound_port == port || *requested_port == port),
             RemoteListen::Unix(_) => false,
         });
+        // Both come from the server and end up in messages.
+        let origin = terminal_text::one_line(&origin).into_owned();
         match to {
             Some(to) => self.serve(channel, to, origin, reply),
             None => refuse_unasked(reply, &format!("{address}:{port}")),
@@ -196,7 +198,8 @@ impl RemoteForwards {
 /// Refuses a channel for a listener skiff never asked the server for.
 fn refuse_unasked(reply: russh::client::ChannelOpenHandle, what: &str) {
     tracing::warn!(
-        "the server offered a connection for {what}, which was never forwarded; refused"
+        "the server offered a connection for {}, which was never forwarded; refused",
+        terminal_text::one_line(what)
     );
     tokio::spawn(reply.reject(ChannelOpenFailure::AdministrativelyProhibited));
 }
@@ -781,8 +784,10 @@ where
                 .write_all(&socks::failure_reply(request.version, None))
                 .await;
             eprintln!(
-                "skiff: {who} to {} port {}: {why}",
-                request.host, request.port
+                "skiff: {who} to {} port {}: {}",
+                terminal_text::one_line(&request.host),
+                request.port,
+                terminal_text::one_line(&why)
             );
         }
     }

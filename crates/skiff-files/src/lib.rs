@@ -27,7 +27,7 @@ pub use atomic::{
 };
 pub use error::FileError;
 pub use glob::glob_paths;
-pub use names::{safe_name, safe_relative};
+pub use names::{label_file_name, safe_name, safe_relative};
 pub use private_umask::with_private_umask;
 pub use receiving::ReceivePolicy;
 pub use requested::{Requested, Unrequested, Why};

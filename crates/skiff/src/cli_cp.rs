@@ -11,6 +11,7 @@ use std::sync::Arc;
 use clap::{Args, ValueEnum};
 use skiff_engine::copy::{CopyJob, CopyReport, Direction, NoProgress, Progress};
 use skiff_engine::{prompt_screen, Connection, Destination, SkiffError};
+use skiff_proto::terminal_text::one_line;
 
 #[derive(Args, Debug, Clone)]
 #[command(override_usage = "skiff cp [OPTIONS] SRC... DST")]
@@ -331,8 +332,10 @@ pub fn run(args: CpArgs) -> i32 {
                 report.bytes,
                 report.failures.len()
             );
+            // Each names a path (perhaps one the server listed) and may
+            // carry the server's own words.
             for failure in &report.failures {
-                eprintln!("skiff: {failure}");
+                eprintln!("skiff: {}", one_line(failure));
             }
             if report.failures.is_empty() {
                 0
@@ -434,7 +437,7 @@ async fn cp_main(
     );
     let conn = skiff_engine::connect(&settings).await?;
     for notice in &conn.notices {
-        eprintln!("{notice}");
+        eprintln!("{}", skiff_proto::terminal_text::lines(notice));
     }
     // Only once connected: a passphrase prompt keeps the default signal
     // handling (and so its terminal restored).
@@ -561,7 +564,10 @@ pub(crate) async fn via_agent(
         match (copied, outcome) {
             (Ok(report), _) => return Some(Ok(report)),
             (Err(_), Outcome::Reply(Reply::NeedsUser { message })) => {
-                tracing::debug!("agent defers to a direct connection: {message}");
+                tracing::debug!(
+                    "agent defers to a direct connection: {}",
+                    one_line(&message)
+                );
                 return None;
             }
             (Err(_), Outcome::Unavailable(why)) => {
@@ -722,7 +728,8 @@ impl Progress for Bar {
     }
 
     fn file_done(&self, path: &str) {
-        self.0.set_message(path.to_string());
+        // A name the server chose, for a download.
+        self.0.set_message(one_line(path).into_owned());
     }
 }
 
@@ -736,6 +743,15 @@ mod tests {
             host: host.into(),
             path: path.into(),
         }
+    }
+
+    #[test]
+    fn the_bar_shows_a_servers_file_name_escaped() {
+        let bar = Bar::new();
+        bar.file_done("logs/\u{1b}[1A\u{1b}[2Kok\r.txt");
+        assert_eq!(bar.0.message(), "logs/\\u{1b}[1A\\u{1b}[2Kok\\r.txt");
+        bar.file_done("logs/plain.txt");
+        assert_eq!(bar.0.message(), "logs/plain.txt");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! (any sshd), through the agent's warm connections when there is one.
 //! `skiff cp NODESET:PATH... DIR` gathers from every host instead, each
 //! host's files into `DIR/HOST/` (created), as `clush --rcopy` keeps them
-//! apart.
+//! apart; `HOST` is the host's label made one file name
+//! ([`skiff_files::label_file_name`]: a host named `..` gets `DIR/%2E%2E/`).
 //!
 //! On a terminal (unless `-q`) one progress bar adds up every host's bytes.
 //! Each host that finishes prints one line on stdout (`host: N files, B
@@ -18,7 +19,7 @@ use std::io::IsTerminal;
 
 use skiff_engine::copy::{CopyJob, CopyReport, Direction, NoProgress, Progress};
 use skiff_engine::{prompt_screen, Destination, SkiffError};
-use skiff_proto::nodeset;
+use skiff_proto::{nodeset, terminal_text};
 
 use crate::cli_cp::{CpArgs, Plan, PlaneOptions};
 
@@ -165,19 +166,15 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
     }
 }
 
-/// `job` for the host labelled `label`: a download goes into `TARGET/label`.
+/// `job` for the host labelled `label`: a download goes into
+/// `TARGET/NAME`, `NAME` being the label as one file name that no other
+/// label shares.
 fn job_for(job: &CopyJob, label: &str) -> CopyJob {
     let mut job = job.clone();
     if let Direction::Download { target, .. } = &mut job.direction {
-        *target = target.join(file_safe(label));
+        *target = target.join(skiff_files::label_file_name(label));
     }
     job
-}
-
-/// `label` as one path component: `/` (never in a host name, but in a
-/// node set's user part it could be) becomes `_`.
-fn file_safe(label: &str) -> String {
-    label.replace('/', "_")
 }
 
 /// One host's copy: through the agent when it can, else directly.
@@ -206,7 +203,7 @@ async fn copy_one(
     let notices: Vec<String> = conn
         .notices
         .iter()
-        .map(|n| format!("{label}: {n}"))
+        .map(|n| format!("{label}: {}", terminal_text::lines(n)))
         .collect();
     prompt_screen::print_outside_questions(move || {
         for notice in notices {
@@ -252,10 +249,12 @@ impl HostReport {
                         "{label}: {} files, {} bytes{failed}",
                         r.files, r.bytes
                     )),
+                    // A failure names a path (perhaps one the server
+                    // listed) and may carry the server's own words.
                     stderr: r
                         .failures
                         .iter()
-                        .map(|f| format!("skiff: {label}: {f}"))
+                        .map(|f| format!("skiff: {label}: {}", terminal_text::one_line(f)))
                         .collect(),
                 }
             }
@@ -306,5 +305,56 @@ fn summarize(hosts: &[nodeset::Target], results: &[(String, HostOutcome)]) -> i3
         1
     } else {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_engine::ErrorKind;
+
+    #[test]
+    fn a_hosts_report_shows_the_servers_words_escaped() {
+        let report = CopyReport {
+            files: 1,
+            bytes: 3,
+            failures: vec!["no-such-\u{1b}[2Jfile: No such file\r".into()],
+            ..CopyReport::default()
+        };
+        let shown = HostReport::of("h1", &Ok(report));
+        assert_eq!(
+            shown.stdout.as_deref(),
+            Some("h1: 1 files, 3 bytes, 1 failed")
+        );
+        assert_eq!(
+            shown.stderr,
+            ["skiff: h1: no-such-\\u{1b}[2Jfile: No such file\\r"]
+        );
+        let failed = Err(SkiffError::new(
+            ErrorKind::Protocol,
+            "bye\u{1b}[1A\u{1b}[2K",
+        ));
+        let shown = HostReport::of("h2", &failed);
+        assert_eq!(shown.stderr, ["skiff: h2: bye\\u{1b}[1A\\u{1b}[2K"]);
+    }
+
+    #[test]
+    fn each_host_downloads_into_a_directory_of_its_own() {
+        let job = CopyJob {
+            direction: Direction::Download {
+                sources: vec!["f".into()],
+                target: "out".into(),
+            },
+            recursive: false,
+            preserve: false,
+        };
+        let target = |label: &str| match job_for(&job, label).direction {
+            Direction::Download { target, .. } => target,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(target("web01"), std::path::Path::new("out/web01"));
+        assert_eq!(target(".."), std::path::Path::new("out/%2E%2E"));
+        assert_eq!(target("."), std::path::Path::new("out/%2E"));
+        assert_eq!(target("a/b"), std::path::Path::new("out/a%2Fb"));
     }
 }

@@ -6,6 +6,7 @@ use std::io::IsTerminal;
 use clap::Args;
 use skiff_engine::{Destination, ExecRequest, PtyRequest, SkiffError, WindowSize};
 use skiff_proto::agent_wire::ExecWire;
+use skiff_proto::terminal_text::one_line;
 
 use crate::cli_connect::ConnectArgs;
 pub use crate::ssh_args::TtyFlag;
@@ -153,7 +154,7 @@ async fn exec_main(
     );
     let conn = skiff_engine::connect(&settings).await?;
     for notice in &conn.notices {
-        eprintln!("{notice}");
+        eprintln!("{}", skiff_proto::terminal_text::lines(notice));
     }
     exec_on(&conn, args, &settings, pty).await
 }
@@ -242,7 +243,8 @@ pub async fn exec_on(
     } = &outcome
     {
         tracing::debug!(
-            "remote command killed by signal {name}{}",
+            "remote command killed by signal {}{}",
+            one_line(name),
             if *core_dumped { " (core dumped)" } else { "" }
         );
     }
@@ -328,12 +330,16 @@ pub fn agent_answer(outcome: skiff_agent::client::Outcome) -> Option<i32> {
     use skiff_proto::agent_wire::Reply;
     match outcome {
         Outcome::Reply(Reply::Exit { code }) => Some(code),
+        // The agent's words are often a server's.
         Outcome::Reply(Reply::Failed { message, .. }) => {
-            eprintln!("skiff: {message}");
+            eprintln!("skiff: {}", one_line(&message));
             Some(255)
         }
         Outcome::Reply(Reply::NeedsUser { message }) => {
-            tracing::debug!("agent defers to a direct connection: {message}");
+            tracing::debug!(
+                "agent defers to a direct connection: {}",
+                one_line(&message)
+            );
             None
         }
         Outcome::Reply(other) => {

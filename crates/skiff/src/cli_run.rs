@@ -645,10 +645,7 @@ async fn collect(
                 }
             }
             RunEvent::Notice { host, text } => {
-                let _ = write_all(
-                    &mut stderr,
-                    &run_output::prefixed_line(&labels[host], text.as_bytes()),
-                );
+                let _ = write_all(&mut stderr, &run_output::notice_line(&labels[host], &text));
             }
             RunEvent::Done {
                 host,
@@ -667,11 +664,7 @@ async fn collect(
                 }
                 if let Err(e) = &result {
                     if mode != Mode::Json {
-                        let msg = format!("skiff: {}", e.message);
-                        let _ = write_all(
-                            &mut stderr,
-                            &run_output::prefixed_line(label, msg.as_bytes()),
-                        );
+                        let _ = write_all(&mut stderr, &run_output::error_line(label, e));
                     }
                 }
                 let rec = HostRecord {
@@ -718,10 +711,11 @@ fn write_all(sink: &mut dyn Write, bytes: &[u8]) -> std::io::Result<()> {
     sink.flush()
 }
 
-/// DIR/LABEL.out and DIR/LABEL.err, each written to a temporary file and
+/// DIR/NAME.out and DIR/NAME.err, NAME being the host's label as one file
+/// name that no other label shares, each written to a temporary file and
 /// renamed into place, so an earlier good file is never half overwritten.
 fn save_host_output(dir: &Path, rec: &HostRecord) -> std::io::Result<()> {
-    let name = file_safe(&rec.label);
+    let name = skiff_files::label_file_name(&rec.label);
     for (ext, bytes) in [("out", &rec.stdout), ("err", &rec.stderr)] {
         let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
         tmp.write_all(bytes)?;
@@ -730,12 +724,4 @@ fn save_host_output(dir: &Path, rec: &HostRecord) -> std::io::Result<()> {
             .map_err(|e| e.error)?;
     }
     Ok(())
-}
-
-/// A host label as a file name: `/` and NUL cannot appear in one.
-fn file_safe(label: &str) -> String {
-    label
-        .chars()
-        .map(|c| if c == '/' || c == '\0' { '_' } else { c })
-        .collect()
 }

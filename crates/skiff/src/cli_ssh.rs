@@ -135,7 +135,7 @@ fn forwarding_session(
     cli_exec::on_one_thread(async move {
         let conn = Arc::new(skiff_engine::connect(&settings).await?);
         for notice in &conn.notices {
-            eprintln!("{notice}");
+            eprintln!("{}", skiff_proto::terminal_text::lines(notice));
         }
         let (forwarding, mut failures, notices) = port_forward::start(
             &conn,
@@ -145,7 +145,7 @@ fn forwarding_session(
         .await;
         if settings.show_notices {
             for n in &notices {
-                eprintln!("{n}");
+                eprintln!("{}", skiff_proto::terminal_text::lines(n));
             }
         }
         if settings.exit_on_forward_failure && !failures.is_empty() {
@@ -242,7 +242,7 @@ fn forward_stdio(settings: &ConnectSettings, host: &str, port: u16) -> i32 {
     cli_exec::on_one_thread(async {
         let conn = skiff_engine::connect(settings).await?;
         for notice in &conn.notices {
-            eprintln!("{notice}");
+            eprintln!("{}", skiff_proto::terminal_text::lines(notice));
         }
         skiff_engine::forward::forward_stdio(
             &conn,

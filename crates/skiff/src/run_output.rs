@@ -2,12 +2,17 @@
 //! streamed `host: line` form, grouping of identical outputs under folded
 //! node sets (`-b`), one JSON object per host (`--json`), and the summary.
 //! Every function returns the bytes to write; the caller writes them.
+//!
+//! What skiff itself says about a host (its errors, a server's banner, a
+//! signal's name) may carry a server's words and is shown through
+//! [`terminal_text`]; the remote command's own output is passed through as
+//! it came, as ssh does.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use skiff_engine::{ExitOutcome, SkiffError};
-use skiff_proto::nodeset;
+use skiff_proto::{nodeset, terminal_text};
 
 /// Splits one stream of one host into whole lines.
 #[derive(Debug, Default)]
@@ -47,6 +52,18 @@ pub fn prefixed_line(label: &str, line: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A notice about `label`'s connection (a banner, a newly recorded host
+/// key), which may span lines, as one buffer.
+pub fn notice_line(label: &str, text: &str) -> Vec<u8> {
+    prefixed_line(label, terminal_text::lines(text).as_bytes())
+}
+
+/// Why skiff could not run the command on `label`, as one line.
+pub fn error_line(label: &str, e: &SkiffError) -> Vec<u8> {
+    let text = format!("skiff: {}", terminal_text::one_line(&e.message));
+    prefixed_line(label, text.as_bytes())
+}
+
 /// Everything kept about one host once it has finished.
 #[derive(Debug)]
 pub struct HostRecord {
@@ -66,11 +83,12 @@ pub fn json_line(rec: &HostRecord) -> String {
         ),
         Err(e) => (
             serde_json::Value::Null,
-            serde_json::json!({ "kind": e.kind.name(), "message": e.message }),
+            serde_json::json!({ "kind": e.kind.name(), "message": e.to_string() }),
         ),
     };
     let signal = match &rec.result {
-        Ok(ExitOutcome::Signal { name, .. }) => serde_json::json!(name),
+        // The server names the signal.
+        Ok(ExitOutcome::Signal { name, .. }) => serde_json::json!(terminal_text::one_line(name)),
         _ => serde_json::Value::Null,
     };
     let value = serde_json::json!({
@@ -204,6 +222,31 @@ mod tests {
     #[test]
     fn prefixed_line_is_one_whole_line() {
         assert_eq!(prefixed_line("web1", b"up 3 days\r"), b"web1: up 3 days\n");
+    }
+
+    #[test]
+    fn skiffs_own_lines_show_a_servers_words_escaped() {
+        let e = SkiffError::new(ErrorKind::Protocol, "closed: \u{1b}[1A\u{1b}[2Kok");
+        assert_eq!(
+            error_line("web1", &e),
+            b"web1: skiff: closed: \\u{1b}[1A\\u{1b}[2Kok\n"
+        );
+        // A banner keeps its lines, not its escape sequences.
+        assert_eq!(
+            notice_line("web1", "Welcome\n\u{1b}[2Jto web1\r"),
+            b"web1: Welcome\n\\u{1b}[2Jto web1\\r\n"
+        );
+        let killed = rec(
+            "web1",
+            "",
+            Ok(ExitOutcome::Signal {
+                name: "KILL\u{1b}[2J".into(),
+                core_dumped: false,
+                message: String::new(),
+            }),
+        );
+        let v: serde_json::Value = serde_json::from_str(&json_line(&killed)).unwrap();
+        assert_eq!(v["signal"], "KILL\\u{1b}[2J");
     }
 
     #[test]

@@ -524,3 +524,99 @@ fn a_host_that_finishes_during_a_passphrase_question_reports_after_it() {
     assert!(after.contains("h2: 1 files, 6 bytes"), "{c}");
     assert!(all.contains("copied to 2 of 2 hosts"), "{c}");
 }
+
+/// The names in `dir`, sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Hosts named `.` and `..` (reachable through ssh_config `Host` entries)
+/// gather into `DIR/%2E/` and `DIR/%2E%2E/`, never into `DIR` itself or
+/// its parent, directly and through the agent; a host name with a `/` (from
+/// a groups file) is refused before anything is written.
+#[test]
+fn gathering_never_writes_outside_the_directory() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let mut opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys);
+    let config = transfer_subsystem_config().unwrap_or_default();
+    if !config.is_empty() {
+        opts = opts.config(&config);
+    }
+    let d = Skiffd::start_with(opts);
+    let ah = AgentHome::new();
+    ah.home.trust(d.port(), &fx.host_key);
+    write_file(
+        &ah.home.ssh_dir().join("config"),
+        format!(
+            "Host . .. evil\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  \
+             ConnectTimeout 5\n",
+            d.port(),
+            user(),
+            fx.client_key.private.display()
+        ),
+        0o600,
+    );
+    let groups = ah.home.path().join("groups");
+    write_file(&groups, "bad: evil,a/b\n", 0o644);
+    let remote = account_dir();
+    write_file(&remote.path().join("f"), "from the server\n", 0o644);
+    let cp = |agent: bool, args: &[&str]| {
+        Run::new(skiff_bin())
+            .env("HOME", ah.home.path())
+            .env_remove("SSH_AUTH_SOCK")
+            .env("SKIFF_AGENT", if agent { "on" } else { "off" })
+            .env("XDG_RUNTIME_DIR", ah.runtime.path())
+            .env("XDG_STATE_HOME", ah.home.path().join("state"))
+            .arg("cp")
+            .args(args)
+            .timeout(BULK_TIMEOUT)
+            .run()
+    };
+    for agent in [false, true] {
+        let c = server_context(
+            &d,
+            &format!("gathering from . and .., through the agent: {agent}"),
+        );
+        let parent = tempdir();
+        let dir = parent.path().join("out");
+        fs::create_dir(&dir).unwrap();
+        let source = format!(".,..,evil:{}/f", remote.path().display());
+        let out = cp(agent, &[&source, &dir.display().to_string()]);
+        out.expect_code(0, &c);
+        assert_eq!(entries(parent.path()), ["out"], "{c}: outside DIR\n{out}");
+        assert_eq!(entries(&dir), ["%2E", "%2E%2E", "evil"], "{c}\n{out}");
+        for host in ["%2E", "%2E%2E", "evil"] {
+            assert_eq!(
+                fs::read_to_string(dir.join(host).join("f")).unwrap_or_default(),
+                "from the server\n",
+                "{c}: {host}'s copy\n{out}"
+            );
+        }
+
+        let source = format!("@bad:{}/f", remote.path().display());
+        let out = cp(
+            agent,
+            &[
+                "--groups",
+                &groups.display().to_string(),
+                &source,
+                &dir.join("again").display().to_string(),
+            ],
+        );
+        out.expect_code(255, &c);
+        assert!(
+            out.stderr.contains("'/' is not allowed in a host name"),
+            "{c}: the refusal says why\n{out}"
+        );
+        assert_eq!(entries(parent.path()), ["out"], "{c}\n{out}");
+        assert_eq!(entries(&dir), ["%2E", "%2E%2E", "evil"], "{c}\n{out}");
+    }
+}

@@ -622,3 +622,97 @@ fn a_run_asks_no_host_key_questions() {
     );
     assert!(out.stdout_str().is_empty(), "{c}\n{out}");
 }
+
+/// The names in `dir`, sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `--outdir`: hosts named `.`, `..` and `...` (through ssh_config `Host`
+/// entries) get files of their own in DIR, none of them shared and nothing
+/// outside DIR; a host name with a `/` (from a hosts file) is refused
+/// before DIR is made.
+#[test]
+fn outdir_files_of_dot_hosts_stay_apart_and_inside() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let d = Skiffd::start(&fx.host_key, &fx.authorized_keys);
+    let home = ClientHome::new();
+    home.trust(d.port(), &fx.host_key);
+    let cfg = home.path().join("dots_config");
+    write_file(
+        &cfg,
+        format!(
+            "Host . .. ...\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  \
+             IdentitiesOnly yes\n",
+            d.port(),
+            user(),
+            fx.client_key.private.display()
+        ),
+        0o644,
+    );
+    let c = ctx(&d, "--outdir with hosts . .. ...");
+    let parent = tempdir();
+    let dir = parent.path().join("out");
+    let out = skiff_run(
+        &home,
+        &cfg,
+        &[
+            "--outdir",
+            dir.to_str().unwrap(),
+            "-q",
+            ".,..,...",
+            "echo \"$SSH_CONNECTION\" | cut -d' ' -f2; echo e >&2",
+        ],
+    )
+    .run();
+    out.expect_code(0, &c);
+    assert_eq!(entries(parent.path()), ["out"], "{c}: outside DIR\n{out}");
+    assert_eq!(
+        entries(&dir),
+        [
+            "%2E%2E.err",
+            "%2E%2E.out",
+            "%2E.err",
+            "%2E.out",
+            "....err",
+            "....out"
+        ],
+        "{c}\n{out}"
+    );
+    for name in ["%2E", "%2E%2E", "..."] {
+        let o = std::fs::read_to_string(dir.join(format!("{name}.out"))).unwrap();
+        assert!(o.ends_with('\n') && o.len() > 1, "{c}: {name}.out: {o:?}");
+        let e = std::fs::read_to_string(dir.join(format!("{name}.err"))).unwrap();
+        assert_eq!(e, "e\n", "{c}: {name}.err");
+    }
+
+    let hosts = home.path().join("hosts");
+    write_file(&hosts, "...\na/b\n", 0o644);
+    let refused = parent.path().join("refused");
+    let out = skiff_run(
+        &home,
+        &cfg,
+        &[
+            "--outdir",
+            refused.to_str().unwrap(),
+            "-f",
+            hosts.to_str().unwrap(),
+            "true",
+        ],
+    )
+    .run();
+    out.expect_code(255, &c);
+    assert!(
+        out.stderr.contains("'/' is not allowed in a host name"),
+        "{c}: the refusal says why\n{out}"
+    );
+    assert_eq!(entries(parent.path()), ["out"], "{c}: nothing made\n{out}");
+}
