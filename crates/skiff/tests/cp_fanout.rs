@@ -323,6 +323,8 @@ struct OnTerminal {
     child: std::process::Child,
     master: std::fs::File,
     output: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    /// Says when the reader has taken everything the terminal showed.
+    drained: std::sync::mpsc::Receiver<()>,
 }
 
 impl OnTerminal {
@@ -363,6 +365,7 @@ impl OnTerminal {
         let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut reader = master.try_clone().unwrap();
         let sink = output.clone();
+        let (drained_tx, drained) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
             // Ends with EIO once the child and its descendants closed the terminal.
@@ -372,11 +375,13 @@ impl OnTerminal {
                 }
                 sink.lock().unwrap().extend_from_slice(&buf[..n]);
             }
+            let _ = drained_tx.send(());
         });
         OnTerminal {
             child,
             master,
             output,
+            drained,
         }
     }
 
@@ -404,11 +409,14 @@ impl OnTerminal {
         std::io::Write::write_all(&mut self.master, format!("{line}\n").as_bytes()).unwrap();
     }
 
-    /// The exit status, killing the child if it has not ended in time.
+    /// The exit status, killing the child if it has not ended in time. The
+    /// terminal's last output is read before it returns (the child may exit
+    /// before the reader has taken what it wrote last).
     fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
+                let _ = self.drained.recv_timeout(Duration::from_secs(30));
                 return status;
             }
             if Instant::now() > deadline {
