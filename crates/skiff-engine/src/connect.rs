@@ -15,7 +15,7 @@ use crate::error::{ErrorKind, SkiffError};
 use crate::hostkeys::{CertificateCheck, KnownHosts};
 use crate::identity;
 use crate::port_forward::RemoteForwards;
-use crate::server_id::{Recording, ServerId};
+use crate::server_id::{recording, ServerId};
 use crate::settings::ConnectSettings;
 
 /// Largest channel data packet we accept: large packets cost fewer
@@ -395,7 +395,7 @@ async fn handshake(
     // a buffer that is two or three system calls per packet. The buffer
     // serves small reads only; bulk reads larger than it go straight through.
     let buffered = tokio::io::BufReader::with_capacity(READ_BUFFER, transport.stream);
-    let (stream, server_id) = Recording::new(buffered);
+    let (stream, server_id) = recording(buffered);
     let refusal = Arc::new(Mutex::new(None));
     let order_again = Arc::new(AtomicBool::new(false));
     let remote_forwards = Arc::new(RemoteForwards::default());

@@ -18,6 +18,7 @@ pub mod pool;
 pub mod port_forward;
 mod private_key;
 pub mod prompt_screen;
+pub(crate) mod read_tap;
 mod revoked_host_keys;
 pub mod server_id;
 pub mod settings;

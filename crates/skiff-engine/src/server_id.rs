@@ -3,11 +3,9 @@
 //! russh, which keeps it to itself. skiff uses it to tell a skiffd, which
 //! understands skiff's extensions, from any other server.
 
-use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use crate::read_tap::{ReadTap, Tap};
 
 /// Longest line kept (RFC 4253 allows 255 bytes including CR LF).
 const MAX_LINE: usize = 255;
@@ -55,76 +53,37 @@ impl ServerId {
     }
 }
 
-/// A stream that records the server's identification line in a
-/// [`ServerId`] while passing every byte through unchanged. Once the line
-/// is found, reads pass straight through.
-pub struct Recording<S> {
-    inner: S,
+/// The [`Tap`] that records the server's identification line in a
+/// [`ServerId`]; once the line is found it looks at nothing more.
+pub struct IdTap {
     id: ServerId,
     /// The scan, until the line is found.
     seen: Option<Seen>,
 }
 
-impl<S> Recording<S> {
-    pub fn new(inner: S) -> (Self, ServerId) {
-        let id = ServerId::default();
-        (
-            Recording {
-                inner,
-                id: id.clone(),
-                seen: Some(Seen::default()),
-            },
-            id,
-        )
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Recording<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if let (Poll::Ready(Ok(())), Some(seen)) = (&polled, self.seen.as_mut()) {
-            if let Some(line) = seen.feed(&buf.filled()[before..]) {
+impl Tap for IdTap {
+    fn saw(&mut self, bytes: &[u8]) {
+        if let Some(seen) = self.seen.as_mut() {
+            if let Some(line) = seen.feed(bytes) {
                 let _ = self.id.0.set(line);
                 self.seen = None;
             }
         }
-        polled
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Recording<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
+/// A stream that records the server's identification line in a
+/// [`ServerId`] while passing every byte through unchanged.
+pub type Recording<S> = ReadTap<S, IdTap>;
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
+/// `inner`, recording the identification line it reads.
+pub fn recording<S>(inner: S) -> (Recording<S>, ServerId) {
+    let id = ServerId::default();
+    let tap = IdTap {
+        id: id.clone(),
+        seen: Some(Seen::default()),
+    };
+    (ReadTap::new(inner, tap), id)
 }
 
 #[cfg(test)]
@@ -164,7 +123,7 @@ mod tests {
     async fn bytes_pass_through_unchanged() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let (mut far, near) = tokio::io::duplex(64);
-        let (mut stream, id) = Recording::new(near);
+        let (mut stream, id) = recording(near);
         far.write_all(b"SSH-2.0-skiffd_9\r\nrest").await.unwrap();
         drop(far);
         let mut got = Vec::new();

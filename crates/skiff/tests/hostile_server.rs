@@ -404,13 +404,9 @@ fn data_plane_refuses_entries_outside_the_tree() {
     expect_failure(&out, 255, &["not asked for"], &c);
 }
 
-/// A file announced with mode 6755 arrives without set-id bits: exactly
-/// 0755 with -p, and within 0777 without.
-#[test]
-fn data_plane_drops_set_id_bits_from_files() {
-    let Some(h) = Hostile::data_plane("setuid") else {
-        return;
-    };
+/// A file announced with mode 6755 (0o104755 in SFTP's attributes) arrives
+/// without set-id bits: exactly 0755 with -p, and within 0777 without.
+fn set_id_bits_dropped(h: &Hostile, what: &str) {
     for preserve in [false, true] {
         let dir = tempdir();
         let mut args = vec![];
@@ -420,14 +416,20 @@ fn data_plane_drops_set_id_bits_from_files() {
         let src = remote("report.txt");
         args.extend([src.as_str(), s(dir.path())]);
         let out = h.cp(&args);
-        let c = h.ctx(&format!("setuid, -p {preserve}\n{out}"));
+        let c = h.ctx(&format!("{what}, -p {preserve}\n{out}"));
         expect_status(&out, 0, &c);
         let mode = mode_of(&dir.path().join("report.txt"));
+        assert_eq!(mode & 0o7000, 0, "mode {mode:o}\n{c}");
         if preserve {
             assert_eq!(mode, 0o755, "mode {mode:o}\n{c}");
-        } else {
-            assert_eq!(mode & 0o7000, 0, "mode {mode:o}\n{c}");
         }
+    }
+}
+
+#[test]
+fn data_plane_drops_set_id_bits_from_files() {
+    if let Some(h) = Hostile::data_plane("setuid") {
+        set_id_bits_dropped(&h, "setuid");
     }
 }
 
@@ -463,11 +465,7 @@ fn data_plane_drops_set_id_and_sticky_bits_from_trees() {
 /// `-r -p` into an existing `tree` (0700, old mtime): the server's mode
 /// (0777) and time are not applied to it; the directory the copy creates
 /// gets the server's 0750.
-#[test]
-fn data_plane_leaves_existing_directories_alone() {
-    let Some(h) = Hostile::data_plane("chmod-existing") else {
-        return;
-    };
+fn existing_directories_left_alone(h: &Hostile, what: &str) {
     let dir = tempdir();
     let tree = dir.path().join("tree");
     fs::create_dir(&tree).unwrap();
@@ -475,7 +473,7 @@ fn data_plane_leaves_existing_directories_alone() {
     set_mtime(&tree, OLD_MTIME);
     let started = now_secs();
     let out = h.cp(&["-r", "-p", &remote("tree"), s(dir.path())]);
-    let c = h.ctx(&format!("chmod-existing\n{out}"));
+    let c = h.ctx(&format!("{what}\n{out}"));
     expect_status(&out, 0, &c);
     expect_existing_dir_untouched(&tree, started, &c);
     let new = tree.join("new");
@@ -483,6 +481,13 @@ fn data_plane_leaves_existing_directories_alone() {
     assert_eq!(mode_of(&new), 0o750, "tree/new mode\n{c}");
     assert!(tree.join("top.txt").is_file(), "tree/top.txt\n{c}");
     assert!(new.join("inner.txt").is_file(), "tree/new/inner.txt\n{c}");
+}
+
+#[test]
+fn data_plane_leaves_existing_directories_alone() {
+    if let Some(h) = Hostile::data_plane("chmod-existing") {
+        existing_directories_left_alone(&h, "chmod-existing");
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -621,53 +626,18 @@ fn sftp_refuses_a_name_listed_twice() {
     assert_no_temporaries(dir.path(), &c);
 }
 
-/// A file whose attributes say 0o104755 arrives without set-id bits, with
-/// and without -p (exactly 0755 with -p).
 #[test]
 fn sftp_drops_set_id_bits() {
-    let Some(h) = Hostile::sftp("setuid") else {
-        return;
-    };
-    for preserve in [false, true] {
-        let dir = tempdir();
-        let mut args = vec![];
-        if preserve {
-            args.push("-p");
-        }
-        let src = remote("report.txt");
-        args.extend([src.as_str(), s(dir.path())]);
-        let out = h.cp(&args);
-        let c = h.ctx(&format!("sftp setuid, -p {preserve}\n{out}"));
-        expect_status(&out, 0, &c);
-        let mode = mode_of(&dir.path().join("report.txt"));
-        assert_eq!(mode & 0o7000, 0, "mode {mode:o}\n{c}");
-        if preserve {
-            assert_eq!(mode, 0o755, "mode {mode:o}\n{c}");
-        }
+    if let Some(h) = Hostile::sftp("setuid") {
+        set_id_bits_dropped(&h, "sftp setuid");
     }
 }
 
-/// `-r -p` over SFTP into an existing `tree`: its mode and time are not the
-/// server's; the new `tree/new` gets 0750.
 #[test]
 fn sftp_leaves_existing_directories_alone() {
-    let Some(h) = Hostile::sftp("chmod-existing") else {
-        return;
-    };
-    let dir = tempdir();
-    let tree = dir.path().join("tree");
-    fs::create_dir(&tree).unwrap();
-    set_mode(&tree, 0o700);
-    set_mtime(&tree, OLD_MTIME);
-    let started = now_secs();
-    let out = h.cp(&["-r", "-p", &remote("tree"), s(dir.path())]);
-    let c = h.ctx(&format!("sftp chmod-existing\n{out}"));
-    expect_status(&out, 0, &c);
-    expect_existing_dir_untouched(&tree, started, &c);
-    let new = tree.join("new");
-    assert!(new.is_dir(), "tree/new was not created\n{c}");
-    assert_eq!(mode_of(&new), 0o750, "tree/new mode\n{c}");
-    assert!(new.join("inner.txt").is_file(), "tree/new/inner.txt\n{c}");
+    if let Some(h) = Hostile::sftp("chmod-existing") {
+        existing_directories_left_alone(&h, "sftp chmod-existing");
+    }
 }
 
 /// A READ answer longer than the request ends the copy; nothing written.
@@ -946,107 +916,77 @@ fn expect_nothing_wrong(wrong: &[String], cp: &Background, d: &Skiffd, c: &str) 
     );
 }
 
-/// An upload over the data plane whose path freezes mid-file: skiff exits
-/// 255 in time, the file it would replace is unchanged, and skiffd's side
-/// (which notices the dead client within seconds) removes its temporary.
+/// Which way a frozen-path case copies, and over what.
+#[derive(Clone, Copy, PartialEq)]
+enum Way {
+    Upload,
+    Download,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Plane {
+    Data,
+    Sftp,
+}
+
+/// A 200 MiB copy whose path freezes mid-file: skiff exits 255 in time, the
+/// file it would replace is unchanged and no local temporary remains. Over
+/// the data plane an upload's server side (which notices the dead client
+/// within seconds) removes its temporary too; an SFTP server cannot know
+/// its file is one, so that temporary stays.
+fn frozen_case(way: Way, plane: Plane, c: &str) {
+    let extra = match plane {
+        Plane::Data => "",
+        Plane::Sftp => "DataPlane no\n",
+    };
+    let Some((fx, d, relay)) = frozen_setup(extra) else {
+        return;
+    };
+    let local = tempdir();
+    let rdir = account_dir();
+    let (from, to) = match way {
+        Way::Upload => (local.path(), rdir.path()),
+        Way::Download => (rdir.path(), local.path()),
+    };
+    let src = from.join("big.bin");
+    random_file(&src, FROZEN_SIZE);
+    let old = to.join("big.bin");
+    write_file(&old, OLD_CONTENTS, 0o644);
+    let (source, target) = match way {
+        Way::Upload => (s(&src).to_string(), remote(s(rdir.path()))),
+        Way::Download => (remote(s(&src)), s(local.path()).to_string()),
+    };
+    let cp = frozen_cp(&fx, &relay, &[&source, &target]);
+    let mut cp = start_and_freeze(&relay, cp, to, c);
+    let server_side = (way == Way::Upload && plane == Plane::Data).then_some(rdir.path());
+    let mut wrong = outcome_after_freeze(&mut cp, server_side);
+    frozen_leftovers(&old, local.path(), &mut wrong);
+    let (used, name) = match plane {
+        Plane::Data => ("mode aead", "the data plane"),
+        Plane::Sftp => ("subsystem sftp", "SFTP"),
+    };
+    if !d.log().contains(used) {
+        wrong.push(format!("the copy did not use {name}"));
+    }
+    expect_nothing_wrong(&wrong, &cp, &d, c);
+}
+
 #[test]
 fn frozen_path_ends_a_data_plane_upload() {
-    let Some((fx, d, relay)) = frozen_setup("") else {
-        return;
-    };
-    let c = "frozen data-plane upload";
-    let local = tempdir();
-    let src = local.path().join("big.bin");
-    random_file(&src, FROZEN_SIZE);
-    let rdir = account_dir();
-    let old = rdir.path().join("big.bin");
-    write_file(&old, OLD_CONTENTS, 0o644);
-    let target = remote(s(rdir.path()));
-    let cp = frozen_cp(&fx, &relay, &[s(&src), &target]);
-    let mut cp = start_and_freeze(&relay, cp, rdir.path(), c);
-    let mut wrong = outcome_after_freeze(&mut cp, Some(rdir.path()));
-    frozen_leftovers(&old, local.path(), &mut wrong);
-    if !d.log().contains("mode aead") {
-        wrong.push("the copy did not use the data plane".into());
-    }
-    expect_nothing_wrong(&wrong, &cp, &d, c);
+    frozen_case(Way::Upload, Plane::Data, "frozen data-plane upload");
 }
 
-/// A download over the data plane whose path freezes mid-file: skiff exits
-/// 255 in time, the local file it would replace is unchanged, no local
-/// temporary remains.
 #[test]
 fn frozen_path_ends_a_data_plane_download() {
-    let Some((fx, d, relay)) = frozen_setup("") else {
-        return;
-    };
-    let c = "frozen data-plane download";
-    let rdir = account_dir();
-    let src = rdir.path().join("big.bin");
-    random_file(&src, FROZEN_SIZE);
-    let local = tempdir();
-    let old = local.path().join("big.bin");
-    write_file(&old, OLD_CONTENTS, 0o644);
-    let source = remote(s(&src));
-    let cp = frozen_cp(&fx, &relay, &[&source, s(local.path())]);
-    let mut cp = start_and_freeze(&relay, cp, local.path(), c);
-    let mut wrong = outcome_after_freeze(&mut cp, None);
-    frozen_leftovers(&old, local.path(), &mut wrong);
-    if !d.log().contains("mode aead") {
-        wrong.push("the copy did not use the data plane".into());
-    }
-    expect_nothing_wrong(&wrong, &cp, &d, c);
+    frozen_case(Way::Download, Plane::Data, "frozen data-plane download");
 }
 
-/// The same over SFTP (skiffd with `DataPlane no`): a download whose path
-/// freezes ends with 255 in time and leaves the old local file and no
-/// temporary.
 #[test]
 fn frozen_path_ends_an_sftp_download() {
-    let Some((fx, d, relay)) = frozen_setup("DataPlane no\n") else {
-        return;
-    };
-    let c = "frozen SFTP download";
-    let rdir = account_dir();
-    let src = rdir.path().join("big.bin");
-    random_file(&src, FROZEN_SIZE);
-    let local = tempdir();
-    let old = local.path().join("big.bin");
-    write_file(&old, OLD_CONTENTS, 0o644);
-    let source = remote(s(&src));
-    let cp = frozen_cp(&fx, &relay, &[&source, s(local.path())]);
-    let mut cp = start_and_freeze(&relay, cp, local.path(), c);
-    let mut wrong = outcome_after_freeze(&mut cp, None);
-    frozen_leftovers(&old, local.path(), &mut wrong);
-    if !d.log().contains("subsystem sftp") {
-        wrong.push("the copy did not use SFTP".into());
-    }
-    expect_nothing_wrong(&wrong, &cp, &d, c);
+    frozen_case(Way::Download, Plane::Sftp, "frozen SFTP download");
 }
 
-/// An upload over SFTP whose path freezes mid-file: skiff exits 255 in
-/// time and the file it would replace is unchanged. (Its remote temporary
-/// stays: the connection that could remove it is gone, and an SFTP server
-/// does not know the file is one.)
 #[test]
 fn frozen_path_ends_an_sftp_upload() {
-    let Some((fx, d, relay)) = frozen_setup("DataPlane no\n") else {
-        return;
-    };
-    let c = "frozen SFTP upload";
-    let local = tempdir();
-    let src = local.path().join("big.bin");
-    random_file(&src, FROZEN_SIZE);
-    let rdir = account_dir();
-    let old = rdir.path().join("big.bin");
-    write_file(&old, OLD_CONTENTS, 0o644);
-    let target = remote(s(rdir.path()));
-    let cp = frozen_cp(&fx, &relay, &[s(&src), &target]);
-    let mut cp = start_and_freeze(&relay, cp, rdir.path(), c);
-    let mut wrong = outcome_after_freeze(&mut cp, None);
-    frozen_leftovers(&old, local.path(), &mut wrong);
-    if !d.log().contains("subsystem sftp") {
-        wrong.push("the copy did not use SFTP".into());
-    }
-    expect_nothing_wrong(&wrong, &cp, &d, c);
+    frozen_case(Way::Upload, Plane::Sftp, "frozen SFTP upload");
 }

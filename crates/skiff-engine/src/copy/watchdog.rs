@@ -7,16 +7,14 @@
 //! disk ([`Heard::busy`]: an fsync of a large file may take a while).
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use skiff_dataplane::Stall;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::error::SkiffError;
+use crate::read_tap::{ReadTap, Tap};
 
 /// How often the watch looks.
 const TICK: Duration = Duration::from_secs(1);
@@ -31,10 +29,7 @@ pub(crate) struct Heard {
 impl Heard {
     /// `stream`, with what it reads counted.
     pub(crate) fn listen<S>(&self, stream: S) -> Listened<S> {
-        Listened {
-            inner: stream,
-            bytes: self.bytes.clone(),
-        }
+        ReadTap::new(stream, Counted(self.bytes.clone()))
     }
 
     /// Marks local work (a commit) that is progress though nothing is heard,
@@ -86,45 +81,17 @@ impl Drop for Busy {
     }
 }
 
+/// Counts what a [`Listened`] stream reads into [`Heard`].
+pub(crate) struct Counted(Arc<AtomicU64>);
+
+impl Tap for Counted {
+    fn saw(&mut self, bytes: &[u8]) {
+        self.0.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    }
+}
+
 /// A stream whose reads are counted into [`Heard`].
-pub(crate) struct Listened<S> {
-    inner: S,
-    bytes: Arc<AtomicU64>,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Listened<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        if n > 0 {
-            self.bytes.fetch_add(n as u64, Ordering::Relaxed);
-        }
-        polled
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Listened<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
+pub(crate) type Listened<S> = ReadTap<S, Counted>;
 
 #[cfg(test)]
 mod tests {
