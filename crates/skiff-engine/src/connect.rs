@@ -494,6 +494,24 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
             ),
         ));
     }
+    // In a fan-out, wait for room among its connections on their way to
+    // authentication, and tell the gate how this one ended.
+    let Some(gate) = &settings.pre_auth_gate else {
+        return authenticated(settings).await;
+    };
+    let pass = gate.enter().await;
+    let connected = authenticated(settings).await;
+    match &connected {
+        Ok(_) => pass.authenticated(),
+        Err(e) if e.kind == ErrorKind::Busy => pass.dropped(),
+        Err(_) => drop(pass),
+    }
+    connected
+}
+
+/// TCP connection (or proxy), key exchange, host-key check and
+/// authentication.
+async fn authenticated(settings: &ConnectSettings) -> Result<Connection, SkiffError> {
     let known_hosts = Arc::new(KnownHosts::load(settings));
     let (key_host, key_port) = settings.host_key_name();
     let order = known_hosts.preferred_key_types(key_host, key_port);
