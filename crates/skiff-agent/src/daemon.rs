@@ -7,14 +7,16 @@
 //! under `ask`, a passphrase) is answered with `NeedsUser`, so the CLI
 //! connects directly that first time.
 
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use skiff_engine::busy::Gate;
 use skiff_engine::fanout::{self, FanoutOptions, RunEvent, Stream};
-use skiff_engine::settings::{resolve_for, ClientEnv, Resolver};
+use skiff_engine::settings::{ClientEnv, Resolver};
 use skiff_engine::{Destination, ExecRequest, ExitOutcome, Pool, PtyRequest};
 use skiff_proto::agent_wire::{self, ExecWire, ForwardWire, HostEnd, Reply, Request, RunWire};
 use skiff_proto::nodeset;
@@ -34,6 +36,31 @@ struct Agent {
     last_activity: std::sync::Mutex<Instant>,
     started: Instant,
     stop: tokio::sync::Notify,
+    /// The limit on connections on their way to authentication that the
+    /// connections made for one client process share, by its process id
+    /// (see [`Agent::gate_for`]).
+    gates: std::sync::Mutex<HashMap<i32, Weak<Gate>>>,
+}
+
+impl Agent {
+    /// The gate of the client process `pid`: the connections the agent
+    /// makes for it (a `skiff cp` to a node set sends one request per host)
+    /// keep from crowding a server that drops connections before
+    /// authentication, as a fan-out's do. A client whose process id is
+    /// unknown gets a gate of its own.
+    fn gate_for(&self, pid: Option<i32>) -> Arc<Gate> {
+        let Some(pid) = pid else {
+            return Arc::default();
+        };
+        let mut gates = self.gates.lock().expect("not poisoned");
+        if let Some(gate) = gates.get(&pid).and_then(Weak::upgrade) {
+            return gate;
+        }
+        gates.retain(|_, gate| gate.strong_count() > 0);
+        let gate = Arc::new(Gate::default());
+        gates.insert(pid, Arc::downgrade(&gate));
+        gate
+    }
 }
 
 /// Commands that may read stdin at once through the agent.
@@ -98,6 +125,7 @@ async fn serve(
         last_activity: std::sync::Mutex::new(Instant::now()),
         started: Instant::now(),
         stop: tokio::sync::Notify::new(),
+        gates: std::sync::Mutex::default(),
     });
     tracing::info!(
         "skiff agent listening on {} (pid {})",
@@ -182,6 +210,7 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
         tracing::warn!("refused a client: {e}");
         return Ok(());
     }
+    let pid = stream.peer_cred().ok().and_then(|c| c.pid());
     let (request, fds) = tokio::time::timeout(REQUEST_TIMEOUT, read_request(&stream))
         .await
         .map_err(|_| {
@@ -227,7 +256,7 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
         }
         Request::Forward(wire) => {
             let (resize_tx, _) = tokio::sync::mpsc::channel(1);
-            let work = forward(&agent, wire, fds);
+            let work = forward(&agent, wire, fds, agent.gate_for(pid));
             match attended(&agent, &stream, resize_tx, work).await {
                 Some(r) => r,
                 None => {
@@ -239,7 +268,13 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
         Request::Exec(wire) => {
             let (resize_tx, resize_rx) = tokio::sync::mpsc::channel(8);
             let resize = wire.pty.is_some().then_some(resize_rx);
-            let work = exec(&agent, wire, fds, Started::Resize(resize));
+            let work = exec(
+                &agent,
+                wire,
+                fds,
+                Started::Resize(resize),
+                agent.gate_for(pid),
+            );
             match attended(&agent, &stream, resize_tx, work).await {
                 Some(r) => r,
                 None => {
@@ -251,7 +286,13 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
         Request::Subsystem(wire) => {
             let (resize_tx, _) = tokio::sync::mpsc::channel(1);
             let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
-            let work = exec(&agent, wire, fds, Started::Announce(opened_tx));
+            let work = exec(
+                &agent,
+                wire,
+                fds,
+                Started::Announce(opened_tx),
+                agent.gate_for(pid),
+            );
             // `Opened` goes to the client while the subsystem runs. The
             // final reply waits for it: the sender goes with `work`, so
             // announcing ends by then, and never halfway through a frame.
@@ -415,13 +456,20 @@ async fn write_shared(stream: &tokio::net::UnixStream, mut bytes: &[u8]) -> std:
     Ok(())
 }
 
-/// Runs one command for a client, using the client's stdio fds.
-async fn exec(agent: &Agent, wire: ExecWire, fds: Vec<OwnedFd>, started: Started) -> Reply {
+/// Runs one command for a client, using the client's stdio fds; a
+/// connection made for it passes through `gate`.
+async fn exec(
+    agent: &Agent,
+    wire: ExecWire,
+    fds: Vec<OwnedFd>,
+    started: Started,
+    gate: Arc<Gate>,
+) -> Reply {
     let [stdin_fd, stdout_fd, stderr_fd] = match stdio_fds(fds) {
         Ok(a) => a,
         Err(reply) => return reply,
     };
-    let settings = match settings_of(&wire) {
+    let settings = match settings_of(&wire, gate) {
         Ok(s) => s,
         Err(e) => return failed(e),
     };
@@ -472,8 +520,12 @@ async fn exec(agent: &Agent, wire: ExecWire, fds: Vec<OwnedFd>, started: Started
 
 /// The client's destination, resolved as the client would, but with
 /// `BatchMode=yes` and `ForwardAgent=no` first (first value wins): the
-/// agent never prompts, and its shared connections forward no agent.
-fn settings_of(wire: &ExecWire) -> Result<skiff_engine::ConnectSettings, skiff_engine::SkiffError> {
+/// agent never prompts, and its shared connections forward no agent. A
+/// connection made to it passes through `gate`.
+fn settings_of(
+    wire: &ExecWire,
+    gate: Arc<Gate>,
+) -> Result<skiff_engine::ConnectSettings, skiff_engine::SkiffError> {
     // Nor does it forward anyone's ssh-agent over a shared connection.
     let mut options = vec!["BatchMode=yes".to_string(), "ForwardAgent=no".to_string()];
     options.extend(wire.options.iter().cloned());
@@ -488,17 +540,19 @@ fn settings_of(wire: &ExecWire) -> Result<skiff_engine::ConnectSettings, skiff_e
     let env = ClientEnv {
         vars: wire.client_env.clone(),
     };
-    resolve_for(&dest, &env)
+    Resolver::new(dest.config_file.as_deref(), &dest.options, &env)?
+        .sharing_pre_auth_gate(gate)
+        .resolve(&dest)
 }
 
 /// `ssh -W` on a pooled connection, with the client's stdin, stdout and
 /// stderr (for notices).
-async fn forward(agent: &Agent, wire: ForwardWire, fds: Vec<OwnedFd>) -> Reply {
+async fn forward(agent: &Agent, wire: ForwardWire, fds: Vec<OwnedFd>, gate: Arc<Gate>) -> Reply {
     let [stdin_fd, stdout_fd, stderr_fd] = match stdio_fds(fds) {
         Ok(a) => a,
         Err(reply) => return reply,
     };
-    let settings = match settings_of(&wire.base) {
+    let settings = match settings_of(&wire.base, gate) {
         Ok(s) => s,
         Err(e) => return failed(e),
     };
@@ -559,8 +613,10 @@ async fn run_fanout(
     let mut options = vec!["BatchMode=yes".to_string()];
     options.extend(base.options.iter().cloned());
     let config_file = base.config_file.as_ref().map(PathBuf::from);
+    // A fan-out: under BatchMode it asks nothing either way, and its hosts
+    // share one limit on connections a busy server would drop.
     let resolver = match Resolver::new(config_file.as_deref(), &options, &env) {
-        Ok(r) => r,
+        Ok(r) => r.for_fan_out(),
         Err(e) => return Ok(failed(e)),
     };
     let targets = hosts

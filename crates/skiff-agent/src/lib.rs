@@ -22,6 +22,7 @@ pub fn wire_kind(kind: ErrorKind) -> u8 {
         ErrorKind::Protocol => 5,
         ErrorKind::ChannelRefused => 6,
         ErrorKind::Timeout => 7,
+        ErrorKind::Busy => 8,
     }
 }
 
@@ -34,6 +35,7 @@ pub fn kind_from_wire(code: u8) -> ErrorKind {
         4 => ErrorKind::Auth,
         6 => ErrorKind::ChannelRefused,
         7 => ErrorKind::Timeout,
+        8 => ErrorKind::Busy,
         _ => ErrorKind::Protocol,
     }
 }
@@ -52,6 +54,7 @@ mod tests {
             ErrorKind::Protocol,
             ErrorKind::ChannelRefused,
             ErrorKind::Timeout,
+            ErrorKind::Busy,
         ] {
             assert_eq!(kind_from_wire(wire_kind(kind)), kind);
         }

@@ -16,7 +16,7 @@ use crate::hostkeys::{CertificateCheck, KnownHosts};
 use crate::identity;
 use crate::port_forward::RemoteForwards;
 use crate::server_id::{recording, ServerId};
-use crate::settings::ConnectSettings;
+use crate::settings::{ConnectSettings, Proxy};
 
 /// Largest channel data packet we accept: large packets cost fewer
 /// messages per byte (russh warns above 65535).
@@ -424,6 +424,23 @@ async fn handshake(
             if let Some(refused) = refusal.lock().expect("not poisoned").take() {
                 return Err(refused);
             }
+            // A ProxyCommand that ends looks the same as a server that
+            // closed, but may be anything (`nc` finding nothing listening).
+            let proxy_command = matches!(settings.proxy, Some(Proxy::Command(_)));
+            if closed_by_server(&e) && !proxy_command {
+                let said = server_id
+                    .line_before()
+                    .map(|line| format!(" (\"{}\")", skiff_proto::terminal_text::one_line(&line)))
+                    .unwrap_or_default();
+                return Err(SkiffError::new(
+                    ErrorKind::Busy,
+                    format!(
+                        "{} port {}{route}: the server closed the connection before \
+                         authentication{said}; it may be busy (MaxStartups)",
+                        settings.hostname, settings.port
+                    ),
+                ));
+            }
             Err(SkiffError::new(
                 ErrorKind::Connect,
                 format!(
@@ -444,6 +461,24 @@ async fn handshake(
     }
 }
 
+/// Whether a key exchange ended because the server closed the connection
+/// (or reset it, or said SSH_MSG_DISCONNECT) rather than because of
+/// something it or we said: how servers drop connections they will not
+/// authenticate now (see [`ErrorKind::Busy`]).
+fn closed_by_server(e: &russh::Error) -> bool {
+    use std::io::ErrorKind as Io;
+    match e {
+        // The end of the stream before the identification or the key
+        // exchange's end, or a disconnect message during it.
+        russh::Error::Disconnect | russh::Error::HUP => true,
+        russh::Error::IO(io) => matches!(
+            io.kind(),
+            Io::ConnectionReset | Io::ConnectionAborted | Io::UnexpectedEof | Io::BrokenPipe
+        ),
+        _ => false,
+    }
+}
+
 /// Connects, verifies the host key and authenticates.
 pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffError> {
     for (keyword, place) in &settings.ignored {
@@ -458,6 +493,24 @@ pub async fn connect(settings: &ConnectSettings) -> Result<Connection, SkiffErro
             ),
         ));
     }
+    // In a fan-out, wait for room among its connections on their way to
+    // authentication, and tell the gate how this one ended.
+    let Some(gate) = &settings.pre_auth_gate else {
+        return authenticated(settings).await;
+    };
+    let pass = gate.enter().await;
+    let connected = authenticated(settings).await;
+    match &connected {
+        Ok(_) => pass.authenticated(),
+        Err(e) if e.kind == ErrorKind::Busy => pass.dropped(),
+        Err(_) => drop(pass),
+    }
+    connected
+}
+
+/// TCP connection (or proxy), key exchange, host-key check and
+/// authentication.
+async fn authenticated(settings: &ConnectSettings) -> Result<Connection, SkiffError> {
     let known_hosts = Arc::new(KnownHosts::load(settings));
     let (key_host, key_port) = settings.host_key_name();
     let order = known_hosts.preferred_key_types(key_host, key_port);

@@ -19,6 +19,11 @@ pub enum ErrorKind {
     Config,
     /// Name resolution, TCP connect, timeout, or the connection dropped.
     Connect,
+    /// The server accepted the connection and closed it before
+    /// authentication, before or during the key exchange: how sshd and
+    /// skiffd drop connections beyond `MaxStartups`, and how a busy bastion
+    /// answers. Another try a moment later may get in (see [`crate::busy`]).
+    Busy,
     /// The server's host key was refused (unknown, changed or revoked).
     HostKey,
     /// No identity was accepted.
@@ -38,6 +43,7 @@ impl ErrorKind {
         match self {
             ErrorKind::Config => "config",
             ErrorKind::Connect => "unreachable",
+            ErrorKind::Busy => "refused-busy",
             ErrorKind::HostKey => "host-key",
             ErrorKind::Auth => "auth",
             ErrorKind::Protocol => "protocol",

@@ -5,6 +5,9 @@
 //! the caller decides how to print them. A failing host never stops the
 //! others. Without a pool each host gets a connection of its own, closed
 //! when its command ends; with one (the agent's), connections stay warm.
+//! Either way a host whose server closes the connection before
+//! authentication (too many at once: `MaxStartups`) is tried again a few
+//! times, as [`crate::busy`] says.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,6 +18,7 @@ use tokio::io::AsyncWrite;
 use tokio::sync::{mpsc, Mutex, Semaphore};
 use tokio_util::sync::PollSender;
 
+use crate::busy::retry_pre_auth_drops;
 use crate::connect::connect;
 use crate::error::{ErrorKind, SkiffError};
 use crate::exec::{exec, ExecRequest, ExitOutcome};
@@ -129,10 +133,13 @@ async fn run_one(
     events: &mpsc::Sender<RunEvent>,
 ) -> Result<ExitOutcome, SkiffError> {
     let settings = target.settings?;
-    if let Some(pacer) = pacer {
-        pacer.lock().await.tick().await;
-    }
-    let mut conn = connect(&settings).await?;
+    let mut conn = retry_pre_auth_drops(&settings, |settings| async move {
+        if let Some(pacer) = pacer {
+            pacer.lock().await.tick().await;
+        }
+        connect(&settings).await
+    })
+    .await?;
     for text in conn.notices.drain(..) {
         let _ = events.send(RunEvent::Notice { host, text }).await;
     }
@@ -158,7 +165,9 @@ async fn run_one(
 }
 
 /// Runs on a pooled connection (opened if needed, left open afterwards).
-/// Notices about a connection opened for it arrive on its stderr.
+/// Notices about a connection opened for it arrive on its stderr. The pool
+/// fails with [`ErrorKind::Busy`] only when it could not connect, before
+/// any channel opened, so trying again never runs the command twice.
 async fn run_pooled(
     host: usize,
     target: Target,
@@ -168,21 +177,24 @@ async fn run_pooled(
     events: &mpsc::Sender<RunEvent>,
 ) -> Result<ExitOutcome, SkiffError> {
     let settings = target.settings?;
-    if let Some(pacer) = pacer {
-        if pool.connection_count(&settings) == 0 {
-            pacer.lock().await.tick().await;
+    retry_pre_auth_drops(&settings, |settings| async move {
+        if let Some(pacer) = pacer {
+            if pool.connection_count(&settings) == 0 {
+                pacer.lock().await.tick().await;
+            }
         }
-    }
-    let stdout = EventWriter::new(host, Stream::Stdout, events);
-    let stderr = EventWriter::new(host, Stream::Stderr, events);
-    pool.exec(
-        &settings,
-        request,
-        None::<tokio::io::Empty>,
-        stdout,
-        stderr,
-        None,
-    )
+        let stdout = EventWriter::new(host, Stream::Stdout, events);
+        let stderr = EventWriter::new(host, Stream::Stderr, events);
+        pool.exec(
+            &settings,
+            request,
+            None::<tokio::io::Empty>,
+            stdout,
+            stderr,
+            None,
+        )
+        .await
+    })
     .await
 }
 

@@ -5,6 +5,7 @@
 //! The `skiff` binary is a thin layer over this crate; later the agent and the
 //! fan-out scheduler reuse the same pieces.
 
+pub mod busy;
 pub mod connect;
 pub mod copy;
 pub mod error;

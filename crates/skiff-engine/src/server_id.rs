@@ -1,9 +1,11 @@
 //! The server's SSH identification line (`SSH-2.0-skiffd_0.1.0`, RFC 4253
 //! section 4.2), recorded as the connection's first bytes pass through to
 //! russh, which keeps it to itself. skiff uses it to tell a skiffd, which
-//! understands skiff's extensions, from any other server.
+//! understands skiff's extensions, from any other server. The last line a
+//! server sent before it (OpenSSH's sshd says `Exceeded MaxStartups` that
+//! way before it drops a connection) is kept too, for messages.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::read_tap::{ReadTap, Tap};
 
@@ -11,10 +13,12 @@ use crate::read_tap::{ReadTap, Tap};
 const MAX_LINE: usize = 255;
 
 /// The scan of the server's first lines: lines before the identification
-/// (RFC 4253 allows them) are skipped.
+/// (RFC 4253 allows them) are skipped, the last one kept.
 #[derive(Debug, Default)]
 struct Seen {
     line: Vec<u8>,
+    /// The last whole line before the identification, without CR LF.
+    other: Option<String>,
 }
 
 impl Seen {
@@ -28,6 +32,7 @@ impl Seen {
                 if line.starts_with(b"SSH-") {
                     return Some(String::from_utf8_lossy(line).into_owned());
                 }
+                self.other = Some(String::from_utf8_lossy(line).into_owned());
             } else if self.line.len() < MAX_LINE {
                 self.line.push(b);
             }
@@ -38,12 +43,26 @@ impl Seen {
 
 /// Where a [`Recording`] stream leaves the identification line.
 #[derive(Debug, Clone, Default)]
-pub struct ServerId(Arc<OnceLock<String>>);
+pub struct ServerId {
+    line: Arc<OnceLock<String>>,
+    /// The last line before the identification, while it has not come.
+    before: Arc<Mutex<Option<String>>>,
+}
 
 impl ServerId {
     /// The identification line without CR LF, once it has been read.
     pub fn get(&self) -> Option<&str> {
-        self.0.get().map(String::as_str)
+        self.line.get().map(String::as_str)
+    }
+
+    /// The last whole line the server sent before its identification
+    /// line, without CR LF, as the server wrote it: make it safe before
+    /// showing it (`skiff_proto::terminal_text`).
+    pub fn line_before(&self) -> Option<String> {
+        self.before
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Whether the server is a skiffd (`SSH-2.0-skiffd_...`).
@@ -53,8 +72,9 @@ impl ServerId {
     }
 }
 
-/// The [`Tap`] that records the server's identification line in a
-/// [`ServerId`]; once the line is found it looks at nothing more.
+/// The [`Tap`] that records the server's identification line (and the
+/// last line before it) in a [`ServerId`]; once the identification is found
+/// it looks at nothing more.
 pub struct IdTap {
     id: ServerId,
     /// The scan, until the line is found.
@@ -63,11 +83,20 @@ pub struct IdTap {
 
 impl Tap for IdTap {
     fn saw(&mut self, bytes: &[u8]) {
-        if let Some(seen) = self.seen.as_mut() {
-            if let Some(line) = seen.feed(bytes) {
-                let _ = self.id.0.set(line);
-                self.seen = None;
-            }
+        let Some(seen) = self.seen.as_mut() else {
+            return;
+        };
+        let found = seen.feed(bytes);
+        if let Some(other) = seen.other.take() {
+            *self
+                .id
+                .before
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(other);
+        }
+        if let Some(line) = found {
+            let _ = self.id.line.set(line);
+            self.seen = None;
         }
     }
 }
@@ -112,10 +141,13 @@ mod tests {
     fn skiffd_is_told_apart() {
         let id = ServerId::default();
         assert!(!id.is_skiffd());
-        id.0.set("SSH-2.0-skiffd_0.1.0".into()).unwrap();
+        id.line.set("SSH-2.0-skiffd_0.1.0".into()).unwrap();
         assert!(id.is_skiffd());
         let other = ServerId::default();
-        other.0.set("SSH-2.0-OpenSSH_9.2p1 Debian".into()).unwrap();
+        other
+            .line
+            .set("SSH-2.0-OpenSSH_9.2p1 Debian".into())
+            .unwrap();
         assert!(!other.is_skiffd());
     }
 
@@ -130,5 +162,22 @@ mod tests {
         stream.read_to_end(&mut got).await.unwrap();
         assert_eq!(got, b"SSH-2.0-skiffd_9\r\nrest");
         assert_eq!(id.get(), Some("SSH-2.0-skiffd_9"));
+        assert_eq!(id.line_before(), None);
+    }
+
+    /// What OpenSSH's sshd sends before it drops a connection over
+    /// MaxStartups is kept, for the message.
+    #[tokio::test]
+    async fn the_last_line_before_a_close_is_kept() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut far, near) = tokio::io::duplex(64);
+        let (mut stream, id) = recording(near);
+        far.write_all(b"hello\r\nExceeded Max").await.unwrap();
+        far.write_all(b"Startups\r\n").await.unwrap();
+        drop(far);
+        let mut got = Vec::new();
+        stream.read_to_end(&mut got).await.unwrap();
+        assert_eq!(id.get(), None);
+        assert_eq!(id.line_before().as_deref(), Some("Exceeded MaxStartups"));
     }
 }

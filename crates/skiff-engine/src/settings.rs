@@ -46,6 +46,10 @@ pub struct ConnectSettings {
     /// resolver (one run). None once connected: a live connection keeps no
     /// private keys.
     pub(crate) identity_cache: Option<Arc<IdentityCache>>,
+    /// A fan-out's limit on its connections on their way to authentication
+    /// ([`crate::busy::Gate`]), shared by its hosts; none for a single
+    /// connection, a jump host, or a live connection.
+    pub(crate) pre_auth_gate: Option<Arc<crate::busy::Gate>>,
     /// None means no agent (IdentityAgent none, or SSH_AUTH_SOCK unset).
     pub identity_agent: Option<PathBuf>,
     /// `RequiredRSASize`: the fewest bits an RSA host key or identity may
@@ -151,10 +155,11 @@ pub const MAX_JUMPS: usize = 8;
 
 impl ConnectSettings {
     /// These settings without the resolver's identity cache (jump hosts'
-    /// included), for keeping beside a live connection.
+    /// included) and fan-out gate, for keeping beside a live connection.
     pub(crate) fn without_identity_cache(&self) -> ConnectSettings {
         let mut kept = self.clone();
         kept.identity_cache = None;
+        kept.pre_auth_gate = None;
         if let Some(Proxy::Jump(hop)) = &kept.proxy {
             kept.proxy = Some(Proxy::Jump(Box::new(hop.without_identity_cache())));
         }
@@ -350,6 +355,8 @@ pub struct Resolver {
     identity_cache: Arc<IdentityCache>,
     /// See [`ConnectSettings::fan_out`].
     fan_out: bool,
+    /// Shared by every connection resolved here, in a fan-out.
+    pre_auth_gate: Option<Arc<crate::busy::Gate>>,
 }
 
 impl Resolver {
@@ -387,13 +394,24 @@ impl Resolver {
             env: env.clone(),
             identity_cache: Arc::default(),
             fan_out: false,
+            pre_auth_gate: None,
         })
     }
 
     /// Makes every connection resolved here one of a fan-out (see
-    /// [`ConnectSettings::fan_out`]).
+    /// [`ConnectSettings::fan_out`]), sharing one [`crate::busy::Gate`].
     pub fn for_fan_out(mut self) -> Self {
         self.fan_out = true;
+        self.pre_auth_gate.get_or_insert_with(Arc::default);
+        self
+    }
+
+    /// Makes every connection resolved here (jump hosts' aside) pass
+    /// through `gate`, with the other connections that share it: how the
+    /// agent keeps the connections it makes for one client process, such as
+    /// a `skiff cp` to a node set, from crowding a busy server.
+    pub fn sharing_pre_auth_gate(mut self, gate: Arc<crate::busy::Gate>) -> Self {
+        self.pre_auth_gate = Some(gate);
         self
     }
 
@@ -436,6 +454,11 @@ impl Resolver {
             _ => None,
         };
         let mut settings = self.settle(dest, cfg)?;
+        if jumps > 0 {
+            // A jump host is connected to inside its destination's place
+            // in the gate.
+            settings.pre_auth_gate = None;
+        }
         if let Some(hops) = jump {
             settings.proxy = Some(Proxy::Jump(Box::new(self.jump_chain(&hops, jumps)?)));
         }
@@ -581,6 +604,7 @@ impl Resolver {
 
         Ok(ConnectSettings {
             identity_cache: Some(self.identity_cache.clone()),
+            pre_auth_gate: self.pre_auth_gate.clone(),
             hostname,
             original_host: dest.host.clone(),
             port,

@@ -260,7 +260,8 @@ enum JumpSlot {
     Open(Weak<Connection>),
     /// The last attempt failed, at this time: connections that waited for
     /// it fail the same way instead of each trying (and perhaps timing
-    /// out) again in turn.
+    /// out) again in turn. Not for a drop before authentication
+    /// ([`ErrorKind::Busy`]), which the next try may get past.
     Failed(SkiffError, std::time::Instant),
 }
 
@@ -305,6 +306,12 @@ async fn shared_jump_connection(
             let fresh = Arc::new(connection);
             *state = JumpSlot::Open(Arc::downgrade(&fresh));
             Ok((fresh, true))
+        }
+        // A busy jump host may let the next try in: each waiter tries it
+        // (one at a time, holding the slot) instead of sharing this drop.
+        Err(e) if e.kind == ErrorKind::Busy => {
+            *state = JumpSlot::Empty;
+            Err(e)
         }
         Err(e) => {
             *state = JumpSlot::Failed(e.clone(), std::time::Instant::now());

@@ -178,7 +178,8 @@ pub enum Reply {
     Hello { version: u32, pid: u32 },
     /// The command ended: the exit code the CLI should exit with (already 128+N for signals).
     Exit { code: i32 },
-    /// skiff-level failure. kind: 1 config, 2 connect, 3 host key, 4 auth, 5 protocol, 6 channel refused, 7 timeout.
+    /// skiff-level failure. kind: 1 config, 2 connect, 3 host key, 4 auth, 5 protocol, 6 channel refused, 7 timeout,
+    /// 8 busy (the server closed the connection before authentication).
     Failed { kind: u8, message: String },
     /// A person must decide (unknown host key under `ask`, a passphrase): the CLI should connect directly.
     NeedsUser { message: String },

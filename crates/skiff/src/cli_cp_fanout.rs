@@ -17,6 +17,7 @@
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::io::IsTerminal;
 
+use skiff_engine::busy::retry_pre_auth_drops;
 use skiff_engine::copy::{CopyJob, CopyReport, Direction, NoProgress, Progress};
 use skiff_engine::{prompt_screen, Destination, SkiffError};
 use skiff_proto::{nodeset, terminal_text};
@@ -109,9 +110,14 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
             let (plane, limit) = (&plane, &limit);
             async move {
                 let _slot = limit.acquire().await;
+                // A server that closes the connection before authentication
+                // (MaxStartups) is tried again, as in `skiff run`.
                 let outcome: HostOutcome = match settings {
                     Ok(settings) => {
-                        copy_one(&label, &host_plan, settings, plane, progress, use_agent).await
+                        retry_pre_auth_drops(&settings, |settings| {
+                            copy_one(&label, &host_plan, settings, plane, progress, use_agent)
+                        })
+                        .await
                     }
                     Err(e) => Err(e),
                 };

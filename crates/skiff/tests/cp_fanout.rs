@@ -628,3 +628,91 @@ fn gathering_never_writes_outside_the_directory() {
         assert_eq!(entries(&dir), ["%2E", "%2E%2E", "evil"], "{c}\n{out}");
     }
 }
+
+/// An OpenSSH sshd that lets 4 connections authenticate at once says
+/// "Exceeded MaxStartups" to the rest of `-j 40` and closes them. Those
+/// hosts are tried again, so a gather from 40 names of it (each its own
+/// host, by HostKeyAlias) gets every host's file, directly and through
+/// the agent. (SFTP: skiffd's data-plane streams count against its
+/// MaxStartups too, and are not tried again.)
+#[test]
+fn pre_authentication_drops_are_tried_again() {
+    if !require_openssh() {
+        return;
+    }
+    const HOSTS: u8 = 40;
+    let fx = Fixture::new();
+    let sshd = Sshd::start(
+        &fx.host_key,
+        &fx.authorized_keys,
+        &["MaxStartups 4", "Subsystem sftp internal-sftp"],
+    );
+    let home = AgentHome::new();
+    let mut config = String::new();
+    for n in 1..=HOSTS {
+        config.push_str(&format!("Host n{n:02}\n  HostKeyAlias n{n:02}\n"));
+    }
+    config.push_str(&format!(
+        "Host *\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  \
+         IdentitiesOnly yes\n  StrictHostKeyChecking accept-new\n  ConnectTimeout 60\n",
+        sshd.port(),
+        user(),
+        fx.client_key.private.display()
+    ));
+    write_file(&home.home.ssh_dir().join("config"), &config, 0o600);
+    let remote = account_dir();
+    write_file(&remote.path().join("app.log"), "log line\n", 0o644);
+    let drops = || {
+        sshd.log()
+            .lines()
+            .filter(|l| l.contains("past MaxStartups"))
+            .count()
+    };
+    let run = |agent: bool| {
+        let local = tempdir();
+        let out = Run::new(skiff_bin())
+            .env("HOME", home.home.path())
+            .env_remove("SSH_AUTH_SOCK")
+            .env("SKIFF_AGENT", if agent { "on" } else { "off" })
+            .env("XDG_RUNTIME_DIR", home.runtime.path())
+            .env("XDG_STATE_HOME", home.home.path().join("state"))
+            .args(["cp", "-q", "-j", "40"])
+            .arg(format!("n[01-{HOSTS}]:{}/app.log", remote.path().display()))
+            .arg(local.path())
+            .timeout(BULK_TIMEOUT)
+            .run();
+        let c = format!("gather through the agent: {agent}");
+        let errors: Vec<&str> = out.stderr.lines().filter(|l| l.contains("skiff")).collect();
+        assert!(
+            out.stderr
+                .contains(&format!("copied to {HOSTS} of {HOSTS} hosts")),
+            "{c}\nexit code {}; errors:\n{}",
+            out.code,
+            errors[..errors.len().min(6)].join("\n")
+        );
+        out.expect_code(0, &c);
+        for n in 1..=HOSTS {
+            let copy = local.path().join(format!("n{n:02}/app.log"));
+            assert_eq!(
+                fs::read_to_string(&copy).unwrap_or_default(),
+                "log line\n",
+                "{c}: {}",
+                copy.display()
+            );
+        }
+    };
+
+    run(false);
+    let direct = drops();
+    assert!(
+        direct > 0,
+        "{}",
+        server_context(&sshd, "sshd dropped nothing, so nothing was tried again")
+    );
+    run(true);
+    assert!(
+        drops() > direct,
+        "{}",
+        server_context(&sshd, "sshd dropped none of the agent's connections")
+    );
+}

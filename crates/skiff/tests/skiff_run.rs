@@ -3,8 +3,9 @@
 //! Linux), named node001 … node200 through a generated ssh_config, plus
 //! unreachable names. Checks streamed, grouped (-b) and JSON output, the
 //! summary, exit codes, timeouts that end the remote command, concurrent
-//! known_hosts recording, per-host output files, bad node sets, and the
-//! same fan-out against OpenSSH sshd.
+//! known_hosts recording, per-host output files, bad node sets, the same
+//! fan-out against OpenSSH sshd, and a server that drops connections
+//! before authentication (MaxStartups).
 
 mod common;
 
@@ -56,8 +57,14 @@ fn write_config(dir: &Path, port: u16, key: &Key, policy: &str) -> PathBuf {
 }
 
 fn skiffd_for_many(fx: &Fixture) -> Skiffd {
+    skiffd_for_many_with(fx, 1000)
+}
+
+/// A skiffd answering 127.0.0.1-200 that lets `max_startups` connections
+/// authenticate at once and drops the others when accepted.
+fn skiffd_for_many_with(fx: &Fixture, max_startups: usize) -> Skiffd {
     let opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys)
-        .config("MaxStartups 1000\n")
+        .config(&format!("MaxStartups {max_startups}\n"))
         .also_listen((2..=HOSTS).map(|n| Ipv4Addr::new(127, 0, 0, n as u8)));
     Skiffd::start_with(opts)
 }
@@ -715,4 +722,211 @@ fn outdir_files_of_dot_hosts_stay_apart_and_inside() {
         "{c}: the refusal says why\n{out}"
     );
     assert_eq!(entries(parent.path()), ["out"], "{c}: nothing made\n{out}");
+}
+
+/// How many connections skiffd dropped before authentication (MaxStartups).
+fn dropped_for_max_startups(d: &Skiffd) -> usize {
+    d.log()
+        .lines()
+        .filter(|l| l.contains("dropping connection") && l.contains("(MaxStartups)"))
+        .count()
+}
+
+/// A skiffd that lets 10 connections authenticate at once drops the rest of
+/// `-j 64` when it accepts them. Those drops are tried again after a short
+/// pause, so every one of 200 hosts runs the command, directly and through
+/// the agent.
+#[test]
+fn pre_authentication_drops_are_tried_again() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let d = skiffd_for_many_with(&fx, 10);
+    let ah = AgentHome::new();
+    let cfg = write_config(ah.home.path(), d.port(), &fx.client_key, "accept-new");
+    let expect_all_ok = |out: &CmdOutput, c: &str| {
+        let summary: Vec<&str> = out
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with("skiff run: ") || l.starts_with("  "))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                "skiff run: 200 hosts: 200 ok, 0 failed, 0 with errors",
+                "  ok (200): node[001-200]"
+            ],
+            "{c}\nexit code {}; first errors:\n{}",
+            out.code,
+            errors(out).lines().take(5).collect::<Vec<_>>().join("\n")
+        );
+        out.expect_code(0, c);
+        let stdout = out.stdout_str();
+        for n in 1..=HOSTS {
+            let line = format!("node{n:03}: ok");
+            assert!(stdout.lines().any(|l| l == line), "{c}: {line:?} missing");
+        }
+    };
+
+    let c = ctx(&d, "skiff run -j 64 against MaxStartups 10");
+    let out = skiff_run(&ah.home, &cfg, &["-j", "64", "node[001-200]", "echo ok"]).run();
+    let direct_drops = dropped_for_max_startups(&d);
+    expect_all_ok(&out, &c);
+    assert!(
+        direct_drops > 0,
+        "{c}: skiffd dropped nothing, so nothing was tried again"
+    );
+
+    let c = ctx(
+        &d,
+        "skiff run -j 64 through the agent against MaxStartups 10",
+    );
+    let out = run_via_agent(&ah, &cfg, &["-j", "64", "node[001-200]", "echo ok"]).run();
+    expect_all_ok(&out, &c);
+    assert!(
+        dropped_for_max_startups(&d) > direct_drops,
+        "{c}: skiffd dropped none of the agent's connections"
+    );
+    assert_eq!(ah.agent_pids().len(), 1, "{c}: it went through the agent");
+}
+
+/// A server whose room for unauthenticated connections is always full, as
+/// OpenSSH's sshd answers past MaxStartups: every connection is accepted,
+/// told "Exceeded MaxStartups" and closed. Counts the connections.
+struct AlwaysFull {
+    port: u16,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl AlwaysFull {
+    fn start() -> AlwaysFull {
+        use std::io::Write;
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (count, stopping) = (accepted.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                if stopping.load(Ordering::SeqCst) {
+                    break;
+                }
+                if let Ok(mut stream) = stream {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    // The client's identification is read first, so that
+                    // closing sends no reset that could overtake the words.
+                    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                    let mut line = String::new();
+                    let _ = std::io::BufRead::read_line(
+                        &mut std::io::BufReader::new(&stream),
+                        &mut line,
+                    );
+                    let _ = stream.write_all(b"Exceeded MaxStartups\r\n");
+                }
+            }
+        });
+        AlwaysFull {
+            port,
+            accepted,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Connections accepted so far. Each one skiff made and saw closed
+    /// was accepted first, so once skiff has exited the count is whole.
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for AlwaysFull {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wakes the accepting thread, which then sees `stop`.
+        let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A host that still drops the connection before authentication after a
+/// few tries is reported as `refused-busy`, apart from unreachable hosts,
+/// with how many tries were made; `skiff exec` tries once, as ssh does.
+#[test]
+fn a_host_that_stays_busy_is_reported_refused_busy() {
+    let full = AlwaysFull::start();
+    let home = ClientHome::new();
+    let cfg = home.path().join("ssh_config");
+    write_file(
+        &cfg,
+        format!(
+            "Host busy*\n  HostName 127.0.0.1\n  Port {}\n\
+             Host nothing\n  HostName 127.0.1.1\n  Port {}\n\
+             Host *\n  User nobody\n  IdentitiesOnly yes\n  BatchMode yes\n",
+            full.port, full.port
+        ),
+        0o644,
+    );
+    let tries = skiff_engine::busy::PRE_AUTH_DROPS.tries as usize;
+
+    let out = skiff_run(&home, &cfg, &["--json", "busy[1-2],nothing", "true"]).run();
+    out.expect_code(255, "a busy host fails the run");
+    let mut kinds = Vec::new();
+    for line in out.stdout_str().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("JSON line");
+        let message = v["error"]["message"]
+            .as_str()
+            .expect("an error")
+            .to_string();
+        kinds.push((v["host"].to_string(), v["error"]["kind"].to_string()));
+        if v["host"] != "nothing" {
+            assert!(
+                message.contains(
+                    "closed the connection before authentication (\"Exceeded MaxStartups\")"
+                ) && message.contains(&format!("tried {tries} times in ")),
+                "{message}"
+            );
+        }
+    }
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        [
+            ("\"busy1\"".to_string(), "\"refused-busy\"".to_string()),
+            ("\"busy2\"".to_string(), "\"refused-busy\"".to_string()),
+            ("\"nothing\"".to_string(), "\"unreachable\"".to_string()),
+        ],
+        "{out}"
+    );
+    assert!(
+        out.stderr
+            .lines()
+            .any(|l| l == "  refused-busy (2): busy[1-2]"),
+        "{out}"
+    );
+    assert_eq!(
+        full.accepted(),
+        2 * tries,
+        "each busy host tried {tries} times"
+    );
+
+    let before = full.accepted();
+    let out = SkiffExec::new(&home, "busy1")
+        .config(&cfg)
+        .cmd("true")
+        .run();
+    out.expect_code(255, "skiff exec to a busy host");
+    assert!(
+        out.stderr
+            .contains("closed the connection before authentication")
+            && !out.stderr.contains("tried"),
+        "{out}"
+    );
+    assert_eq!(full.accepted() - before, 1, "skiff exec tries once");
 }
