@@ -26,6 +26,11 @@ pub enum StreamError {
     Record { stream: u32, source: RecordError },
     #[error("data stream {stream}: {what}")]
     Protocol { stream: u32, what: String },
+    /// The server closed the connection before it sent anything: skiffd
+    /// turns connections away like that while too many are waiting to
+    /// authenticate (`MaxStartups`).
+    #[error("data stream {stream}: the server closed it at once (busy: too many connections waiting to authenticate)")]
+    Dropped { stream: u32 },
 }
 
 impl StreamError {
@@ -49,6 +54,12 @@ impl StreamError {
                 ..
             }
         )
+    }
+
+    /// The server turned the connection away before saying anything (see
+    /// [`StreamError::Dropped`]): another try may get in.
+    pub fn is_dropped(&self) -> bool {
+        matches!(self, StreamError::Dropped { .. })
     }
 
     /// A stream that stopped because another one failed (the transfer was
@@ -291,10 +302,15 @@ impl Unacknowledged {
                 "the server refused the stream (unknown, used or expired token, or another peer)",
             )
         };
-        skip_banner(&self.reader.sock).map_err(|e| match e.kind() {
-            io::ErrorKind::InvalidData => StreamError::protocol(index, e.to_string()),
-            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => refused(),
-            _ => io(e),
+        skip_banner(&self.reader.sock).map_err(|e| match e {
+            Banner::Dropped => StreamError::Dropped { stream: index },
+            Banner::NotSsh => {
+                StreamError::protocol(index, "the server did not identify as an SSH server")
+            }
+            Banner::Io(e) => match e.kind() {
+                io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => refused(),
+                _ => io(e),
+            },
         })?;
         match self.reader.next_record() {
             Ok(Record::Ack) => {}
@@ -319,17 +335,36 @@ impl Unacknowledged {
     }
 }
 
+/// Why the server's identification line was not there.
+enum Banner {
+    /// Closed (or reset) before a single byte: turned away.
+    Dropped,
+    /// Something other than `SSH-...`.
+    NotSsh,
+    Io(io::Error),
+}
+
 /// Reads and discards skiffd's `SSH-...\r\n` identification line, byte by
 /// byte so nothing after it is consumed (it is short and sent once).
-fn skip_banner(mut sock: &TcpStream) -> io::Result<()> {
+fn skip_banner(mut sock: &TcpStream) -> Result<(), Banner> {
     let mut line = Vec::with_capacity(64);
     loop {
         let mut b = [0u8; 1];
-        if sock.read(&mut b)? == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed before the server's identification",
-            ));
+        match sock.read(&mut b) {
+            // Nothing at all came: turned away before the identification
+            // (a refused token is closed only after it).
+            Ok(0) if line.is_empty() => return Err(Banner::Dropped),
+            Err(e) if line.is_empty() && e.kind() == io::ErrorKind::ConnectionReset => {
+                return Err(Banner::Dropped)
+            }
+            Ok(0) => {
+                return Err(Banner::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed before the server's identification",
+                )))
+            }
+            Ok(_) => {}
+            Err(e) => return Err(Banner::Io(e)),
         }
         if b[0] == b'\n' {
             break;
@@ -340,10 +375,7 @@ fn skip_banner(mut sock: &TcpStream) -> io::Result<()> {
         }
     }
     if !line.starts_with(b"SSH-") || line.len() > 255 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "the server did not identify as an SSH server",
-        ));
+        return Err(Banner::NotSsh);
     }
     Ok(())
 }

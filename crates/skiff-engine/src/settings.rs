@@ -166,6 +166,14 @@ impl ConnectSettings {
         kept
     }
 
+    /// The fan-out's gate on connections on their way to authentication,
+    /// if these settings belong to a fan-out: a copy's data-plane streams,
+    /// which a server counts like logins until it sees what they are, pass
+    /// through it too.
+    pub fn pre_auth_gate(&self) -> Option<Arc<crate::busy::Gate>> {
+        self.pre_auth_gate.clone()
+    }
+
     /// How long a transfer may go without any byte moving or any message
     /// arriving before it is given up: the keepalive budget
     /// (`ServerAliveInterval` × `ServerAliveCountMax`, 45 s by default);

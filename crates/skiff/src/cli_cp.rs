@@ -442,7 +442,7 @@ async fn cp_main(
     // Only once connected: a passphrase prompt keeps the default signal
     // handling (and so its terminal restored).
     tokio::select! {
-        report = copy_over(&conn, &plan.job, plane, progress) => finish(report),
+        report = copy_over(&conn, &settings, &plan.job, plane, progress) => finish(report),
         signal = interrupted() => Ok(Finish::Interrupted(signal)),
     }
 }
@@ -461,6 +461,7 @@ fn plane_options(
         mode,
         streams: plane.streams.map(u32::from),
         stall: settings.progress_budget(),
+        gate: settings.pre_auth_gate(),
     }
 }
 
@@ -641,11 +642,12 @@ async fn server_address(
 /// one, else over SFTP.
 pub(crate) async fn copy_over(
     conn: &Connection,
+    settings: &skiff_engine::ConnectSettings,
     job: &CopyJob,
     plane: &PlaneOptions,
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError> {
-    let options = plane_options(plane, &conn.settings);
+    let options = plane_options(plane, settings);
     if let Some(report) = skiff_engine::copy::dataplane::copy(conn, job, &options, progress).await?
     {
         return Ok(report);

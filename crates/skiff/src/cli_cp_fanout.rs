@@ -216,7 +216,7 @@ async fn copy_one(
             eprintln!("{notice}");
         }
     });
-    crate::cli_cp::copy_over(&conn, &plan.job, plane, progress).await
+    crate::cli_cp::copy_over(&conn, &settings, &plan.job, plane, progress).await
 }
 
 /// One bar for every host's bytes; its message counts finished hosts

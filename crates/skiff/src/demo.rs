@@ -229,6 +229,7 @@ async fn copy_demo(
         mode: skiff_proto::dataplane::Mode::Aead,
         streams: None,
         stall: settings.progress_budget(),
+        gate: None,
     };
     let remote = dir.join("uploaded");
     let back = dir.join("downloaded");

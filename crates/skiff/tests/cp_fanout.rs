@@ -629,45 +629,26 @@ fn gathering_never_writes_outside_the_directory() {
     }
 }
 
-/// An OpenSSH sshd that lets 4 connections authenticate at once says
-/// "Exceeded MaxStartups" to the rest of `-j 40` and closes them. Those
-/// hosts are tried again, so a gather from 40 names of it (each its own
-/// host, by HostKeyAlias) gets every host's file, directly and through
-/// the agent. (SFTP: skiffd's data-plane streams count against its
-/// MaxStartups too, and are not tried again.)
-#[test]
-fn pre_authentication_drops_are_tried_again() {
-    if !require_openssh() {
-        return;
-    }
+/// A gather from 40 names of one busy server (each its own host, by
+/// HostKeyAlias) at `-j 40`, directly and through the agent: every host's
+/// file arrives, and the server's log shows that it dropped connections
+/// both times (`drops` counts them so far).
+fn gather_from_a_busy_server(fx: &Fixture, port: u16, drops: &dyn Fn() -> usize, what: &str) {
     const HOSTS: u8 = 40;
-    let fx = Fixture::new();
-    let sshd = Sshd::start(
-        &fx.host_key,
-        &fx.authorized_keys,
-        &["MaxStartups 4", "Subsystem sftp internal-sftp"],
-    );
     let home = AgentHome::new();
     let mut config = String::new();
     for n in 1..=HOSTS {
         config.push_str(&format!("Host n{n:02}\n  HostKeyAlias n{n:02}\n"));
     }
     config.push_str(&format!(
-        "Host *\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  \
+        "Host *\n  HostName 127.0.0.1\n  Port {port}\n  User {}\n  IdentityFile {}\n  \
          IdentitiesOnly yes\n  StrictHostKeyChecking accept-new\n  ConnectTimeout 60\n",
-        sshd.port(),
         user(),
         fx.client_key.private.display()
     ));
     write_file(&home.home.ssh_dir().join("config"), &config, 0o600);
     let remote = account_dir();
     write_file(&remote.path().join("app.log"), "log line\n", 0o644);
-    let drops = || {
-        sshd.log()
-            .lines()
-            .filter(|l| l.contains("past MaxStartups"))
-            .count()
-    };
     let run = |agent: bool| {
         let local = tempdir();
         let out = Run::new(skiff_bin())
@@ -681,7 +662,7 @@ fn pre_authentication_drops_are_tried_again() {
             .arg(local.path())
             .timeout(BULK_TIMEOUT)
             .run();
-        let c = format!("gather through the agent: {agent}");
+        let c = format!("{what}: gather through the agent: {agent}");
         let errors: Vec<&str> = out.stderr.lines().filter(|l| l.contains("skiff")).collect();
         assert!(
             out.stderr
@@ -701,18 +682,64 @@ fn pre_authentication_drops_are_tried_again() {
             );
         }
     };
-
     run(false);
     let direct = drops();
     assert!(
         direct > 0,
-        "{}",
-        server_context(&sshd, "sshd dropped nothing, so nothing was tried again")
+        "{what} dropped nothing, so nothing was tried again"
     );
     run(true);
     assert!(
         drops() > direct,
+        "{what} dropped none of the agent's connections"
+    );
+}
+
+/// An OpenSSH sshd that lets 4 connections authenticate at once says
+/// "Exceeded MaxStartups" to the rest of `-j 40` and closes them. Those
+/// hosts are tried again, so a gather from 40 names of it (SFTP) gets every
+/// host's file, directly and through the agent.
+#[test]
+fn pre_authentication_drops_are_tried_again() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let sshd = Sshd::start(
+        &fx.host_key,
+        &fx.authorized_keys,
+        &["MaxStartups 4", "Subsystem sftp internal-sftp"],
+    );
+    let drops = || {
+        sshd.log()
+            .lines()
+            .filter(|l| l.contains("past MaxStartups"))
+            .count()
+    };
+    gather_from_a_busy_server(&fx, sshd.port(), &drops, "sshd");
+}
+
+/// skiffd with `MaxStartups 4` closes the excess of `-j 40` at once, SSH
+/// connections and data-plane streams alike (a stream counts until its
+/// first bytes show what it is). A data stream turned away like that fails
+/// its copy as a busy server, and the host is tried again: every host's
+/// file arrives over the data plane.
+#[test]
+fn data_streams_dropped_by_a_busy_skiffd_are_tried_again() {
+    let fx = Fixture::new();
+    let d = Skiffd::start_with(
+        SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config("MaxStartups 4\n"),
+    );
+    let drops = || {
+        d.log()
+            .lines()
+            .filter(|l| l.contains("dropping connection") && l.contains("(MaxStartups)"))
+            .count()
+    };
+    gather_from_a_busy_server(&fx, d.port(), &drops, "skiffd");
+    assert!(
+        d.log().contains("data plane:"),
         "{}",
-        server_context(&sshd, "sshd dropped none of the agent's connections")
+        server_context(&d, "the copies did not use the data plane")
     );
 }

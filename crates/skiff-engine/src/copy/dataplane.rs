@@ -33,11 +33,12 @@ use skiff_proto::terminal_text;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::{misbehaved, safe_report, stalled, CopyJob, CopyReport, Direction, Progress};
+use crate::busy::{Gate, Pass};
 use crate::error::{ErrorKind, SkiffError};
 use crate::Connection;
 
 /// What the user asked of the data plane.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct PlaneOptions {
     pub mode: Mode,
     /// Streams to open; `None` picks from the round-trip time.
@@ -46,6 +47,10 @@ pub struct PlaneOptions {
     /// or received on any stream, no control message) before it fails:
     /// [`crate::ConnectSettings::progress_budget`]. `None` waits for ever.
     pub stall: Option<Duration>,
+    /// A fan-out's gate ([`crate::ConnectSettings::pre_auth_gate`]): each
+    /// data stream waits for room in it and tells it whether the server let
+    /// it in, as the fan-out's connections do.
+    pub gate: Option<Arc<Gate>>,
 }
 
 /// How often a running transfer checks that it still moves.
@@ -136,6 +141,7 @@ struct Session {
     addr: SocketAddr,
     streams: u32,
     stall: Option<Duration>,
+    gate: Option<Arc<Gate>>,
 }
 
 /// A server's own words (a reason, a failure), made safe to show.
@@ -423,6 +429,7 @@ async fn run(
         addr,
         streams,
         stall: options.stall,
+        gate: options.gate.clone(),
     };
     let copied = match (&job.direction, placement) {
         (Direction::Upload { sources, .. }, _) => upload(session, sources, job, progress).await,
@@ -441,21 +448,54 @@ type PendingStreams<T> = Vec<tokio::task::JoinHandle<Result<T, StreamError>>>;
 
 /// Dials every stream of the session with `open` (which connects, presents
 /// the token and, for [`connect_stream`], waits for the acknowledgement).
-fn dial_streams<T, F>(s: &Session, open: F) -> PendingStreams<T>
+/// In a fan-out each stream first waits for room in its gate, and `open`
+/// gets the place to give back once the server has let the stream in or
+/// turned it away ([`let_in`]).
+async fn dial_streams<T, F>(s: &Session, open: F) -> PendingStreams<T>
 where
     T: Send + 'static,
-    F: Fn(SocketAddr, &[u8; TOKEN_LEN], &Keys, Mode, u32) -> Result<T, StreamError>
+    F: Fn(SocketAddr, &[u8; TOKEN_LEN], &Keys, Mode, u32, Option<Pass>) -> Result<T, StreamError>
         + Clone
         + Send
         + 'static,
 {
-    (0..s.streams)
-        .map(|i| {
-            let (addr, token, keys, mode) = (s.addr, s.tokens[i as usize], s.keys.clone(), s.mode);
-            let open = open.clone();
-            tokio::task::spawn_blocking(move || open(addr, &token, &keys, mode, i))
-        })
-        .collect()
+    let mut pending = Vec::new();
+    for i in 0..s.streams {
+        let (addr, token, keys, mode) = (s.addr, s.tokens[i as usize], s.keys.clone(), s.mode);
+        let pass = match &s.gate {
+            Some(gate) => Some(gate.enter().await),
+            None => None,
+        };
+        let open = open.clone();
+        pending.push(tokio::task::spawn_blocking(move || {
+            open(addr, &token, &keys, mode, i, pass)
+        }));
+    }
+    pending
+}
+
+/// Tells a fan-out's gate how a stream's opening ended: let in (no
+/// failure), turned away before a word (busy), or neither.
+fn let_in(pass: Option<Pass>, failed: Option<&StreamError>) {
+    match (pass, failed) {
+        (Some(pass), None) => pass.authenticated(),
+        (Some(pass), Some(e)) if e.is_dropped() => pass.dropped(),
+        _ => {}
+    }
+}
+
+/// Opens a stream and waits for its acknowledgement (see [`dial_streams`]).
+fn connect_counted(
+    addr: SocketAddr,
+    token: &[u8; TOKEN_LEN],
+    keys: &Keys,
+    mode: Mode,
+    index: u32,
+    pass: Option<Pass>,
+) -> Result<(RecordWriter, skiff_dataplane::RecordReader), StreamError> {
+    let opened = connect_stream(addr, token, keys, mode, index);
+    let_in(pass, opened.as_ref().err());
+    opened
 }
 
 /// Waits for the streams [`dial_streams`] opens.
@@ -466,9 +506,7 @@ async fn streams_opened<T>(host: &str, opening: PendingStreams<T>) -> Result<Vec
         match o.await {
             Ok(Ok(stream)) => out.push(stream),
             Ok(Err(e)) => {
-                failed.get_or_insert_with(|| {
-                    SkiffError::new(ErrorKind::Connect, format!("{host}: {e}"))
-                });
+                failed.get_or_insert_with(|| stream_not_opened(host, &e));
             }
             Err(e) => {
                 failed.get_or_insert_with(|| {
@@ -483,21 +521,50 @@ async fn streams_opened<T>(host: &str, opening: PendingStreams<T>) -> Result<Vec
     }
 }
 
+/// A stream that could not be opened. One the server turned away before
+/// saying anything is [`ErrorKind::Busy`], as a connection dropped before
+/// authentication is: a fan-out tries the host again.
+fn stream_not_opened(host: &str, e: &StreamError) -> SkiffError {
+    let kind = if e.is_dropped() {
+        ErrorKind::Busy
+    } else {
+        ErrorKind::Connect
+    };
+    SkiffError::new(kind, format!("{host}: {e}"))
+}
+
 /// An upload stream: its writer, and the acknowledgement still to read when
 /// records go out before it (aead only: they are sealed, so nobody but the
 /// transfer process can read them; in the unencrypted modes nothing is
 /// sent before the server has proved it holds the keys).
-type UploadStream = (RecordWriter, Option<skiff_dataplane::Unacknowledged>);
+type UploadStream = (
+    RecordWriter,
+    Option<(skiff_dataplane::Unacknowledged, Option<Pass>)>,
+);
 
-fn dial_upload_streams(s: &Session) -> PendingStreams<UploadStream> {
+async fn dial_upload_streams(s: &Session) -> PendingStreams<UploadStream> {
     if s.mode == Mode::Aead {
-        dial_streams(s, |addr, token: &[u8; TOKEN_LEN], keys: &Keys, mode, i| {
-            open_stream(addr, token, keys, mode, i).map(|(w, pending)| (w, Some(pending)))
-        })
+        dial_streams(
+            s,
+            |addr, token: &[u8; TOKEN_LEN], keys: &Keys, mode, i, pass| match open_stream(
+                addr, token, keys, mode, i,
+            ) {
+                Ok((w, pending)) => Ok((w, Some((pending, pass)))),
+                Err(e) => {
+                    let_in(pass, Some(&e));
+                    Err(e)
+                }
+            },
+        )
+        .await
     } else {
-        dial_streams(s, |addr, token: &[u8; TOKEN_LEN], keys: &Keys, mode, i| {
-            connect_stream(addr, token, keys, mode, i).map(|(w, _reader)| (w, None))
-        })
+        dial_streams(
+            s,
+            |addr, token: &[u8; TOKEN_LEN], keys: &Keys, mode, i, pass| {
+                connect_counted(addr, token, keys, mode, i, pass).map(|(w, _reader)| (w, None))
+            },
+        )
+        .await
     }
 }
 
@@ -547,7 +614,7 @@ async fn upload(
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError> {
     let host = s.control.host.clone();
-    let pending = dial_upload_streams(&s);
+    let pending = dial_upload_streams(&s).await;
     let mut report = CopyReport::default();
     match s.control.recv().await? {
         ServerMsg::Ready => {}
@@ -573,7 +640,7 @@ async fn upload(
     let read_failures = Arc::new(Mutex::new(Vec::<(u32, String)>::new()));
     // A stream the server never acknowledges (it refused the token) stops
     // the transfer at once: the server does not know about it.
-    let (refused_tx, mut refused_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (refused_tx, mut refused_rx) = tokio::sync::mpsc::unbounded_channel::<SkiffError>();
     let mut senders = Vec::new();
     for (writer, unacknowledged) in streams {
         let (queue, counter, read_failures, refused_tx) = (
@@ -582,15 +649,17 @@ async fn upload(
             read_failures.clone(),
             refused_tx.clone(),
         );
+        let host = host.clone();
         senders.push(std::thread::spawn(move || {
-            let ack = unacknowledged.map(|pending| {
+            let ack = unacknowledged.map(|(pending, pass)| {
                 let queue = queue.clone();
                 std::thread::spawn(move || {
                     let acked = pending.acknowledged().map(drop);
+                    let_in(pass, acked.as_ref().err());
                     if let Err(e) = &acked {
                         // Told before the other streams stop, so it is
                         // there to explain their failures.
-                        let _ = refused_tx.send(e.to_string());
+                        let _ = refused_tx.send(stream_not_opened(&host, e));
                         queue.abort();
                     }
                     acked
@@ -714,11 +783,8 @@ async fn upload(
     // other streams, which stopped because of it (the senders are joined
     // now, so a refusal is queued if there was one).
     let refusal = refusal.or_else(|| refused_rx.try_recv().ok().filter(|_| !gave_up));
-    if let Some(reason) = refusal {
-        return Err(SkiffError::new(
-            ErrorKind::Connect,
-            format!("{host}: {reason}"),
-        ));
+    if let Some(refused) = refusal {
+        return Err(refused);
     }
     match (outcome, stream_error) {
         (Ok(()), None) => {}
@@ -819,7 +885,7 @@ async fn download(
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError> {
     let host = s.control.host.clone();
-    let streams = streams_opened(&host, dial_streams(&s, connect_stream)).await?;
+    let streams = streams_opened(&host, dial_streams(&s, connect_counted).await).await?;
     let watch = watch_of(streams.iter().map(|(_, r)| r.socket()));
     let settled = Arc::new(Mutex::new(Vec::<Settled>::new()));
     let table = {
