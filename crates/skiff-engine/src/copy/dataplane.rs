@@ -33,7 +33,7 @@ use skiff_proto::terminal_text;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::{misbehaved, safe_report, stalled, CopyJob, CopyReport, Direction, Progress};
-use crate::busy::{Gate, Pass};
+use crate::busy::Gate;
 use crate::error::{ErrorKind, SkiffError};
 use crate::Connection;
 
@@ -446,56 +446,78 @@ async fn run(
 /// Streams being opened: every one dialed at once, each on its own thread.
 type PendingStreams<T> = Vec<tokio::task::JoinHandle<Result<T, StreamError>>>;
 
+/// How long after the tokens were issued a stream turned away may still be
+/// dialed again (skiffd's tokens live 30 s).
+const REDIAL_WINDOW: Duration = Duration::from_secs(20);
+
 /// Dials every stream of the session with `open` (which connects, presents
 /// the token and, for [`connect_stream`], waits for the acknowledgement).
-/// In a fan-out each stream first waits for room in its gate, and `open`
-/// gets the place to give back once the server has let the stream in or
-/// turned it away ([`let_in`]).
-async fn dial_streams<T, F>(s: &Session, open: F) -> PendingStreams<T>
+///
+/// A stream the server turns away before it says anything (skiffd does that
+/// while too many connections wait to authenticate: `MaxStartups`) never
+/// reached its token, so it is dialed again after the pauses of
+/// [`crate::busy::PRE_AUTH_DROPS`], within [`REDIAL_WINDOW`]. In a fan-out
+/// each try first waits for room in the fan-out's gate and tells it whether
+/// the server let the stream in, as the fan-out's connections do.
+fn dial_streams<T, F>(s: &Session, open: F) -> PendingStreams<T>
 where
     T: Send + 'static,
-    F: Fn(SocketAddr, &[u8; TOKEN_LEN], &Keys, Mode, u32, Option<Pass>) -> Result<T, StreamError>
+    F: Fn(SocketAddr, &[u8; TOKEN_LEN], &Keys, Mode, u32) -> Result<T, StreamError>
         + Clone
         + Send
+        + Sync
         + 'static,
 {
-    let mut pending = Vec::new();
-    for i in 0..s.streams {
-        let (addr, token, keys, mode) = (s.addr, s.tokens[i as usize], s.keys.clone(), s.mode);
-        let pass = match &s.gate {
-            Some(gate) => Some(gate.enter().await),
-            None => None,
-        };
-        let open = open.clone();
-        pending.push(tokio::task::spawn_blocking(move || {
-            open(addr, &token, &keys, mode, i, pass)
-        }));
-    }
-    pending
-}
-
-/// Tells a fan-out's gate how a stream's opening ended: let in (no
-/// failure), turned away before a word (busy), or neither.
-fn let_in(pass: Option<Pass>, failed: Option<&StreamError>) {
-    match (pass, failed) {
-        (Some(pass), None) => pass.authenticated(),
-        (Some(pass), Some(e)) if e.is_dropped() => pass.dropped(),
-        _ => {}
-    }
-}
-
-/// Opens a stream and waits for its acknowledgement (see [`dial_streams`]).
-fn connect_counted(
-    addr: SocketAddr,
-    token: &[u8; TOKEN_LEN],
-    keys: &Keys,
-    mode: Mode,
-    index: u32,
-    pass: Option<Pass>,
-) -> Result<(RecordWriter, skiff_dataplane::RecordReader), StreamError> {
-    let opened = connect_stream(addr, token, keys, mode, index);
-    let_in(pass, opened.as_ref().err());
-    opened
+    let deadline = tokio::time::Instant::now() + REDIAL_WINDOW;
+    (0..s.streams)
+        .map(|i| {
+            let (addr, token, keys, mode) = (s.addr, s.tokens[i as usize], s.keys.clone(), s.mode);
+            let (gate, open) = (s.gate.clone(), open.clone());
+            tokio::spawn(async move {
+                let mut dropped = 0;
+                loop {
+                    let pass = match &gate {
+                        Some(gate) => Some(gate.enter().await),
+                        None => None,
+                    };
+                    let (keys, open) = (keys.clone(), open.clone());
+                    let opened =
+                        tokio::task::spawn_blocking(move || open(addr, &token, &keys, mode, i))
+                            .await
+                            .unwrap_or_else(|e| {
+                                Err(StreamError::Protocol {
+                                    stream: i,
+                                    what: format!("stream thread failed: {e}"),
+                                })
+                            });
+                    let e = match opened {
+                        Ok(stream) => {
+                            if let Some(pass) = pass {
+                                pass.authenticated();
+                            }
+                            return Ok(stream);
+                        }
+                        Err(e) if e.is_dropped() => e,
+                        Err(e) => return Err(e),
+                    };
+                    if let Some(pass) = pass {
+                        pass.dropped();
+                    }
+                    dropped += 1;
+                    let now = tokio::time::Instant::now();
+                    let Some(pause) =
+                        crate::busy::PRE_AUTH_DROPS.next(dropped, rand::random(), now, deadline)
+                    else {
+                        return Err(e);
+                    };
+                    tracing::debug!(
+                        "data stream {i} turned away (try {dropped}); again in {pause:?}"
+                    );
+                    tokio::time::sleep(pause).await;
+                }
+            })
+        })
+        .collect()
 }
 
 /// Waits for the streams [`dial_streams`] opens.
@@ -537,34 +559,21 @@ fn stream_not_opened(host: &str, e: &StreamError) -> SkiffError {
 /// records go out before it (aead only: they are sealed, so nobody but the
 /// transfer process can read them; in the unencrypted modes nothing is
 /// sent before the server has proved it holds the keys).
-type UploadStream = (
-    RecordWriter,
-    Option<(skiff_dataplane::Unacknowledged, Option<Pass>)>,
-);
+type UploadStream = (RecordWriter, Option<skiff_dataplane::Unacknowledged>);
 
-async fn dial_upload_streams(s: &Session) -> PendingStreams<UploadStream> {
-    if s.mode == Mode::Aead {
-        dial_streams(
-            s,
-            |addr, token: &[u8; TOKEN_LEN], keys: &Keys, mode, i, pass| match open_stream(
-                addr, token, keys, mode, i,
-            ) {
-                Ok((w, pending)) => Ok((w, Some((pending, pass)))),
-                Err(e) => {
-                    let_in(pass, Some(&e));
-                    Err(e)
-                }
-            },
-        )
-        .await
+/// Opens an upload's streams. Alone, in `aead` mode, records go out right
+/// behind the token (a round trip saved); in a fan-out every stream waits
+/// for its acknowledgement first, so that one the server turned away is
+/// known before any record was spent on it and can be dialed again.
+fn dial_upload_streams(s: &Session) -> PendingStreams<UploadStream> {
+    if s.mode == Mode::Aead && s.gate.is_none() {
+        dial_streams(s, |addr, token: &[u8; TOKEN_LEN], keys: &Keys, mode, i| {
+            open_stream(addr, token, keys, mode, i).map(|(w, pending)| (w, Some(pending)))
+        })
     } else {
-        dial_streams(
-            s,
-            |addr, token: &[u8; TOKEN_LEN], keys: &Keys, mode, i, pass| {
-                connect_counted(addr, token, keys, mode, i, pass).map(|(w, _reader)| (w, None))
-            },
-        )
-        .await
+        dial_streams(s, |addr, token: &[u8; TOKEN_LEN], keys: &Keys, mode, i| {
+            connect_stream(addr, token, keys, mode, i).map(|(w, _reader)| (w, None))
+        })
     }
 }
 
@@ -614,7 +623,7 @@ async fn upload(
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError> {
     let host = s.control.host.clone();
-    let pending = dial_upload_streams(&s).await;
+    let pending = dial_upload_streams(&s);
     let mut report = CopyReport::default();
     match s.control.recv().await? {
         ServerMsg::Ready => {}
@@ -651,11 +660,10 @@ async fn upload(
         );
         let host = host.clone();
         senders.push(std::thread::spawn(move || {
-            let ack = unacknowledged.map(|(pending, pass)| {
+            let ack = unacknowledged.map(|pending| {
                 let queue = queue.clone();
                 std::thread::spawn(move || {
                     let acked = pending.acknowledged().map(drop);
-                    let_in(pass, acked.as_ref().err());
                     if let Err(e) = &acked {
                         // Told before the other streams stop, so it is
                         // there to explain their failures.
@@ -885,7 +893,7 @@ async fn download(
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError> {
     let host = s.control.host.clone();
-    let streams = streams_opened(&host, dial_streams(&s, connect_counted).await).await?;
+    let streams = streams_opened(&host, dial_streams(&s, connect_stream)).await?;
     let watch = watch_of(streams.iter().map(|(_, r)| r.socket()));
     let settled = Arc::new(Mutex::new(Vec::<Settled>::new()));
     let table = {
