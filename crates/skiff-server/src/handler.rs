@@ -22,6 +22,7 @@ use crate::account::{self, Account};
 use crate::config::Settings;
 use crate::lookup_command::Parser;
 use crate::process::{self, ChildIo, PtySpec, SpawnRequest};
+use crate::session_env::Source;
 
 /// State shared by every connection of one server.
 pub struct ServerState {
@@ -524,7 +525,13 @@ impl ConnectionHandler {
         };
         let mut env: Vec<(String, String)> = chan.env.clone();
         if self.settings().permit_user_environment {
-            env.extend(auth.options.environment.iter().cloned());
+            env.extend(
+                auth.options
+                    .environment
+                    .iter()
+                    .filter(|(name, _)| self.env_allowed(Source::KeyOption, name))
+                    .cloned(),
+            );
         }
         let fixed = [
             ("USER", acct.name.clone()),
@@ -572,6 +579,18 @@ impl ConnectionHandler {
             set_var(&mut env, "SSH_USER_AUTH", info.path().display().to_string());
         }
         env
+    }
+
+    /// Whether `name`, from `source`, may reach a session (see
+    /// [`crate::session_env::refusal`]); a refusal is logged.
+    fn env_allowed(&self, source: Source, name: &str) -> bool {
+        let Some(why) = crate::session_env::refusal(name) else {
+            return true;
+        };
+        let user = self.auth.as_ref().map_or("", |a| a.account.name.as_str());
+        let line = crate::session_env::refused_message(source, name, why);
+        tracing::warn!(peer = %self.peer, user = %user, "{line}");
+        false
     }
 
     /// Makes the `ExposeAuthInfo` file at the login's first session, when
@@ -1534,6 +1553,7 @@ impl russh::server::Handler for ConnectionHandler {
             .accept_env
             .iter()
             .any(|p| pattern::wildcard_match(p, name));
+        let accepted = accepted && self.env_allowed(Source::Client, name);
         match self.channels.get_mut(&channel) {
             Some(chan) if accepted && chan.running.is_none() && valid_env_name(name) => {
                 set_var(&mut chan.env, name, value.to_string());

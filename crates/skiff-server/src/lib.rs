@@ -8,7 +8,8 @@
 //! of `spawn` (a vfork-style process start that can drop privileges).
 //! [`sftp`] is the file server that the `sftp` subsystem runs as the account
 //! (`skiffd --sftp-server`), never inside the server process; [`chroot`]
-//! jails logins (`ChrootDirectory`). `account_fs` connects to and makes
+//! jails logins (`ChrootDirectory`); [`session_env`] decides which
+//! environment each started program gets. `account_fs` connects to and makes
 //! Unix sockets with an account's rights; `sshd_only` rules on sshd
 //! keywords skiffd accepts without acting on.
 
@@ -27,6 +28,7 @@ mod listener;
 pub mod lookup_command;
 pub mod match_block;
 mod process;
+pub mod session_env;
 pub mod sftp;
 mod spawn;
 mod sshd_only;

@@ -12,7 +12,9 @@
 //! sticky bit (`/tmp`) is accepted, since nobody else can replace an entry
 //! in it. As root, skiffd runs the program as the command's user
 //! (`AuthorizedKeysCommandUser`, `AuthorizedPrincipalsCommandUser`), never
-//! as root. It runs with an empty environment but for `PATH`, with
+//! as root. It runs with the fixed environment of every program skiffd
+//! starts before it is the account (only `PATH`: see
+//! [`crate::session_env`]), never a client's variable, with
 //! `/` as working directory and no input, and gets at most 10 seconds and
 //! 1 MiB of output. Output from a run that fails is not used.
 
@@ -25,6 +27,7 @@ use skiff_proto::authorized_keys::{self, AuthorizedKey, AuthorizedPrincipal};
 use tokio::io::AsyncReadExt;
 
 use crate::account::Account;
+use crate::session_env;
 
 /// Longest a run may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -271,7 +274,10 @@ impl LookupCommand {
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(self.argv[1..].iter().map(|a| expand(a, tokens)))
             .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .envs(session_env::exec_environment(
+                session_env::Start::Privileged,
+                &[],
+            ))
             .current_dir("/")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

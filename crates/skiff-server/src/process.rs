@@ -1,7 +1,8 @@
-//! Starting a session's command as the account: a clean environment, the
-//! account's shell, the home directory, privileges dropped in the child
-//! (setgroups, setgid, setuid) and either pipes or a pseudo-terminal. The
-//! low-level start (clone, credentials, exec) is in [`crate::spawn`].
+//! Starting a session's command as the account: a clean environment (which
+//! one is [`crate::session_env`]'s decision), the account's shell, the home
+//! directory, privileges dropped in the child (setgroups, setgid, setuid)
+//! and either pipes or a pseudo-terminal. The low-level start (clone,
+//! credentials, exec) is in [`crate::spawn`].
 
 use std::ffi::OsStr;
 use std::io;
@@ -17,6 +18,7 @@ use tokio::net::unix::pipe;
 use skiff_proto::signals;
 
 use crate::account::Account;
+use crate::session_env;
 use crate::spawn::{self, ChildProcess};
 
 /// What the client asked for with `pty-req`.
@@ -130,14 +132,14 @@ pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
             jailed_start.as_path()
         }
     };
+    // The session's environment only for a program that is the account
+    // when it is executed; the jailed SFTP server gets the fixed one.
+    let start = session_env::Start::for_session(credentials.is_some());
+    let env = session_env::exec_environment(start, &req.env);
     let plan = |stdio: [RawFd; 3], controlling_tty: bool| spawn::Plan {
         program,
         args: args.clone(),
-        env: req
-            .env
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect(),
+        env: env.clone(),
         cwd,
         root,
         stdio,
