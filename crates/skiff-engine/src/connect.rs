@@ -45,9 +45,37 @@ pub struct Connection {
     pub server_id: ServerId,
     /// Remote port forwardings (`ssh -R`), which the handler serves.
     pub(crate) remote_forwards: Arc<RemoteForwards>,
+    /// How the connection ended, once it has.
+    ending: tokio::sync::watch::Receiver<Ending>,
+}
+
+/// Whether a connection has ended, as its handler saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Ending {
+    Open,
+    /// Ended, with the reason of the server's disconnect message if one
+    /// came (made safe for a terminal).
+    Closed(Option<String>),
 }
 
 impl Connection {
+    /// The reason the server gave for closing the connection: skiffd, for
+    /// one, refuses a login that `/etc/nologin` shuts out this way, with
+    /// the file's notice. For a caller that saw the connection fail:
+    /// waits (at most `limit`) until its end has been handled.
+    pub async fn server_disconnect_reason(&self, limit: std::time::Duration) -> Option<String> {
+        let mut ending = self.ending.clone();
+        let ended = tokio::time::timeout(limit, ending.wait_for(|e| *e != Ending::Open))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|e| e.clone());
+        match ended {
+            Some(Ending::Closed(reason)) => reason,
+            _ => None,
+        }
+    }
+
     /// Asks for a new key exchange now (ssh's `~R`).
     pub async fn rekey(&self) -> Result<(), SkiffError> {
         self.handle.rekey_soon().await.map_err(|e| {
@@ -82,10 +110,32 @@ pub struct ClientHandler {
     order_again: Arc<AtomicBool>,
     /// Where the server's `forwarded-tcpip` channels go.
     remote_forwards: Arc<RemoteForwards>,
+    /// Told when the connection ends (see [`Connection::server_disconnect_reason`]).
+    ending: tokio::sync::watch::Sender<Ending>,
 }
 
 impl client::Handler for ClientHandler {
     type Error = russh::Error;
+
+    async fn disconnected(
+        &mut self,
+        reason: client::DisconnectReason<Self::Error>,
+    ) -> Result<(), Self::Error> {
+        match reason {
+            client::DisconnectReason::ReceivedDisconnect(info) => {
+                let text = info.message.replace("\r\n", "\n");
+                let text = text.trim_end();
+                let shown = (!text.is_empty())
+                    .then(|| skiff_proto::terminal_text::lines(text).into_owned());
+                self.ending.send_replace(Ending::Closed(shown));
+                Ok(())
+            }
+            client::DisconnectReason::Error(e) => {
+                self.ending.send_replace(Ending::Closed(None));
+                Err(e)
+            }
+        }
+    }
 
     async fn auth_banner(
         &mut self,
@@ -368,6 +418,7 @@ struct Handshake {
     peer_addr: Option<SocketAddr>,
     server_id: ServerId,
     remote_forwards: Arc<RemoteForwards>,
+    ending: tokio::sync::watch::Receiver<Ending>,
 }
 
 /// Capacity of the read buffer under russh, in bytes: every handshake
@@ -399,6 +450,7 @@ async fn handshake(
     let refusal = Arc::new(Mutex::new(None));
     let order_again = Arc::new(AtomicBool::new(false));
     let remote_forwards = Arc::new(RemoteForwards::default());
+    let (ending_tx, ending) = tokio::sync::watch::channel(Ending::Open);
     let handler = ClientHandler {
         settings: settings.without_identity_cache(),
         known_hosts: known_hosts.clone(),
@@ -406,6 +458,7 @@ async fn handshake(
         partial_order,
         order_again: order_again.clone(),
         remote_forwards: remote_forwards.clone(),
+        ending: ending_tx,
     };
     // Key exchange must also finish in bounded time: a server that accepts TCP
     // and then says nothing must not hang us.
@@ -418,6 +471,7 @@ async fn handshake(
             peer_addr,
             server_id,
             remote_forwards,
+            ending,
         })),
         Ok(Err(_)) if order_again.load(Ordering::Relaxed) => Ok(None),
         Ok(Err(e)) => {
@@ -521,6 +575,7 @@ async fn authenticated(settings: &ConnectSettings) -> Result<Connection, SkiffEr
         peer_addr,
         server_id,
         remote_forwards,
+        ending,
     } = match first {
         Some(done) => done,
         None => {
@@ -578,6 +633,7 @@ async fn authenticated(settings: &ConnectSettings) -> Result<Connection, SkiffEr
         peer_addr,
         server_id,
         remote_forwards,
+        ending,
     })
 }
 

@@ -91,20 +91,30 @@ impl OpenSession {
 /// may retry elsewhere on [`ErrorKind::ChannelRefused`] or a lost connection.
 pub async fn open_session(conn: &Connection) -> Result<OpenSession, SkiffError> {
     let host = conn.settings.hostname.clone();
-    let channel = conn
-        .handle
-        .channel_open_session()
-        .await
-        .map_err(|e| match e {
-            russh::Error::ChannelOpenFailure(reason) => SkiffError::new(
+    let channel = match conn.handle.channel_open_session().await {
+        Ok(channel) => channel,
+        Err(russh::Error::ChannelOpenFailure(reason)) => {
+            return Err(SkiffError::new(
                 ErrorKind::ChannelRefused,
                 format!("{host}: the server refused a session channel ({reason:?})"),
-            ),
-            other => SkiffError::new(
-                ErrorKind::Connect,
-                format!("{host}: connection lost: {other}"),
-            ),
-        })?;
+            ))
+        }
+        // The server may have said why it closed the connection (skiffd
+        // refusing a login under /etc/nologin, say).
+        Err(other) => {
+            let limit = std::time::Duration::from_secs(2);
+            return Err(match conn.server_disconnect_reason(limit).await {
+                Some(reason) => SkiffError::new(
+                    ErrorKind::Connect,
+                    format!("{host}: the server closed the connection: {reason}"),
+                ),
+                None => SkiffError::new(
+                    ErrorKind::Connect,
+                    format!("{host}: connection lost: {other}"),
+                ),
+            });
+        }
+    };
     Ok(OpenSession {
         channel,
         host,

@@ -1,8 +1,11 @@
-//! Local accounts that skiffd may serve: passwd lookup, locked-account and
-//! shell checks, and the group list needed to drop privileges in a child.
+//! Local accounts that skiffd may serve: passwd lookup, the account policy
+//! of [`crate::account_policy`] (locked and expired accounts), the shell
+//! check, and the group list needed to drop privileges in a child.
 //!
 //! As root skiffd serves any usable account; as an ordinary user it serves
 //! only that user. Every refusal looks the same to the client as a wrong key.
+//! An account whose shell is `nologin` or `false` is usable: its sessions
+//! run nothing through that shell (see [`crate::account_policy::ShellUse`]).
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -41,6 +44,13 @@ pub enum Refusal {
     NoSuchUser,
     NotServedUser,
     Locked,
+    /// The shadow expiry date (`sp_expire`, a day from 1970-01-01) has come.
+    Expired {
+        day: i64,
+    },
+    /// The shadow database could not be read, so locks and expiry are
+    /// unknown (a root server refuses rather than guess).
+    ShadowUnreadable,
     NoShell,
 }
 
@@ -50,6 +60,14 @@ impl std::fmt::Display for Refusal {
             Refusal::NoSuchUser => "no such account",
             Refusal::NotServedUser => "skiffd is not running as root and serves only its own user",
             Refusal::Locked => "account is locked",
+            Refusal::Expired { day } => {
+                return write!(
+                    f,
+                    "account has expired (its expiry date is {})",
+                    crate::account_policy::shadow_date(*day)
+                )
+            }
+            Refusal::ShadowUnreadable => "the shadow database cannot be read",
             Refusal::NoShell => "account has no usable login shell",
         })
     }
@@ -65,9 +83,7 @@ pub fn lookup(name: &str) -> Result<Account, Refusal> {
     if !me.is_root() && user.uid != me {
         return Err(Refusal::NotServedUser);
     }
-    if is_locked(&user) {
-        return Err(Refusal::Locked);
-    }
+    shadow_check(&user)?;
     let shell = if user.shell.as_os_str().is_empty() {
         PathBuf::from("/bin/sh")
     } else {
@@ -94,28 +110,31 @@ pub fn lookup(name: &str) -> Result<Account, Refusal> {
     })
 }
 
-/// A password field starting with `!` marks a locked account (as `passwd -l`
-/// and useradd do); `*` alone means "no password" and stays usable for keys.
-fn is_locked(user: &User) -> bool {
-    let field =
-        shadow_password(&user.name).unwrap_or_else(|| user.passwd.to_string_lossy().into_owned());
-    field.starts_with('!') || field.starts_with("*LK*")
+/// Whether the shadow entry (or, without one, the passwd field) shuts the
+/// account: locked (`!` or `*LK*`; `*` alone means "no password" and stays
+/// usable for keys) or expired.
+fn shadow_check(user: &User) -> Result<(), Refusal> {
+    use crate::account_policy::{self as policy, ShadowLookup, ShadowRefusal};
+    let (password, expire_day) = match policy::shadow_entry(&user.name) {
+        ShadowLookup::Found(entry) => (entry.password, entry.expire_day),
+        ShadowLookup::Absent => (user.passwd.to_string_lossy().into_owned(), None),
+        ShadowLookup::Unreadable(e) => {
+            tracing::error!("cannot read the shadow entry of {}: {e}", user.name);
+            return Err(Refusal::ShadowUnreadable);
+        }
+    };
+    match policy::shadow_refusal(&password, expire_day, policy::today()) {
+        None => Ok(()),
+        Some(ShadowRefusal::Locked) => Err(Refusal::Locked),
+        Some(ShadowRefusal::Expired { day }) => Err(Refusal::Expired { day }),
+    }
 }
 
-fn shadow_password(name: &str) -> Option<String> {
-    let text = std::fs::read_to_string("/etc/shadow").ok()?;
-    text.lines().find_map(|line| {
-        let mut fields = line.split(':');
-        (fields.next()? == name).then(|| fields.next().unwrap_or("").to_string())
-    })
-}
-
+/// Whether `shell` exists and may be run, as sshd requires of every
+/// account's shell. `nologin` and `false` pass: they authenticate, and
+/// run nothing (see [`crate::account_policy::shell_use`]).
 fn shell_usable(shell: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    let base = shell.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    if base == "nologin" || base == "false" {
-        return false;
-    }
     std::fs::metadata(shell)
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false)
@@ -140,10 +159,12 @@ mod tests {
     }
 
     #[test]
-    fn nologin_shells_are_refused() {
-        assert!(!shell_usable(Path::new("/usr/sbin/nologin")));
-        assert!(!shell_usable(Path::new("/bin/false")));
+    fn missing_shells_are_refused_and_nologin_ones_are_not() {
+        assert!(shell_usable(Path::new("/usr/sbin/nologin")));
+        assert!(shell_usable(Path::new("/bin/false")));
         assert!(!shell_usable(Path::new("/nonexistent/shell")));
+        assert!(!shell_usable(Path::new("/etc/passwd")));
+        assert!(!shell_usable(Path::new("/bin")));
         assert!(shell_usable(Path::new("/bin/sh")));
     }
 }

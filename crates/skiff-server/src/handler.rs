@@ -42,6 +42,9 @@ struct Authenticated {
     /// How it authenticated, as `ExposeAuthInfo` writes it
     /// (`publickey KEYTYPE BASE64`).
     credential: String,
+    /// `ForceCommand internal-sftp` is in force: skiffd's SFTP server runs
+    /// directly, not through the account's shell.
+    forced_internal_sftp: bool,
 }
 
 /// A session channel before and after its command starts.
@@ -108,6 +111,9 @@ pub struct ConnectionHandler {
     /// The account name whose login settings are in force, and those
     /// settings when `Match` blocks change them (see [`Self::settings`]).
     effective: Option<(String, Option<Arc<Settings>>)>,
+    /// The notice of `/etc/nologin` for a login it refuses: sent as the
+    /// reason for disconnecting once the client has proved its key.
+    nologin_refusal: Option<String>,
 }
 
 impl ConnectionHandler {
@@ -132,6 +138,7 @@ impl ConnectionHandler {
             forwards: Default::default(),
             auth_info: None,
             effective: None,
+            nologin_refusal: None,
             state,
         }
     }
@@ -410,9 +417,22 @@ impl ConnectionHandler {
                 "refusing login: PermitRootLogin forced-commands-only, and the key forces no command");
             return publickey_only();
         }
+        if crate::account_policy::nologin_applies(account.uid) {
+            let path = std::path::Path::new(crate::account_policy::NOLOGIN_FILE);
+            if let Some(notice) = crate::account_policy::read_nologin(path) {
+                tracing::info!(peer = %self.peer, user = %account.name,
+                    "refusing login: {} exists (only root may log in)", path.display());
+                // russh can send a reason only once the login is accepted:
+                // auth_succeeded disconnects at once, before any channel.
+                self.nologin_refusal = Some(notice);
+                self.candidate = None;
+                return Auth::Accept;
+            }
+        }
         // The server's ForceCommand wins over the key's command=, and
         // PermitTTY no over its pty permission, as in sshd.
         let settings = self.settings();
+        let forced_internal_sftp = settings.force_command.as_deref() == Some("internal-sftp");
         if let Some(forced) = &settings.force_command {
             options.command = Some(match (forced.as_str(), &settings.sftp_command) {
                 ("internal-sftp", Some(sftp)) => sftp.clone(),
@@ -424,6 +444,7 @@ impl ConnectionHandler {
             account,
             options,
             credential,
+            forced_internal_sftp,
         });
         self.candidate = None;
         self.session_rtt = self.probe_answered.take().map(|t| t.elapsed());
@@ -658,6 +679,34 @@ impl ConnectionHandler {
             }
             _ => None,
         };
+        // ForceCommand internal-sftp outside a jail: skiffd's own SFTP
+        // server, started without the account's shell, as sshd's is.
+        let direct_sftp = match (&command, &settings.sftp_command) {
+            (Some(c), Some(sftp)) if jail.is_none() && auth.forced_internal_sftp && c == sftp => {
+                crate::sftp::internal_server_exe(c)
+            }
+            _ => None,
+        };
+        // Anything else runs through the account's shell, which for a
+        // `nologin` or `false` account runs nothing.
+        let through_shell = internal_sftp.is_none() && direct_sftp.is_none();
+        if through_shell
+            && crate::account_policy::shell_use(&auth.account.shell)
+                == crate::account_policy::ShellUse::Nothing
+        {
+            tracing::info!(peer = %self.peer, user = %auth.account.name,
+                "refusing session: the account's shell {} runs nothing",
+                auth.account.shell.display());
+            if extra.is_some() {
+                // The data plane: the client falls back to SFTP.
+                return session.channel_failure(id);
+            }
+            let pty = chan.pty.is_some();
+            if let Some(chan) = self.channels.get_mut(&id) {
+                chan.channel = None;
+            }
+            return refuse_without_shell(session, id, pty);
+        }
         let spawned = process::spawn(SpawnRequest {
             account: &auth.account,
             command: command.as_deref(),
@@ -668,6 +717,7 @@ impl ConnectionHandler {
                 root,
                 internal_sftp: internal_sftp.as_deref(),
             }),
+            direct_sftp: direct_sftp.as_deref(),
         });
         let spawned = match spawned {
             Ok(s) => s,
@@ -740,6 +790,23 @@ impl ConnectionHandler {
     }
 }
 
+/// Answers a session whose account's shell runs nothing as that shell
+/// would: the request succeeds, nologin's words go to standard error, and
+/// the session ends with status 1.
+fn refuse_without_shell(
+    session: &mut Session,
+    id: ChannelId,
+    pty: bool,
+) -> Result<(), russh::Error> {
+    let end = if pty { "\r\n" } else { "\n" };
+    let notice = format!("{}{end}", crate::account_policy::NO_SHELL_NOTICE);
+    session.channel_success(id)?;
+    session.extended_data(id, 1, notice.into_bytes())?;
+    session.exit_status_request(id, 1)?;
+    session.eof(id)?;
+    session.close(id)
+}
+
 fn set_var(env: &mut Vec<(String, String)>, key: &str, value: String) {
     env.retain(|(k, _)| k != key);
     env.push((key.to_string(), value));
@@ -756,7 +823,11 @@ async fn run_session_io(
     let id = channel.id();
     let (reader, writer) = channel.split();
     let mut child = spawned.child;
-    let pty = matches!(spawned.io, ChildIo::Pty(_));
+    let terminal = match &spawned.io {
+        ChildIo::Pty(master) => Some(master.clone()),
+        ChildIo::Pipes { .. } => None,
+    };
+    let pty = terminal.is_some();
     let (pause, paused) = tokio::sync::watch::channel(false);
     let (consumed, consumed_rx) = tokio::sync::watch::channel(0u64);
     let consumed = Arc::new(consumed);
@@ -812,6 +883,11 @@ async fn run_session_io(
         }
     };
     let status = supervise(&mut child, output, &mut control, &mut flow, pty).await;
+    // The session is over: its terminal goes back to whoever had it, as
+    // with sshd, before the client hears the exit status.
+    if let Some(terminal) = terminal {
+        terminal.give_back();
+    }
     drop(flow);
     finish(&writer, &handle, id, status).await;
     input.abort();
@@ -1106,6 +1182,16 @@ impl russh::server::Handler for ConnectionHandler {
                 Ok(None)
             }
         }
+    }
+
+    async fn auth_succeeded(&mut self, session: &mut Session) -> Result<(), Self::Error> {
+        // A login `/etc/nologin` refuses: its notice is the reason given,
+        // as sshd gives PAM's, and no channel is ever served (no account is
+        // set). ssh shows it as "Received disconnect from ...: NOTICE".
+        if let Some(notice) = self.nologin_refusal.take() {
+            session.disconnect(russh::Disconnect::NoMoreAuthMethodsAvailable, &notice, "en")?;
+        }
+        Ok(())
     }
 
     async fn auth_none(&mut self, _user: &str) -> Result<Auth, Self::Error> {

@@ -6,6 +6,9 @@
 //! [`account`] (who may log in), [`lookup_command`] (`AuthorizedKeysCommand`, `AuthorizedPrincipalsCommand`), `handler` (authentication and sessions) and
 //! `process` (starting commands as the account, with pipes or a pty), on top
 //! of `spawn` (a vfork-style process start that can drop privileges).
+//! [`account_policy`] is what makes an account usable (locks, expiry,
+//! shells that run nothing, `/etc/nologin`); `pty_owner` hands a session's
+//! terminal to the account and back.
 //! [`sftp`] is the file server that the `sftp` subsystem runs as the account
 //! (`skiffd --sftp-server`), never inside the server process; [`chroot`]
 //! jails logins (`ChrootDirectory`); [`session_env`] decides which
@@ -16,6 +19,7 @@
 pub mod access;
 pub mod account;
 mod account_fs;
+pub mod account_policy;
 mod auth_info;
 pub mod chroot;
 pub mod config;
@@ -28,6 +32,7 @@ mod listener;
 pub mod lookup_command;
 pub mod match_block;
 mod process;
+mod pty_owner;
 pub mod session_env;
 pub mod sftp;
 mod spawn;

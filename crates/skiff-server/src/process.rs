@@ -1,7 +1,8 @@
 //! Starting a session's command as the account: a clean environment (which
 //! one is [`crate::session_env`]'s decision), the account's shell, the home
 //! directory, privileges dropped in the child (setgroups, setgid, setuid)
-//! and either pipes or a pseudo-terminal. The low-level start (clone,
+//! and either pipes or a pseudo-terminal (handed to the account for the
+//! session, see [`crate::pty_owner`]). The low-level start (clone,
 //! credentials, exec) is in [`crate::spawn`].
 
 use std::ffi::OsStr;
@@ -43,6 +44,10 @@ pub struct SpawnRequest<'a> {
     pub extra: Option<RawFd>,
     /// A `ChrootDirectory` jail (checked already) to run the command in.
     pub jail: Option<Jail<'a>>,
+    /// skiffd's own executable, to run its SFTP server directly instead
+    /// of `command` through the account's shell (`ForceCommand
+    /// internal-sftp` outside a jail).
+    pub direct_sftp: Option<&'a Path>,
 }
 
 /// Where a jailed command runs.
@@ -88,6 +93,12 @@ pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
             vec![OsStr::new(&login_name)]
         }
     };
+    // Like sshd's internal-sftp, skiffd's own server needs no shell (and
+    // the account's may run nothing).
+    if let Some(exe) = req.direct_sftp {
+        program = exe;
+        args = vec![exe.as_os_str(), OsStr::new("--sftp-server")];
+    }
     let mut credentials = acct.credentials();
     let mut root = None;
     let jailed_start: PathBuf;
@@ -151,10 +162,24 @@ pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
     let (child, io) = match req.pty {
         Some(spec) => {
             let (master, slave) = open_pty(spec)?;
+            let mut master = PtyMaster::new(master)?;
+            // A root server gives the terminal to the account for the
+            // session. Should anything below fail, dropping `master` gives
+            // it back while the terminal is still open.
+            if acct.credentials().is_some() {
+                let to = crate::pty_owner::grant(acct.uid, acct.gid, crate::pty_owner::tty_group());
+                let lease = crate::pty_owner::hand_over(&slave, to).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("cannot give the terminal to the account: {e}"),
+                    )
+                })?;
+                master.lease = Some(lease);
+            }
             let fd = slave.as_raw_fd();
             let child = spawn::spawn(plan([fd, fd, fd], true))?;
             drop(slave); // only the child holds the terminal now, so EOF shows as EIO
-            (child, ChildIo::Pty(Arc::new(PtyMaster::new(master)?)))
+            (child, ChildIo::Pty(Arc::new(master)))
         }
         None => {
             let (in_r, in_w) = spawn::pipe()?;
@@ -270,12 +295,30 @@ fn apply_modes(t: &mut termios::Termios, modes: &[(russh::Pty, u32)]) {
 }
 
 /// The server side of a pseudo-terminal, readable and writable without
-/// blocking the runtime.
+/// blocking the runtime. When a root server handed the terminal to the
+/// account, it is given back at the end of the session, at the latest
+/// when this is dropped, before the terminal closes.
 pub struct PtyMaster {
     fd: AsyncFd<OwnedFd>,
+    lease: Option<crate::pty_owner::Lease>,
+}
+
+impl Drop for PtyMaster {
+    fn drop(&mut self) {
+        // Runs before the descriptor closes: the device is still ours.
+        self.give_back();
+    }
 }
 
 impl PtyMaster {
+    /// Gives the terminal back to whoever had it before the session (see
+    /// [`crate::pty_owner`]); only the first call acts.
+    pub fn give_back(&self) {
+        if let Some(lease) = &self.lease {
+            lease.give_back();
+        }
+    }
+
     fn new(fd: OwnedFd) -> io::Result<Self> {
         let flags =
             nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL).map_err(io::Error::from)?;
@@ -284,6 +327,7 @@ impl PtyMaster {
         // SAFETY: we own the fd and it stays open for the lifetime of the AsyncFd.
         Ok(PtyMaster {
             fd: unsafe { AsyncFd::register(fd)? },
+            lease: None,
         })
     }
 

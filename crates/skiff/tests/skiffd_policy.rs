@@ -518,9 +518,10 @@ fn per_source_max_startups_limits_each_source_network() {
 // Accounts that may not log in
 // ---------------------------------------------------------------------------
 
-/// A locked account, an account whose shell is nologin and a missing
+/// A locked account, an account whose shell does not exist and a missing
 /// account get exactly the answer a wrong key gets, although the key is
-/// authorized for them; skiffd logs the real reason.
+/// authorized for them; skiffd logs the real reason. (An account whose
+/// shell is `nologin` authenticates and runs nothing: skiffd_accounts.rs.)
 #[test]
 fn refused_accounts_look_like_a_wrong_key() {
     if !require_openssh() {
@@ -537,11 +538,7 @@ fn refused_accounts_look_like_a_wrong_key() {
         shell: "/bin/sh",
         password: "!",
     });
-    ensure_account(AccountSpec {
-        name: "skiff-nologin",
-        shell: "/usr/sbin/nologin",
-        password: "*",
-    });
+    let no_shell = TempAccount::create("nosh", "/nonexistent/skiff-shell");
     let missing = "skiff-no-such-user";
     assert!(no_such_account(missing), "{missing} must not exist");
 
@@ -587,7 +584,7 @@ fn refused_accounts_look_like_a_wrong_key() {
 
     for (name, reason) in [
         ("skiff-locked", "account is locked"),
-        ("skiff-nologin", "account has no usable login shell"),
+        (no_shell.name(), "account has no usable login shell"),
         (missing, "no such account"),
     ] {
         let out = attempt(name, &fx.client_key);

@@ -264,6 +264,74 @@ pub fn ensure_account(spec: AccountSpec<'_>) -> Account {
     acct
 }
 
+/// An account a test makes for itself, with a unique name, its own home
+/// and password field `*` (usable for keys), removed (home and all) when
+/// dropped. Needs root.
+pub struct TempAccount {
+    pub account: Account,
+}
+
+impl TempAccount {
+    /// A new account `skt-TAG-PID-N` whose login shell is `shell`.
+    pub fn create(tag: &str, shell: &str) -> TempAccount {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "skt-{tag}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        assert!(name.len() <= 32, "account name {name} is too long");
+        assert!(no_such_account(&name), "{name} exists already");
+        let account = ensure_account(AccountSpec {
+            name: &name,
+            shell,
+            password: "*",
+        });
+        TempAccount { account }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.account.name
+    }
+
+    /// Runs an account-management command (`usermod ...`) on it until
+    /// `done()` holds (bounded; other tests may hold the lock on the
+    /// account files meanwhile).
+    pub fn admin(&self, args: &[&str], done: impl Fn() -> bool) {
+        retry_admin(&args.join(" "), args, done);
+    }
+}
+
+impl Drop for TempAccount {
+    fn drop(&mut self) {
+        // Never panic here (this also runs while a test fails).
+        let name = self.account.name.clone();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !no_such_account(&name) && Instant::now() < deadline {
+            let _ = Command::new("userdel")
+                .args(["-r", "-f", &name])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            if !no_such_account(&name) {
+                thread::sleep(Duration::from_millis(100));
+            }
+        }
+        if !no_such_account(&name) {
+            eprintln!("WARNING: could not remove the test account {name}");
+        }
+    }
+}
+
+/// The fields of `name`'s /etc/shadow line (name first).
+pub fn shadow_fields(name: &str) -> Option<Vec<String>> {
+    let text = fs::read_to_string("/etc/shadow").ok()?;
+    text.lines().find_map(|l| {
+        let fields: Vec<String> = l.split(':').map(str::to_string).collect();
+        (fields.first().map(String::as_str) == Some(name)).then_some(fields)
+    })
+}
+
 /// True when no passwd entry (local or from NSS) exists for `name`.
 pub fn no_such_account(name: &str) -> bool {
     getent_passwd(name).is_none()
@@ -1507,6 +1575,9 @@ pub struct SkiffdOptions {
     /// More addresses to listen on, with the same port as 127.0.0.1 (on
     /// Linux every 127.x.y.z is a local address).
     pub also_listen: Vec<std::net::Ipv4Addr>,
+    /// A program and its arguments that start skiffd, whose own command
+    /// line follows them (`unshare --mount ...`); empty: skiffd itself.
+    pub wrapper: Vec<OsString>,
 }
 
 impl SkiffdOptions {
@@ -1517,7 +1588,20 @@ impl SkiffdOptions {
             config: None,
             verbose: true,
             also_listen: Vec::new(),
+            wrapper: Vec::new(),
         }
+    }
+
+    /// Starts skiffd through `program` and `args` (see [`Self::wrapper`]).
+    pub fn wrapped<I, S>(mut self, program: &str, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.wrapper = std::iter::once(OsString::from(program))
+            .chain(args.into_iter().map(|a| a.as_ref().to_os_string()))
+            .collect();
+        self
     }
 
     pub fn also_listen(mut self, addrs: impl IntoIterator<Item = std::net::Ipv4Addr>) -> Self {
@@ -1598,7 +1682,14 @@ impl Launch for Skiffd {
 
     fn launch(&mut self) -> Result<(), String> {
         let seq = LAUNCH_SEQ.fetch_add(1, Ordering::Relaxed);
-        let mut cmd = Command::new(skiffd_bin());
+        let mut cmd = match self.opts.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(skiffd_bin());
+                cmd
+            }
+            None => Command::new(skiffd_bin()),
+        };
         cmd.arg("--listen")
             .arg(format!("127.0.0.1:{}", self.core.port))
             .arg("--authorized-keys")
