@@ -8,12 +8,15 @@
 //! of `spawn` (a vfork-style process start that can drop privileges).
 //! [`sftp`] is the file server that the `sftp` subsystem runs as the account
 //! (`skiffd --sftp-server`), never inside the server process; [`chroot`]
-//! jails logins (`ChrootDirectory`). `account_fs` connects to and makes
+//! jails logins (`ChrootDirectory`). `account_files` reads authorized_keys,
+//! principals and key lists (regular files only, bounded, mode-checked, off
+//! the async workers); `account_fs` connects to and makes
 //! Unix sockets with an account's rights; `sshd_only` rules on sshd
 //! keywords skiffd accepts without acting on.
 
 pub mod access;
 pub mod account;
+mod account_files;
 mod account_fs;
 mod auth_info;
 pub mod chroot;
