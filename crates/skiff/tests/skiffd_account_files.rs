@@ -471,6 +471,16 @@ fn an_authorized_keys_fifo_is_refused_without_holding_up_the_server() {
     s.expect_logged(bad.name(), &[&path, "not a regular file", "FIFO"], "FIFO");
     let rss = s.peak_rss_kb();
     assert!(rss < MAX_SKIFFD_RSS_KB, "skiffd reached {rss} kB");
+
+    // Only that file is ignored: the account's next AuthorizedKeysFile
+    // still counts, as in sshd.
+    let second = s.fx.path().join("keys").join(bad.name());
+    write_authorized_keys(&second, &[s.account_key.pub_line()]);
+    s.expect_login(
+        bad.name(),
+        &s.account_key,
+        "the FIFO beside a good second file",
+    );
 }
 
 /// A directory, a Unix socket and a symlink to /dev/zero are not read as
@@ -836,5 +846,35 @@ fn a_revoked_keys_fifo_refuses_every_key_without_holding_up_the_server() {
         "RevokedKeys",
         &[&path, "not a regular file", "FIFO"],
         "RevokedKeys FIFO",
+    );
+}
+
+/// The same for `TrustedUserCAKeys`, read at every certificate login: a
+/// FIFO there trusts no CA (the certificate is refused at once), and plain
+/// keys still log in meanwhile.
+#[test]
+fn a_trusted_user_ca_keys_fifo_trusts_no_ca_without_holding_up_the_server() {
+    if !require_openssh() {
+        return;
+    }
+    let dir = tempdir();
+    let fifo = dir.path().join("cas");
+    mkfifo(&fifo);
+    let s = server(&format!("TrustedUserCAKeys {}\n", fifo.display()));
+    let ca = s.fx.keygen("user_ca", KeyType::Ed25519, None);
+    let cert = user_certificate_copy(
+        &s.fx,
+        &ca,
+        &s.fx.stranger_key,
+        "certified",
+        ("id", user()),
+        &[],
+    );
+    s.refused_without_holding_up_others(user(), &cert, 3, "TrustedUserCAKeys FIFO");
+    let path = fifo.display().to_string();
+    s.expect_logged(
+        "TrustedUserCAKeys",
+        &[&path, "not a regular file", "FIFO"],
+        "TrustedUserCAKeys FIFO",
     );
 }
