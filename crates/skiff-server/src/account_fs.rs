@@ -80,7 +80,7 @@ fn become_account(who: &Identity) -> io::Result<()> {
 }
 
 /// Gives the calling thread (only) the account's filesystem credentials.
-fn take_credentials(c: &Credentials) -> io::Result<()> {
+pub(crate) fn take_credentials(c: &Credentials) -> io::Result<()> {
     // SAFETY: raw system calls (not glibc's process-wide wrappers) change
     // this thread's credentials alone; `groups` outlives the call.
     unsafe {

@@ -72,6 +72,10 @@ pub struct Settings {
     pub expose_auth_info: bool,
     /// Honour `environment=` in authorized_keys.
     pub permit_user_environment: bool,
+    /// `StrictModes`: account files, and the directories above them, must
+    /// be writable by nobody but root and the account (see
+    /// [`crate::account_files`]).
+    pub strict_modes: bool,
     pub login_grace_time: Duration,
     pub max_auth_tries: usize,
     /// Unauthenticated connections allowed at once; further ones are dropped.
@@ -248,6 +252,7 @@ impl Default for Settings {
             set_env: Vec::new(),
             expose_auth_info: false,
             permit_user_environment: false,
+            strict_modes: true,
             login_grace_time: Duration::from_secs(120),
             max_auth_tries: 6,
             max_startups: 100,
@@ -652,6 +657,7 @@ fn apply_line(
         "permituserenvironment" => {
             settings.permit_user_environment = parse_yes_no(one()?).map_err(err)?
         }
+        "strictmodes" => settings.strict_modes = parse_yes_no(one()?).map_err(err)?,
         "persourcemaxstartups" => {
             settings.per_source_max_startups = match one()? {
                 v if v.eq_ignore_ascii_case("none") => None,
@@ -1317,6 +1323,22 @@ mod tests {
         assert_eq!(e.line, 2);
         assert!(e.to_string().contains("des-cbc"), "{e}");
         assert!(apply_config_text(&mut s, "f", "MACs -*\n").is_err());
+    }
+
+    #[test]
+    fn strict_modes_default_on_and_global_only() {
+        let mut s = Settings::default();
+        assert!(s.strict_modes);
+        apply_config_text(&mut s, "f", "StrictModes no\nStrictModes yes\n").unwrap();
+        assert!(!s.strict_modes, "the first value wins");
+        assert!(apply_config_text(&mut Settings::default(), "f", "StrictModes maybe\n").is_err());
+        let e = apply_config_text(
+            &mut Settings::default(),
+            "f",
+            "Match User alice\nStrictModes no\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.line, 2, "{e}");
     }
 
     #[test]

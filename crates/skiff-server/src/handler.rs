@@ -20,7 +20,6 @@ use tokio::io::AsyncWriteExt;
 
 use crate::account::{self, Account};
 use crate::config::Settings;
-use crate::lookup_command::Parser;
 use crate::process::{self, ChildIo, PtySpec, SpawnRequest};
 use crate::session_env::Source;
 
@@ -210,8 +209,9 @@ impl ConnectionHandler {
     /// one of `names`: none of them is in the login's
     /// `PubkeyAcceptedAlgorithms` (which never holds RSA with SHA-1).
     fn algorithm_refusal(&mut self, user: &str, names: &[&str]) -> Option<String> {
-        // The account's Match blocks may narrow the list.
-        self.load_candidate(user);
+        // The account's Match blocks may narrow the list: prepare_candidate
+        // has put its settings in force.
+        debug_assert!(self.candidate.as_ref().is_some_and(|(u, _)| u == user));
         let accepted = &self.settings().pubkey_algorithms;
         if names.iter().any(|n| accepted.iter().any(|a| a == n)) {
             None
@@ -253,30 +253,43 @@ impl ConnectionHandler {
         Some((auth, format!("{} from {}", auth.account.name, self.peer)))
     }
 
-    /// Loads (once per user name) the account and its authorized keys.
-    fn load_candidate(&mut self, user: &str) -> Option<&UserKeys> {
-        if self.candidate.as_ref().map(|(u, _)| u.as_str()) != Some(user) {
-            let loaded = match self.admissible_account(user) {
-                Ok(acct) => {
-                    // Every file `AuthorizedKeysFile` names, in order;
-                    // `none` names none.
-                    let keys = self
-                        .settings()
-                        .authorized_keys
-                        .split_whitespace()
-                        .filter(|t| *t != "none")
-                        .flat_map(|t| load_account_file(t, &acct, authorized_keys::parse))
-                        .collect();
-                    Some((acct, keys))
-                }
-                Err(why) => {
-                    tracing::info!(peer = %self.peer, user, "refusing login: {why}");
-                    None
-                }
-            };
-            self.candidate = Some((user.to_string(), loaded));
+    /// Loads (once per user name) the account and its authorized keys,
+    /// the files read off the async workers ([`crate::account_files`]).
+    /// Every authentication request starts here.
+    async fn prepare_candidate(&mut self, user: &str) {
+        if self.candidate.as_ref().map(|(u, _)| u.as_str()) == Some(user) {
+            return;
         }
-        self.candidate.as_ref().and_then(|(_, c)| c.as_ref())
+        let loaded = match self.admissible_account(user) {
+            Ok(acct) => {
+                // Every file `AuthorizedKeysFile` names, in order; `none`
+                // names none.
+                let templates = self.settings().authorized_keys.clone();
+                let strict_modes = self.state.settings.strict_modes;
+                let mut keys = Vec::new();
+                for t in templates.split_whitespace().filter(|t| *t != "none") {
+                    let path = authorized_keys_path(t, &acct);
+                    let parse = authorized_keys::parse;
+                    keys.extend(crate::account_files::load(path, &acct, strict_modes, parse).await);
+                }
+                Some((acct, keys))
+            }
+            Err(why) => {
+                tracing::info!(peer = %self.peer, user, "refusing login: {why}");
+                None
+            }
+        };
+        self.candidate = Some((user.to_string(), loaded));
+    }
+
+    /// The account `user` names and its authorized keys, as
+    /// [`Self::prepare_candidate`] loaded them; `None` when the account may
+    /// not log in (or was not prepared).
+    fn load_candidate(&self, user: &str) -> Option<&UserKeys> {
+        self.candidate
+            .as_ref()
+            .filter(|(u, _)| u == user)
+            .and_then(|(_, c)| c.as_ref())
     }
 
     /// The entries `AuthorizedKeysCommand` prints for `user` and `key`
@@ -367,7 +380,7 @@ impl ConnectionHandler {
 
     /// The authorized_keys entry (from the account's file, else from
     /// `command_keys`) that admits `key` from this peer now, if any.
-    fn admitting_entry(
+    async fn admitting_entry(
         &mut self,
         user: &str,
         key: &PublicKey,
@@ -381,7 +394,8 @@ impl ConnectionHandler {
             tracing::info!(peer = %self.peer, user, "key refused: {why}");
             return None;
         }
-        if let Some(why) = self.revoked(|list| list.revokes_key(&blob)) {
+        let revoked_keys = self.settings().revoked_keys.clone();
+        if let Some(why) = revoked(revoked_keys, |list| list.revokes_key(&blob)).await {
             tracing::info!(peer = %self.peer, user, "key refused: {why}");
             return None;
         }
@@ -452,61 +466,12 @@ impl ConnectionHandler {
         Auth::Accept
     }
 
-    /// Why one of `blobs` may not be used: it is in `RevokedKeys`, or that
-    /// file cannot be read (then no key may be used, as with sshd). Read at
-    /// every check, so that a revocation takes effect at once.
-    fn revoked(&self, is_revoked: impl Fn(&RevokedKeys) -> bool) -> Option<String> {
-        let path = self.settings().revoked_keys.as_ref()?;
-        let label = path.display().to_string();
-        let bytes = match std::fs::read(path) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::error!("cannot read RevokedKeys {label}: {e}; refusing every key");
-                return Some(format!("RevokedKeys {label} cannot be read"));
-            }
-        };
-        match authorized_keys::parse_revoked_keys(&label, &bytes) {
-            Ok((revoked, warnings)) => {
-                for w in warnings {
-                    tracing::warn!("{w}");
-                }
-                is_revoked(&revoked).then(|| format!("revoked in {label}"))
-            }
-            Err(e) => {
-                tracing::error!("{e}; refusing every key");
-                Some(format!("RevokedKeys {label} is unusable"))
-            }
-        }
-    }
-
     /// Why an RSA key is too small under `RequiredRSASize`.
     fn rsa_too_small(&self, blob: &[u8]) -> Option<String> {
         let bits = skiff_proto::known_hosts::rsa_modulus_bits(blob)?;
         let required = self.settings().required_rsa_size;
         (bits < required)
             .then(|| format!("RSA key of {bits} bits, fewer than RequiredRSASize ({required})"))
-    }
-
-    /// The server's `TrustedUserCAKeys`, read now (so a changed file takes
-    /// effect at the next login, as authorized_keys does).
-    fn trusted_user_cas(&self) -> Vec<AuthorizedKey> {
-        let Some(path) = &self.settings().trusted_user_ca_keys else {
-            return Vec::new();
-        };
-        let label = path.display().to_string();
-        match std::fs::read_to_string(path) {
-            Ok(text) => {
-                let (keys, warnings) = authorized_keys::parse(&label, &text);
-                for w in warnings {
-                    tracing::warn!("{w}");
-                }
-                keys
-            }
-            Err(e) => {
-                tracing::warn!("cannot read TrustedUserCAKeys {label}: {e}");
-                Vec::new()
-            }
-        }
     }
 
     /// Whether some CA may sign certificates for `user`: `TrustedUserCAKeys`
@@ -1203,6 +1168,7 @@ impl russh::server::Handler for ConnectionHandler {
         user: &str,
         offer: PublicKeyOffer<'_>,
     ) -> Result<Auth, Self::Error> {
+        self.prepare_candidate(user).await;
         if let Some(why) = self.algorithm_refusal(user, &[offer.algorithm.as_str()]) {
             tracing::info!(peer = %self.peer, user, "refusing the key: {why}");
             return Ok(publickey_only());
@@ -1210,6 +1176,7 @@ impl russh::server::Handler for ConnectionHandler {
         let command_keys = self.command_keys(user, offer.public_key).await;
         let admitted = self
             .admitting_entry(user, offer.public_key, &command_keys)
+            .await
             .is_some()
             // russh does not say whether a probe is for a certificate, so
             // where a CA is trusted every key may go on to sign: the signed
@@ -1234,6 +1201,7 @@ impl russh::server::Handler for ConnectionHandler {
         let peer = self.peer;
         // The account first: its settings (Match blocks) say which CAs,
         // principals and revocations apply.
+        self.prepare_candidate(user).await;
         if self.load_candidate(user).is_none() {
             return Ok(publickey_only());
         }
@@ -1260,20 +1228,32 @@ impl russh::server::Handler for ConnectionHandler {
             tracing::info!(%peer, user, id = certificate.key_id(), "certificate refused: {why}");
             return Ok(publickey_only());
         }
-        if let Some(why) = self.revoked(|list| list.revokes_certificate(&key_blob, &cert)) {
+        let revoked_keys = self.settings().revoked_keys.clone();
+        if let Some(why) = revoked(revoked_keys, |list| {
+            list.revokes_certificate(&key_blob, &cert)
+        })
+        .await
+        {
             tracing::info!(%peer, user, id = certificate.key_id(), "certificate refused: {why}");
             return Ok(publickey_only());
         }
         let command_principals = self.command_principals(user, certificate).await;
-        let trusted = self.trusted_user_cas();
+        let trusted = trusted_user_cas(self.settings().trusted_user_ca_keys.clone()).await;
         let principals_template = self.settings().authorized_principals_file.clone();
         let ca_signatures = self.settings().ca_signature_algorithms.clone();
+        let strict_modes = self.state.settings.strict_modes;
+        let principals_file = match (principals_template, self.load_candidate(user)) {
+            (Some(template), Some((account, _))) => {
+                let path = authorized_keys_path(&template, account);
+                let account = account.clone();
+                let parse = authorized_keys::parse_principals;
+                Some(crate::account_files::load(path, &account, strict_modes, parse).await)
+            }
+            _ => None,
+        };
         let Some((account, keys)) = self.load_candidate(user) else {
             return Ok(publickey_only());
         };
-        let principals_file = principals_template.as_deref().map(|template| {
-            load_account_file(template, account, authorized_keys::parse_principals)
-        });
         // With either set, the certificate must carry a principal one lists.
         let principals = match (principals_file, command_principals) {
             (None, None) => None,
@@ -1333,12 +1313,16 @@ impl russh::server::Handler for ConnectionHandler {
         user: &str,
         key: VerifiedPublicKey<'_>,
     ) -> Result<Auth, Self::Error> {
+        self.prepare_candidate(user).await;
         if let Some(why) = self.algorithm_refusal(user, &[key.algorithm.as_str()]) {
             tracing::info!(peer = %self.peer, user, "refusing the key: {why}");
             return Ok(publickey_only());
         }
         let command_keys = self.command_keys(user, key.public_key).await;
-        match self.admitting_entry(user, key.public_key, &command_keys) {
+        match self
+            .admitting_entry(user, key.public_key, &command_keys)
+            .await
+        {
             Some((account, options)) => {
                 tracing::info!(peer = %self.peer, user, key = %key.public_key.fingerprint(Default::default()),
                     "accepted publickey");
@@ -1806,56 +1790,55 @@ pub fn authorized_keys_path(template: &str, acct: &Account) -> String {
     out
 }
 
-/// Reads the file `template` names for the account (see
-/// [`read_account_file`]) and parses it with `parse`, logging bad lines; a
-/// missing or refused file gives nothing (for `AuthorizedPrincipalsFile`:
-/// it admits no one).
-fn load_account_file<T>(template: &str, acct: &Account, parse: Parser<T>) -> Vec<T> {
-    let Some((path, text)) = read_account_file(template, acct) else {
-        return Vec::new();
+/// Why a key (or certificate) may not be used, as `is_revoked` says of
+/// the `RevokedKeys` file at `path`: it is listed, or the file cannot be
+/// read (then no key may be used, as with sshd). Read at every check, off
+/// the async workers ([`crate::account_files`]), so that a revocation takes
+/// effect at once.
+async fn revoked(
+    path: Option<std::path::PathBuf>,
+    is_revoked: impl Fn(&RevokedKeys) -> bool,
+) -> Option<String> {
+    use crate::account_files::{clip, read_server_file, REVOKED_KEYS_MAX_BYTES};
+    let path = path?;
+    let label = path.display().to_string();
+    let bytes = match read_server_file(&path, REVOKED_KEYS_MAX_BYTES).await {
+        Ok(b) => b,
+        Err(e) => {
+            let label = clip(&label);
+            tracing::error!("cannot read RevokedKeys {label}: {e}; refusing every key");
+            return Some(format!("RevokedKeys {label} cannot be read"));
+        }
     };
-    let (items, warnings) = parse(&path, &text);
-    for w in warnings {
-        tracing::warn!("{w}");
+    match authorized_keys::parse_revoked_keys(&label, &bytes) {
+        Ok((revoked, warnings)) => {
+            for w in warnings {
+                tracing::warn!("{}", clip(&w.to_string()));
+            }
+            is_revoked(&revoked).then(|| format!("revoked in {}", clip(&label)))
+        }
+        Err(e) => {
+            tracing::error!("{}; refusing every key", clip(&e.to_string()));
+            Some(format!("RevokedKeys {} is unusable", clip(&label)))
+        }
     }
-    items
 }
 
-/// The path `template` gives for the account, and the file's text. As
-/// root, refuses files the account does not own (other than root's) or
-/// that others may write.
-fn read_account_file(template: &str, acct: &Account) -> Option<(String, String)> {
-    use std::os::unix::fs::MetadataExt;
-    let path = authorized_keys_path(template, acct);
-    let file = match std::fs::File::open(&path) {
-        Ok(f) => f,
-        Err(e) => {
-            tracing::debug!(user = %acct.name, "cannot open {path}: {e}");
-            return None;
-        }
+/// The server's `TrustedUserCAKeys` at `path`, read now (so a changed file
+/// takes effect at the next login, as authorized_keys does), off the async
+/// workers.
+async fn trusted_user_cas(path: Option<std::path::PathBuf>) -> Vec<AuthorizedKey> {
+    let Some(path) = path else {
+        return Vec::new();
     };
-    if nix::unistd::Uid::effective().is_root() {
-        match file.metadata() {
-            Ok(m)
-                if (m.uid() == acct.uid || m.uid() == 0)
-                    && m.mode() & 0o022 == 0
-                    && m.is_file() => {}
-            Ok(_) => {
-                tracing::warn!(user = %acct.name, "ignoring {path}: must be a regular file owned by the user or root and not writable by others");
-                return None;
-            }
-            Err(e) => {
-                tracing::warn!("cannot stat {path}: {e}");
-                return None;
-            }
+    match crate::account_files::load_server_list(&path, authorized_keys::parse).await {
+        Ok(keys) => keys,
+        Err(e) => {
+            let label = crate::account_files::clip(&path.display().to_string());
+            tracing::warn!("cannot read TrustedUserCAKeys {label}: {e}");
+            Vec::new()
         }
     }
-    let mut text = String::new();
-    if let Err(e) = std::io::Read::read_to_string(&mut std::io::BufReader::new(file), &mut text) {
-        tracing::warn!("cannot read {path}: {e}");
-        return None;
-    }
-    Some((path, text))
 }
 
 /// The names of the account's primary and supplementary groups.

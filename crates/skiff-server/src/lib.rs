@@ -12,12 +12,15 @@
 //! [`sftp`] is the file server that the `sftp` subsystem runs as the account
 //! (`skiffd --sftp-server`), never inside the server process; [`chroot`]
 //! jails logins (`ChrootDirectory`); [`session_env`] decides which
-//! environment each started program gets. `account_fs` connects to and makes
+//! environment each started program gets. `account_files` reads
+//! authorized_keys, principals and key lists (regular files only, bounded,
+//! mode-checked, off the async workers); `account_fs` connects to and makes
 //! Unix sockets with an account's rights; `sshd_only` rules on sshd
 //! keywords skiffd accepts without acting on.
 
 pub mod access;
 pub mod account;
+mod account_files;
 mod account_fs;
 pub mod account_policy;
 mod auth_info;

@@ -101,7 +101,6 @@ pub fn verdict(keyword: &str, args: &[&str]) -> Option<Verdict> {
                 .into(),
         ),
         "usepam" => Verdict::Fine,
-        "strictmodes" => Verdict::Fine,
         "pubkeyauthentication" if enables(first) => Verdict::Fine,
         "pubkeyauthentication" => Verdict::Refused(
             "PubkeyAuthentication no: skiffd authenticates with public keys only".into(),
