@@ -10,12 +10,15 @@
 //! (`skiffd --sftp-server`), never inside the server process; [`chroot`]
 //! jails logins (`ChrootDirectory`). `account_fs` connects to and makes
 //! Unix sockets with an account's rights; `sshd_only` rules on sshd
-//! keywords skiffd accepts without acting on.
+//! keywords skiffd accepts without acting on. [`queue_budget`] counts the
+//! memory held for peers (`MaxConnectionQueue`, `MaxServerQueue`) and
+//! `channel_io` moves channel bytes with it counted.
 
 pub mod access;
 pub mod account;
 mod account_fs;
 mod auth_info;
+mod channel_io;
 pub mod chroot;
 pub mod config;
 mod dataplane;
@@ -26,7 +29,9 @@ pub mod hostkey;
 mod listener;
 pub mod lookup_command;
 pub mod match_block;
+mod peer_hangup;
 mod process;
+pub mod queue_budget;
 pub mod sftp;
 mod spawn;
 mod sshd_only;
