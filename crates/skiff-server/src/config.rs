@@ -111,6 +111,9 @@ pub struct Settings {
     pub unencrypted_data_plane: UnencryptedPolicy,
     /// The largest receive window a channel may grow to (`MaxChannelWindow`).
     pub max_channel_window: u32,
+    /// `MaxConnectionQueue` and `MaxServerQueue`: the memory skiffd holds
+    /// for one connection's and for all connections' channels.
+    pub queue_limits: crate::queue_budget::QueueLimits,
     /// `AllowTcpForwarding`, `DisableForwarding`, `PermitOpen`,
     /// `PermitListen`, `GatewayPorts`.
     pub forwarding: crate::forward_policy::ForwardRules,
@@ -268,6 +271,7 @@ impl Default for Settings {
             data_plane: true,
             unencrypted_data_plane: UnencryptedPolicy::Loopback,
             max_channel_window: skiff_proto::window::DEFAULT_MAX_WINDOW,
+            queue_limits: Default::default(),
             forwarding: Default::default(),
             force_command: None,
             permit_tty: true,
@@ -760,6 +764,25 @@ fn apply_line(
                         "MaxChannelWindow must be a size from 2M to 4095M (e.g. 64M), not {v:?}"
                     ))
                 })?;
+        }
+        "maxconnectionqueue" | "maxserverqueue" => {
+            let per_connection = keyword.eq_ignore_ascii_case("maxconnectionqueue");
+            let name = if per_connection {
+                "MaxConnectionQueue"
+            } else {
+                "MaxServerQueue"
+            };
+            let v = one()?;
+            let limit = crate::queue_budget::QueueLimits::parse_limit(v).ok_or_else(|| {
+                err(format!(
+                    "{name} must be a size of at least 1M (e.g. 64M or 1G), not {v:?}"
+                ))
+            })?;
+            if per_connection {
+                settings.queue_limits.per_connection = limit;
+            } else {
+                settings.queue_limits.total = limit;
+            }
         }
         "allowtcpforwarding" => {
             let rules = &mut settings.forwarding;
@@ -1465,6 +1488,35 @@ mod tests {
             e.to_string(),
             "f:1: DataPlaneUnencrypted must be loopback, yes or no, not \"maybe\""
         );
+    }
+
+    #[test]
+    fn queue_limits() {
+        let mut s = Settings::default();
+        assert_eq!(s.queue_limits, crate::queue_budget::QueueLimits::default());
+        apply_config_text(
+            &mut s,
+            "c",
+            "MaxConnectionQueue 8M\nmaxserverqueue=2G\nMaxConnectionQueue 1G\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (s.queue_limits.per_connection, s.queue_limits.total),
+            (8 << 20, 2 << 30)
+        );
+        let e = apply_config_text(&mut s, "q", "MaxServerQueue 512k").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "q:1: MaxServerQueue must be a size of at least 1M (e.g. 64M or 1G), not \"512k\""
+        );
+        let e = apply_config_text(&mut s, "q", "\nMaxConnectionQueue lots").unwrap_err();
+        assert!(
+            e.to_string().starts_with("q:2: MaxConnectionQueue must be"),
+            "{e}"
+        );
+        // Not a login setting.
+        let e = apply_config_text(&mut s, "m", "Match User x\n  MaxServerQueue 1G\n").unwrap_err();
+        assert!(e.to_string().contains("MaxServerQueue"), "{e}");
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //! `auth-agent@openssh.com` channel.
 //!
 //! Every task belongs to one SSH connection and ends with it, even when the
-//! far end of a relay stays open.
+//! far end of a relay stays open. What a relay holds on the way, both ways,
+//! counts in the connection's queue (see [`crate::channel_io`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -26,13 +27,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::account_fs::{self, Identity, MadeSocket};
+use crate::channel_io::{self, OutputSource};
 use crate::forward_policy::BindTo;
+use crate::queue_budget::{ChannelQueue, ConnectionQueue};
+use std::sync::Arc;
 
 /// How long a `direct-tcpip` connection attempt may take, per address.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// Relay buffer size in each direction.
-const RELAY_BUFFER: usize = 64 * 1024;
 
 /// The forwardings of one SSH connection.
 pub struct Forwards {
@@ -44,6 +45,8 @@ pub struct Forwards {
     sockets: HashMap<String, SocketListener>,
     /// The forwarded agent's socket, made at the first request.
     agent: Option<AgentSocket>,
+    /// The connection's queue, which every relay's bytes count in.
+    queue: Arc<ConnectionQueue>,
 }
 
 /// A forwarded agent's socket: removed, with its directory, when the
@@ -79,13 +82,15 @@ impl Drop for SocketListener {
     }
 }
 
-impl Default for Forwards {
-    fn default() -> Self {
+impl Forwards {
+    /// No forwardings yet, on a connection counted in `queue`.
+    pub fn new(queue: Arc<ConnectionQueue>) -> Self {
         Forwards {
             alive: watch::channel(()).0,
             listeners: HashMap::new(),
             sockets: HashMap::new(),
             agent: None,
+            queue,
         }
     }
 }
@@ -123,12 +128,13 @@ impl Forwards {
         port: u16,
         who: String,
     ) {
+        let queue = self.queue.channel(channel.id().into());
         spawn_watched(self.alive.subscribe(), async move {
             match connect(&host, port).await {
                 Ok(tcp) => {
                     tracing::info!("{who}: forwarding to {host} port {port}");
                     reply.accept().await;
-                    relay(channel, tcp).await;
+                    relay(channel, tcp, queue).await;
                 }
                 Err(e) => {
                     tracing::info!("{who}: forwarding to {host} port {port} failed: {e}");
@@ -149,12 +155,13 @@ impl Forwards {
         owner: Identity,
         who: String,
     ) {
+        let queue = self.queue.channel(channel.id().into());
         spawn_watched(self.alive.subscribe(), async move {
             match account_fs::connect(owner, path.clone().into()).await {
                 Ok(stream) => {
                     tracing::info!("{who}: forwarding to socket {path:?}");
                     reply.accept().await;
-                    relay(channel, stream).await;
+                    relay(channel, stream, queue).await;
                 }
                 Err(e) => {
                     tracing::info!("{who}: forwarding to socket {path:?} failed: {e}");
@@ -183,7 +190,8 @@ impl Forwards {
             .await
             .map_err(|e| format!("cannot listen on {path}: {e}"))?;
         let alive = self.alive.subscribe();
-        let work = socket_accept_loop(listener, handle, path.to_string(), alive.clone());
+        let queue = self.queue.clone();
+        let work = socket_accept_loop(listener, handle, path.to_string(), alive.clone(), queue);
         let task = spawn_watched(alive, work);
         self.sockets.insert(
             path.to_string(),
@@ -234,6 +242,7 @@ impl Forwards {
                     host.to_string(),
                     bound,
                     alive.clone(),
+                    self.queue.clone(),
                 );
                 spawn_watched(alive, work)
             })
@@ -282,7 +291,8 @@ impl Forwards {
             }
         };
         let alive = self.alive.subscribe();
-        let task = spawn_watched(alive.clone(), agent_accept_loop(listener, handle, alive));
+        let work = agent_accept_loop(listener, handle, alive.clone(), self.queue.clone());
+        let task = spawn_watched(alive, work);
         self.agent = Some(AgentSocket {
             dir,
             path: path.clone(),
@@ -379,6 +389,7 @@ async fn accept_loop(
     host: String,
     port: u16,
     alive: watch::Receiver<()>,
+    queue: Arc<ConnectionQueue>,
 ) {
     loop {
         let (tcp, from) = match listener.accept().await {
@@ -393,6 +404,7 @@ async fn accept_loop(
         let _ = tcp.set_nodelay(true);
         let handle = handle.clone();
         let host = host.clone();
+        let queue = queue.clone();
         // Each relay is its own task, so a slow one holds up no other; it
         // ends with its peer or the connection, and outlives a cancel.
         spawn_watched(alive.clone(), async move {
@@ -405,7 +417,10 @@ async fn accept_loop(
                 )
                 .await;
             match opened {
-                Ok(channel) => relay(channel, tcp).await,
+                Ok(channel) => {
+                    let queue = queue.channel(channel.id().into());
+                    relay(channel, tcp, queue).await
+                }
                 Err(e) => tracing::info!(
                     "remote forwarding {host}:{port}: the client refused a connection from {from}: {e}"
                 ),
@@ -420,6 +435,7 @@ async fn unix_accept_loop<O, F>(
     listener: tokio::net::UnixListener,
     what: String,
     alive: watch::Receiver<()>,
+    queue: Arc<ConnectionQueue>,
     open: O,
 ) where
     O: Fn() -> F,
@@ -436,9 +452,13 @@ async fn unix_accept_loop<O, F>(
         };
         let opening = open();
         let what = what.clone();
+        let queue = queue.clone();
         spawn_watched(alive.clone(), async move {
             match opening.await {
-                Ok(channel) => relay(channel, stream).await,
+                Ok(channel) => {
+                    let queue = queue.channel(channel.id().into());
+                    relay(channel, stream, queue).await
+                }
                 Err(e) => tracing::info!("{what}: the client refused a connection: {e}"),
             }
         });
@@ -451,9 +471,10 @@ async fn socket_accept_loop(
     handle: Handle,
     path: String,
     alive: watch::Receiver<()>,
+    queue: Arc<ConnectionQueue>,
 ) {
     let what = format!("remote forwarding {path}");
-    unix_accept_loop(listener, what, alive, move || {
+    unix_accept_loop(listener, what, alive, queue, move || {
         let (handle, path) = (handle.clone(), path.clone());
         async move { handle.channel_open_forwarded_streamlocal(path).await }
     })
@@ -465,29 +486,80 @@ async fn agent_accept_loop(
     listener: tokio::net::UnixListener,
     handle: Handle,
     alive: watch::Receiver<()>,
+    queue: Arc<ConnectionQueue>,
 ) {
-    unix_accept_loop(listener, "forwarded agent".into(), alive, move || {
-        let handle = handle.clone();
-        async move { handle.channel_open_agent().await }
-    })
+    unix_accept_loop(
+        listener,
+        "forwarded agent".into(),
+        alive,
+        queue,
+        move || {
+            let handle = handle.clone();
+            async move { handle.channel_open_agent().await }
+        },
+    )
     .await
 }
 
-/// Copies both ways until both sides have ended (each end-of-file is passed
-/// on as one); the channel closes when its stream is dropped.
-async fn relay<S>(channel: Channel<Msg>, mut peer: S)
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let mut stream = channel.into_stream();
-    let copied = tokio::io::copy_bidirectional_with_sizes(
-        &mut stream,
-        &mut peer,
-        RELAY_BUFFER,
-        RELAY_BUFFER,
-    )
-    .await;
-    if let Err(e) = copied {
-        tracing::debug!("forwarded connection ended: {e}");
+/// A relay's far end: a TCP connection or a Unix socket, split in two.
+trait Peer {
+    type Read: OutputSource + 'static;
+    type Write: tokio::io::AsyncWrite + Unpin + Send + 'static;
+    fn into_halves(self) -> (Self::Read, Self::Write);
+}
+
+impl Peer for TcpStream {
+    type Read = tokio::net::tcp::OwnedReadHalf;
+    type Write = tokio::net::tcp::OwnedWriteHalf;
+    fn into_halves(self) -> (Self::Read, Self::Write) {
+        self.into_split()
     }
+}
+
+impl Peer for tokio::net::UnixStream {
+    type Read = tokio::net::unix::OwnedReadHalf;
+    type Write = tokio::net::unix::OwnedWriteHalf;
+    fn into_halves(self) -> (Self::Read, Self::Write) {
+        self.into_split()
+    }
+}
+
+/// Copies both ways until both sides have ended (each end-of-file is passed
+/// on as one) or the client closes the channel; then closes the channel.
+/// What waits on the way counts in `queue`.
+async fn relay<P: Peer>(channel: Channel<Msg>, peer: P, queue: Arc<ChannelQueue>) {
+    use tokio::io::AsyncWriteExt;
+    let (mut from_peer, mut to_peer) = peer.into_halves();
+    let (reader, writer) = channel.split();
+    let (fed, mut inbound_done) = tokio::sync::oneshot::channel::<()>();
+    // Client to peer; the peer's write side shut once the client's input ends.
+    let mut inbound = channel_io::spawn_input(reader, queue.clone(), None, |mut rx| async move {
+        while let Some((data, receipt)) = rx.recv().await {
+            if let Err(e) = to_peer.write_all(&data).await {
+                tracing::debug!("forwarded connection: writing to its far end: {e}");
+                break;
+            }
+            drop(receipt);
+        }
+        let _ = to_peer.shutdown().await;
+        let _ = fed.send(());
+    });
+    // Peer to client; the channel's end of file once the peer's data ends.
+    let outbound = async {
+        let mut to_client = writer.make_writer();
+        channel_io::forward_output(&mut from_peer, &mut to_client, None, &queue).await;
+        let _ = writer.eof().await;
+    };
+    tokio::pin!(outbound);
+    let (mut out_done, mut in_done) = (false, false);
+    while !(out_done && in_done) {
+        tokio::select! {
+            _ = &mut outbound, if !out_done => out_done = true,
+            _ = &mut inbound_done, if !in_done => in_done = true,
+            // The client closed the channel (or the connection ended).
+            _ = &mut inbound => break,
+        }
+    }
+    inbound.abort();
+    let _ = writer.close().await;
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use russh::keys::ssh_key::certificate::CertType;
 use russh::keys::{Certificate, PublicKey};
 use russh::server::{Auth, ChannelOpenHandle, Msg, PublicKeyOffer, Session, VerifiedPublicKey};
-use russh::{Channel, ChannelId, ChannelMsg, ChannelOpenFailure, Pty, Sig};
+use russh::{Channel, ChannelId, ChannelOpenFailure, Pty, Sig};
 use skiff_proto::authorized_keys::{
     self, AuthorizedKey, AuthorizedPrincipal, KeyOptions, RevokedKeys,
 };
@@ -32,6 +32,8 @@ pub struct ServerState {
     pub principals_command: Option<crate::lookup_command::LookupCommand>,
     /// Outstanding data-plane stream tokens.
     pub registry: crate::dataplane::Registry,
+    /// What all connections hold for their peers (`MaxServerQueue`).
+    pub queues: Arc<crate::queue_budget::ServerQueue>,
 }
 
 /// The outcome of a successful authentication.
@@ -55,6 +57,9 @@ struct SessionChannel {
     /// The client asked for its agent to be forwarded to this session.
     agent: Option<std::path::PathBuf>,
     running: Option<Running>,
+    /// The channel's count in the connection's queue; moved into the I/O
+    /// tasks with the channel.
+    queue: Option<Arc<crate::queue_budget::ChannelQueue>>,
 }
 
 struct Running {
@@ -96,6 +101,10 @@ pub struct ConnectionHandler {
     /// A second handle on the socket, for the kernel's RTT estimate.
     socket: Option<std::os::fd::OwnedFd>,
     windows: skiff_proto::window::WindowGrowth,
+    /// The window the path wants (before the queue's limits shrink it).
+    desired_window: u32,
+    /// What this connection holds for its peer (`MaxConnectionQueue`).
+    queue: Arc<crate::queue_budget::ConnectionQueue>,
     /// When a public-key probe was answered "acceptable" (`PK_OK`).
     probe_answered: Option<std::time::Instant>,
     /// The SSH-level round trip: from that answer to the signed request.
@@ -122,6 +131,7 @@ impl ConnectionHandler {
         local: SocketAddr,
         authenticated_flag: tokio::sync::watch::Sender<bool>,
     ) -> Self {
+        let queue = crate::queue_budget::ConnectionQueue::new(state.queues.clone());
         ConnectionHandler {
             peer,
             local,
@@ -132,9 +142,11 @@ impl ConnectionHandler {
             channels: HashMap::new(),
             socket: None,
             windows: skiff_proto::window::WindowGrowth::new(state.settings.max_channel_window),
+            desired_window: skiff_proto::window::INITIAL_WINDOW,
             probe_answered: None,
             session_rtt: None,
-            forwards: Default::default(),
+            forwards: crate::forwarding::Forwards::new(queue.clone()),
+            queue,
             auth_info: None,
             effective: None,
             nologin_refusal: None,
@@ -695,6 +707,10 @@ impl ConnectionHandler {
             "session started{}", if command.is_some() { " (exec)" } else { " (shell)" });
         let chan = self.channels.get_mut(&id).expect("checked above");
         let channel = chan.channel.take().expect("checked above");
+        let queue = chan
+            .queue
+            .take()
+            .unwrap_or_else(|| self.queue.channel(id.into()));
         let pty = match &spawned.io {
             ChildIo::Pty(m) => Some(m.clone()),
             ChildIo::Pipes { .. } => None,
@@ -706,6 +722,7 @@ impl ConnectionHandler {
             spawned,
             session.handle(),
             control_rx,
+            queue,
         ));
         chan.running = Some(Running { control, task, pty });
         Ok(())
@@ -772,6 +789,48 @@ fn refuse_without_shell(
     session.close(id)
 }
 
+impl ConnectionHandler {
+    /// Counts a packet of `len` bytes that arrived on `channel` in the
+    /// connection's queue, then holds off reading the next one while the
+    /// queue is (nearly) full (see [`crate::queue_budget`]). A packet that
+    /// breaks the protocol, or a client that went away meanwhile, ends the
+    /// connection.
+    async fn received(
+        &mut self,
+        channel: ChannelId,
+        len: usize,
+        session: &mut Session,
+    ) -> Result<(), russh::Error> {
+        use crate::queue_budget::Reading;
+        let window = u32::try_from(session.sender_window_size(channel)).unwrap_or(u32::MAX);
+        let initial = session.config().window_size;
+        match self.queue.receive(channel.into(), len, window, initial) {
+            Ok(Reading::Go) => Ok(()),
+            Ok(reading) => {
+                if reading == Reading::Stop {
+                    tracing::debug!(peer = %self.peer, held = self.queue.held(),
+                        "queue full: not reading the connection until its commands read their input");
+                }
+                let socket = &self.socket;
+                let gone = || {
+                    crate::peer_hangup::hung_up(socket.as_ref().and_then(|s| s.try_clone().ok()))
+                };
+                if self.queue.hold_off(gone).await {
+                    Ok(())
+                } else {
+                    tracing::info!(peer = %self.peer,
+                        "the client went away while its connection waited for its commands to read their input");
+                    Err(russh::Error::HUP)
+                }
+            }
+            Err(violation) => {
+                tracing::warn!(peer = %self.peer, "closing the connection: {violation}");
+                Err(russh::Error::Inconsistent)
+            }
+        }
+    }
+}
+
 fn set_var(env: &mut Vec<(String, String)>, key: &str, value: String) {
     env.retain(|(k, _)| k != key);
     env.push((key.to_string(), value));
@@ -784,7 +843,9 @@ async fn run_session_io(
     spawned: process::Spawned,
     handle: russh::server::Handle,
     mut control: tokio::sync::mpsc::UnboundedReceiver<Control>,
+    queue: Arc<crate::queue_budget::ChannelQueue>,
 ) {
+    use crate::channel_io::{forward_output, spawn_input};
     let id = channel.id();
     let (reader, writer) = channel.split();
     let mut child = spawned.child;
@@ -810,7 +871,8 @@ async fn run_session_io(
             mut stdout,
             mut stderr,
         } => {
-            let input = spawn_input(reader, consumed.clone(), move |mut rx| async move {
+            let reports = Some(consumed.clone());
+            let input = spawn_input(reader, queue.clone(), reports, move |mut rx| async move {
                 let mut stdin = stdin;
                 // Dropping the pipe is what delivers EOF to the command.
                 while let Some((data, permit)) = rx.recv().await {
@@ -824,15 +886,16 @@ async fn run_session_io(
             let mut err_writer = writer.make_writer_ext(Some(1));
             let output = async move {
                 tokio::join!(
-                    forward_output(&mut stdout, &mut out_writer, paused.clone()),
-                    forward_output(&mut stderr, &mut err_writer, paused),
+                    forward_output(&mut stdout, &mut out_writer, Some(paused.clone()), &queue),
+                    forward_output(&mut stderr, &mut err_writer, Some(paused), &queue),
                 );
             };
             (input, Box::pin(output))
         }
         ChildIo::Pty(mut master) => {
             let input_master = master.clone();
-            let input = spawn_input(reader, consumed.clone(), move |mut rx| async move {
+            let reports = Some(consumed.clone());
+            let input = spawn_input(reader, queue.clone(), reports, move |mut rx| async move {
                 while let Some((data, permit)) = rx.recv().await {
                     if input_master.write_all(&data).await.is_err() {
                         break;
@@ -842,7 +905,7 @@ async fn run_session_io(
             });
             let mut out_writer = writer.make_writer();
             let output = async move {
-                forward_output(&mut master, &mut out_writer, paused).await;
+                forward_output(&mut master, &mut out_writer, Some(paused), &queue).await;
             };
             (input, Box::pin(output))
         }
@@ -973,128 +1036,6 @@ async fn supervise(
             }
         }
     }
-}
-
-/// Where a command's output is read from: a pipe, or the terminal's master
-/// side (which reads 0 once every holder of the terminal closed it).
-trait OutputSource {
-    fn read_some<'a>(
-        &'a mut self,
-        buf: &'a mut [u8],
-    ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + 'a;
-}
-
-impl OutputSource for tokio::net::unix::pipe::Receiver {
-    fn read_some<'a>(
-        &'a mut self,
-        buf: &'a mut [u8],
-    ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + 'a {
-        tokio::io::AsyncReadExt::read(self, buf)
-    }
-}
-
-impl OutputSource for Arc<process::PtyMaster> {
-    fn read_some<'a>(
-        &'a mut self,
-        buf: &'a mut [u8],
-    ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + 'a {
-        process::PtyMaster::read(self, buf)
-    }
-}
-
-/// Copies a command's output (`from`: a pipe or the pty) to the channel
-/// until it ends or the channel does, reading nothing while `paused` is
-/// set: the command then blocks on its full pipe, as it would writing to a
-/// slow local reader.
-async fn forward_output<R, W>(
-    from: &mut R,
-    to: &mut W,
-    mut paused: tokio::sync::watch::Receiver<bool>,
-) where
-    R: OutputSource,
-    W: tokio::io::AsyncWrite + Unpin,
-{
-    let mut buf = vec![0u8; 32 * 1024];
-    loop {
-        // An error means the sender is gone, and then nothing pauses.
-        let _ = paused.wait_for(|p| !*p).await;
-        match from.read_some(&mut buf).await {
-            Ok(n @ 1..) => {
-                if to.write_all(&buf[..n]).await.is_err() {
-                    break;
-                }
-            }
-            _ => break,
-        }
-    }
-    let _ = to.flush().await;
-}
-
-/// Input bytes a channel may have queued for its command before the
-/// connection waits. russh grants window as data arrives, not as the command
-/// reads it, so without this queue one command that stops reading its input
-/// would block the whole connection (and could deadlock a full-duplex pipe).
-const INPUT_BACKLOG: usize = 64 * 1024 * 1024;
-
-type InputChunk = (bytes::Bytes, InputReceipt);
-
-/// Held while an input chunk waits for the command; dropped once it is
-/// written, which frees its room in the backlog and counts it as read.
-struct InputReceipt {
-    _room: tokio::sync::OwnedSemaphorePermit,
-    len: u64,
-    consumed: Arc<tokio::sync::watch::Sender<u64>>,
-}
-
-impl Drop for InputReceipt {
-    fn drop(&mut self) {
-        let len = self.len;
-        self.consumed.send_modify(|total| *total += len);
-    }
-}
-
-/// Drains the channel's messages at once (so the connection never waits on
-/// this channel below [`INPUT_BACKLOG`]) and hands data to `feed`, which
-/// writes it to the command. End of input or channel close ends the queue.
-fn spawn_input<F, Fut>(
-    mut reader: russh::ChannelReadHalf,
-    consumed: Arc<tokio::sync::watch::Sender<u64>>,
-    feed: F,
-) -> tokio::task::JoinHandle<()>
-where
-    F: FnOnce(tokio::sync::mpsc::UnboundedReceiver<InputChunk>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let writer = tokio::spawn(feed(rx));
-    tokio::spawn(async move {
-        let budget = Arc::new(tokio::sync::Semaphore::new(INPUT_BACKLOG));
-        let mut tx = Some(tx);
-        while let Some(msg) = reader.wait().await {
-            match msg {
-                ChannelMsg::Data { data } => {
-                    let Some(sender) = tx.as_ref() else { continue };
-                    let n = data.len().clamp(1, INPUT_BACKLOG) as u32;
-                    let Ok(room) = budget.clone().acquire_many_owned(n).await else {
-                        break;
-                    };
-                    let receipt = InputReceipt {
-                        _room: room,
-                        len: data.len() as u64,
-                        consumed: consumed.clone(),
-                    };
-                    if sender.send((data, receipt)).is_err() {
-                        tx = None; // the command stopped reading; keep draining
-                    }
-                }
-                ChannelMsg::Eof => tx = None,
-                ChannelMsg::Close => break,
-                _ => {}
-            }
-        }
-        drop(tx);
-        let _ = writer.await;
-    })
 }
 
 async fn finish(
@@ -1354,6 +1295,7 @@ impl russh::server::Handler for ConnectionHandler {
             reply.reject(ChannelOpenFailure::ResourceShortage).await;
             return Ok(());
         }
+        let queue = self.queue.channel(channel.id().into());
         self.channels.insert(
             channel.id(),
             SessionChannel {
@@ -1362,6 +1304,7 @@ impl russh::server::Handler for ConnectionHandler {
                 pty: None,
                 agent: None,
                 running: None,
+                queue: Some(queue),
             },
         );
         reply.accept().await;
@@ -1530,18 +1473,54 @@ impl russh::server::Handler for ConnectionHandler {
         // Dropping the session's control sender hangs up a command that still runs.
         self.channels.remove(&channel);
         self.windows.closed(channel.into());
+        self.queue.closed(channel.into());
         Ok(())
     }
 
-    fn adjust_window(&mut self, channel: ChannelId, current: u32) -> u32 {
+    async fn channel_open_confirmation(
+        &mut self,
+        id: ChannelId,
+        _max_packet_size: u32,
+        _window_size: u32,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        // A channel skiffd opened (a forwarded connection, the agent): its
+        // data counts from the first packet.
+        self.queue.register(id.into());
+        Ok(())
+    }
+
+    async fn data(
+        &mut self,
+        channel: ChannelId,
+        data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.received(channel, data.len(), session).await
+    }
+
+    async fn extended_data(
+        &mut self,
+        channel: ChannelId,
+        _code: u32,
+        data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.received(channel, data.len(), session).await
+    }
+
+    /// The window the next top-up grants: what the path wants, shrunk to
+    /// the room left in the connection's and the server's queues.
+    fn adjust_window(&mut self, channel: ChannelId, _current: u32) -> u32 {
         let socket = self.socket.as_ref();
-        skiff_dataplane::tcp::next_window(
+        self.desired_window = skiff_dataplane::tcp::next_window(
             &mut self.windows,
             socket,
             self.session_rtt,
             channel.into(),
-            current,
-        )
+            self.desired_window,
+        );
+        self.queue.window_target(self.desired_window)
     }
 
     async fn pty_request(

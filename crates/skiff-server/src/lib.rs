@@ -16,7 +16,9 @@
 //! authorized_keys, principals and key lists (regular files only, bounded,
 //! mode-checked, off the async workers); `account_fs` connects to and makes
 //! Unix sockets with an account's rights; `sshd_only` rules on sshd
-//! keywords skiffd accepts without acting on.
+//! keywords skiffd accepts without acting on. [`queue_budget`] counts the
+//! memory held for peers (`MaxConnectionQueue`, `MaxServerQueue`) and
+//! `channel_io` moves channel bytes with it counted.
 
 pub mod access;
 pub mod account;
@@ -24,6 +26,7 @@ mod account_files;
 mod account_fs;
 pub mod account_policy;
 mod auth_info;
+mod channel_io;
 pub mod chroot;
 pub mod config;
 mod dataplane;
@@ -34,8 +37,10 @@ pub mod hostkey;
 mod listener;
 pub mod lookup_command;
 pub mod match_block;
+mod peer_hangup;
 mod process;
 mod pty_owner;
+pub mod queue_budget;
 pub mod session_env;
 pub mod sftp;
 mod spawn;

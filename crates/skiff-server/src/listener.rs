@@ -67,8 +67,9 @@ pub fn russh_config(settings: &Settings, host: HostIdentity) -> russh::server::C
         max_auth_attempts: settings.max_auth_tries + 1,
         inactivity_timeout: None,
         window_size: skiff_proto::window::INITIAL_WINDOW,
-        // Large packets cost fewer messages per byte (russh warns above 65535).
-        maximum_packet_size: 65535,
+        // Large packets cost fewer messages per byte (russh warns above
+        // 65535); the queue budget closes connections that send larger.
+        maximum_packet_size: crate::queue_budget::MAX_PACKET,
         keepalive_interval: settings.client_alive_interval,
         keepalive_max: settings.client_alive_count_max,
         nodelay: true,
@@ -137,6 +138,7 @@ pub async fn serve_listeners(
     let state = Arc::new(ServerState {
         keys_command,
         principals_command,
+        queues: crate::queue_budget::ServerQueue::new(settings.queue_limits),
         settings,
         registry: Default::default(),
     });

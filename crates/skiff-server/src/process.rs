@@ -331,6 +331,11 @@ impl PtyMaster {
         })
     }
 
+    /// Waits until the terminal has output to read (or was closed).
+    pub async fn readable(&self) -> io::Result<()> {
+        self.fd.readable().await.map(drop)
+    }
+
     /// Reads terminal output; `Ok(0)` once every holder of the terminal closed it.
     pub async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         loop {

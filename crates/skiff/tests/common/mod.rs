@@ -1665,6 +1665,16 @@ impl Skiffd {
     pub fn kill(&mut self) {
         self.core.proc.take();
     }
+
+    /// The running skiffd's process id.
+    pub fn pid(&self) -> u32 {
+        self.core
+            .proc
+            .as_ref()
+            .expect("skiffd is running")
+            .child
+            .id()
+    }
 }
 
 impl Launch for Skiffd {
