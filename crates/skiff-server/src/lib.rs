@@ -10,7 +10,10 @@
 //! (`skiffd --sftp-server`), never inside the server process; [`chroot`]
 //! jails logins (`ChrootDirectory`). `account_fs` connects to and makes
 //! Unix sockets with an account's rights; `sshd_only` rules on sshd
-//! keywords skiffd accepts without acting on.
+//! keywords skiffd accepts without acting on. [`startups`] counts
+//! connections that have not authenticated (data-plane streams until their
+//! token checks out); [`fd_budget`] keeps descriptors spare for work already
+//! taken on, which `descriptors` measures.
 
 pub mod access;
 pub mod account;
@@ -19,6 +22,8 @@ mod auth_info;
 pub mod chroot;
 pub mod config;
 mod dataplane;
+mod descriptors;
+pub mod fd_budget;
 pub mod forward_policy;
 mod forwarding;
 mod handler;

@@ -1507,6 +1507,8 @@ pub struct SkiffdOptions {
     /// More addresses to listen on, with the same port as 127.0.0.1 (on
     /// Linux every 127.x.y.z is a local address).
     pub also_listen: Vec<std::net::Ipv4Addr>,
+    /// The open-file limit (soft, hard) skiffd starts with.
+    pub open_files: Option<(u64, u64)>,
 }
 
 impl SkiffdOptions {
@@ -1517,7 +1519,13 @@ impl SkiffdOptions {
             config: None,
             verbose: true,
             also_listen: Vec::new(),
+            open_files: None,
         }
+    }
+
+    pub fn open_files(mut self, soft: u64, hard: u64) -> Self {
+        self.open_files = Some((soft, hard));
+        self
     }
 
     pub fn also_listen(mut self, addrs: impl IntoIterator<Item = std::net::Ipv4Addr>) -> Self {
@@ -1619,6 +1627,22 @@ impl Launch for Skiffd {
             cmd.arg("-v");
         }
         cmd.env("XDG_STATE_HOME", self.state_home());
+        if let Some((soft, hard)) = self.opts.open_files {
+            let lim = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            // SAFETY: the closure makes one system call (async-signal-safe)
+            // on a value copied in before the fork.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         self.core.spawn(cmd, None)
     }
 }
