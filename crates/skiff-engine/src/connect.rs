@@ -389,7 +389,13 @@ pub fn russh_config(
         key: Cow::Owned(key_order),
         cipher: Cow::Owned(russh_names(&algorithms.ciphers, cipher::ALL_CIPHERS, &[])),
         mac: Cow::Owned(russh_names(&algorithms.macs, mac::ALL_MAC_ALGORITHMS, &[])),
-        ..Preferred::default()
+        // none first; delayed zlib at most, never `zlib` before the server
+        // is authenticated to us and we to it.
+        compression: Cow::Owned(russh_names(
+            &skiff_proto::algorithms::compression(),
+            russh::compression::ALL_COMPRESSION_ALGORITHMS,
+            &[],
+        )),
     };
     client::Config {
         client_id: SshId::Standard(Cow::Owned(format!(
@@ -730,6 +736,29 @@ mod tests {
         let keys = host_key_order(&owned(HOST_KEY.supported()), &[]);
         let names: Vec<&str> = keys.iter().map(Algorithm::as_str).collect();
         assert_eq!(names, HOST_KEY.supported().collect::<Vec<_>>());
+    }
+
+    /// skiff asks for no compression, and accepts at most delayed zlib:
+    /// never plain `zlib`, which would decompress before authentication.
+    #[test]
+    fn compression_is_none_or_delayed_zlib() {
+        let dest = crate::settings::Destination {
+            host: "example".into(),
+            config_file: Some("none".into()),
+            ..Default::default()
+        };
+        let env = crate::settings::ClientEnv {
+            vars: vec![("HOME".into(), "/nonexistent".into())],
+        };
+        let settings = crate::settings::resolve_for(&dest, &env).expect("settings");
+        let config = russh_config(&settings, &[], false);
+        let names: Vec<&str> = config
+            .preferred
+            .compression
+            .iter()
+            .map(AsRef::as_ref)
+            .collect();
+        assert_eq!(names, ["none", "zlib@openssh.com"]);
     }
 
     #[test]

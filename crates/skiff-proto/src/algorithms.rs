@@ -130,19 +130,22 @@ pub const SERVER_CA_SIGNATURE: AlgorithmList = AlgorithmList {
 };
 
 /// skiffd's key exchange (`KexAlgorithms` in its configuration). The
-/// group-exchange methods are client-only here.
+/// group-exchange methods are client-only here. The NIST-curve ECDH
+/// methods are available by name but not offered by default: every client
+/// that has them also has curve25519, and auditors (ssh-audit) fail a
+/// server that offers them.
 pub const SERVER_KEX: AlgorithmList = AlgorithmList {
     keyword: "KexAlgorithms",
     default: &[
         "mlkem768x25519-sha256",
         "curve25519-sha256",
         "curve25519-sha256@libssh.org",
-        "ecdh-sha2-nistp256",
-        "ecdh-sha2-nistp384",
         "diffie-hellman-group16-sha512",
         "diffie-hellman-group14-sha256",
     ],
     more: &[
+        "ecdh-sha2-nistp256",
+        "ecdh-sha2-nistp384",
         "ecdh-sha2-nistp521",
         "diffie-hellman-group15-sha512",
         "diffie-hellman-group17-sha512",
@@ -191,6 +194,18 @@ pub const SERVER_MACS: AlgorithmList = AlgorithmList {
         "hmac-sha1",
     ],
 };
+
+/// Compression, for both skiff and skiffd, in order of preference: none,
+/// or `zlib@openssh.com`, which starts only once the user has
+/// authenticated. Plain `zlib` (RFC 4253), which compresses from the end
+/// of the key exchange and so exposes the decompressor to anyone who can
+/// connect, is never offered.
+pub const COMPRESSION: &[&str] = &["none", "zlib@openssh.com"];
+
+/// [`COMPRESSION`] as owned names, for [`pick`].
+pub fn compression() -> Vec<String> {
+    COMPRESSION.iter().map(|s| s.to_string()).collect()
+}
 
 /// The entries of `known` (an SSH library's algorithm names) that `names`
 /// lists, in the order of `names`; names it does not know are left out.
@@ -349,6 +364,17 @@ mod tests {
             .resolve("nothing*")
             .unwrap_err()
             .contains("leaves no algorithm"));
+    }
+
+    /// What ssh-audit fails a server for is not in skiffd's defaults, and
+    /// compression never starts before authentication.
+    #[test]
+    fn server_defaults_pass_an_audit() {
+        for name in SERVER_KEX.default {
+            assert!(!name.starts_with("ecdh-sha2-nistp"), "{name}");
+        }
+        assert!(SERVER_KEX.supported().any(|n| n == "ecdh-sha2-nistp256"));
+        assert_eq!(COMPRESSION, ["none", "zlib@openssh.com"]);
     }
 
     #[test]

@@ -30,8 +30,13 @@ const TOKEN_LIFETIME: Duration = Duration::from_secs(30);
 /// Most streams one transfer may open.
 pub const MAX_STREAMS: u32 = 16;
 
-/// How long a data-plane connection may take to present its token.
-const TOKEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a data-plane connection may take to present its token, once
+/// its magic is in. A client sends the token in the same write as the
+/// magic, so this only has to cover a lost segment; until the token checks
+/// out the connection counts against `MaxStartups` and
+/// `PerSourceMaxStartups`, so a peer that sends the magic and nothing else
+/// holds a place (and its descriptors) this long at most.
+pub const TOKEN_WAIT: Duration = Duration::from_secs(3);
 
 /// A token waiting for its stream.
 struct Pending {
@@ -232,22 +237,21 @@ async fn send_relay(relay: &AsyncFd<OwnedFd>, msg: &RelayMsg, fd: Option<RawFd>)
 
 /// Serves a connection that began with the data-plane magic: reads its
 /// token and hands the socket to the transfer process that owns the token.
-/// Anything wrong closes the connection.
-pub async fn accept_stream(registry: &Registry, mut stream: TcpStream, peer: SocketAddr) {
-    let mut token = [0u8; TOKEN_LEN];
-    match tokio::time::timeout(TOKEN_TIMEOUT, stream.read_exact(&mut token)).await {
-        Ok(Ok(_)) => {}
-        _ => {
-            tracing::info!(%peer, "data-plane connection closed: no token within {}s", TOKEN_TIMEOUT.as_secs());
-            return;
-        }
-    }
-    let (index, relay) = match registry.redeem(&token, peer.ip()) {
-        Ok(x) => x,
-        Err(why) => {
-            tracing::warn!(%peer, "data-plane connection refused: {why}");
-            return;
-        }
+/// Anything wrong closes the connection. `unauthenticated` is the
+/// connection's place among those not yet authenticated: it is given back
+/// once the token checks out, and otherwise when the connection closes.
+pub async fn accept_stream(
+    registry: &Registry,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    mut unauthenticated: crate::startups::Pending,
+) {
+    let redeemed = read_token(registry, &mut stream, peer).await;
+    // Its token is checked, or it is about to be closed: either way it no
+    // longer waits to authenticate (given back before the close is seen).
+    unauthenticated.release();
+    let Some((index, relay)) = redeemed else {
+        return;
     };
     if let Err(e) = send_relay(
         &relay,
@@ -259,6 +263,35 @@ pub async fn accept_stream(registry: &Registry, mut stream: TcpStream, peer: Soc
         tracing::info!(%peer, "data-plane stream {index}: the transfer process is gone: {e}");
     }
     // Our descriptor closes here; the transfer process holds its own.
+}
+
+/// Reads a data-plane connection's token (waiting [`TOKEN_WAIT`] at most)
+/// and redeems it: the stream's index and the relay to its transfer
+/// process, or `None` (logged) when the connection is to be closed.
+async fn read_token(
+    registry: &Registry,
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+) -> Option<(u32, Arc<AsyncFd<OwnedFd>>)> {
+    let mut token = [0u8; TOKEN_LEN];
+    match tokio::time::timeout(TOKEN_WAIT, stream.read_exact(&mut token)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(_)) => {
+            tracing::info!(%peer, "data-plane connection closed before its token");
+            return None;
+        }
+        Err(_) => {
+            tracing::info!(%peer, "data-plane connection closed: no token within {}s", TOKEN_WAIT.as_secs());
+            return None;
+        }
+    }
+    match registry.redeem(&token, peer.ip()) {
+        Ok(x) => Some(x),
+        Err(why) => {
+            tracing::warn!(%peer, "data-plane connection refused: {why}");
+            None
+        }
+    }
 }
 
 /// A TCP connection whose first bytes are checked for the data-plane magic

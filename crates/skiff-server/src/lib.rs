@@ -18,7 +18,10 @@
 //! Unix sockets with an account's rights; `sshd_only` rules on sshd
 //! keywords skiffd accepts without acting on. [`queue_budget`] counts the
 //! memory held for peers (`MaxConnectionQueue`, `MaxServerQueue`) and
-//! `channel_io` moves channel bytes with it counted.
+//! `channel_io` moves channel bytes with it counted. [`startups`] counts
+//! connections that have not authenticated (data-plane streams until their
+//! token checks out); [`fd_budget`] keeps descriptors spare for work
+//! already taken on, which `descriptors` measures.
 
 pub mod access;
 pub mod account;
@@ -30,6 +33,8 @@ mod channel_io;
 pub mod chroot;
 pub mod config;
 mod dataplane;
+mod descriptors;
+pub mod fd_budget;
 pub mod forward_policy;
 mod forwarding;
 mod handler;

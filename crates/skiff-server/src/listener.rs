@@ -1,5 +1,8 @@
-//! Accepting connections: TCP_NODELAY on every socket, a cap on connections
-//! that have not authenticated yet (MaxStartups), and a login grace timer.
+//! Accepting connections: TCP_NODELAY on every socket, descriptors kept
+//! spare (a connection is turned away at accept when few are left, see
+//! `crate::fd_budget`), a cap on connections that have not authenticated
+//! yet (MaxStartups; a data-plane stream counts until its token checks
+//! out), and a login grace timer.
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -14,6 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::Settings;
 use crate::dataplane::Sniffed;
+use crate::descriptors::Descriptors;
 use crate::handler::{ConnectionHandler, ServerState};
 use crate::hostkey::HostIdentity;
 use crate::startups::{Pending, Refusal, Startups};
@@ -24,7 +28,8 @@ use crate::startups::{Pending, Refusal, Startups};
 /// from the configuration (by default post-quantum hybrid and curve25519
 /// key exchange first, AEAD ciphers only, SHA-2 host key signatures; see
 /// `skiff_proto::algorithms::SERVER_*`). Strict kex and extension
-/// negotiation are always announced.
+/// negotiation are always announced. Compression is none or delayed zlib
+/// (`skiff_proto::algorithms::COMPRESSION`).
 pub fn russh_config(settings: &Settings, host: HostIdentity) -> russh::server::Config {
     use skiff_proto::algorithms::pick;
     let mut kex_names = pick(&settings.kex_algorithms, kex::ALL_KEX_ALGORITHMS);
@@ -43,6 +48,11 @@ pub fn russh_config(settings: &Settings, host: HostIdentity) -> russh::server::C
         ),
         cipher: Cow::Owned(pick(&settings.ciphers, cipher::ALL_CIPHERS)),
         mac: Cow::Owned(pick(&settings.macs, mac::ALL_MAC_ALGORITHMS)),
+        // Never `zlib` before authentication: none, or delayed zlib.
+        compression: Cow::Owned(pick(
+            &skiff_proto::algorithms::compression(),
+            russh::compression::ALL_COMPRESSION_ALGORITHMS,
+        )),
         ..Preferred::default()
     };
     russh::server::Config {
@@ -143,11 +153,13 @@ pub async fn serve_listeners(
         registry: Default::default(),
     });
     let startups = Arc::new(Startups::default());
+    let descriptors = Arc::new(open_file_headroom()?);
     let mut loops = tokio::task::JoinSet::new();
     for listener in listeners {
         tracing::info!("listening on {}", listener.local_addr()?);
         let (config, state, startups) = (config.clone(), state.clone(), startups.clone());
-        loops.spawn(accept_loop(listener, config, state, startups));
+        let descriptors = descriptors.clone();
+        loops.spawn(accept_loop(listener, config, state, startups, descriptors));
     }
     match loops.join_next().await {
         Some(Ok(r)) => r,
@@ -156,11 +168,35 @@ pub async fn serve_listeners(
     }
 }
 
+/// Raises the soft open-file limit to the hard one (logged), and the
+/// headroom kept under it.
+fn open_file_headroom() -> Result<Descriptors> {
+    match crate::descriptors::raise_open_file_limit() {
+        Ok(l) if l.now > l.before => tracing::info!(
+            "open-file limit raised from {} to {} (hard limit {})",
+            l.before,
+            l.now,
+            l.hard
+        ),
+        Ok(l) => tracing::info!("open-file limit {} (hard limit {})", l.now, l.hard),
+        Err(e) => tracing::warn!("cannot raise the open-file limit: {e}"),
+    }
+    let descriptors = Descriptors::new(crate::descriptors::open_file_limit()?);
+    let h = descriptors.headroom();
+    tracing::debug!(
+        "{} descriptors kept spare: new connections are refused past {}",
+        h.reserve,
+        h.limit - h.reserve
+    );
+    Ok(descriptors)
+}
+
 async fn accept_loop(
     listener: TcpListener,
     config: Arc<russh::server::Config>,
     state: Arc<ServerState>,
     startups: Arc<Startups>,
+    descriptors: Arc<Descriptors>,
 ) -> Result<()> {
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -193,6 +229,19 @@ async fn accept_loop(
                 continue;
             }
         };
+        // Also closed before a byte is written (its place given back).
+        if let Err(short) = descriptors.admit(std::os::fd::AsRawFd::as_raw_fd(&stream)) {
+            if let Some(refused) = short.log_due {
+                tracing::warn!(
+                    %peer,
+                    "dropping new connections: {} of {} file descriptors open, {} kept for connections already served ({refused} dropped since the last such line)",
+                    short.open,
+                    short.headroom.limit,
+                    short.headroom.reserve
+                );
+            }
+            continue;
+        }
         let (config, state) = (config.clone(), state.clone());
         tokio::spawn(async move {
             if let Err(e) = handle_connection(stream, peer, config, state, pending).await {
@@ -232,11 +281,11 @@ async fn handle_connection(
     let session = match started {
         Ok(session) => session,
         Err(_) if data_plane.load(Ordering::SeqCst) => {
-            guard.release();
+            // Still unauthenticated: it counts until its token checks out.
             let std_stream = std::net::TcpStream::from(socket);
             std_stream.set_nonblocking(true)?;
             let stream = TcpStream::from_std(std_stream)?;
-            crate::dataplane::accept_stream(&state.registry, stream, peer).await;
+            crate::dataplane::accept_stream(&state.registry, stream, peer, guard).await;
             return Ok(());
         }
         Err(e) => return Err(e.into()),

@@ -283,6 +283,16 @@ impl LookupCommand {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .kill_on_drop(true);
+        if let Some(lim) = crate::descriptors::child_open_file_limit() {
+            // SAFETY: the closure only makes one system call
+            // (async-signal-safe) on a value copied in before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+                    Ok(())
+                });
+            }
+        }
         if let Some((uid, gid)) = self.run_as {
             // The standard library drops supplementary groups before setuid
             // when it runs as root.

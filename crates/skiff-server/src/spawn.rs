@@ -71,6 +71,9 @@ struct Prepared {
     extra: Option<RawFd>,
     controlling_tty: bool,
     credentials: Option<Credentials>,
+    /// The open-file limit skiffd was started with, when it raised its own
+    /// (see `crate::descriptors`).
+    open_files: Option<libc::rlimit>,
     /// Set by the child before it exits on failure: (step, errno).
     failure: [libc::c_int; 2],
 }
@@ -126,6 +129,7 @@ impl Prepared {
             extra: plan.extra,
             controlling_tty: plan.controlling_tty,
             credentials: plan.credentials,
+            open_files: crate::descriptors::child_open_file_limit(),
             failure: [0, 0],
         });
         prepared.argv_ptrs = prepared.argv.iter().map(|c| c.as_ptr()).collect();
@@ -229,6 +233,11 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         }
         if libc::chdir(p.cwd.as_ptr()) < 0 {
             return fail(p, 4);
+        }
+        // Lowering a soft limit cannot fail for want of privilege; if it
+        // fails at all, the command runs with skiffd's.
+        if let Some(lim) = &p.open_files {
+            libc::setrlimit(libc::RLIMIT_NOFILE, lim);
         }
         if let Some(c) = &p.credentials {
             if libc::syscall(libc::SYS_setgroups, c.groups.len(), c.groups.as_ptr()) < 0

@@ -1578,6 +1578,8 @@ pub struct SkiffdOptions {
     /// A program and its arguments that start skiffd, whose own command
     /// line follows them (`unshare --mount ...`); empty: skiffd itself.
     pub wrapper: Vec<OsString>,
+    /// The open-file limit (soft, hard) skiffd starts with.
+    pub open_files: Option<(u64, u64)>,
 }
 
 impl SkiffdOptions {
@@ -1589,6 +1591,7 @@ impl SkiffdOptions {
             verbose: true,
             also_listen: Vec::new(),
             wrapper: Vec::new(),
+            open_files: None,
         }
     }
 
@@ -1601,6 +1604,11 @@ impl SkiffdOptions {
         self.wrapper = std::iter::once(OsString::from(program))
             .chain(args.into_iter().map(|a| a.as_ref().to_os_string()))
             .collect();
+        self
+    }
+
+    pub fn open_files(mut self, soft: u64, hard: u64) -> Self {
+        self.open_files = Some((soft, hard));
         self
     }
 
@@ -1720,6 +1728,22 @@ impl Launch for Skiffd {
             cmd.arg("-v");
         }
         cmd.env("XDG_STATE_HOME", self.state_home());
+        if let Some((soft, hard)) = self.opts.open_files {
+            let lim = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            // SAFETY: the closure makes one system call (async-signal-safe)
+            // on a value copied in before the fork.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         self.core.spawn(cmd, None)
     }
 }
