@@ -410,3 +410,92 @@ impl AsyncWrite for Sniffed {
         self.inner.is_write_vectored()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn relay() -> Arc<AsyncFd<OwnedFd>> {
+        let (ours, _theirs) = relay_pair().expect("socketpair");
+        Arc::new(AsyncFd::new(ours).expect("AsyncFd"))
+    }
+
+    const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 7));
+    const OTHER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 8));
+
+    /// Each token names its stream, and opens it once.
+    #[tokio::test]
+    async fn a_token_is_good_for_one_stream_once() {
+        let registry = Registry::default();
+        let relay = relay();
+        let tokens = registry.issue(3, CLIENT, &relay);
+        assert_eq!(tokens.len(), 3);
+        assert!(tokens[0] != tokens[1] && tokens[1] != tokens[2]);
+        for (i, token) in tokens.iter().enumerate() {
+            let (index, to) = registry.redeem(token, CLIENT).expect("first use");
+            assert_eq!(index, i as u32);
+            assert!(Arc::ptr_eq(&to, &relay));
+        }
+        assert_eq!(
+            registry.redeem(&tokens[1], CLIENT).err(),
+            Some("unknown or already used token")
+        );
+        assert!(registry.redeem(&[0u8; TOKEN_LEN], CLIENT).is_err());
+    }
+
+    /// A token shown from an address other than the SSH client's is
+    /// refused, and spent: the stream it was for can no longer be opened.
+    #[tokio::test]
+    async fn a_token_is_bound_to_the_client_address() {
+        let registry = Registry::default();
+        let relay = relay();
+        let tokens = registry.issue(1, CLIENT, &relay);
+        assert_eq!(
+            registry.redeem(&tokens[0], OTHER).err(),
+            Some("token issued to another peer")
+        );
+        assert!(registry.redeem(&tokens[0], CLIENT).is_err());
+    }
+
+    /// An expired token opens nothing, and issuing drops expired ones.
+    #[tokio::test]
+    async fn expired_tokens_are_refused_and_dropped() {
+        let registry = Registry::default();
+        let relay = relay();
+        let stale = [7u8; TOKEN_LEN];
+        registry.tokens.lock().unwrap().insert(
+            stale,
+            Pending {
+                index: 0,
+                peer: CLIENT,
+                expires: Instant::now(),
+                relay: relay.clone(),
+            },
+        );
+        assert_eq!(registry.redeem(&stale, CLIENT).err(), Some("expired token"));
+        registry.tokens.lock().unwrap().insert(
+            stale,
+            Pending {
+                index: 0,
+                peer: CLIENT,
+                expires: Instant::now(),
+                relay: relay.clone(),
+            },
+        );
+        registry.issue(1, CLIENT, &relay);
+        assert!(!registry.tokens.lock().unwrap().contains_key(&stale));
+    }
+
+    /// When a transfer ends, its unused tokens go with it; another
+    /// transfer's stay.
+    #[tokio::test]
+    async fn a_finished_transfer_takes_its_tokens_along() {
+        let registry = Registry::default();
+        let (ended, running) = (relay(), relay());
+        let gone = registry.issue(2, CLIENT, &ended);
+        let kept = registry.issue(1, CLIENT, &running);
+        registry.forget(&ended);
+        assert!(gone.iter().all(|t| registry.redeem(t, CLIENT).is_err()));
+        assert!(registry.redeem(&kept[0], CLIENT).is_ok());
+    }
+}
