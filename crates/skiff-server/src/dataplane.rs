@@ -417,7 +417,8 @@ mod tests {
 
     fn relay() -> Arc<AsyncFd<OwnedFd>> {
         let (ours, _theirs) = relay_pair().expect("socketpair");
-        Arc::new(AsyncFd::new(ours).expect("AsyncFd"))
+        // SAFETY: the AsyncFd owns the descriptor for as long as it is registered.
+        Arc::new(unsafe { AsyncFd::register(ours) }.expect("AsyncFd"))
     }
 
     const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 7));
