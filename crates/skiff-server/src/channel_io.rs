@@ -132,31 +132,28 @@ impl OutputSource for Arc<crate::process::PtyMaster> {
     }
 }
 
-impl OutputSource for tokio::net::tcp::OwnedReadHalf {
-    fn ready(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send + '_ {
-        self.readable()
-    }
+/// A socket's read half: ready when readable, read as an `AsyncRead`.
+macro_rules! socket_output_source {
+    ($($half:ty),+) => {$(
+        impl OutputSource for $half {
+            fn ready(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send + '_ {
+                self.readable()
+            }
 
-    fn read_some<'a>(
-        &'a mut self,
-        buf: &'a mut [u8],
-    ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + 'a {
-        self.read(buf)
-    }
+            fn read_some<'a>(
+                &'a mut self,
+                buf: &'a mut [u8],
+            ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + 'a {
+                self.read(buf)
+            }
+        }
+    )+};
 }
 
-impl OutputSource for tokio::net::unix::OwnedReadHalf {
-    fn ready(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send + '_ {
-        self.readable()
-    }
-
-    fn read_some<'a>(
-        &'a mut self,
-        buf: &'a mut [u8],
-    ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + 'a {
-        self.read(buf)
-    }
-}
+socket_output_source!(
+    tokio::net::tcp::OwnedReadHalf,
+    tokio::net::unix::OwnedReadHalf
+);
 
 /// The size of a stream's output buffer.
 pub const OUTPUT_CHUNK: usize = 32 * 1024;

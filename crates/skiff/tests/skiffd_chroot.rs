@@ -7,26 +7,10 @@
 mod common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::server_context as ctx;
 use common::*;
-
-/// A directory to make jails in: every component root-owned and writable
-/// by no one else, as a jail's must be. `None` when not root.
-fn jail_base() -> Option<PathBuf> {
-    if !is_root() {
-        return None;
-    }
-    let target_tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let _ = std::fs::create_dir_all(target_tmp);
-    let candidates = [target_tmp, Path::new("/run"), Path::new("/srv")];
-    let base = candidates
-        .iter()
-        .find(|b| skiff_server::chroot::check(b).is_ok())
-        .unwrap_or_else(|| panic!("no root-owned, non-writable directory among {candidates:?}"));
-    Some(base.to_path_buf())
-}
 
 /// A jail (mode 0755, root's) holding `pub/hello.txt` and an `upload`
 /// directory the account owns.

@@ -20,22 +20,6 @@ use common::server_context as ctx;
 use common::*;
 use skiff_server::session_env::FIXED;
 
-/// A directory to make jails in: every component root-owned and writable
-/// by no one else, as a jail's must be. `None` when not root.
-fn jail_base() -> Option<PathBuf> {
-    if !is_root() {
-        return None;
-    }
-    let target_tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let _ = fs::create_dir_all(target_tmp);
-    let candidates = [target_tmp, Path::new("/run"), Path::new("/srv")];
-    let base = candidates
-        .iter()
-        .find(|b| skiff_server::chroot::check(b).is_ok())
-        .unwrap_or_else(|| panic!("no root-owned, non-writable directory among {candidates:?}"));
-    Some(base.to_path_buf())
-}
-
 /// A jail (root's, 0755) with an `upload` directory the account owns.
 fn make_jail(base: &Path) -> tempfile::TempDir {
     let jail = tempfile::Builder::new()

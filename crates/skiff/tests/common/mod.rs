@@ -136,6 +136,24 @@ pub fn is_root() -> bool {
     })
 }
 
+/// A directory to make `ChrootDirectory` jails in: every component
+/// root-owned and writable by no one else, as a jail's must be (this test
+/// binary's temporary directory under target/, else `/run` or `/srv`).
+/// `None` when not root.
+pub fn jail_base() -> Option<PathBuf> {
+    if !is_root() {
+        return None;
+    }
+    let target_tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let _ = fs::create_dir_all(target_tmp);
+    let candidates = [target_tmp, Path::new("/run"), Path::new("/srv")];
+    let base = candidates
+        .iter()
+        .find(|b| skiff_server::chroot::check(b).is_ok())
+        .unwrap_or_else(|| panic!("no root-owned, non-writable directory among {candidates:?}"));
+    Some(base.to_path_buf())
+}
+
 // ---------------------------------------------------------------------------
 // Test account
 // ---------------------------------------------------------------------------
