@@ -146,7 +146,19 @@ pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
     // The session's environment only for a program that is the account
     // when it is executed; the jailed SFTP server gets the fixed one.
     let start = session_env::Start::for_session(credentials.is_some());
-    let env = session_env::exec_environment(start, &req.env);
+    let pty = req.pty.map(open_pty).transpose()?;
+    // The terminal's name, as sshd gives it (`SSH_TTY=/dev/pts/N`), to a
+    // program that gets the session's environment.
+    let tty_name = pty
+        .as_ref()
+        .filter(|_| start == session_env::Start::AsAccount)
+        .and_then(|(_, slave)| nix::unistd::ttyname(slave).ok())
+        .map(|path| path.to_string_lossy().into_owned());
+    let mut env = session_env::exec_environment(start, &req.env);
+    if let Some(name) = &tty_name {
+        env.retain(|(k, _)| *k != "SSH_TTY");
+        env.push(("SSH_TTY", name));
+    }
     let plan = |stdio: [RawFd; 3], controlling_tty: bool| spawn::Plan {
         program,
         args: args.clone(),
@@ -159,9 +171,8 @@ pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
         credentials: credentials.clone(),
     };
 
-    let (child, io) = match req.pty {
-        Some(spec) => {
-            let (master, slave) = open_pty(spec)?;
+    let (child, io) = match pty {
+        Some((master, slave)) => {
             let mut master = PtyMaster::new(master)?;
             // A root server gives the terminal to the account for the
             // session. Should anything below fail, dropping `master` gives

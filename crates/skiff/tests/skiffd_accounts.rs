@@ -435,7 +435,7 @@ fn a_session_terminal_belongs_to_the_account_until_the_session_ends() {
         .arg(&fx.client_key.private)
         .args(["-p", &d.port().to_string()])
         .arg(format!("{name}@127.0.0.1"))
-        .arg("stat -c '%U %G %a' \"$(tty)\"; tty; read line; echo bye")
+        .arg("stat -c '%U %G %a' \"$(tty)\"; tty; echo \"SSH_TTY=$SSH_TTY\"; read line; echo bye")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -464,6 +464,8 @@ fn a_session_terminal_belongs_to_the_account_until_the_session_ends() {
     let owner = next();
     let path = next();
     assert!(is_pts_path(&path), "{c}: {path:?} is not a terminal");
+    // As sshd, the session is told its terminal's name.
+    assert_eq!(next(), format!("SSH_TTY={path}"), "{c}: SSH_TTY");
     assert_eq!(
         owner,
         format!("{name} {group_name} {mode:o}"),
