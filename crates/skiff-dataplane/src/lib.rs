@@ -9,9 +9,13 @@
 //! thread blocked in `read`/`write` is the cheapest way to keep it full.
 //! The wire format lives in `skiff_proto::dataplane` (docs/data-plane.md).
 
+// Only `tcp` (TCP_INFO through getsockopt) needs `unsafe`.
+#![deny(unsafe_code)]
+
 pub mod receive;
 pub mod send;
 pub mod stream;
+#[allow(unsafe_code)]
 pub mod tcp;
 pub mod watch;
 

@@ -5,6 +5,9 @@
 //! The `skiff` binary is a thin layer over this crate; later the agent and the
 //! fan-out scheduler reuse the same pieces.
 
+// Only `settings` (the C library's user and host lookups) needs `unsafe`.
+#![deny(unsafe_code)]
+
 pub mod busy;
 pub mod connect;
 pub mod copy;
@@ -22,6 +25,7 @@ pub mod prompt_screen;
 pub(crate) mod read_tap;
 mod revoked_host_keys;
 pub mod server_id;
+#[allow(unsafe_code)]
 pub mod settings;
 pub mod transport;
 

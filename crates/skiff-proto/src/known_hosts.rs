@@ -42,6 +42,7 @@ use sha2::{Digest, Sha256};
 
 use crate::pattern::{has_wildcard, match_list, ListMatch};
 
+#[allow(unsafe_code)] // SIMD intrinsics, after CPU feature detection
 mod hashed_lines;
 pub mod host_cert;
 

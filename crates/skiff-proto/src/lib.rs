@@ -4,6 +4,9 @@
 //! errors that name the file and line. No sockets, no files, no tokio, so all of
 //! it can be unit-tested and fuzzed (see `fuzz/`).
 
+// Only the SIMD scan of hashed known_hosts lines needs `unsafe`.
+#![deny(unsafe_code)]
+
 pub mod agent_wire;
 pub mod algorithms;
 pub mod authorized_keys;

@@ -229,7 +229,10 @@ mod tests {
             let mode = std::fs::metadata(&path).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
             // The server's own umask is untouched by the thread's.
+            // SAFETY: umask(2) takes a mode and cannot fail; the second
+            // call puts back what the first read.
             let mine = unsafe { libc::umask(0o022) };
+            // SAFETY: as above.
             unsafe { libc::umask(mine) };
             assert_ne!(mine, 0o177);
 

@@ -352,6 +352,8 @@ impl PtyMaster {
         loop {
             let mut guard = self.fd.readable().await?;
             match guard.try_io(|fd| {
+                // SAFETY: `buf` is valid for writes of `buf.len()` bytes and
+                // the descriptor is the terminal this AsyncFd owns.
                 let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
                 if n < 0 {
                     Err(io::Error::last_os_error())
@@ -371,6 +373,8 @@ impl PtyMaster {
         while !data.is_empty() {
             let mut guard = self.fd.writable().await?;
             match guard.try_io(|fd| {
+                // SAFETY: `data` is valid for reads of `data.len()` bytes and
+                // the descriptor is the terminal this AsyncFd owns.
                 let n = unsafe { libc::write(fd.as_raw_fd(), data.as_ptr().cast(), data.len()) };
                 if n < 0 {
                     Err(io::Error::last_os_error())

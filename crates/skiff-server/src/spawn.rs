@@ -516,6 +516,7 @@ mod tests {
     fn server_descriptors_do_not_reach_the_command() {
         let (_keep_r, keep_w) = pipe().unwrap();
         // Clear close-on-exec on one descriptor, as a careless library might.
+        // SAFETY: fcntl(2) on a descriptor this test owns, changing flags only.
         unsafe { libc::fcntl(keep_w.as_raw_fd(), libc::F_SETFD, 0) };
         let (text, st) = output_of(&["sh", "-c", "ls /proc/self/fd | sort -n | tr '\\n' ' '"]);
         assert!(st.success());

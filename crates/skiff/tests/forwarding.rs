@@ -1006,6 +1006,7 @@ fn skiff_ssh_forwards_to_and_from_unix_sockets() {
     let stream = std::os::unix::net::UnixStream::connect(&local_socket).unwrap();
     check_echoes(stream, &format!("{}\n{}", c(), skiff.stderr()));
     // SIGTERM: skiff removes its socket on the way out.
+    // SAFETY: kill(2) on the child this test started and has not reaped.
     unsafe { libc::kill(skiff.child.id() as i32, libc::SIGTERM) };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while skiff.child.try_wait().unwrap().is_none() {
