@@ -21,16 +21,8 @@ use russh::keys::ssh_key::Signature;
 use russh::keys::{Algorithm, Certificate, HashAlg, PrivateKey, PublicKey};
 
 use crate::error::{ErrorKind, SkiffError};
-use crate::identity_cache::FileCache;
+use crate::identity_cache::Unusable;
 use crate::settings::ConnectSettings;
-
-/// Identity and certificate files as read for the connections of one
-/// resolver (see [`crate::identity_cache`]).
-pub(crate) type IdentityCache = FileCache<
-    Result<Option<Arc<PrivateKey>>, Unusable>,
-    Result<Option<Certificate>, String>,
-    Option<PublicKey>,
->;
 
 /// One thing to try, in order.
 enum Candidate {
@@ -586,23 +578,6 @@ fn hash_for(alg: &Algorithm, rsa_hash: Option<HashAlg>) -> Result<Option<HashAlg
             .map(Some)
             .ok_or("RSA key not tried: the server accepts RSA only with SHA-1 signatures"),
         _ => Ok(None),
-    }
-}
-
-/// Why a key file could not be used, for the failure summary.
-#[derive(Clone)]
-pub(crate) struct Unusable {
-    note: String,
-    /// Only because BatchMode forbids asking for its passphrase.
-    needs_person: bool,
-}
-
-impl From<String> for Unusable {
-    fn from(note: String) -> Self {
-        Unusable {
-            note,
-            needs_person: false,
-        }
     }
 }
 

@@ -18,8 +18,35 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use russh::keys::{Certificate, PrivateKey, PublicKey};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
+
+/// Identity and certificate files as read for the connections of one
+/// resolver: what loading each private key, certificate and public half
+/// gave (`crate::identity` reads them).
+pub(crate) type IdentityCache = FileCache<
+    Result<Option<Arc<PrivateKey>>, Unusable>,
+    Result<Option<Certificate>, String>,
+    Option<PublicKey>,
+>;
+
+/// Why a key file could not be used, for the failure summary.
+#[derive(Clone)]
+pub(crate) struct Unusable {
+    pub(crate) note: String,
+    /// Only because BatchMode forbids asking for its passphrase.
+    pub(crate) needs_person: bool,
+}
+
+impl From<String> for Unusable {
+    fn from(note: String) -> Self {
+        Unusable {
+            note,
+            needs_person: false,
+        }
+    }
+}
 
 /// Cells keyed by file path; each is filled by the first caller and awaited
 /// by the others.

@@ -13,7 +13,7 @@ use skiff_proto::ssh_config::{
 };
 
 use crate::error::{ErrorKind, SkiffError};
-use crate::identity::IdentityCache;
+use crate::identity_cache::IdentityCache;
 
 /// What the command line says, before configuration is applied.
 #[derive(Debug, Clone, Default)]
