@@ -269,11 +269,16 @@ fn agent_version(spawn: bool) -> Result<(u32, u32), String> {
     }
 }
 
-/// Like [`subsystem`] (the agent is started when none answers), and tells
-/// `opened` once the channel is open, before a byte of `io` is relayed:
-/// `Some(round trip)` as the agent measured it opening the channel, or
-/// `None` at once from an agent too old to say (the caller then goes on
-/// without it). `opened` is not called when no channel could be opened.
+/// Starts a subsystem (`wire.command`) through the agent (started when none
+/// answers) with `io` as the channel's stdin and stdout and this process's
+/// stderr as its stderr: the caller speaks the subsystem's protocol on the
+/// other end of `io` (how `skiff cp` uses the agent's warm connection).
+/// Tells `opened` once the channel is open, before a byte of `io` is
+/// relayed, with the round trip the agent measured opening it; `opened` is
+/// not called when no channel could be opened. Blocks until the channel
+/// ends; the reply is `Exit`, or `Failed` (kind `refused` when the server
+/// would not start the subsystem). An agent older than
+/// [`agent_wire::REFUSED_KIND_SINCE`] is `Unavailable`.
 pub fn subsystem_announced(
     wire: ExecWire,
     io: BorrowedFd<'_>,
@@ -283,14 +288,15 @@ pub fn subsystem_announced(
         Ok((version, _)) => version,
         Err(why) => return Outcome::Unavailable(why),
     };
+    if version < agent_wire::REFUSED_KIND_SINCE {
+        return Outcome::Unavailable(format!(
+            "the running agent speaks version {version}, too old for copies (it cannot say that a subsystem was refused)"
+        ));
+    }
     let stream = match connect_or_spawn(false) {
         Ok(s) => s,
         Err(why) => return Outcome::Unavailable(why),
     };
-    if version < agent_wire::SUBSYSTEM_SINCE {
-        opened(None);
-        return subsystem(stream, wire, io);
-    }
     let stderr = std::io::stderr();
     let fds = [io, io, stderr.as_fd()];
     let req = Request::Subsystem(wire);
@@ -300,23 +306,6 @@ pub fn subsystem_announced(
         &fds,
         &mut || None,
         &mut |rtt| opened(Some(rtt)),
-    ))
-}
-
-/// Starts a subsystem (`wire.subsystem`) through the agent with `io` as the
-/// channel's stdin and stdout and this process's stderr as its stderr: the
-/// caller speaks the subsystem's protocol on the other end of `io` (how
-/// `skiff cp` uses the agent's warm connection). Blocks until the channel
-/// ends; the reply is `Exit`, or `Failed` when the server refused the
-/// subsystem.
-pub fn subsystem(stream: UnixStream, wire: ExecWire, io: BorrowedFd<'_>) -> Outcome {
-    let stderr = std::io::stderr();
-    let fds = [io, io, stderr.as_fd()];
-    answered(request_with(
-        stream,
-        &Request::Exec(wire),
-        &fds,
-        &mut || None,
     ))
 }
 

@@ -23,6 +23,7 @@ pub fn wire_kind(kind: ErrorKind) -> u8 {
         ErrorKind::ChannelRefused => 6,
         ErrorKind::Timeout => 7,
         ErrorKind::Busy => 8,
+        ErrorKind::Refused => 9,
     }
 }
 
@@ -36,6 +37,7 @@ pub fn kind_from_wire(code: u8) -> ErrorKind {
         6 => ErrorKind::ChannelRefused,
         7 => ErrorKind::Timeout,
         8 => ErrorKind::Busy,
+        9 => ErrorKind::Refused,
         _ => ErrorKind::Protocol,
     }
 }
@@ -55,6 +57,7 @@ mod tests {
             ErrorKind::ChannelRefused,
             ErrorKind::Timeout,
             ErrorKind::Busy,
+            ErrorKind::Refused,
         ] {
             assert_eq!(kind_from_wire(wire_kind(kind)), kind);
         }

@@ -35,6 +35,11 @@ pub enum ErrorKind {
     ChannelRefused,
     /// The command ran longer than its time limit and was stopped.
     Timeout,
+    /// The server refused a request on an authenticated connection: a
+    /// subsystem (`sftp`, skiff's data plane), a shell, a command, or a
+    /// data-plane mode. A copy whose server refuses the data-plane
+    /// subsystem falls back to SFTP.
+    Refused,
 }
 
 impl ErrorKind {
@@ -49,6 +54,7 @@ impl ErrorKind {
             ErrorKind::Protocol => "protocol",
             ErrorKind::ChannelRefused => "channel-refused",
             ErrorKind::Timeout => "timeout",
+            ErrorKind::Refused => "refused",
         }
     }
 }

@@ -403,7 +403,7 @@ where
     }
     if exec_refused && outcome == ExitOutcome::Unknown {
         return Err(SkiffError::new(
-            ErrorKind::Protocol,
+            ErrorKind::Refused,
             if req.subsystem {
                 format!("{host}: the server refused the {} subsystem", req.command)
             } else if req.command.is_empty() {

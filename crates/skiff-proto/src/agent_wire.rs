@@ -47,13 +47,19 @@ pub use crate::frame::MAX_FRAME;
 use crate::frame::{split_frame, Reader, Writer};
 
 /// The protocol version exchanged in `Hello`.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// The first version that takes `Forward`.
 pub const FORWARD_SINCE: u32 = 3;
 
 /// The first version that takes `Subsystem` (and answers `Opened`).
 pub const SUBSYSTEM_SINCE: u32 = 5;
+
+/// The first version whose `Failed` says `refused` (kind 9) for a
+/// subsystem the server would not start, which `skiff cp` needs to tell a
+/// server without the data plane from a failure. `skiff cp` connects
+/// directly rather than use an older agent.
+pub const REFUSED_KIND_SINCE: u32 = 6;
 
 /// Everything the agent needs to run one command on a remote host.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -179,7 +185,8 @@ pub enum Reply {
     /// The command ended: the exit code the CLI should exit with (already 128+N for signals).
     Exit { code: i32 },
     /// skiff-level failure. kind: 1 config, 2 connect, 3 host key, 4 auth, 5 protocol, 6 channel refused, 7 timeout,
-    /// 8 busy (the server closed the connection before authentication).
+    /// 8 busy (the server closed the connection before authentication), 9 refused (a subsystem,
+    /// shell or command the server would not start; older agents send 5 for it).
     Failed { kind: u8, message: String },
     /// A person must decide (unknown host key under `ask`, a passphrase): the CLI should connect directly.
     NeedsUser { message: String },

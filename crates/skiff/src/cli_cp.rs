@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use skiff_engine::copy::{CopyJob, CopyReport, Direction, NoProgress, Progress};
-use skiff_engine::{prompt_screen, Connection, Destination, SkiffError};
+use skiff_engine::{prompt_screen, Connection, Destination, ErrorKind, SkiffError};
 use skiff_proto::terminal_text::one_line;
 
 #[derive(Args, Debug, Clone)]
@@ -575,17 +575,18 @@ pub(crate) async fn via_agent(
                 tracing::debug!("not using the agent: {why}");
                 return None;
             }
-            (Err(_), Outcome::Reply(Reply::Failed { message, .. }))
-                if message.contains("refused the") && name != "sftp" =>
+            (Err(_), Outcome::Reply(Reply::Failed { kind, .. }))
+                if skiff_agent::kind_from_wire(kind) == ErrorKind::Refused && name != "sftp" =>
             {
                 tracing::debug!("{host}: no skiff data plane through the agent; using SFTP");
                 continue;
             }
             (Err(e), Outcome::Reply(Reply::Failed { message, kind }))
-                if e.message.contains("channel lost")
-                    || e.message.contains("SFTP session failed") =>
+                if e.kind == ErrorKind::Connect
+                    || skiff_agent::kind_from_wire(kind) == ErrorKind::Refused =>
             {
-                // The agent knows why the channel never worked.
+                // Our end is the agent's channel: when it gave out, or the
+                // server refused to start the subsystem, the agent knows why.
                 let kind = skiff_agent::kind_from_wire(kind);
                 return Some(Err(SkiffError::new(kind, message)));
             }

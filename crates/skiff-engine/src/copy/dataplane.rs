@@ -387,7 +387,7 @@ async fn run(
         }
         ServerMsg::Refused { reason } => {
             return Err(SkiffError::new(
-                ErrorKind::Protocol,
+                ErrorKind::Refused,
                 format!(
                     "{host}: the server refused the data plane: {}",
                     server_text(&reason)

@@ -309,7 +309,7 @@ impl<'a> Sftp<'a> {
                 Some(ChannelMsg::Failure) => {
                     let why = "the server refused the sftp subsystem (is SFTP enabled there?)";
                     return Err(SkiffError::new(
-                        ErrorKind::Protocol,
+                        ErrorKind::Refused,
                         format!("{host}: {why}"),
                     ));
                 }
@@ -339,10 +339,12 @@ impl<'a> Sftp<'a> {
         };
         let mut raw = RawSftpSession::new_with_config(stream, config);
         let sftp_failed = |e: SftpError| {
-            SkiffError::new(
-                ErrorKind::Protocol,
-                format!("{host}: SFTP session failed to start: {e}"),
-            )
+            // The channel gave out (I/O) or the server broke the protocol.
+            let kind = match e {
+                SftpError::IO(_) => ErrorKind::Connect,
+                _ => ErrorKind::Protocol,
+            };
+            SkiffError::new(kind, format!("{host}: SFTP session failed to start: {e}"))
         };
         let version = raw.init().await.map_err(sftp_failed)?;
         let has = |name: &str| version.extensions.contains_key(name);
