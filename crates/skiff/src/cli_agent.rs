@@ -48,7 +48,7 @@ pub fn run(args: AgentArgs) -> i32 {
     } else {
         args.verbose
     };
-    crate::init_logging(verbose);
+    crate::logging::init(verbose);
     let request = match &args.action {
         None => return start(&args),
         Some(AgentAction::Status) => Request::Status,

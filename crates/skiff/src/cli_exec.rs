@@ -75,7 +75,7 @@ pub fn run(args: ExecArgs) -> i32 {
 
 /// Runs `args` and returns the exit status to leave with.
 pub fn run_invocation(args: Invocation) -> i32 {
-    crate::init_logging(args.conn.verbose);
+    crate::logging::init(args.conn.verbose);
     // Resolved once, for both paths: a bad config fails fast, and the
     // environment to send is the CLI's own (SendEnv/SetEnv).
     match skiff_engine::settings::resolve(&destination(&args)) {

@@ -81,7 +81,7 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> i32 {
-    crate::init_logging(args.conn.verbose);
+    crate::logging::init(args.conn.verbose);
     match plan(&args) {
         Ok((targets, command)) => execute(&args, targets, command),
         Err(msg) => {

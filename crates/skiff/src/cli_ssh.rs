@@ -68,7 +68,7 @@ pub fn main(args: Vec<OsString>) -> i32 {
     let mut inv = invocation(line);
     // In the background, input is /dev/null (as -f implies -n).
     inv.no_stdin |= background;
-    crate::init_logging(inv.conn.verbose);
+    crate::logging::init(inv.conn.verbose);
     let settings = match skiff_engine::settings::resolve(&cli_exec::destination(&inv)) {
         Ok(s) => s,
         Err(e) => {

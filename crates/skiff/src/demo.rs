@@ -18,7 +18,7 @@ pub struct DemoArgs {
 }
 
 pub fn run(args: DemoArgs) -> i32 {
-    crate::init_logging(0);
+    crate::logging::init(0);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

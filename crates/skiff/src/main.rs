@@ -4,13 +4,13 @@
 mod background;
 mod cli_agent;
 mod cli_connect;
-mod cli_cp;
-mod cli_cp_fanout;
 mod cli_exec;
 mod cli_run;
 mod cli_ssh;
+mod cp;
 mod demo;
 mod escape_input;
+mod logging;
 mod run_output;
 mod run_threads;
 mod ssh_args;
@@ -37,7 +37,7 @@ enum Command {
     /// Run a command on many hosts at once (node sets like web[01-20], @group).
     Run(cli_run::RunArgs),
     /// Copy files to or from a host (scp syntax: [user@]host:path).
-    Cp(cli_cp::CpArgs),
+    Cp(cp::CpArgs),
     /// ssh's own command line, for programs that run `ssh` (also what skiff
     /// does when run as `ssh` or `skiff-ssh`); see README.
     #[command(disable_help_flag = true, disable_version_flag = true)]
@@ -79,7 +79,7 @@ fn main() {
     let code = match cli.command {
         Command::Exec(args) => cli_exec::run(args),
         Command::Run(args) => cli_run::run(args),
-        Command::Cp(args) => cli_cp::run(args),
+        Command::Cp(args) => cp::run(args),
         Command::Demo(args) => demo::run(args),
         // Handled above; reached only if clap saw it some other way.
         Command::Ssh { args } => cli_ssh::main(args.into_iter().map(Into::into).collect()),
@@ -93,26 +93,4 @@ fn main() {
         },
     };
     exit(code);
-}
-
-/// Sets up logging on stderr. Without `-v` or `SKIFF_LOG`, only warnings
-/// (e.g. a malformed known_hosts line, named by file:line) and errors show,
-/// through a plain level filter that costs nothing to build.
-pub(crate) fn init_logging(verbose: u8) {
-    let builder = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .without_time();
-    if verbose == 0 && std::env::var_os("SKIFF_LOG").is_none() {
-        let _ = builder.with_max_level(tracing::Level::WARN).try_init();
-        return;
-    }
-    let level = if verbose <= 1 { "debug" } else { "trace" };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SKIFF_LOG").unwrap_or_else(|_| {
-        let russh = if verbose >= 3 { "debug" } else { "warn" };
-        tracing_subscriber::EnvFilter::new(format!(
-            "warn,skiff={level},skiff_engine={level},skiff_server={level},russh={russh}"
-        ))
-    });
-    let _ = builder.with_env_filter(filter).try_init();
 }

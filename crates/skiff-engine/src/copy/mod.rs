@@ -1,7 +1,9 @@
 //! `skiff cp`: what to copy (a [`CopyJob`]), how progress is reported, and
 //! what came of it (a [`CopyReport`]), whatever backend carries the bytes.
-//! The SFTP backend ([`sftp`]) works with any SSH server; local files are
-//! walked, placed and written with `skiff_files`.
+//! The skiff data plane ([`dataplane`]) is used where the server offers it,
+//! the SFTP backend ([`sftp`]) with any other SSH server: [`copy`] decides,
+//! and [`sftp_fallback_notice`] says what the user is told when it falls
+//! back. Local files are walked, placed and written with `skiff_files`.
 
 pub mod dataplane;
 pub mod sftp;
@@ -39,6 +41,38 @@ pub struct CopyJob {
     pub recursive: bool,
     /// `-p`: keep modes (exactly) and access/modification times.
     pub preserve: bool,
+}
+
+/// Copies `job` on `conn` over the skiff data plane when the server offers
+/// one, else over SFTP; `notice` gets the line the user should see when
+/// the fallback weakens what was asked for ([`sftp_fallback_notice`]).
+pub async fn copy(
+    conn: &crate::Connection,
+    job: &CopyJob,
+    options: &dataplane::PlaneOptions,
+    progress: &dyn Progress,
+    notice: &dyn Fn(&str),
+) -> Result<CopyReport, SkiffError> {
+    if let Some(report) = dataplane::copy(conn, job, options, progress).await? {
+        return Ok(report);
+    }
+    tracing::debug!(
+        "{}: no skiff data plane; using SFTP",
+        conn.settings.hostname
+    );
+    if let Some(line) = sftp_fallback_notice(&conn.settings.original_host, options.mode) {
+        notice(&line);
+    }
+    sftp::copy(conn, job, progress).await
+}
+
+/// What the user is told when `host` has no skiff data plane and a copy
+/// that asked for data-plane `mode` goes over SFTP instead: nothing for the
+/// default (`aead`, encrypted either way); for `integrity` or `none`, that
+/// the copy is encrypted after all (and so slower than asked).
+pub fn sftp_fallback_notice(host: &str, mode: skiff_proto::dataplane::Mode) -> Option<String> {
+    (mode != skiff_proto::dataplane::Mode::Aead)
+        .then(|| format!("{host} has no skiff data plane; copying over SFTP (encrypted)"))
 }
 
 /// Receives progress while a copy runs (a progress bar, or nothing).

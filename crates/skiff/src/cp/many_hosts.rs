@@ -22,7 +22,8 @@ use skiff_engine::copy::{CopyJob, CopyReport, Direction, NoProgress, Progress};
 use skiff_engine::{prompt_screen, Destination, SkiffError};
 use skiff_proto::{nodeset, terminal_text};
 
-use crate::cli_cp::{CpArgs, Plan, PlaneOptions};
+use super::plan::Plan;
+use super::{CpArgs, PlaneOptions};
 
 /// An upload to, or a download from, several hosts.
 #[derive(Debug)]
@@ -49,7 +50,7 @@ pub(crate) fn plan(
         return Err(format!("{set}: the host set is empty"));
     }
     Ok(FanoutPlan {
-        job: crate::cli_cp::job(args, direction),
+        job: super::plan::job(args, direction),
         hosts,
         user,
     })
@@ -60,7 +61,7 @@ pub(crate) fn plan(
 type HostOutcome = Result<CopyReport, SkiffError>;
 
 pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
-    let base = crate::cli_cp::base_destination(args);
+    let base = super::plan::base_destination(args);
     let env = skiff_engine::settings::ClientEnv::from_process();
     // As in `skiff run`: no host-key questions, a passphrase asked for once.
     let resolver =
@@ -71,12 +72,12 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
                 return 255;
             }
         };
-    let Some(runtime) = crate::cli_cp::copy_runtime() else {
+    let Some(runtime) = super::copy_runtime() else {
         return 255;
     };
-    let plane = crate::cli_cp::plane_of(args);
+    let plane = super::plane_of(args);
     let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
-        let bar = crate::cli_cp::Bar::new();
+        let bar = super::progress::Bar::new();
         bar.0.set_message(format!("0/{} hosts", plan.hosts.len()));
         HostsBar(bar)
     });
@@ -84,7 +85,7 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
         Some(b) => b,
         None => &NoProgress,
     };
-    let use_agent = crate::cli_cp::agent_wanted(args);
+    let use_agent = super::agent_wanted(args);
     let limit = tokio::sync::Semaphore::new(usize::from(args.parallel));
     // Polled together on this thread: a host's copy starts when a slot is free.
     let mut copies: FuturesUnordered<_> = plan
@@ -128,7 +129,7 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
     let results = runtime.block_on(async {
         let mut results = Vec::new();
         // Listening from the start, so a signal between two hosts counts.
-        let interrupt = crate::cli_cp::interrupted();
+        let interrupt = super::interrupted();
         tokio::pin!(interrupt);
         loop {
             tokio::select! {
@@ -201,7 +202,7 @@ async fn copy_one(
         }
     }
     if use_agent {
-        if let Some(result) = crate::cli_cp::via_agent(plan, &settings, plane, progress).await {
+        if let Some(result) = super::one_host::via_agent(plan, &settings, plane, progress).await {
             return result;
         }
     }
@@ -216,12 +217,12 @@ async fn copy_one(
             eprintln!("{notice}");
         }
     });
-    crate::cli_cp::copy_over(&conn, &settings, &plan.job, plane, progress).await
+    super::one_host::copy_over(&conn, &settings, &plan.job, plane, progress).await
 }
 
 /// One bar for every host's bytes; its message counts finished hosts
 /// (file names from many hosts at once would only flicker).
-struct HostsBar(crate::cli_cp::Bar);
+struct HostsBar(super::progress::Bar);
 
 impl Progress for HostsBar {
     fn add_total(&self, bytes: u64) {

@@ -1,0 +1,210 @@
+//! `skiff cp`: copy files and directories to or from one host, with scp's
+//! syntax (`[user@]host:path`, `-r`, `-p`, `-P PORT`), or to every host of
+//! a node set (`web[01-20]:path`, see [`many_hosts`]). Exit status: 0 when
+//! every file was copied, 1 when any failed (each named on stderr), 255
+//! when skiff could not connect or authenticate.
+//!
+//! This module holds the command line and the dispatch; [`plan`] reads the
+//! paths into a job and a destination, [`one_host`] copies to or from one
+//! host (through the agent or directly), [`many_hosts`] to or from a node
+//! set, and [`progress`] draws the bar. Which transport carries the bytes
+//! (the skiff data plane, else SFTP) is the engine's decision
+//! (`skiff_engine::copy::copy`).
+
+mod many_hosts;
+mod one_host;
+mod plan;
+mod progress;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use skiff_engine::copy::CopyReport;
+use skiff_proto::terminal_text::one_line;
+
+use plan::{plan, Planned};
+
+#[derive(Args, Debug, Clone)]
+#[command(override_usage = "skiff cp [OPTIONS] SRC... DST")]
+pub struct CpArgs {
+    /// Copy directories and their contents.
+    #[arg(short = 'r')]
+    pub recursive: bool,
+    /// Keep modes and access/modification times.
+    #[arg(short = 'p')]
+    pub preserve: bool,
+    /// Port to connect to (scp's -P).
+    #[arg(short = 'P', value_name = "PORT")]
+    pub port: Option<u16>,
+    /// Identity (private key) file; repeatable, tried in order.
+    #[arg(short = 'i', value_name = "KEY")]
+    pub identity: Vec<PathBuf>,
+    /// User to log in as (a `user@` in the remote path wins).
+    #[arg(short = 'l', value_name = "USER")]
+    pub login: Option<String>,
+    /// Client configuration file instead of ~/.ssh/config (system config is then skipped).
+    #[arg(short = 'F', value_name = "CONFIG")]
+    pub config: Option<PathBuf>,
+    /// ssh_config option, e.g. -o StrictHostKeyChecking=yes; repeatable.
+    #[arg(short = 'o', value_name = "Keyword=Value")]
+    pub options: Vec<String>,
+    /// Connect through these jump hosts, first to last (ProxyJump).
+    #[arg(short = 'J', value_name = "[user@]host[:port],...")]
+    pub jump: Option<String>,
+    /// More diagnostics on stderr (repeatable).
+    #[arg(short = 'v', action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// No progress bar.
+    #[arg(short = 'q')]
+    pub quiet: bool,
+    /// Parallel data-plane streams, 1 to 16 (skiffd only). Default: 2, 4 or
+    /// 8 for round trips up to 2 ms, up to 20 ms, or longer.
+    #[arg(long = "streams", value_name = "N", value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub streams: Option<u16>,
+    /// Data-plane protection (skiffd only; integrity and none need the server's consent).
+    #[arg(long = "cipher", value_enum, default_value_t = CipherMode::Aead)]
+    pub cipher: CipherMode,
+    /// Connect directly instead of through the agent (also SKIFF_AGENT=off).
+    #[arg(long = "no-agent")]
+    pub no_agent: bool,
+    /// Copying to a node set: hosts in progress at once.
+    #[arg(short = 'j', long = "parallel", value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub parallel: u16,
+    /// Groups file for @name in a node set (default: $XDG_CONFIG_HOME/skiff/groups, else ~/.config/skiff/groups).
+    #[arg(long = "groups", value_name = "FILE")]
+    pub groups_file: Option<PathBuf>,
+    /// SRC... DST: sources, then the target; one side is `[user@]host:path`
+    /// (a target's host may be a node set: `web[01-20]:path`, `@group:path`).
+    #[arg(required = true, num_args = 2.., value_name = "PATH")]
+    pub paths: Vec<String>,
+}
+
+/// How data-plane records are protected (`--cipher`).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CipherMode {
+    /// Encrypted and authenticated (AES-GCM).
+    Aead,
+    /// Authenticated, not encrypted.
+    Integrity,
+    /// Neither (loopback or trusted networks, when the server allows it).
+    None,
+}
+
+/// The data-plane parameters of one copy.
+#[derive(Debug, Clone)]
+pub struct PlaneOptions {
+    pub streams: Option<u16>,
+    pub cipher: CipherMode,
+}
+
+pub fn run(args: CpArgs) -> i32 {
+    crate::logging::init_for_copy(args.verbose);
+    let plan = match plan(&args) {
+        Ok(Planned::One(p)) => p,
+        Ok(Planned::Many(many)) => return many_hosts::run(&args, many),
+        Err(message) => {
+            eprintln!("skiff: {message}");
+            return 255;
+        }
+    };
+    let settings = match skiff_engine::settings::resolve(&plan.destination) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("skiff: {e}");
+            return 255;
+        }
+    };
+    let Some(runtime) = copy_runtime() else {
+        return 255;
+    };
+    let plane = plane_of(&args);
+    let show_bar = !args.quiet && std::io::stderr().is_terminal();
+    let use_agent = agent_wanted(&args);
+    let result = runtime.block_on(one_host::cp_main(
+        &plan, settings, &plane, show_bar, use_agent,
+    ));
+    runtime.shutdown_background();
+    match result {
+        Ok(Finish::Interrupted(signal)) => {
+            // Files not complete were never renamed into place, and their
+            // local temporaries are gone; remote ones may remain.
+            eprintln!("skiff: interrupted; files not yet complete were not written");
+            128 + signal
+        }
+        Ok(Finish::Done(report)) => {
+            tracing::debug!(
+                "copied {} files and {} directories, {} bytes; {} failed",
+                report.files,
+                report.dirs,
+                report.bytes,
+                report.failures.len()
+            );
+            // Each names a path (perhaps one the server listed) and may
+            // carry the server's own words.
+            for failure in &report.failures {
+                eprintln!("skiff: {}", one_line(failure));
+            }
+            if report.failures.is_empty() {
+                0
+            } else {
+                1
+            }
+        }
+        Err(e) => {
+            eprintln!("skiff: {e}");
+            255
+        }
+    }
+}
+
+/// The runtime copies run on: two workers, so that the SSH session's
+/// crypto runs beside the copy loop. `None` (said on stderr) if it cannot
+/// start.
+pub(crate) fn copy_runtime() -> Option<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| eprintln!("skiff: cannot start the async runtime: {e}"))
+        .ok()
+}
+
+/// The data-plane options `args` ask for.
+pub(crate) fn plane_of(args: &CpArgs) -> PlaneOptions {
+    PlaneOptions {
+        streams: args.streams,
+        cipher: args.cipher,
+    }
+}
+
+/// Whether to copy through the agent: not with `--no-agent` or SKIFF_AGENT=off.
+pub(crate) fn agent_wanted(args: &CpArgs) -> bool {
+    !args.no_agent
+        && !std::env::var("SKIFF_AGENT").is_ok_and(|v| matches!(v.as_str(), "off" | "no" | "0"))
+}
+
+/// How a copy ended, short of an error.
+enum Finish {
+    Done(CopyReport),
+    /// Stopped by this signal (INT, TERM or HUP).
+    Interrupted(i32),
+}
+
+/// Waits for SIGINT, SIGTERM or SIGHUP and returns its number.
+pub(crate) async fn interrupted() -> i32 {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => libc::SIGINT,
+        _ = term.recv() => libc::SIGTERM,
+        _ = hup.recv() => libc::SIGHUP,
+    }
+}

@@ -1,0 +1,266 @@
+//! One host's copy: through the agent's warm connection when there is one
+//! (the agent opens the subsystem, the data plane's streams go straight to
+//! the server), else on a connection of its own; Ctrl-C and friends stop
+//! it with the temporaries of files not complete removed.
+
+use skiff_engine::copy::{CopyJob, CopyReport, NoProgress, Progress};
+use skiff_engine::{Connection, Destination, ErrorKind, SkiffError};
+use skiff_proto::terminal_text::one_line;
+
+use super::plan::Plan;
+use super::progress::Bar;
+use super::{interrupted, CipherMode, Finish, PlaneOptions};
+
+pub(super) async fn cp_main(
+    plan: &Plan,
+    settings: skiff_engine::ConnectSettings,
+    plane: &PlaneOptions,
+    show_bar: bool,
+    use_agent: bool,
+) -> Result<Finish, SkiffError> {
+    let bar = show_bar.then(Bar::new);
+    let progress: &dyn Progress = match &bar {
+        Some(b) => b,
+        None => &NoProgress,
+    };
+    let finish = |report: Result<CopyReport, SkiffError>| {
+        if let Some(b) = &bar {
+            b.0.finish();
+        }
+        report.map(Finish::Done)
+    };
+    if use_agent {
+        // Stopping the copy drops it, which removes the temporaries of
+        // files not complete and closes the agent's channel.
+        let through_agent = tokio::select! {
+            r = via_agent(plan, &settings, plane, progress) => r,
+            signal = interrupted() => return Ok(Finish::Interrupted(signal)),
+        };
+        if let Some(report) = through_agent {
+            return finish(report);
+        }
+    }
+    tracing::debug!(
+        "connecting to {}@{} port {}",
+        settings.user,
+        settings.hostname,
+        settings.port
+    );
+    let conn = skiff_engine::connect(&settings).await?;
+    for notice in &conn.notices {
+        eprintln!("{}", skiff_proto::terminal_text::lines(notice));
+    }
+    // Only once connected: a passphrase prompt keeps the default signal
+    // handling (and so its terminal restored).
+    tokio::select! {
+        report = copy_over(&conn, &settings, &plan.job, plane, progress) => finish(report),
+        signal = interrupted() => Ok(Finish::Interrupted(signal)),
+    }
+}
+
+/// The data-plane mode `--cipher` asks for, and the host's progress budget.
+fn plane_options(
+    plane: &PlaneOptions,
+    settings: &skiff_engine::ConnectSettings,
+) -> skiff_engine::copy::dataplane::PlaneOptions {
+    let mode = match plane.cipher {
+        CipherMode::Aead => skiff_proto::dataplane::Mode::Aead,
+        CipherMode::Integrity => skiff_proto::dataplane::Mode::Integrity,
+        CipherMode::None => skiff_proto::dataplane::Mode::None,
+    };
+    skiff_engine::copy::dataplane::PlaneOptions {
+        mode,
+        streams: plane.streams.map(u32::from),
+        stall: settings.progress_budget(),
+        gate: settings.pre_auth_gate(),
+    }
+}
+
+/// Copies through the agent's warm connection: the agent starts the
+/// subsystem (the data plane, else SFTP) on its connection and hands the
+/// channel over a socket pair; data-plane streams go straight to the
+/// server. `None`: no agent, or it defers to a direct connection (a person
+/// must confirm a host key or type a passphrase).
+pub(crate) async fn via_agent(
+    plan: &Plan,
+    settings: &skiff_engine::ConnectSettings,
+    plane: &PlaneOptions,
+    progress: &dyn Progress,
+) -> Option<Result<CopyReport, SkiffError>> {
+    let host = settings.original_host.clone();
+    for name in [skiff_proto::dataplane::SUBSYSTEM, "sftp"] {
+        let (ours, theirs) = match std::os::unix::net::UnixStream::pair() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!("not using the agent: socket pair: {e}");
+                return None;
+            }
+        };
+        let wire = agent_wire(&plan.destination, name);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // The copy starts once the channel is open: for the data plane the
+        // round trip the agent measured opening it picks the stream count,
+        // and the request then goes out with `Hello`.
+        let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
+        let mut opened_tx = Some(opened_tx);
+        std::thread::spawn(move || {
+            let outcome = skiff_agent::client::subsystem_announced(
+                wire,
+                std::os::fd::AsFd::as_fd(&theirs),
+                &mut |rtt| {
+                    if let Some(t) = opened_tx.take() {
+                        let _ = t.send(rtt);
+                    }
+                },
+            );
+            drop(theirs);
+            let _ = tx.send(outcome);
+        });
+        let ours = match ours
+            .set_nonblocking(true)
+            .and_then(|_| tokio::net::UnixStream::from_std(ours))
+        {
+            Ok(s) => s,
+            Err(e) => {
+                return Some(Err(SkiffError::new(
+                    skiff_engine::ErrorKind::Protocol,
+                    format!("socket pair: {e}"),
+                )))
+            }
+        };
+        let copied = match opened_rx.await {
+            // No channel: the agent's reply says why.
+            Err(_) => Err(SkiffError::new(
+                skiff_engine::ErrorKind::Connect,
+                format!("{host}: the agent's channel lost before it opened"),
+            )),
+            Ok(_) if name == "sftp" => {
+                let mode = plane_options(plane, settings).mode;
+                if let Some(line) = skiff_engine::copy::sftp_fallback_notice(&host, mode) {
+                    eprintln!("skiff: {line}");
+                }
+                skiff_engine::copy::sftp::copy_on(
+                    ours,
+                    &host,
+                    &plan.job,
+                    settings.progress_budget(),
+                    progress,
+                )
+                .await
+            }
+            Ok(rtt) => match server_address(settings).await {
+                Ok(addr) => {
+                    skiff_engine::copy::dataplane::copy_on(
+                        ours,
+                        &host,
+                        addr,
+                        &plan.job,
+                        &plane_options(plane, settings),
+                        rtt,
+                        progress,
+                    )
+                    .await
+                }
+                Err(e) => Err(e),
+            },
+        };
+        // Our end is closed now: the channel ends and the agent answers.
+        let outcome = rx
+            .await
+            .unwrap_or(skiff_agent::client::Outcome::Unavailable(
+                "agent thread ended".into(),
+            ));
+        use skiff_agent::client::Outcome;
+        use skiff_proto::agent_wire::Reply;
+        match (copied, outcome) {
+            (Ok(report), _) => return Some(Ok(report)),
+            (Err(_), Outcome::Reply(Reply::NeedsUser { message })) => {
+                tracing::debug!(
+                    "agent defers to a direct connection: {}",
+                    one_line(&message)
+                );
+                return None;
+            }
+            (Err(_), Outcome::Unavailable(why)) => {
+                tracing::debug!("not using the agent: {why}");
+                return None;
+            }
+            (Err(_), Outcome::Reply(Reply::Failed { kind, .. }))
+                if skiff_agent::kind_from_wire(kind) == ErrorKind::Refused && name != "sftp" =>
+            {
+                tracing::debug!("{host}: no skiff data plane through the agent; using SFTP");
+                continue;
+            }
+            (Err(e), Outcome::Reply(Reply::Failed { message, kind }))
+                if e.kind == ErrorKind::Connect
+                    || skiff_agent::kind_from_wire(kind) == ErrorKind::Refused =>
+            {
+                // Our end is the agent's channel: when it gave out, or the
+                // server refused to start the subsystem, the agent knows why.
+                let kind = skiff_agent::kind_from_wire(kind);
+                return Some(Err(SkiffError::new(kind, message)));
+            }
+            (Err(e), _) => return Some(Err(e)),
+        }
+    }
+    None
+}
+
+/// What the agent needs to reach the destination as this process would.
+fn agent_wire(dest: &Destination, subsystem: &str) -> skiff_proto::agent_wire::ExecWire {
+    let absolute = |p: &std::path::Path| {
+        if p.as_os_str() == "none" {
+            return "none".to_string();
+        }
+        std::path::absolute(p)
+            .unwrap_or_else(|_| p.to_path_buf())
+            .display()
+            .to_string()
+    };
+    skiff_proto::agent_wire::ExecWire {
+        host: dest.host.clone(),
+        user: dest.user.clone(),
+        port: dest.port,
+        identity_files: dest.identity_files.iter().map(|p| absolute(p)).collect(),
+        config_file: dest.config_file.as_deref().map(absolute),
+        options: dest.options.clone(),
+        command: subsystem.to_string(),
+        client_env: skiff_engine::settings::ClientEnv::from_process().vars,
+        subsystem: true,
+        ..Default::default()
+    }
+}
+
+/// Where data-plane streams go when the agent holds the SSH connection: the
+/// server's address, resolved here.
+async fn server_address(
+    settings: &skiff_engine::ConnectSettings,
+) -> Result<std::net::SocketAddr, SkiffError> {
+    let fail = |why: String| {
+        SkiffError::new(
+            skiff_engine::ErrorKind::Connect,
+            format!("cannot resolve {}: {why}", settings.hostname),
+        )
+    };
+    tokio::net::lookup_host((settings.hostname.as_str(), settings.port))
+        .await
+        .map_err(|e| fail(e.to_string()))?
+        .next()
+        .ok_or_else(|| fail("no addresses".into()))
+}
+
+/// Copies `job` on `conn`: over the skiff data plane when the server offers
+/// one, else over SFTP.
+pub(crate) async fn copy_over(
+    conn: &Connection,
+    settings: &skiff_engine::ConnectSettings,
+    job: &CopyJob,
+    plane: &PlaneOptions,
+    progress: &dyn Progress,
+) -> Result<CopyReport, SkiffError> {
+    let options = plane_options(plane, settings);
+    skiff_engine::copy::copy(conn, job, &options, progress, &|line| {
+        eprintln!("skiff: {line}")
+    })
+    .await
+}
