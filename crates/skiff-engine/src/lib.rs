@@ -14,7 +14,6 @@ pub mod copy;
 pub mod error;
 pub mod exec;
 pub mod fanout;
-pub mod forward;
 pub mod hostkeys;
 mod identity;
 mod identity_cache;
@@ -27,6 +26,7 @@ mod revoked_host_keys;
 pub mod server_id;
 #[allow(unsafe_code)]
 pub mod settings;
+pub mod stdio_forward;
 pub mod transport;
 
 pub use connect::{connect, Connection};

@@ -516,7 +516,7 @@ impl Pool {
     }
 
     /// `ssh -W host:port` on a pooled connection (see
-    /// [`crate::forward::forward_stdio`]). Notices from a connection opened
+    /// [`crate::stdio_forward::forward_stdio`]). Notices from a connection opened
     /// for it are written to `notices_to` first.
     pub async fn forward_stdio<I, O, E>(
         &self,
@@ -535,7 +535,7 @@ impl Pool {
         let (channel, slot, notices) = self
             .open_channel(settings, &|conn| {
                 let host = host.to_string();
-                Box::pin(async move { crate::forward::open_direct(conn, &host, port).await })
+                Box::pin(async move { crate::stdio_forward::open_direct(conn, &host, port).await })
             })
             .await?;
         if !notices.is_empty() {
@@ -547,7 +547,7 @@ impl Pool {
         let input = Counted::new(input, member);
         let output = Counted::new(output, member);
         let name = &member.conn.settings.hostname;
-        crate::forward::relay_stdio(channel, name, host, port, input, output).await
+        crate::stdio_forward::relay_stdio(channel, name, host, port, input, output).await
     }
 }
 

@@ -675,7 +675,7 @@ fn open_failure(e: &russh::Error) -> String {
         russh::Error::ChannelOpenFailure(reason) => {
             format!(
                 "the server refused: {}",
-                crate::forward::refusal_text(reason)
+                crate::stdio_forward::refusal_text(reason)
             )
         }
         other => format!("{other}"),

@@ -244,7 +244,7 @@ fn forward_stdio(settings: &ConnectSettings, host: &str, port: u16) -> i32 {
         for notice in &conn.notices {
             eprintln!("{}", skiff_proto::terminal_text::lines(notice));
         }
-        skiff_engine::forward::forward_stdio(
+        skiff_engine::stdio_forward::forward_stdio(
             &conn,
             host,
             port,
