@@ -43,31 +43,21 @@ impl ConnectArgs {
 
     /// Whether to go through the agent: not with `--no-agent` or SKIFF_AGENT=off.
     pub fn agent_enabled(&self) -> bool {
-        let off =
-            std::env::var("SKIFF_AGENT").is_ok_and(|v| matches!(v.as_str(), "off" | "no" | "0"));
-        !self.no_agent && !off
+        crate::route::agent_allowed(self.no_agent)
     }
 
     /// `-i` files as the agent (another process, another working directory) must see them.
     pub fn identity_for_agent(&self) -> Vec<String> {
-        self.identity.iter().map(|p| absolute(p)).collect()
+        self.identity
+            .iter()
+            .map(|p| crate::route::absolute(p))
+            .collect()
     }
 
     /// `-F` as the agent must see it.
     pub fn config_for_agent(&self) -> Option<String> {
-        self.config.as_deref().map(absolute)
+        self.config.as_deref().map(crate::route::absolute)
     }
-}
-
-/// A path made absolute (`none` stays `none`).
-fn absolute(p: &std::path::Path) -> String {
-    if p.as_os_str() == "none" {
-        return "none".into();
-    }
-    std::path::absolute(p)
-        .unwrap_or_else(|_| p.to_path_buf())
-        .display()
-        .to_string()
 }
 
 /// `options` with `ProxyJump=JUMP` in front when `jump` is given.

@@ -251,21 +251,6 @@ pub async fn exec_on(
     Ok(outcome.exit_code())
 }
 
-/// The destination part of an agent request: what the agent resolves the
-/// settings from, as this process would.
-pub fn agent_destination(args: &Invocation, dest: &Destination) -> ExecWire {
-    ExecWire {
-        host: dest.host.clone(),
-        user: dest.user.clone(),
-        port: args.conn.port,
-        identity_files: args.conn.identity_for_agent(),
-        config_file: args.conn.config_for_agent(),
-        options: args.conn.ssh_options(),
-        client_env: skiff_engine::settings::ClientEnv::from_process().vars,
-        ..ExecWire::default()
-    }
-}
-
 /// Runs the command through the agent (starting one if needed). `None`
 /// means: do it directly (no agent, or a person has to decide something).
 fn via_agent(
@@ -294,7 +279,7 @@ fn via_agent(
         }),
         no_stdin: args.no_stdin,
         subsystem: args.subsystem,
-        ..agent_destination(args, dest)
+        ..crate::route::agent_destination(dest)
     };
     // Raw mode while a remote terminal is attached; restored on drop.
     let stdin_tty = std::io::stdin().is_terminal();
@@ -314,43 +299,12 @@ fn via_agent(
         Box::new(|| None)
     };
     let input = typed.as_ref().map(std::os::fd::AsFd::as_fd);
-    agent_answer(skiff_agent::client::exec(
+    crate::route::exit_status(skiff_agent::client::exec(
         wire,
         true,
         input,
         &mut *poll_resize,
     ))
-}
-
-/// The exit status an agent's answer gives (its failure printed), or
-/// `None` when the command should connect directly instead: no agent, or
-/// one that defers to a person.
-pub fn agent_answer(outcome: skiff_agent::client::Outcome) -> Option<i32> {
-    use skiff_agent::client::Outcome;
-    use skiff_proto::agent_wire::Reply;
-    match outcome {
-        Outcome::Reply(Reply::Exit { code }) => Some(code),
-        // The agent's words are often a server's.
-        Outcome::Reply(Reply::Failed { message, .. }) => {
-            eprintln!("skiff: {}", one_line(&message));
-            Some(255)
-        }
-        Outcome::Reply(Reply::NeedsUser { message }) => {
-            tracing::debug!(
-                "agent defers to a direct connection: {}",
-                one_line(&message)
-            );
-            None
-        }
-        Outcome::Reply(other) => {
-            eprintln!("skiff: unexpected reply from the agent: {other:?}");
-            Some(255)
-        }
-        Outcome::Unavailable(why) => {
-            tracing::debug!("not using the agent: {why}");
-            None
-        }
-    }
 }
 
 /// What the configuration says about the session, as ssh applies it:

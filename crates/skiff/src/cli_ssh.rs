@@ -230,11 +230,11 @@ fn forward_via_agent(inv: &Invocation, host: &str, port: u16) -> Option<i32> {
         return None;
     }
     let wire = skiff_proto::agent_wire::ForwardWire {
-        base: cli_exec::agent_destination(inv, &cli_exec::destination(inv)),
+        base: crate::route::agent_destination(&cli_exec::destination(inv)),
         to_host: host.to_string(),
         to_port: port,
     };
-    cli_exec::agent_answer(skiff_agent::client::forward(wire, true))
+    crate::route::exit_status(skiff_agent::client::forward(wire, true))
 }
 
 /// `-W host:port` on a connection of its own.

@@ -181,8 +181,7 @@ pub(crate) fn plane_of(args: &CpArgs) -> PlaneOptions {
 
 /// Whether to copy through the agent: not with `--no-agent` or SKIFF_AGENT=off.
 pub(crate) fn agent_wanted(args: &CpArgs) -> bool {
-    !args.no_agent
-        && !std::env::var("SKIFF_AGENT").is_ok_and(|v| matches!(v.as_str(), "off" | "no" | "0"))
+    crate::route::agent_allowed(args.no_agent)
 }
 
 /// How a copy ended, short of an error.

@@ -5,7 +5,6 @@
 
 use skiff_engine::copy::{CopyJob, CopyReport, NoProgress, Progress};
 use skiff_engine::{Connection, Destination, ErrorKind, SkiffError};
-use skiff_proto::terminal_text::one_line;
 
 use super::plan::Plan;
 use super::progress::Bar;
@@ -170,35 +169,23 @@ pub(crate) async fn via_agent(
             .unwrap_or(skiff_agent::client::Outcome::Unavailable(
                 "agent thread ended".into(),
             ));
-        use skiff_agent::client::Outcome;
+        use crate::route::{self, Answer};
         use skiff_proto::agent_wire::Reply;
-        match (copied, outcome) {
+        match (copied, route::answer(outcome)) {
             (Ok(report), _) => return Some(Ok(report)),
-            (Err(_), Outcome::Reply(Reply::NeedsUser { message })) => {
-                tracing::debug!(
-                    "agent defers to a direct connection: {}",
-                    one_line(&message)
-                );
-                return None;
-            }
-            (Err(_), Outcome::Unavailable(why)) => {
-                tracing::debug!("not using the agent: {why}");
-                return None;
-            }
-            (Err(_), Outcome::Reply(Reply::Failed { kind, .. }))
-                if skiff_agent::kind_from_wire(kind) == ErrorKind::Refused && name != "sftp" =>
+            (Err(_), Answer::Direct) => return None,
+            (Err(_), Answer::Agent(Reply::Failed { kind, .. }))
+                if route::refused(kind) && name != "sftp" =>
             {
                 tracing::debug!("{host}: no skiff data plane through the agent; using SFTP");
                 continue;
             }
-            (Err(e), Outcome::Reply(Reply::Failed { message, kind }))
-                if e.kind == ErrorKind::Connect
-                    || skiff_agent::kind_from_wire(kind) == ErrorKind::Refused =>
+            (Err(e), Answer::Agent(Reply::Failed { message, kind }))
+                if e.kind == ErrorKind::Connect || route::refused(kind) =>
             {
                 // Our end is the agent's channel: when it gave out, or the
                 // server refused to start the subsystem, the agent knows why.
-                let kind = skiff_agent::kind_from_wire(kind);
-                return Some(Err(SkiffError::new(kind, message)));
+                return Some(Err(route::failure(kind, message)));
             }
             (Err(e), _) => return Some(Err(e)),
         }
@@ -206,28 +193,12 @@ pub(crate) async fn via_agent(
     None
 }
 
-/// What the agent needs to reach the destination as this process would.
+/// The agent request that starts `subsystem` at the destination.
 fn agent_wire(dest: &Destination, subsystem: &str) -> skiff_proto::agent_wire::ExecWire {
-    let absolute = |p: &std::path::Path| {
-        if p.as_os_str() == "none" {
-            return "none".to_string();
-        }
-        std::path::absolute(p)
-            .unwrap_or_else(|_| p.to_path_buf())
-            .display()
-            .to_string()
-    };
     skiff_proto::agent_wire::ExecWire {
-        host: dest.host.clone(),
-        user: dest.user.clone(),
-        port: dest.port,
-        identity_files: dest.identity_files.iter().map(|p| absolute(p)).collect(),
-        config_file: dest.config_file.as_deref().map(absolute),
-        options: dest.options.clone(),
         command: subsystem.to_string(),
-        client_env: skiff_engine::settings::ClientEnv::from_process().vars,
         subsystem: true,
-        ..Default::default()
+        ..crate::route::agent_destination(dest)
     }
 }
 
