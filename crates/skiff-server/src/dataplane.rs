@@ -22,7 +22,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::handler::ServerState;
+use crate::config::Settings;
 
 /// How long a stream token stays valid.
 const TOKEN_LIFETIME: Duration = Duration::from_secs(30);
@@ -115,11 +115,35 @@ pub fn relay_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((a, b))
 }
 
+/// What a relay applies of the server's settings: whether the data plane
+/// is on (`DataPlane`) and where it may run unencrypted
+/// (`DataPlaneUnencrypted`).
+#[derive(Debug, Clone, Copy)]
+pub struct RelayPolicy {
+    pub data_plane: bool,
+    pub unencrypted_data_plane: crate::config::UnencryptedPolicy,
+}
+
+impl RelayPolicy {
+    pub fn of(settings: &Settings) -> RelayPolicy {
+        RelayPolicy {
+            data_plane: settings.data_plane,
+            unencrypted_data_plane: settings.unencrypted_data_plane,
+        }
+    }
+}
+
 /// Serves one transfer process's requests until it exits: applies the
-/// server's policy to the mode the client asked for and issues tokens.
-pub fn spawn_relay(state: Arc<ServerState>, ours: OwnedFd, peer: SocketAddr, local: SocketAddr) {
+/// server's policy to the mode the client asked for and issues tokens
+/// from `registry`.
+pub fn spawn_relay(
+    settings: RelayPolicy,
+    registry: Arc<Registry>,
+    ours: OwnedFd,
+    peer: SocketAddr,
+    local: SocketAddr,
+) {
     tokio::spawn(async move {
-        let (settings, registry) = (&state.settings, &state.registry);
         // SAFETY: the AsyncFd owns the descriptor for as long as it is registered.
         let relay = match unsafe { AsyncFd::register(ours) } {
             Ok(fd) => Arc::new(fd),

@@ -3,9 +3,15 @@
 //!
 //! [`serve`] binds the listeners and runs until the process ends. The pieces:
 //! [`config`] (settings and their file format), [`hostkey`] (host keys),
-//! [`account`] (who may log in), [`lookup_command`] (`AuthorizedKeysCommand`, `AuthorizedPrincipalsCommand`), `handler` (authentication and sessions) and
-//! `process` (starting commands as the account, with pipes or a pty), on top
-//! of `spawn` (a vfork-style process start that can drop privileges).
+//! [`account`] (who may log in), [`lookup_command`]
+//! (`AuthorizedKeysCommand`, `AuthorizedPrincipalsCommand`), `handler` (one
+//! connection: russh's callbacks, each handed to `handler::auth` for
+//! authentication, `handler::session` for starting sessions,
+//! `handler::session_io` for a started session's I/O and flow control, or
+//! `handler::forwarding_requests`), `server_state` (what all connections
+//! share) and `process` (starting commands as the account, with pipes or a
+//! pty), on top of `spawn` (a vfork-style process start that can drop
+//! privileges).
 //! [`account_policy`] is what makes an account usable (locks, expiry,
 //! shells that run nothing, `/etc/nologin`); `pty_owner` hands a session's
 //! terminal to the account and back.
@@ -46,6 +52,7 @@ mod peer_hangup;
 mod process;
 mod pty_owner;
 pub mod queue_budget;
+mod server_state;
 pub mod session_env;
 pub mod sftp;
 mod spawn;

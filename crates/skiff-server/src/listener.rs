@@ -18,8 +18,9 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::config::Settings;
 use crate::dataplane::Sniffed;
 use crate::descriptors::Descriptors;
-use crate::handler::{ConnectionHandler, ServerState};
+use crate::handler::ConnectionHandler;
 use crate::hostkey::HostIdentity;
+use crate::server_state::ServerState;
 use crate::startups::{Pending, Refusal, Startups};
 
 /// The russh server configuration for these settings and host keys.

@@ -1,0 +1,773 @@
+//! Who a connection logs in as (OpenSSH's auth2-pubkey.c and
+//! auth2-pubkeyfile.c): the `Banner`, then public keys and user
+//! certificates. Every request starts with the account (`crate::account`,
+//! the access rules of [`crate::access`]) and the settings of its login
+//! (`Match` blocks); the candidate keys come from the account's
+//! `AuthorizedKeysFile` entries (read through `crate::account_files`) and
+//! `AuthorizedKeysCommand`; a certificate needs a CA (`TrustedUserCAKeys`
+//! or a `cert-authority` line) and, where configured, a principal from
+//! `AuthorizedPrincipalsFile` or `AuthorizedPrincipalsCommand`.
+//! `PubkeyAcceptedAlgorithms`, `RequiredRSASize` and `RevokedKeys` refuse a
+//! key before any entry is looked at. A login that succeeds is recorded as
+//! [`Authenticated`], with `ForceCommand` and `PermitTTY` applied to its
+//! options once; `PermitRootLogin forced-commands-only` and `/etc/nologin`
+//! can still refuse it.
+//!
+//! Not here: the file formats and the certificate rules
+//! (`skiff_proto::authorized_keys`, `skiff_proto::user_cert`), running the
+//! lookup commands ([`crate::lookup_command`]), and what a login may do once
+//! in (`session`, `forwarding_requests`).
+
+use std::sync::Arc;
+
+use russh::keys::ssh_key::certificate::CertType;
+use russh::keys::{Certificate, PublicKey};
+use russh::server::{Auth, PublicKeyOffer, Session, VerifiedPublicKey};
+use skiff_proto::authorized_keys::{
+    self, AuthorizedKey, AuthorizedPrincipal, KeyOptions, RevokedKeys,
+};
+use skiff_proto::user_cert;
+
+use super::ConnectionHandler;
+use crate::account::{self, Account};
+use crate::config::Settings;
+
+/// The outcome of a successful authentication.
+pub(super) struct Authenticated {
+    pub(super) account: Account,
+    pub(super) options: KeyOptions,
+    /// How it authenticated, as `ExposeAuthInfo` writes it
+    /// (`publickey KEYTYPE BASE64`).
+    pub(super) credential: String,
+    /// `ForceCommand internal-sftp` is in force: skiffd's SFTP server runs
+    /// directly, not through the account's shell.
+    pub(super) forced_internal_sftp: bool,
+}
+
+/// A usable account and the keys its authorized_keys file admits.
+pub(super) type UserKeys = (Account, Vec<AuthorizedKey>);
+
+impl ConnectionHandler {
+    /// The account `user` names, if it may log in at all from this peer
+    /// (see [`account::lookup`] and [`crate::access`]).
+    fn admissible_account(&mut self, user: &str) -> Result<Account, String> {
+        let acct = account::lookup(user).map_err(|r| r.to_string())?;
+        self.enter_login_settings(&acct);
+        let access = &self.settings().access;
+        let groups = if access.allow_groups.is_empty() && access.deny_groups.is_empty() {
+            Vec::new()
+        } else {
+            group_names(&acct)
+        };
+        match access.refusal(user, acct.uid, &groups, self.peer.ip()) {
+            Some(why) => Err(why),
+            None => Ok(acct),
+        }
+    }
+
+    /// Puts the settings of a login as `acct` in force, working them out
+    /// once per account name.
+    fn enter_login_settings(&mut self, acct: &Account) {
+        if self
+            .effective
+            .as_ref()
+            .is_some_and(|(name, _)| *name == acct.name)
+        {
+            return;
+        }
+        self.effective = Some((acct.name.clone(), self.login_settings(acct)));
+    }
+
+    /// The settings that apply to a login as `acct`: the server's, with
+    /// its matching `Match` blocks on top (`None`: the server's as they are).
+    fn login_settings(&self, acct: &Account) -> Option<Arc<Settings>> {
+        let global = &self.state.settings;
+        if global.matches.is_empty() {
+            return None;
+        }
+        let groups = group_names(acct);
+        let ctx = crate::match_block::MatchContext {
+            user: &acct.name,
+            groups: &groups,
+            peer: self.peer.ip(),
+            local: self.local.ip(),
+            local_port: self.local.port(),
+        };
+        global.for_login(&ctx).map(Arc::new)
+    }
+
+    /// Why `user` may not sign in with a key whose signature algorithm is
+    /// one of `names`: none of them is in the login's
+    /// `PubkeyAcceptedAlgorithms` (which never holds RSA with SHA-1).
+    fn algorithm_refusal(&mut self, user: &str, names: &[&str]) -> Option<String> {
+        // The account's Match blocks may narrow the list: prepare_candidate
+        // has put its settings in force.
+        debug_assert!(self.candidate.as_ref().is_some_and(|(u, _)| u == user));
+        let accepted = &self.settings().pubkey_algorithms;
+        if names.iter().any(|n| accepted.iter().any(|a| a == n)) {
+            None
+        } else {
+            Some(format!(
+                "{} is not among PubkeyAcceptedAlgorithms",
+                names.join(" or ")
+            ))
+        }
+    }
+
+    /// Loads (once per user name) the account and its authorized keys,
+    /// the files read off the async workers ([`crate::account_files`]).
+    /// Every authentication request starts here.
+    async fn prepare_candidate(&mut self, user: &str) {
+        if self.candidate.as_ref().map(|(u, _)| u.as_str()) == Some(user) {
+            return;
+        }
+        let loaded = match self.admissible_account(user) {
+            Ok(acct) => {
+                // Every file `AuthorizedKeysFile` names, in order; `none`
+                // names none.
+                let templates = self.settings().authorized_keys.clone();
+                let strict_modes = self.state.settings.strict_modes;
+                let mut keys = Vec::new();
+                for t in templates.split_whitespace().filter(|t| *t != "none") {
+                    let path = authorized_keys_path(t, &acct);
+                    let parse = authorized_keys::parse;
+                    keys.extend(crate::account_files::load(path, &acct, strict_modes, parse).await);
+                }
+                Some((acct, keys))
+            }
+            Err(why) => {
+                tracing::info!(peer = %self.peer, user, "refusing login: {why}");
+                None
+            }
+        };
+        self.candidate = Some((user.to_string(), loaded));
+    }
+
+    /// The account `user` names and its authorized keys, as
+    /// [`Self::prepare_candidate`] loaded them; `None` when the account may
+    /// not log in (or was not prepared).
+    fn load_candidate(&self, user: &str) -> Option<&UserKeys> {
+        self.candidate
+            .as_ref()
+            .filter(|(u, _)| u == user)
+            .and_then(|(_, c)| c.as_ref())
+    }
+
+    /// The entries `AuthorizedKeysCommand` prints for `user` and `key`
+    /// (none without the command, or when the account's file already lists
+    /// the key). Run once per user and key on a connection: the probe and
+    /// the signed request share the answer.
+    async fn command_keys(&mut self, user: &str, key: &PublicKey) -> Vec<AuthorizedKey> {
+        let Some(command) = self.state.keys_command.clone() else {
+            return Vec::new();
+        };
+        let Ok(blob) = key.to_bytes() else {
+            return Vec::new();
+        };
+        if let Some((u, b, keys)) = &self.command_answer {
+            if u == user && *b == blob {
+                return keys.clone();
+            }
+        }
+        let key_type = key.algorithm().as_str().to_string();
+        let Some((acct, file_keys)) = self.load_candidate(user) else {
+            return Vec::new();
+        };
+        if authorized_keys::find(file_keys, &key_type, &blob).is_some() {
+            return Vec::new();
+        }
+        let acct = acct.clone();
+        let openssh = key.to_openssh().unwrap_or_default();
+        let base64 = openssh.split_whitespace().nth(1).unwrap_or_default();
+        let fingerprint = key.fingerprint(russh::keys::HashAlg::Sha256).to_string();
+        let home = acct.home.to_string_lossy().into_owned();
+        let tokens = crate::lookup_command::Tokens {
+            user: &acct.name,
+            home: &home,
+            uid: acct.uid,
+            key_type: &key_type,
+            key_base64: base64,
+            fingerprint: &fingerprint,
+            certificate: None,
+        };
+        let keys = command.keys(&acct, &tokens).await;
+        self.command_answer = Some((user.to_string(), blob, keys.clone()));
+        keys
+    }
+
+    /// The principals `AuthorizedPrincipalsCommand` prints for `user` and
+    /// `certificate`; `None` without the command or the account.
+    async fn command_principals(
+        &mut self,
+        user: &str,
+        certificate: &Certificate,
+    ) -> Option<Vec<AuthorizedPrincipal>> {
+        let command = self.state.principals_command.clone()?;
+        let acct = self.load_candidate(user)?.0.clone();
+        let openssh = certificate.to_openssh().unwrap_or_default();
+        let mut fields = openssh.split_whitespace();
+        let (cert_type, cert_base64) = (
+            fields.next().unwrap_or_default(),
+            fields.next().unwrap_or_default(),
+        );
+        let key = PublicKey::from(certificate.public_key().clone());
+        let ca = PublicKey::from(certificate.signature_key().clone());
+        let ca_openssh = ca.to_openssh().unwrap_or_default();
+        let ca_base64 = ca_openssh.split_whitespace().nth(1).unwrap_or_default();
+        let sha256 = russh::keys::HashAlg::Sha256;
+        let (fingerprint, ca_fingerprint) = (
+            key.fingerprint(sha256).to_string(),
+            ca.fingerprint(sha256).to_string(),
+        );
+        let home = acct.home.to_string_lossy().into_owned();
+        let ca_type = ca.algorithm();
+        let tokens = crate::lookup_command::Tokens {
+            user: &acct.name,
+            home: &home,
+            uid: acct.uid,
+            key_type: cert_type,
+            key_base64: cert_base64,
+            fingerprint: &fingerprint,
+            certificate: Some(crate::lookup_command::CertificateTokens {
+                key_id: certificate.key_id(),
+                serial: certificate.serial(),
+                ca_type: ca_type.as_str(),
+                ca_base64,
+                ca_fingerprint: &ca_fingerprint,
+            }),
+        };
+        Some(command.principals(&acct, &tokens).await)
+    }
+
+    /// The authorized_keys entry (from the account's file, else from
+    /// `command_keys`) that admits `key` from this peer now, if any.
+    async fn admitting_entry(
+        &mut self,
+        user: &str,
+        key: &PublicKey,
+        command_keys: &[AuthorizedKey],
+    ) -> Option<(Account, KeyOptions)> {
+        let blob = key.to_bytes().ok()?;
+        // The account first: its settings (Match blocks) say which
+        // RevokedKeys applies.
+        self.load_candidate(user)?;
+        if let Some(why) = self.rsa_too_small(&blob) {
+            tracing::info!(peer = %self.peer, user, "key refused: {why}");
+            return None;
+        }
+        let revoked_keys = self.settings().revoked_keys.clone();
+        if let Some(why) = revoked(revoked_keys, |list| list.revokes_key(&blob)).await {
+            tracing::info!(peer = %self.peer, user, "key refused: {why}");
+            return None;
+        }
+        let key_type = key.algorithm().as_str().to_string();
+        let peer_ip = self.peer.ip();
+        let peer = self.peer;
+        let (acct, keys) = self.load_candidate(user)?;
+        let entry = authorized_keys::find(keys, &key_type, &blob)
+            .or_else(|| authorized_keys::find(command_keys, &key_type, &blob))?;
+        let opts = &entry.options;
+        if let Some(from) = &opts.from {
+            if !authorized_keys::from_allows(from, peer_ip, None) {
+                tracing::info!(%peer, user, line = entry.line, "key refused: from= does not allow {peer_ip}");
+                return None;
+            }
+        }
+        if authorized_keys::is_expired(opts, unix_now(), local_utc_offset()) {
+            tracing::info!(%peer, user, line = entry.line, "key refused: expiry-time has passed");
+            return None;
+        }
+        Some((acct.clone(), opts.clone()))
+    }
+
+    /// Records a successful login (a key or a certificate) as `account`,
+    /// whose sessions run under `options`.
+    fn logged_in(&mut self, account: Account, mut options: KeyOptions, credential: String) -> Auth {
+        self.enter_login_settings(&account);
+        if account.uid == 0
+            && self.settings().access.root_login == crate::access::RootLogin::ForcedCommandsOnly
+            && options.command.is_none()
+        {
+            tracing::info!(peer = %self.peer, user = %account.name,
+                "refusing login: PermitRootLogin forced-commands-only, and the key forces no command");
+            return publickey_only();
+        }
+        if crate::account_policy::nologin_applies(account.uid) {
+            let path = std::path::Path::new(crate::account_policy::NOLOGIN_FILE);
+            if let Some(notice) = crate::account_policy::read_nologin(path) {
+                tracing::info!(peer = %self.peer, user = %account.name,
+                    "refusing login: {} exists (only root may log in)", path.display());
+                // russh can send a reason only once the login is accepted:
+                // auth_succeeded disconnects at once, before any channel.
+                self.nologin_refusal = Some(notice);
+                self.candidate = None;
+                return Auth::Accept;
+            }
+        }
+        // The server's ForceCommand wins over the key's command=, and
+        // PermitTTY no over its pty permission, as in sshd.
+        let settings = self.settings();
+        let forced_internal_sftp = settings.force_command.as_deref() == Some("internal-sftp");
+        if let Some(forced) = &settings.force_command {
+            options.command = Some(match (forced.as_str(), &settings.sftp_command) {
+                ("internal-sftp", Some(sftp)) => sftp.clone(),
+                _ => forced.clone(),
+            });
+        }
+        options.no_pty |= !settings.permit_tty;
+        self.auth = Some(Authenticated {
+            account,
+            options,
+            credential,
+            forced_internal_sftp,
+        });
+        self.candidate = None;
+        self.session_rtt = self.probe_answered.take().map(|t| t.elapsed());
+        self.authenticated_flag.send_replace(true);
+        Auth::Accept
+    }
+
+    /// Why an RSA key is too small under `RequiredRSASize`.
+    fn rsa_too_small(&self, blob: &[u8]) -> Option<String> {
+        let bits = skiff_proto::known_hosts::rsa_modulus_bits(blob)?;
+        let required = self.settings().required_rsa_size;
+        (bits < required)
+            .then(|| format!("RSA key of {bits} bits, fewer than RequiredRSASize ({required})"))
+    }
+
+    /// Whether some CA may sign certificates for `user`: `TrustedUserCAKeys`
+    /// (then for every user name, existing or not, so that the answer to a
+    /// probe says nothing about which accounts exist), or a `cert-authority`
+    /// line in the account's authorized_keys.
+    fn trusts_a_user_ca(&mut self, user: &str) -> bool {
+        if self.state.settings.trusted_user_ca_keys.is_some() {
+            return true;
+        }
+        let own_ca = self
+            .load_candidate(user)
+            .is_some_and(|(_, keys)| keys.iter().any(|k| k.options.cert_authority));
+        // A Match block may trust a CA for this login only.
+        own_ca || (self.candidate_loaded(user) && self.settings().trusted_user_ca_keys.is_some())
+    }
+
+    /// Whether `user`'s account was found usable (and [`Self::settings`]
+    /// are its settings).
+    fn candidate_loaded(&self, user: &str) -> bool {
+        self.candidate
+            .as_ref()
+            .is_some_and(|(u, c)| u == user && c.is_some())
+    }
+
+    /// The `Banner` file, shown before authentication.
+    pub(super) fn banner(&mut self) -> Result<Option<String>, russh::Error> {
+        let Some(path) = &self.state.settings.banner else {
+            return Ok(None);
+        };
+        // At most 64 KiB, as text: a banner is a notice, not a transfer.
+        match std::fs::read(path) {
+            Ok(bytes) => {
+                let text = String::from_utf8_lossy(&bytes[..bytes.len().min(64 * 1024)]);
+                Ok(Some(text.into_owned()))
+            }
+            Err(e) => {
+                tracing::warn!("cannot read Banner {}: {e}", path.display());
+                Ok(None)
+            }
+        }
+    }
+
+    /// Once a login is accepted: ends the connection of one that
+    /// `/etc/nologin` refused (see [`Self::logged_in`]).
+    pub(super) fn disconnect_if_nologin(
+        &mut self,
+        session: &mut Session,
+    ) -> Result<(), russh::Error> {
+        // A login `/etc/nologin` refuses: its notice is the reason given,
+        // as sshd gives PAM's, and no channel is ever served (no account is
+        // set). ssh shows it as "Received disconnect from ...: NOTICE".
+        if let Some(notice) = self.nologin_refusal.take() {
+            session.disconnect(russh::Disconnect::NoMoreAuthMethodsAvailable, &notice, "en")?;
+        }
+        Ok(())
+    }
+
+    /// Answers a probe ("would this key do?"): `PK_OK` for a key the
+    /// account admits, or any key where a CA is trusted.
+    pub(super) async fn key_offered(
+        &mut self,
+        user: &str,
+        offer: PublicKeyOffer<'_>,
+    ) -> Result<Auth, russh::Error> {
+        self.prepare_candidate(user).await;
+        if let Some(why) = self.algorithm_refusal(user, &[offer.algorithm.as_str()]) {
+            tracing::info!(peer = %self.peer, user, "refusing the key: {why}");
+            return Ok(publickey_only());
+        }
+        let command_keys = self.command_keys(user, offer.public_key).await;
+        let admitted = self
+            .admitting_entry(user, offer.public_key, &command_keys)
+            .await
+            .is_some()
+            // russh does not say whether a probe is for a certificate, so
+            // where a CA is trusted every key may go on to sign: the signed
+            // request is judged in full (auth_publickey or
+            // auth_openssh_certificate).
+            || self.trusts_a_user_ca(user);
+        Ok(if admitted {
+            self.probe_answered = Some(std::time::Instant::now());
+            Auth::Accept
+        } else {
+            publickey_only()
+        })
+    }
+
+    /// Judges a signed request with a user certificate.
+    pub(super) async fn certificate_login(
+        &mut self,
+        user: &str,
+        certificate: &Certificate,
+    ) -> Result<Auth, russh::Error> {
+        // russh has checked the CA's signature over the certificate, its
+        // validity period and the client's signature with its key.
+        let peer = self.peer;
+        // The account first: its settings (Match blocks) say which CAs,
+        // principals and revocations apply.
+        self.prepare_candidate(user).await;
+        if self.load_candidate(user).is_none() {
+            return Ok(publickey_only());
+        }
+        let cert_algorithms = certificate_algorithms(certificate.algorithm());
+        let names: Vec<&str> = cert_algorithms.iter().map(String::as_str).collect();
+        if let Some(why) = self.algorithm_refusal(user, &names) {
+            tracing::info!(%peer, user, id = certificate.key_id(), "certificate refused: {why}");
+            return Ok(publickey_only());
+        }
+        let Ok(ca_blob) =
+            russh::keys::PublicKey::from(certificate.signature_key().clone()).to_bytes()
+        else {
+            return Ok(publickey_only());
+        };
+        let Ok(key_blob) = PublicKey::from(certificate.public_key().clone()).to_bytes() else {
+            return Ok(publickey_only());
+        };
+        let cert = skiff_proto::krl::CertificateRef {
+            ca_key: &ca_blob,
+            serial: certificate.serial(),
+            key_id: certificate.key_id(),
+        };
+        if let Some(why) = self.rsa_too_small(&key_blob) {
+            tracing::info!(%peer, user, id = certificate.key_id(), "certificate refused: {why}");
+            return Ok(publickey_only());
+        }
+        let revoked_keys = self.settings().revoked_keys.clone();
+        if let Some(why) = revoked(revoked_keys, |list| {
+            list.revokes_certificate(&key_blob, &cert)
+        })
+        .await
+        {
+            tracing::info!(%peer, user, id = certificate.key_id(), "certificate refused: {why}");
+            return Ok(publickey_only());
+        }
+        let command_principals = self.command_principals(user, certificate).await;
+        let trusted = trusted_user_cas(self.settings().trusted_user_ca_keys.clone()).await;
+        let principals_template = self.settings().authorized_principals_file.clone();
+        let ca_signatures = self.settings().ca_signature_algorithms.clone();
+        let strict_modes = self.state.settings.strict_modes;
+        let principals_file = match (principals_template, self.load_candidate(user)) {
+            (Some(template), Some((account, _))) => {
+                let path = authorized_keys_path(&template, account);
+                let account = account.clone();
+                let parse = authorized_keys::parse_principals;
+                Some(crate::account_files::load(path, &account, strict_modes, parse).await)
+            }
+            _ => None,
+        };
+        let Some((account, keys)) = self.load_candidate(user) else {
+            return Ok(publickey_only());
+        };
+        // With either set, the certificate must carry a principal one lists.
+        let principals = match (principals_file, command_principals) {
+            (None, None) => None,
+            (file, command) => Some(
+                file.into_iter()
+                    .flatten()
+                    .chain(command.into_iter().flatten())
+                    .collect::<Vec<_>>(),
+            ),
+        };
+        let ca_key_type = certificate.signature_key().algorithm();
+        let critical: Vec<(String, String)> = certificate
+            .critical_options()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let extensions: Vec<String> = certificate.extensions().keys().cloned().collect();
+        let signature_algorithm = certificate.signature().algorithm();
+        let view = user_cert::UserCertificate {
+            is_user_certificate: certificate.cert_type() == CertType::User,
+            key_id: certificate.key_id(),
+            principals: certificate.valid_principals(),
+            critical_options: &critical,
+            extensions: &extensions,
+            ca_key_type: ca_key_type.as_str(),
+            ca_blob: &ca_blob,
+            signature_algorithm: signature_algorithm.as_str(),
+        };
+        match user_cert::admit(
+            keys,
+            &trusted,
+            principals.as_deref(),
+            user,
+            &view,
+            &ca_signatures,
+            peer.ip(),
+            unix_now(),
+            local_utc_offset(),
+        ) {
+            Ok((options, authority)) => {
+                tracing::info!(%peer, user, id = certificate.key_id(), serial = certificate.serial(),
+                    ca = %certificate.signature_key().fingerprint(Default::default()),
+                    via = ?authority, "accepted certificate");
+                let account = account.clone();
+                let credential = credential_line(certificate.to_openssh());
+                Ok(self.logged_in(account, options, credential))
+            }
+            Err(why) => {
+                tracing::info!(%peer, user, "certificate refused: {why}");
+                Ok(publickey_only())
+            }
+        }
+    }
+
+    /// Judges a signed request with a plain public key.
+    pub(super) async fn key_login(
+        &mut self,
+        user: &str,
+        key: VerifiedPublicKey<'_>,
+    ) -> Result<Auth, russh::Error> {
+        self.prepare_candidate(user).await;
+        if let Some(why) = self.algorithm_refusal(user, &[key.algorithm.as_str()]) {
+            tracing::info!(peer = %self.peer, user, "refusing the key: {why}");
+            return Ok(publickey_only());
+        }
+        let command_keys = self.command_keys(user, key.public_key).await;
+        match self
+            .admitting_entry(user, key.public_key, &command_keys)
+            .await
+        {
+            Some((account, options)) => {
+                tracing::info!(peer = %self.peer, user, key = %key.public_key.fingerprint(Default::default()),
+                    "accepted publickey");
+                let credential = credential_line(key.public_key.to_openssh());
+                Ok(self.logged_in(account, options, credential))
+            }
+            None => Ok(publickey_only()),
+        }
+    }
+}
+
+/// User signatures skiffd accepts: ed25519, ecdsa, rsa-sha2-256/512. Plain
+/// `ssh-rsa` means SHA-1 and is refused (OpenSSH refuses it by default too).
+/// The `PubkeyAcceptedAlgorithms` names a user certificate of this key
+/// type may be signed in with: for RSA, either SHA-2 variant.
+fn certificate_algorithms(key: russh::keys::Algorithm) -> Vec<String> {
+    match key {
+        russh::keys::Algorithm::Rsa { .. } => vec![
+            "rsa-sha2-512-cert-v01@openssh.com".into(),
+            "rsa-sha2-256-cert-v01@openssh.com".into(),
+        ],
+        other => vec![format!("{}-cert-v01@openssh.com", other.as_str())],
+    }
+}
+
+/// `publickey KEYTYPE BASE64` from a key's (or certificate's) OpenSSH
+/// public form, without its comment.
+fn credential_line(openssh: Result<String, russh::keys::ssh_key::Error>) -> String {
+    let text = openssh.unwrap_or_default();
+    let mut fields = text.split_whitespace();
+    match (fields.next(), fields.next()) {
+        (Some(kind), Some(blob)) => format!("publickey {kind} {blob}\n"),
+        _ => "publickey\n".to_string(),
+    }
+}
+
+pub(super) fn publickey_only() -> Auth {
+    let mut methods = russh::MethodSet::empty();
+    methods.push(russh::MethodKind::PublicKey);
+    Auth::Reject {
+        proceed_with_methods: Some(methods),
+        partial_success: false,
+    }
+}
+
+/// Expands `%h`, `%u` and `%%` in the authorized_keys path template.
+pub fn authorized_keys_path(template: &str, acct: &Account) -> String {
+    let mut out = String::new();
+    let mut chars = template.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('h') => out.push_str(&acct.home.to_string_lossy()),
+            Some('u') => out.push_str(&acct.name),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    if !out.starts_with('/') {
+        // sshd reads relative paths from the home directory.
+        out = format!("{}/{}", acct.home.to_string_lossy(), out);
+    }
+    out
+}
+
+/// Why a key (or certificate) may not be used, as `is_revoked` says of
+/// the `RevokedKeys` file at `path`: it is listed, or the file cannot be
+/// read (then no key may be used, as with sshd). Read at every check, off
+/// the async workers ([`crate::account_files`]), so that a revocation takes
+/// effect at once.
+async fn revoked(
+    path: Option<std::path::PathBuf>,
+    is_revoked: impl Fn(&RevokedKeys) -> bool,
+) -> Option<String> {
+    use crate::account_files::{clip, read_server_file, REVOKED_KEYS_MAX_BYTES};
+    let path = path?;
+    let label = path.display().to_string();
+    let bytes = match read_server_file(&path, REVOKED_KEYS_MAX_BYTES).await {
+        Ok(b) => b,
+        Err(e) => {
+            let label = clip(&label);
+            tracing::error!("cannot read RevokedKeys {label}: {e}; refusing every key");
+            return Some(format!("RevokedKeys {label} cannot be read"));
+        }
+    };
+    match authorized_keys::parse_revoked_keys(&label, &bytes) {
+        Ok((revoked, warnings)) => {
+            for w in warnings {
+                tracing::warn!("{}", clip(&w.to_string()));
+            }
+            is_revoked(&revoked).then(|| format!("revoked in {}", clip(&label)))
+        }
+        Err(e) => {
+            tracing::error!("{}; refusing every key", clip(&e.to_string()));
+            Some(format!("RevokedKeys {} is unusable", clip(&label)))
+        }
+    }
+}
+
+/// The server's `TrustedUserCAKeys` at `path`, read now (so a changed file
+/// takes effect at the next login, as authorized_keys does), off the async
+/// workers.
+async fn trusted_user_cas(path: Option<std::path::PathBuf>) -> Vec<AuthorizedKey> {
+    let Some(path) = path else {
+        return Vec::new();
+    };
+    match crate::account_files::load_server_list(&path, authorized_keys::parse).await {
+        Ok(keys) => keys,
+        Err(e) => {
+            let label = crate::account_files::clip(&path.display().to_string());
+            tracing::warn!("cannot read TrustedUserCAKeys {label}: {e}");
+            Vec::new()
+        }
+    }
+}
+
+/// The names of the account's primary and supplementary groups.
+fn group_names(acct: &Account) -> Vec<String> {
+    std::iter::once(acct.gid)
+        .chain(acct.groups.iter().copied())
+        .filter_map(|g| {
+            nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(g))
+                .ok()
+                .flatten()
+        })
+        .map(|g| g.name)
+        .collect()
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// The local timezone's offset from UTC in seconds, for `expiry-time` without `Z`.
+fn local_utc_offset() -> i64 {
+    let now = unix_now() as libc::time_t;
+    // SAFETY: localtime_r fills the tm we own.
+    unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&now, &mut tm).is_null() {
+            0
+        } else {
+            tm.tm_gmtoff
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use russh::keys::{Algorithm, EcdsaCurve, HashAlg};
+    use std::path::PathBuf;
+
+    #[test]
+    fn sha1_rsa_and_dsa_are_not_accepted_by_default() {
+        let accepted = crate::config::Settings::default().pubkey_algorithms;
+        let ok = |a: Algorithm| accepted.iter().any(|n| n == a.as_str());
+        assert!(!ok(Algorithm::Rsa { hash: None }));
+        assert!(ok(Algorithm::Rsa {
+            hash: Some(HashAlg::Sha256)
+        }));
+        assert!(ok(Algorithm::Rsa {
+            hash: Some(HashAlg::Sha512)
+        }));
+        assert!(ok(Algorithm::Ed25519));
+        assert!(ok(Algorithm::Ecdsa {
+            curve: EcdsaCurve::NistP256
+        }));
+        assert!(!ok(Algorithm::Dsa));
+        assert_eq!(
+            certificate_algorithms(Algorithm::Ed25519),
+            ["ssh-ed25519-cert-v01@openssh.com"]
+        );
+        let rsa = certificate_algorithms(Algorithm::Rsa { hash: None });
+        assert!(rsa.iter().all(|n| accepted.contains(n)), "{rsa:?}");
+    }
+
+    #[test]
+    fn authorized_keys_path_tokens() {
+        let acct = Account {
+            name: "alice".into(),
+            uid: 1000,
+            gid: 1000,
+            groups: vec![],
+            home: PathBuf::from("/home/alice"),
+            shell: PathBuf::from("/bin/sh"),
+        };
+        assert_eq!(
+            authorized_keys_path("%h/.ssh/authorized_keys", &acct),
+            "/home/alice/.ssh/authorized_keys"
+        );
+        assert_eq!(
+            authorized_keys_path("/etc/keys/%u", &acct),
+            "/etc/keys/alice"
+        );
+        assert_eq!(
+            authorized_keys_path("/etc/keys/100%%", &acct),
+            "/etc/keys/100%"
+        );
+        assert_eq!(
+            authorized_keys_path(".ssh/ak", &acct),
+            "/home/alice/.ssh/ak"
+        );
+        assert_eq!(authorized_keys_path("/shared/keys", &acct), "/shared/keys");
+    }
+}

@@ -1,0 +1,373 @@
+//! The per-connection SSH handler: public-key authentication against the
+//! account's authorized_keys (options enforced), then session channels
+//! (`exec`, `shell`, `subsystem` sftp, `pty-req`, `env`, `signal`,
+//! `window-change`) and TCP forwarding (see [`crate::forwarding`]).
+//!
+//! russh has one type answer every callback: [`ConnectionHandler`] holds
+//! what a connection keeps between messages, and its `Handler` impl here
+//! only hands each callback to the module that does the work, as OpenSSH
+//! splits its server into files:
+//!
+//! - `auth`: who logs in, and with which options (auth2-pubkey.c and
+//!   auth2-pubkeyfile.c);
+//! - `session`: session channels and their requests, up to a started
+//!   command (session.c);
+//! - `session_io`: a started session's bytes, signals, flow control and
+//!   exit, and what the connection reads for its channels (serverloop.c);
+//! - `forwarding_requests`: the client's forwarding requests, ruled on
+//!   before `crate::forwarding` carries them out.
+//!
+//! Not here: what all connections share (`crate::server_state`), and
+//! accepting connections, MaxStartups and the login grace timer
+//! (`crate::listener`).
+
+mod auth;
+mod forwarding_requests;
+mod session;
+mod session_io;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use russh::keys::Certificate;
+use russh::server::{Auth, ChannelOpenHandle, Msg, PublicKeyOffer, Session, VerifiedPublicKey};
+use russh::{Channel, ChannelId, Pty, Sig};
+use skiff_proto::authorized_keys::AuthorizedKey;
+
+use auth::{Authenticated, UserKeys};
+use session::SessionChannel;
+
+use crate::config::Settings;
+use crate::process::PtySpec;
+use crate::server_state::ServerState;
+
+pub use auth::authorized_keys_path;
+
+/// One client connection.
+pub struct ConnectionHandler {
+    state: Arc<ServerState>,
+    peer: SocketAddr,
+    local: SocketAddr,
+    /// Set once authentication succeeds; read by the login-grace timer.
+    authenticated_flag: tokio::sync::watch::Sender<bool>,
+    /// authorized_keys of the user being authenticated (cached across offers).
+    candidate: Option<(String, Option<UserKeys>)>,
+    /// The last `AuthorizedKeysCommand` answer: user, key blob, entries.
+    command_answer: Option<(String, Vec<u8>, Vec<AuthorizedKey>)>,
+    auth: Option<Authenticated>,
+    channels: HashMap<ChannelId, SessionChannel>,
+    /// A second handle on the socket, for the kernel's RTT estimate.
+    socket: Option<std::os::fd::OwnedFd>,
+    windows: skiff_proto::window::WindowGrowth,
+    /// The window the path wants (before the queue's limits shrink it).
+    desired_window: u32,
+    /// What this connection holds for its peer (`MaxConnectionQueue`).
+    queue: Arc<crate::queue_budget::ConnectionQueue>,
+    /// When a public-key probe was answered "acceptable" (`PK_OK`).
+    probe_answered: Option<std::time::Instant>,
+    /// The SSH-level round trip: from that answer to the signed request.
+    /// Unlike the kernel's RTT it spans any proxy that terminates TCP in
+    /// between (a jump host, say); it also holds the client's signing time,
+    /// which only makes windows grow sooner.
+    session_rtt: Option<std::time::Duration>,
+    /// TCP forwardings (`direct-tcpip` relays, `tcpip-forward` listeners).
+    forwards: crate::forwarding::Forwards,
+    /// The `ExposeAuthInfo` file, made at the first session.
+    auth_info: Option<crate::auth_info::AuthInfoFile>,
+    /// The account name whose login settings are in force, and those
+    /// settings when `Match` blocks change them (see [`Self::settings`]).
+    effective: Option<(String, Option<Arc<Settings>>)>,
+    /// The notice of `/etc/nologin` for a login it refuses: sent as the
+    /// reason for disconnecting once the client has proved its key.
+    nologin_refusal: Option<String>,
+}
+
+impl ConnectionHandler {
+    pub fn new(
+        state: Arc<ServerState>,
+        peer: SocketAddr,
+        local: SocketAddr,
+        authenticated_flag: tokio::sync::watch::Sender<bool>,
+    ) -> Self {
+        let queue = crate::queue_budget::ConnectionQueue::new(state.queues.clone());
+        ConnectionHandler {
+            peer,
+            local,
+            authenticated_flag,
+            candidate: None,
+            command_answer: None,
+            auth: None,
+            channels: HashMap::new(),
+            socket: None,
+            windows: skiff_proto::window::WindowGrowth::new(state.settings.max_channel_window),
+            desired_window: skiff_proto::window::INITIAL_WINDOW,
+            probe_answered: None,
+            session_rtt: None,
+            forwards: crate::forwarding::Forwards::new(queue.clone()),
+            queue,
+            auth_info: None,
+            effective: None,
+            nologin_refusal: None,
+            state,
+        }
+    }
+
+    /// Lets channel windows grow with the connection's round-trip time.
+    pub fn with_socket(mut self, socket: std::os::fd::OwnedFd) -> Self {
+        self.socket = Some(socket);
+        self
+    }
+
+    /// The settings in force: those of the login being authenticated (or
+    /// done), else the server's.
+    fn settings(&self) -> &Settings {
+        self.effective
+            .as_ref()
+            .and_then(|(_, s)| s.as_deref())
+            .unwrap_or(&self.state.settings)
+    }
+}
+
+impl russh::server::Handler for ConnectionHandler {
+    type Error = russh::Error;
+
+    async fn authentication_banner(&mut self) -> Result<Option<String>, Self::Error> {
+        self.banner()
+    }
+
+    async fn auth_succeeded(&mut self, session: &mut Session) -> Result<(), Self::Error> {
+        self.disconnect_if_nologin(session)
+    }
+
+    async fn auth_none(&mut self, _user: &str) -> Result<Auth, Self::Error> {
+        Ok(auth::publickey_only())
+    }
+
+    async fn auth_publickey_offered(
+        &mut self,
+        user: &str,
+        offer: PublicKeyOffer<'_>,
+    ) -> Result<Auth, Self::Error> {
+        self.key_offered(user, offer).await
+    }
+
+    async fn auth_openssh_certificate(
+        &mut self,
+        user: &str,
+        certificate: &Certificate,
+    ) -> Result<Auth, Self::Error> {
+        self.certificate_login(user, certificate).await
+    }
+
+    async fn auth_publickey(
+        &mut self,
+        user: &str,
+        key: VerifiedPublicKey<'_>,
+    ) -> Result<Auth, Self::Error> {
+        self.key_login(user, key).await
+    }
+
+    async fn channel_open_session(
+        &mut self,
+        channel: Channel<Msg>,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.open_session(channel, reply).await
+    }
+
+    async fn channel_open_direct_tcpip(
+        &mut self,
+        channel: Channel<Msg>,
+        host_to_connect: &str,
+        port_to_connect: u32,
+        _originator_address: &str,
+        _originator_port: u32,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.open_direct_tcpip(channel, host_to_connect, port_to_connect, reply)
+            .await
+    }
+
+    async fn channel_open_direct_streamlocal(
+        &mut self,
+        channel: Channel<Msg>,
+        socket_path: &str,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.open_direct_streamlocal(channel, socket_path, reply)
+            .await
+    }
+
+    async fn tcpip_forward(
+        &mut self,
+        address: &str,
+        port: &mut u32,
+        session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        self.listen_tcpip(address, port, session).await
+    }
+
+    async fn cancel_tcpip_forward(
+        &mut self,
+        address: &str,
+        port: u32,
+        _session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        Ok(self.forwards.cancel(address, port))
+    }
+
+    async fn streamlocal_forward(
+        &mut self,
+        socket_path: &str,
+        session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        self.listen_streamlocal(socket_path, session).await
+    }
+
+    async fn cancel_streamlocal_forward(
+        &mut self,
+        socket_path: &str,
+        _session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        Ok(self.forwards.cancel_socket(socket_path))
+    }
+
+    async fn channel_close(
+        &mut self,
+        channel: ChannelId,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.channel_closed(channel);
+        Ok(())
+    }
+
+    async fn channel_open_confirmation(
+        &mut self,
+        id: ChannelId,
+        _max_packet_size: u32,
+        _window_size: u32,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        // A channel skiffd opened (a forwarded connection, the agent): its
+        // data counts from the first packet.
+        self.queue.register(id.into());
+        Ok(())
+    }
+
+    async fn data(
+        &mut self,
+        channel: ChannelId,
+        data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.received(channel, data.len(), session).await
+    }
+
+    async fn extended_data(
+        &mut self,
+        channel: ChannelId,
+        _code: u32,
+        data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.received(channel, data.len(), session).await
+    }
+
+    fn adjust_window(&mut self, channel: ChannelId, _current: u32) -> u32 {
+        self.next_window(channel)
+    }
+
+    async fn pty_request(
+        &mut self,
+        channel: ChannelId,
+        term: &str,
+        col_width: u32,
+        row_height: u32,
+        pix_width: u32,
+        pix_height: u32,
+        modes: &[(Pty, u32)],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let spec = PtySpec {
+            term: term.to_string(),
+            cols: col_width,
+            rows: row_height,
+            pix_width,
+            pix_height,
+            modes: modes.to_vec(),
+        };
+        self.pty_requested(channel, spec, session)
+    }
+
+    async fn agent_request(
+        &mut self,
+        channel: ChannelId,
+        session: &mut Session,
+    ) -> Result<bool, Self::Error> {
+        self.agent_requested(channel, session)
+    }
+
+    async fn env_request(
+        &mut self,
+        channel: ChannelId,
+        name: &str,
+        value: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.env_requested(channel, name, value, session)
+    }
+
+    async fn exec_request(
+        &mut self,
+        channel: ChannelId,
+        data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let command = String::from_utf8_lossy(data).into_owned();
+        self.start(channel, Some(command), session, None)
+    }
+
+    async fn shell_request(
+        &mut self,
+        channel: ChannelId,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.start(channel, None, session, None)
+    }
+
+    async fn subsystem_request(
+        &mut self,
+        channel: ChannelId,
+        name: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.subsystem_requested(channel, name, session)
+    }
+
+    async fn window_change_request(
+        &mut self,
+        channel: ChannelId,
+        col_width: u32,
+        row_height: u32,
+        pix_width: u32,
+        pix_height: u32,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let size = (col_width, row_height, pix_width, pix_height);
+        self.window_changed(channel, size);
+        Ok(())
+    }
+
+    async fn signal(
+        &mut self,
+        channel: ChannelId,
+        signal: Sig,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.signal_requested(channel, signal)
+    }
+}

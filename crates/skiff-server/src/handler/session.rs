@@ -1,0 +1,546 @@
+//! Session channels up to a running command (OpenSSH's session.c): opening
+//! one (`MaxSessions`), the requests that prepare it (`pty-req`, `env`
+//! under `AcceptEnv`, `auth-agent-req`, `window-change`, `signal`) and those
+//! that start it (`exec`, `shell`, `subsystem` sftp and the skiff data
+//! plane). Starting decides the command (a forced command wins and the
+//! client's goes to `SSH_ORIGINAL_COMMAND`), its environment
+//! (`environment_for`, with [`crate::session_env`]'s rules), its jail
+//! (`ChrootDirectory`), the `ExposeAuthInfo` file and how it runs (through
+//! the account's shell, or skiffd's own SFTP server directly); an account
+//! whose shell runs nothing is answered as that shell would answer.
+//!
+//! Not here: starting the process as the account (`crate::process`),
+//! moving a started session's bytes and reporting its end (`session_io`),
+//! and the data plane's relay (`crate::dataplane`).
+
+use std::sync::Arc;
+
+use russh::server::{ChannelOpenHandle, Msg, Session};
+use russh::{Channel, ChannelId, ChannelOpenFailure, Sig};
+use skiff_proto::pattern;
+
+use super::auth::Authenticated;
+use super::session_io::{run_session_io, Control};
+use super::ConnectionHandler;
+use crate::account::Account;
+use crate::process::{self, ChildIo, PtySpec, SpawnRequest};
+use crate::session_env::Source;
+
+/// A session channel before and after its command starts.
+pub(super) struct SessionChannel {
+    /// Held until a command starts; then moved into the I/O tasks.
+    channel: Option<Channel<Msg>>,
+    env: Vec<(String, String)>,
+    pty: Option<PtySpec>,
+    /// The client asked for its agent to be forwarded to this session.
+    agent: Option<std::path::PathBuf>,
+    running: Option<Running>,
+    /// The channel's count in the connection's queue; moved into the I/O
+    /// tasks with the channel.
+    queue: Option<Arc<crate::queue_budget::ChannelQueue>>,
+}
+
+struct Running {
+    /// Signals and hang-ups go to the task that owns (and reaps) the process,
+    /// so a pid is never signalled after it was reaped and possibly reused.
+    /// Dropping the sender hangs the session up.
+    control: tokio::sync::mpsc::UnboundedSender<Control>,
+    task: tokio::task::JoinHandle<()>,
+    pty: Option<Arc<process::PtyMaster>>,
+}
+
+impl ConnectionHandler {
+    /// The `ChrootDirectory` of `account`'s login, expanded and checked;
+    /// `None` when there is none. Jailing needs root.
+    fn jail_for(&self, account: &Account) -> Result<Option<std::path::PathBuf>, String> {
+        let Some(template) = &self.settings().chroot_directory else {
+            return Ok(None);
+        };
+        if !nix::unistd::geteuid().is_root() {
+            return Err("skiffd must run as root to jail a login".into());
+        }
+        let jail = crate::chroot::expand(template, account)?;
+        crate::chroot::check(&jail)?;
+        Ok(Some(jail))
+    }
+
+    fn environment_for(
+        &self,
+        auth: &Authenticated,
+        chan: &SessionChannel,
+        original: Option<&str>,
+    ) -> Vec<(String, String)> {
+        let acct = &auth.account;
+        let path = if acct.uid == 0 {
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        } else {
+            "/usr/local/bin:/usr/bin:/bin:/usr/games"
+        };
+        let mut env: Vec<(String, String)> = chan.env.clone();
+        if self.settings().permit_user_environment {
+            env.extend(
+                auth.options
+                    .environment
+                    .iter()
+                    .filter(|(name, _)| self.env_allowed(Source::KeyOption, name))
+                    .cloned(),
+            );
+        }
+        let fixed = [
+            ("USER", acct.name.clone()),
+            ("LOGNAME", acct.name.clone()),
+            ("HOME", acct.home.to_string_lossy().into_owned()),
+            ("SHELL", acct.shell.to_string_lossy().into_owned()),
+            ("PATH", path.to_string()),
+            (
+                "SSH_CONNECTION",
+                format!(
+                    "{} {} {} {}",
+                    self.peer.ip(),
+                    self.peer.port(),
+                    self.local.ip(),
+                    self.local.port()
+                ),
+            ),
+            (
+                "SSH_CLIENT",
+                format!(
+                    "{} {} {}",
+                    self.peer.ip(),
+                    self.peer.port(),
+                    self.local.port()
+                ),
+            ),
+        ];
+        for (k, v) in fixed {
+            set_var(&mut env, k, v);
+        }
+        // SetEnv wins over everything else, as in sshd.
+        for (k, v) in &self.settings().set_env {
+            set_var(&mut env, k, v.clone());
+        }
+        if let Some(pty) = &chan.pty {
+            set_var(&mut env, "TERM", pty.term.clone());
+        }
+        if let Some(orig) = original {
+            set_var(&mut env, "SSH_ORIGINAL_COMMAND", orig.to_string());
+        }
+        if let Some(socket) = &chan.agent {
+            set_var(&mut env, "SSH_AUTH_SOCK", socket.display().to_string());
+        }
+        if let Some(info) = &self.auth_info {
+            set_var(&mut env, "SSH_USER_AUTH", info.path().display().to_string());
+        }
+        env
+    }
+
+    /// Whether `name`, from `source`, may reach a session (see
+    /// [`crate::session_env::refusal`]); a refusal is logged.
+    fn env_allowed(&self, source: Source, name: &str) -> bool {
+        let Some(why) = crate::session_env::refusal(name) else {
+            return true;
+        };
+        let user = self.auth.as_ref().map_or("", |a| a.account.name.as_str());
+        let line = crate::session_env::refused_message(source, name, why);
+        tracing::warn!(peer = %self.peer, user = %user, "{line}");
+        false
+    }
+
+    /// Makes the `ExposeAuthInfo` file at the login's first session, when
+    /// its settings ask for one; a failure is logged and the session goes
+    /// on without it.
+    fn expose_auth_info(&mut self) {
+        if self.auth_info.is_some() || !self.settings().expose_auth_info {
+            return;
+        }
+        let Some(auth) = &self.auth else {
+            return;
+        };
+        let acct = &auth.account;
+        match crate::auth_info::AuthInfoFile::create(&auth.credential, acct.uid, acct.gid) {
+            Ok(file) => self.auth_info = Some(file),
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, user = %acct.name, "ExposeAuthInfo: cannot write the file: {e}")
+            }
+        }
+    }
+
+    /// Starts the command (or shell) for a channel and wires its I/O.
+    pub(super) fn start(
+        &mut self,
+        id: ChannelId,
+        requested: Option<String>,
+        session: &mut Session,
+        extra: Option<&std::os::fd::OwnedFd>,
+    ) -> Result<(), russh::Error> {
+        self.expose_auth_info();
+        let Some(auth) = self.auth.as_ref() else {
+            return session.channel_failure(id);
+        };
+        let Some(chan) = self.channels.get(&id) else {
+            return session.channel_failure(id);
+        };
+        if chan.running.is_some() || chan.channel.is_none() {
+            return session.channel_failure(id);
+        }
+        // A forced command replaces whatever the client asked for.
+        let (command, original) = match &auth.options.command {
+            Some(forced) => (Some(forced.clone()), requested.clone()),
+            None => (requested.clone(), None),
+        };
+        let env = self.environment_for(auth, chan, original.as_deref());
+        let jail = match self.jail_for(&auth.account) {
+            Ok(jail) => jail,
+            Err(why) => {
+                tracing::warn!(peer = %self.peer, user = %auth.account.name, "refusing session: ChrootDirectory: {why}");
+                return session.channel_failure(id);
+            }
+        };
+        // The configured SFTP server, when it is skiffd's own: in a jail it
+        // starts as root outside and enters the jail itself.
+        let settings = self.settings();
+        let internal_sftp = match (&command, &settings.sftp_command) {
+            (Some(c), Some(sftp)) if jail.is_some() && c == sftp => {
+                crate::sftp::internal_server_exe(c).filter(|exe| {
+                    crate::lookup_command::check_program(exe)
+                        .inspect_err(|why| {
+                            tracing::warn!("the SFTP server cannot serve a jail: {why}")
+                        })
+                        .is_ok()
+                })
+            }
+            _ => None,
+        };
+        // ForceCommand internal-sftp outside a jail: skiffd's own SFTP
+        // server, started without the account's shell, as sshd's is.
+        let direct_sftp = match (&command, &settings.sftp_command) {
+            (Some(c), Some(sftp)) if jail.is_none() && auth.forced_internal_sftp && c == sftp => {
+                crate::sftp::internal_server_exe(c)
+            }
+            _ => None,
+        };
+        // Anything else runs through the account's shell, which for a
+        // `nologin` or `false` account runs nothing.
+        let through_shell = internal_sftp.is_none() && direct_sftp.is_none();
+        if through_shell
+            && crate::account_policy::shell_use(&auth.account.shell)
+                == crate::account_policy::ShellUse::Nothing
+        {
+            tracing::info!(peer = %self.peer, user = %auth.account.name,
+                "refusing session: the account's shell {} runs nothing",
+                auth.account.shell.display());
+            if extra.is_some() {
+                // The data plane: the client falls back to SFTP.
+                return session.channel_failure(id);
+            }
+            let pty = chan.pty.is_some();
+            if let Some(chan) = self.channels.get_mut(&id) {
+                chan.channel = None;
+            }
+            return refuse_without_shell(session, id, pty);
+        }
+        let spawned = process::spawn(SpawnRequest {
+            account: &auth.account,
+            command: command.as_deref(),
+            env,
+            pty: chan.pty.as_ref(),
+            extra: extra.map(std::os::fd::AsRawFd::as_raw_fd),
+            jail: jail.as_deref().map(|root| process::Jail {
+                root,
+                internal_sftp: internal_sftp.as_deref(),
+            }),
+            direct_sftp: direct_sftp.as_deref(),
+        });
+        let spawned = match spawned {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, user = %auth.account.name, "cannot start session command: {e}");
+                return session.channel_failure(id);
+            }
+        };
+        tracing::info!(peer = %self.peer, user = %auth.account.name, pid = spawned.pid,
+            "session started{}", if command.is_some() { " (exec)" } else { " (shell)" });
+        let chan = self.channels.get_mut(&id).expect("checked above");
+        let channel = chan.channel.take().expect("checked above");
+        let queue = chan
+            .queue
+            .take()
+            .unwrap_or_else(|| self.queue.channel(id.into()));
+        let pty = match &spawned.io {
+            ChildIo::Pty(m) => Some(m.clone()),
+            ChildIo::Pipes { .. } => None,
+        };
+        let (control, control_rx) = tokio::sync::mpsc::unbounded_channel();
+        session.channel_success(id)?;
+        let task = tokio::spawn(run_session_io(
+            channel,
+            spawned,
+            session.handle(),
+            control_rx,
+            queue,
+        ));
+        chan.running = Some(Running { control, task, pty });
+        Ok(())
+    }
+
+    /// Starts the transfer process for the skiff data plane: skiffd's own
+    /// `--transfer-server` run as the account (never inside the server),
+    /// with a socket to skiffd as its fd 3 for tokens and streams. Refused
+    /// (so the client falls back to SFTP) when the data plane is off, under
+    /// a forced command (which must run instead, as for any subsystem), and
+    /// on a channel with a pty.
+    fn start_transfer(&mut self, id: ChannelId, session: &mut Session) -> Result<(), russh::Error> {
+        let settings = self.settings();
+        let forced = self
+            .auth
+            .as_ref()
+            .is_some_and(|a| a.options.command.is_some());
+        let has_pty = self.channels.get(&id).is_some_and(|c| c.pty.is_some());
+        let command = match &settings.transfer_command {
+            Some(c)
+                if settings.data_plane
+                    && !forced
+                    && !has_pty
+                    && settings.chroot_directory.is_none() =>
+            {
+                c.clone()
+            }
+            _ => {
+                tracing::info!(peer = %self.peer, "data plane refused (off, forced command, pty or ChrootDirectory)");
+                return session.channel_failure(id);
+            }
+        };
+        let (ours, theirs) = match crate::dataplane::relay_pair() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, "data plane: cannot make a socket pair: {e}");
+                return session.channel_failure(id);
+            }
+        };
+        tracing::debug!(peer = %self.peer, "subsystem {}: {command}", skiff_proto::dataplane::SUBSYSTEM);
+        self.start(id, Some(command), session, Some(&theirs))?;
+        drop(theirs);
+        if self.channels.get(&id).is_some_and(|c| c.running.is_some()) {
+            let policy = crate::dataplane::RelayPolicy::of(&self.state.settings);
+            let registry = self.state.registry.clone();
+            crate::dataplane::spawn_relay(policy, registry, ours, self.peer, self.local);
+        }
+        Ok(())
+    }
+
+    /// Opens a session channel for a logged-in client, within
+    /// `MaxSessions`.
+    pub(super) async fn open_session(
+        &mut self,
+        channel: Channel<Msg>,
+        reply: ChannelOpenHandle,
+    ) -> Result<(), russh::Error> {
+        if self.auth.is_none() {
+            reply
+                .reject(ChannelOpenFailure::AdministrativelyProhibited)
+                .await;
+            return Ok(());
+        }
+        // russh does not report the client's answering close for channels we
+        // closed first, so forget sessions whose command has finished here.
+        self.channels
+            .retain(|_, c| c.running.as_ref().is_none_or(|r| !r.task.is_finished()));
+        if self.channels.len() >= self.settings().max_sessions {
+            tracing::info!(peer = %self.peer, "refusing session: MaxSessions ({}) reached", self.settings().max_sessions);
+            reply.reject(ChannelOpenFailure::ResourceShortage).await;
+            return Ok(());
+        }
+        let queue = self.queue.channel(channel.id().into());
+        self.channels.insert(
+            channel.id(),
+            SessionChannel {
+                channel: Some(channel),
+                env: Vec::new(),
+                pty: None,
+                agent: None,
+                running: None,
+                queue: Some(queue),
+            },
+        );
+        reply.accept().await;
+        Ok(())
+    }
+
+    /// A terminal for the session (`pty-req`), unless the key's options
+    /// or `PermitTTY` forbid one.
+    pub(super) fn pty_requested(
+        &mut self,
+        channel: ChannelId,
+        spec: PtySpec,
+        session: &mut Session,
+    ) -> Result<(), russh::Error> {
+        let allowed = self.auth.as_ref().is_some_and(|a| !a.options.no_pty);
+        match self.channels.get_mut(&channel) {
+            Some(chan) if allowed && chan.running.is_none() => {
+                chan.pty = Some(spec);
+                session.channel_success(channel)
+            }
+            _ => {
+                if !allowed {
+                    tracing::info!(peer = %self.peer, "pty refused by authorized_keys option");
+                }
+                session.channel_failure(channel)
+            }
+        }
+    }
+
+    /// Agent forwarding for the session (`auth-agent-req`): a socket the
+    /// session's `SSH_AUTH_SOCK` names.
+    pub(super) fn agent_requested(
+        &mut self,
+        channel: ChannelId,
+        session: &mut Session,
+    ) -> Result<bool, russh::Error> {
+        let Some((auth, who)) = self.forwarder() else {
+            return Ok(false);
+        };
+        if let Some(why) = self.settings().forwarding.agent_refusal(&auth.options) {
+            tracing::info!("{who}: refusing agent forwarding: {why}");
+            return Ok(false);
+        }
+        let (uid, gid) = (auth.account.uid, auth.account.gid);
+        let Some(chan) = self.channels.get(&channel) else {
+            return Ok(false);
+        };
+        if chan.running.is_some() {
+            return Ok(false);
+        }
+        match self.forwards.agent_socket(session.handle(), uid, gid) {
+            Ok(path) => {
+                tracing::info!("{who}: agent forwarded at {}", path.display());
+                if let Some(chan) = self.channels.get_mut(&channel) {
+                    chan.agent = Some(path);
+                }
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::warn!("{who}: cannot make the forwarded agent's socket: {e}");
+                Ok(false)
+            }
+        }
+    }
+
+    /// A variable the client sets (`env`), kept when `AcceptEnv` matches
+    /// it and no rule forbids it.
+    pub(super) fn env_requested(
+        &mut self,
+        channel: ChannelId,
+        name: &str,
+        value: &str,
+        session: &mut Session,
+    ) -> Result<(), russh::Error> {
+        let accepted = self
+            .settings()
+            .accept_env
+            .iter()
+            .any(|p| pattern::wildcard_match(p, name));
+        let accepted = accepted && self.env_allowed(Source::Client, name);
+        match self.channels.get_mut(&channel) {
+            Some(chan) if accepted && chan.running.is_none() && valid_env_name(name) => {
+                set_var(&mut chan.env, name, value.to_string());
+                session.channel_success(channel)
+            }
+            _ => {
+                tracing::debug!(peer = %self.peer, "ignoring environment variable {name:?}");
+                session.channel_failure(channel)
+            }
+        }
+    }
+
+    /// Starts a subsystem: `sftp`, or the skiff data plane.
+    pub(super) fn subsystem_requested(
+        &mut self,
+        channel: ChannelId,
+        name: &str,
+        session: &mut Session,
+    ) -> Result<(), russh::Error> {
+        // Like sshd, a subsystem is a command run as the account (the SFTP
+        // server never runs inside skiffd); a forced command replaces it and
+        // sees it in SSH_ORIGINAL_COMMAND.
+        match (name, &self.settings().sftp_command) {
+            ("sftp", Some(command)) => {
+                tracing::debug!(peer = %self.peer, "subsystem sftp: {command}");
+                let command = command.clone();
+                self.start(channel, Some(command), session, None)
+            }
+            (skiff_proto::dataplane::SUBSYSTEM, _) => self.start_transfer(channel, session),
+            _ => {
+                tracing::info!(peer = %self.peer, "subsystem {name:?} is not available");
+                session.channel_failure(channel)
+            }
+        }
+    }
+
+    /// The client's terminal changed size (`window-change`); `size` is
+    /// (columns, rows, width and height in pixels), as the request gives it.
+    pub(super) fn window_changed(&mut self, channel: ChannelId, size: (u32, u32, u32, u32)) {
+        let (col_width, row_height, pix_width, pix_height) = size;
+        if let Some(chan) = self.channels.get_mut(&channel) {
+            if let Some(pty) = chan.running.as_ref().and_then(|r| r.pty.as_ref()) {
+                let _ = pty.resize(col_width, row_height, pix_width, pix_height);
+            } else if let Some(spec) = chan.pty.as_mut() {
+                spec.cols = col_width;
+                spec.rows = row_height;
+            }
+        }
+    }
+
+    /// A signal for the session's command, or a skiff client's flow
+    /// control, passed to the task that owns the process.
+    pub(super) fn signal_requested(
+        &mut self,
+        channel: ChannelId,
+        signal: Sig,
+    ) -> Result<(), russh::Error> {
+        let running = self.channels.get(&channel).and_then(|c| c.running.as_ref());
+        let Some(r) = running else {
+            return Ok(());
+        };
+        let control = match &signal {
+            Sig::Custom(name) if name == skiff_proto::flow::PAUSE_OUTPUT => {
+                Control::PauseOutput(true)
+            }
+            Sig::Custom(name) if name == skiff_proto::flow::RESUME_OUTPUT => {
+                Control::PauseOutput(false)
+            }
+            Sig::Custom(name) if name == skiff_proto::flow::INPUT_ACKS => Control::InputAcks,
+            other => match process::sig_to_number(other) {
+                Some(num) => Control::Signal(num),
+                None => return Ok(()),
+            },
+        };
+        let _ = r.control.send(control);
+        Ok(())
+    }
+}
+
+/// Answers a session whose account's shell runs nothing as that shell
+/// would: the request succeeds, nologin's words go to standard error, and
+/// the session ends with status 1.
+fn refuse_without_shell(
+    session: &mut Session,
+    id: ChannelId,
+    pty: bool,
+) -> Result<(), russh::Error> {
+    let end = if pty { "\r\n" } else { "\n" };
+    let notice = format!("{}{end}", crate::account_policy::NO_SHELL_NOTICE);
+    session.channel_success(id)?;
+    session.extended_data(id, 1, notice.into_bytes())?;
+    session.exit_status_request(id, 1)?;
+    session.eof(id)?;
+    session.close(id)
+}
+
+fn set_var(env: &mut Vec<(String, String)>, key: &str, value: String) {
+    env.retain(|(k, _)| k != key);
+    env.push((key.to_string(), value));
+}
+
+fn valid_env_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains('=') && !name.contains('\0')
+}

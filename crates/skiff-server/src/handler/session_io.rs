@@ -1,0 +1,331 @@
+//! A started session's life (OpenSSH's serverloop.c): bytes between the
+//! channel and the command's pipes or terminal, signals and hang-ups
+//! delivered by the task that owns (and reaps) the process, a skiff
+//! client's flow control (pausing output, reporting input read, see
+//! `skiff_proto::flow`), and the exit status or signal reported before the
+//! channel closes. On the connection's side: counting what arrives against
+//! the queues (`received`), holding off reading while they are full, the
+//! window each channel is topped up to, and forgetting a closed channel.
+//!
+//! Not here: deciding what to start (`session`), the queue accounting
+//! itself ([`crate::queue_budget`]) and the pumps that move channel bytes
+//! with it counted (`crate::channel_io`).
+
+use std::sync::Arc;
+
+use russh::server::{Msg, Session};
+use russh::{Channel, ChannelId};
+use tokio::io::AsyncWriteExt;
+
+use super::ConnectionHandler;
+use crate::process::{self, ChildIo};
+
+/// What the connection asks of a running session's process.
+pub(super) enum Control {
+    Signal(i32),
+    /// Stop (`true`) or resume reading the command's output, as a skiff
+    /// client asks while its local reader is behind.
+    PauseOutput(bool),
+    /// Report to the client how much input the command has read
+    /// ([`skiff_proto::flow::INPUT_ACKS`]).
+    InputAcks,
+}
+
+impl ConnectionHandler {
+    /// Counts a packet of `len` bytes that arrived on `channel` in the
+    /// connection's queue, then holds off reading the next one while the
+    /// queue is (nearly) full (see [`crate::queue_budget`]). A packet that
+    /// breaks the protocol, or a client that went away meanwhile, ends the
+    /// connection.
+    pub(super) async fn received(
+        &mut self,
+        channel: ChannelId,
+        len: usize,
+        session: &mut Session,
+    ) -> Result<(), russh::Error> {
+        use crate::queue_budget::Reading;
+        let window = u32::try_from(session.sender_window_size(channel)).unwrap_or(u32::MAX);
+        let initial = session.config().window_size;
+        match self.queue.receive(channel.into(), len, window, initial) {
+            Ok(Reading::Go) => Ok(()),
+            Ok(reading) => {
+                if reading == Reading::Stop {
+                    tracing::debug!(peer = %self.peer, held = self.queue.held(),
+                        "queue full: not reading the connection until its commands read their input");
+                }
+                let socket = &self.socket;
+                let gone = || {
+                    crate::peer_hangup::hung_up(socket.as_ref().and_then(|s| s.try_clone().ok()))
+                };
+                if self.queue.hold_off(gone).await {
+                    Ok(())
+                } else {
+                    tracing::info!(peer = %self.peer,
+                        "the client went away while its connection waited for its commands to read their input");
+                    Err(russh::Error::HUP)
+                }
+            }
+            Err(violation) => {
+                tracing::warn!(peer = %self.peer, "closing the connection: {violation}");
+                Err(russh::Error::Inconsistent)
+            }
+        }
+    }
+
+    /// The window the next top-up grants: what the path wants, shrunk to
+    /// the room left in the connection's and the server's queues.
+    pub(super) fn next_window(&mut self, channel: ChannelId) -> u32 {
+        let socket = self.socket.as_ref();
+        self.desired_window = skiff_dataplane::tcp::next_window(
+            &mut self.windows,
+            socket,
+            self.session_rtt,
+            channel.into(),
+            self.desired_window,
+        );
+        self.queue.window_target(self.desired_window)
+    }
+
+    /// Forgets a closed channel: its session, its window and its count
+    /// in the connection's queue.
+    pub(super) fn channel_closed(&mut self, channel: ChannelId) {
+        // Dropping the session's control sender hangs up a command that still runs.
+        self.channels.remove(&channel);
+        self.windows.closed(channel.into());
+        self.queue.closed(channel.into());
+    }
+}
+
+/// Moves bytes between the channel and the process until both ends are done,
+/// then reports the exit status (or signal) and closes the channel.
+pub(super) async fn run_session_io(
+    channel: Channel<Msg>,
+    spawned: process::Spawned,
+    handle: russh::server::Handle,
+    mut control: tokio::sync::mpsc::UnboundedReceiver<Control>,
+    queue: Arc<crate::queue_budget::ChannelQueue>,
+) {
+    use crate::channel_io::{forward_output, spawn_input};
+    let id = channel.id();
+    let (reader, writer) = channel.split();
+    let mut child = spawned.child;
+    let terminal = match &spawned.io {
+        ChildIo::Pty(master) => Some(master.clone()),
+        ChildIo::Pipes { .. } => None,
+    };
+    let pty = terminal.is_some();
+    let (pause, paused) = tokio::sync::watch::channel(false);
+    let (consumed, consumed_rx) = tokio::sync::watch::channel(0u64);
+    let consumed = Arc::new(consumed);
+    let mut flow = SessionFlow {
+        pause,
+        reports: Some((handle.clone(), id, consumed_rx)),
+        reporter: None,
+    };
+    let (input, output): (
+        _,
+        std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    ) = match spawned.io {
+        ChildIo::Pipes {
+            stdin,
+            mut stdout,
+            mut stderr,
+        } => {
+            let reports = Some(consumed.clone());
+            let input = spawn_input(reader, queue.clone(), reports, move |mut rx| async move {
+                let mut stdin = stdin;
+                // Dropping the pipe is what delivers EOF to the command.
+                while let Some((data, permit)) = rx.recv().await {
+                    if stdin.write_all(&data).await.is_err() {
+                        break;
+                    }
+                    drop(permit);
+                }
+            });
+            let mut out_writer = writer.make_writer();
+            let mut err_writer = writer.make_writer_ext(Some(1));
+            let output = async move {
+                tokio::join!(
+                    forward_output(&mut stdout, &mut out_writer, Some(paused.clone()), &queue),
+                    forward_output(&mut stderr, &mut err_writer, Some(paused), &queue),
+                );
+            };
+            (input, Box::pin(output))
+        }
+        ChildIo::Pty(mut master) => {
+            let input_master = master.clone();
+            let reports = Some(consumed.clone());
+            let input = spawn_input(reader, queue.clone(), reports, move |mut rx| async move {
+                while let Some((data, permit)) = rx.recv().await {
+                    if input_master.write_all(&data).await.is_err() {
+                        break;
+                    }
+                    drop(permit);
+                }
+            });
+            let mut out_writer = writer.make_writer();
+            let output = async move {
+                forward_output(&mut master, &mut out_writer, Some(paused), &queue).await;
+            };
+            (input, Box::pin(output))
+        }
+    };
+    let status = supervise(&mut child, output, &mut control, &mut flow, pty).await;
+    // The session is over: its terminal goes back to whoever had it, as
+    // with sshd, before the client hears the exit status.
+    if let Some(terminal) = terminal {
+        terminal.give_back();
+    }
+    drop(flow);
+    finish(&writer, &handle, id, status).await;
+    input.abort();
+}
+
+/// What a skiff client's flow control asks of a session
+/// ([`skiff_proto::flow`]).
+struct SessionFlow {
+    /// Output reading is paused while this is `true`.
+    pause: tokio::sync::watch::Sender<bool>,
+    /// What input reports need (the connection, the channel and the count
+    /// of input read), until the client asks for them.
+    reports: Option<(
+        russh::server::Handle,
+        ChannelId,
+        tokio::sync::watch::Receiver<u64>,
+    )>,
+    /// The task sending them, once asked.
+    reporter: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl SessionFlow {
+    /// Starts the input reports, the first time they are asked for.
+    fn start_reports(&mut self) {
+        if let Some((handle, id, consumed)) = self.reports.take() {
+            self.reporter = Some(tokio::spawn(send_input_reports(handle, id, consumed)));
+        }
+    }
+}
+
+impl Drop for SessionFlow {
+    fn drop(&mut self) {
+        if let Some(reporter) = self.reporter.take() {
+            reporter.abort();
+        }
+    }
+}
+
+/// Tells the client how many input bytes the command has read
+/// (`consumed`): at once, then after every
+/// [`skiff_proto::flow::INPUT_ACK_STEP`] bytes.
+async fn send_input_reports(
+    handle: russh::server::Handle,
+    id: ChannelId,
+    mut consumed: tokio::sync::watch::Receiver<u64>,
+) {
+    use skiff_proto::flow;
+    let mut reported: Option<u64> = None;
+    loop {
+        let total = *consumed.borrow_and_update();
+        if reported.is_none_or(|r| total.saturating_sub(r) >= flow::INPUT_ACK_STEP) {
+            let report = bytes::Bytes::copy_from_slice(&flow::encode_consumed(total));
+            if handle
+                .extended_data(id, flow::INPUT_CONSUMED, report)
+                .await
+                .is_err()
+            {
+                return;
+            }
+            reported = Some(total);
+        }
+        if consumed.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Waits for the output to end and the process to exit, delivering signals
+/// meanwhile. When the connection lets go of the session (channel closed or
+/// connection gone) while the process runs, its process group gets SIGHUP.
+async fn supervise(
+    child: &mut crate::spawn::ChildProcess,
+    output: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    control: &mut tokio::sync::mpsc::UnboundedReceiver<Control>,
+    flow: &mut SessionFlow,
+    pty: bool,
+) -> std::io::Result<std::process::ExitStatus> {
+    let mut output = output;
+    let mut output_done = false;
+    let mut status = None;
+    let mut connected = true;
+    // A terminal reads EOF only when its last holder closes it; a background
+    // job may keep it open, so after the shell exits allow a short drain.
+    let mut drain_until: Option<tokio::time::Instant> = None;
+    loop {
+        if output_done {
+            if let Some(st) = status.take() {
+                return st;
+            }
+        }
+        tokio::select! {
+            _ = &mut output, if !output_done => output_done = true,
+            st = child.wait(), if status.is_none() => {
+                if pty {
+                    drain_until = Some(tokio::time::Instant::now() + std::time::Duration::from_millis(200));
+                }
+                status = Some(st);
+            }
+            _ = async { tokio::time::sleep_until(drain_until.expect("guarded")).await }, if drain_until.is_some() && !output_done => {
+                output_done = true;
+            }
+            msg = control.recv(), if connected => {
+                // Signals reach only our own, not yet reaped, child (or the
+                // process group it leads): a reused pid is never signalled.
+                match msg {
+                    Some(Control::Signal(sig)) => child.signal(sig, false),
+                    Some(Control::PauseOutput(on)) => {
+                        flow.pause.send_replace(on);
+                    }
+                    Some(Control::InputAcks) => flow.start_reports(),
+                    None => {
+                        // Nobody is left to resume a paused output.
+                        flow.pause.send_replace(false);
+                        connected = false;
+                        child.signal(libc::SIGHUP, true);
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn finish(
+    writer: &russh::ChannelWriteHalf<Msg>,
+    handle: &russh::server::Handle,
+    id: ChannelId,
+    status: std::io::Result<std::process::ExitStatus>,
+) {
+    use std::os::unix::process::ExitStatusExt;
+    let _ = writer.eof().await;
+    match status {
+        Ok(st) => {
+            if let Some(code) = st.code() {
+                let _ = writer.exit_status(code as u32).await;
+            } else if let Some(sig) = st.signal() {
+                let _ = handle
+                    .exit_signal_request(
+                        id,
+                        process::number_to_sig(sig),
+                        st.core_dumped(),
+                        String::new(),
+                        String::new(),
+                    )
+                    .await;
+            }
+        }
+        Err(e) => {
+            tracing::warn!("waiting for session process failed: {e}");
+            let _ = writer.exit_status(255).await;
+        }
+    }
+    let _ = writer.close().await;
+}
