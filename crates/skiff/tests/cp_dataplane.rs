@@ -646,6 +646,62 @@ fn unencrypted_modes_follow_the_servers_policy() {
     out.expect_code(0, &ctx(&d, "aead under DataPlaneUnencrypted no"));
 }
 
+/// `DataPlaneUnencrypted` in a `Match` block is the login's policy: the
+/// account it matches is refused `none` on loopback (which the server-wide
+/// default allows), and an account-wide `DataPlane no` turns the data plane
+/// off for it alone (the copy goes over SFTP). Before, the relay applied
+/// the server-wide values and `none` went through.
+#[test]
+fn match_blocks_set_the_data_plane_policy_of_their_logins() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let local = tempdir();
+    let src = local.path().join("f");
+    random_file(&src, 1000);
+    let user = user();
+    let d = skiffd(
+        &fx,
+        &format!("Match User {user}\n  DataPlaneUnencrypted no\n"),
+    );
+    let rdir = account_dir();
+    let args = [
+        "--cipher",
+        "none",
+        &src.display().to_string(),
+        &remote(rdir.path()),
+    ];
+    let out = cp(d.port(), &fx.client_key, &args);
+    assert_eq!(
+        out.code,
+        255,
+        "{}",
+        ctx(
+            &d,
+            &format!("none allowed under a Match block's DataPlaneUnencrypted no\n{out}")
+        )
+    );
+    assert!(out.stderr.contains("mode none refused"), "{out}");
+    assert!(!rdir.path().join("f").exists());
+
+    let d = skiffd(&fx, &format!("Match User {user}\n  DataPlane no\n"));
+    let rdir = account_dir();
+    let out = cp(
+        d.port(),
+        &fx.client_key,
+        &[&src.display().to_string(), &remote(rdir.path())],
+    );
+    out.expect_code(0, &ctx(&d, "a Match block's DataPlane no"));
+    assert!(rdir.path().join("f").exists());
+    let log = d.log();
+    assert!(
+        log.contains("subsystem sftp") && !log.contains("mode aead"),
+        "{}",
+        ctx(&d, "the copy should have gone over SFTP")
+    );
+}
+
 /// The default policy, seen from a peer that is not on loopback: in a
 /// network namespace made by the test, skiffd listens on 10.77.0.1 (an
 /// address outside 127/8, on the namespace's own interface) and skiff

@@ -310,6 +310,9 @@ impl ConnectionHandler {
                 return session.channel_failure(id);
             }
         };
+        // The login's own settings: `Match` blocks may set `DataPlane` and
+        // `DataPlaneUnencrypted`.
+        let policy = crate::dataplane::RelayPolicy::of(settings);
         let (ours, theirs) = match crate::dataplane::relay_pair() {
             Ok(p) => p,
             Err(e) => {
@@ -321,7 +324,6 @@ impl ConnectionHandler {
         self.start(id, Some(command), session, Some(&theirs))?;
         drop(theirs);
         if self.channels.get(&id).is_some_and(|c| c.running.is_some()) {
-            let policy = crate::dataplane::RelayPolicy::of(&self.state.settings);
             let registry = self.state.registry.clone();
             crate::dataplane::spawn_relay(policy, registry, ours, self.peer, self.local);
         }
