@@ -188,23 +188,81 @@ impl QueueLimits {
 #[derive(Debug)]
 pub struct ServerQueue {
     limits: QueueLimits,
-    pool: Mutex<u64>,
+    pool: Mutex<Pool>,
     /// Woken whenever the pool shrinks.
     freed: tokio::sync::Notify,
+}
+
+/// What all connections hold beyond their reserve, and how high that has
+/// been since the allocator last gave memory back.
+#[derive(Debug, Default)]
+struct Pool {
+    bytes: u64,
+    drain: Drain,
 }
 
 impl ServerQueue {
     pub fn new(limits: QueueLimits) -> Arc<ServerQueue> {
         Arc::new(ServerQueue {
             limits,
-            pool: Mutex::new(0),
+            pool: Mutex::new(Pool::default()),
             freed: tokio::sync::Notify::new(),
         })
     }
 
     /// What all connections hold beyond their reserve.
     pub fn pooled(&self) -> u64 {
-        *self.pool.lock().expect("queue pool lock")
+        self.pool.lock().expect("queue pool lock").bytes
+    }
+}
+
+/// How far the pool must have risen before its draining gives memory back
+/// to the system.
+pub const GIVE_BACK_AFTER: u64 = 32 << 20;
+
+/// Notices a flood that has drained: the pool fell by at least
+/// [`GIVE_BACK_AFTER`] from its high, to an eighth of it or less. The
+/// allocator keeps what the queued bytes were freed into, so skiffd would
+/// otherwise keep its peak resident for good (and, flood after flood, a
+/// little more as the heap fragments).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Drain {
+    high: u64,
+}
+
+impl Drain {
+    /// Notes the pool's size; true when it has just drained (the high then
+    /// starts again from here, so a flood gives memory back a few times at
+    /// most as it drains).
+    pub fn note(&mut self, pooled: u64) -> bool {
+        if pooled > self.high {
+            self.high = pooled;
+            false
+        } else if self.high - pooled >= GIVE_BACK_AFTER && pooled <= self.high / 8 {
+            self.high = pooled;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Asks the C library's allocator to return the free pages of its heaps to
+/// the system, on a thread of its own (it walks every arena, which takes a
+/// few milliseconds after a large flood).
+fn give_back_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    {
+        let spawned = std::thread::Builder::new()
+            .name("malloc-trim".into())
+            .spawn(|| {
+                // SAFETY: malloc_trim only walks the allocator's own free
+                // lists, under its own locks; it takes no pointer from us.
+                unsafe { libc::malloc_trim(0) };
+            });
+        if let Err(e) = spawned {
+            tracing::debug!("cannot start a thread to give memory back: {e}");
+        }
     }
 }
 
@@ -277,7 +335,13 @@ impl ConnectionQueue {
         let after = pooled(counted(ledger.held));
         if before != after {
             let mut pool = self.server.pool.lock().expect("queue pool lock");
-            *pool = (*pool + after).saturating_sub(before);
+            pool.bytes = (pool.bytes + after).saturating_sub(before);
+            let bytes = pool.bytes;
+            let drained = pool.drain.note(bytes);
+            drop(pool);
+            if drained {
+                give_back_freed_memory();
+            }
         }
         if after < before {
             self.server.freed.notify_waiters();
@@ -513,6 +577,25 @@ mod tests {
 
     fn limits() -> QueueLimits {
         QueueLimits::default()
+    }
+
+    #[test]
+    fn a_drained_flood_gives_memory_back_once() {
+        let mut d = Drain::default();
+        assert!(!d.note(0));
+        // A small rise and fall is not a flood.
+        assert!(!d.note(GIVE_BACK_AFTER / 2));
+        assert!(!d.note(0));
+        for step in 1..=8 {
+            assert!(!d.note(step * 64 * MIB));
+        }
+        assert!(!d.note(100 * MIB), "not drained to an eighth yet");
+        assert!(d.note(64 * MIB), "an eighth of 512 MiB");
+        assert!(!d.note(60 * MIB), "not another 32 MiB freed");
+        assert!(d.note(0), "the last 64 MiB");
+        assert!(!d.note(0));
+        assert!(!d.note(GIVE_BACK_AFTER));
+        assert!(d.note(0), "the next flood");
     }
 
     #[test]

@@ -37,6 +37,10 @@ const RESERVE: u64 = 256 << 10;
 /// build, hundreds of sessions, the allocator's slack): generous, and far
 /// below what skiffd held before it had budgets.
 const ALLOWANCE: u64 = 192 * MIB;
+/// What skiffd may keep resident above its start once a flood has drained
+/// and its sessions are gone (the allocator's free pages are given back;
+/// what stays is fragments and skiffd's own growth).
+const GIVEN_BACK_WITHIN: u64 = 96 * MIB;
 
 /// skiffd's resident set size and its peak, in bytes.
 fn memory(pid: u32) -> (u64, u64) {
@@ -308,6 +312,35 @@ fn input_for_commands_that_never_read_stays_within_the_server_budget() {
         0,
         "{}",
         server_context(&d, "session processes left after the client went")
+    );
+    // The flood drained: skiffd gives the memory back to the system rather
+    // than keep its peak resident. Before, it stayed at the peak.
+    let given_back = base + GIVEN_BACK_WITHIN;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let rss = loop {
+        let (rss, _) = memory(d.pid());
+        if rss <= given_back || Instant::now() >= deadline {
+            break rss;
+        }
+        thread::sleep(Duration::from_millis(250));
+    };
+    eprintln!(
+        "after the flood: skiffd at {} (peak {})",
+        mib(rss),
+        mib(p.peak)
+    );
+    assert!(
+        rss <= given_back,
+        "{}",
+        server_context(
+            &d,
+            &format!(
+                "skiffd kept {} resident after the flood drained (peak {}, base {})",
+                mib(rss),
+                mib(p.peak),
+                mib(base)
+            )
+        )
     );
 }
 
