@@ -13,7 +13,7 @@ use skiff_proto::forward_spec::ForwardSpec;
 use skiff_proto::ssh_config::SessionType;
 
 use crate::cli_connect::ConnectArgs;
-use crate::cli_exec::{self, Invocation};
+use crate::remote_command::{self, Invocation};
 use crate::ssh_args::{self, SshCommandLine};
 
 const USAGE: &str =
@@ -69,7 +69,7 @@ pub fn main(args: Vec<OsString>) -> i32 {
     // In the background, input is /dev/null (as -f implies -n).
     inv.no_stdin |= background;
     crate::logging::init(inv.conn.verbose);
-    let settings = match skiff_engine::settings::resolve(&cli_exec::destination(&inv)) {
+    let settings = match skiff_engine::settings::resolve(&remote_command::destination(&inv)) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("skiff: {e}");
@@ -101,7 +101,7 @@ pub fn main(args: Vec<OsString>) -> i32 {
     }
     let no_command = no_command || settings.session_type == SessionType::None;
     if forwards.is_empty() && !no_command && ready.is_none() {
-        return cli_exec::run_resolved(inv, settings);
+        return remote_command::run_resolved(inv, settings);
     }
     forwarding_session(inv, settings, forwards, no_command, ready)
 }
@@ -126,13 +126,13 @@ fn forwarding_session(
         }
         None
     } else {
-        if let Err(e) = cli_exec::apply_session_settings(&mut inv, &settings) {
+        if let Err(e) = remote_command::apply_session_settings(&mut inv, &settings) {
             eprintln!("skiff: {e}");
             return 255;
         }
-        cli_exec::pty_request(&inv, &settings)
+        remote_command::pty_request(&inv, &settings)
     };
-    cli_exec::on_one_thread(async move {
+    remote_command::on_one_thread(async move {
         let conn = Arc::new(skiff_engine::connect(&settings).await?);
         for notice in &conn.notices {
             eprintln!("{}", skiff_proto::terminal_text::lines(notice));
@@ -175,7 +175,7 @@ fn forwarding_session(
             }
             255
         } else {
-            cli_exec::exec_on(&conn, inv, &settings, pty).await?
+            remote_command::exec_on(&conn, inv, &settings, pty).await?
         };
         forwarding.finish().await;
         Ok(code)
@@ -230,7 +230,7 @@ fn forward_via_agent(inv: &Invocation, host: &str, port: u16) -> Option<i32> {
         return None;
     }
     let wire = skiff_proto::agent_wire::ForwardWire {
-        base: crate::route::agent_destination(&cli_exec::destination(inv)),
+        base: crate::route::agent_destination(&remote_command::destination(inv)),
         to_host: host.to_string(),
         to_port: port,
     };
@@ -239,7 +239,7 @@ fn forward_via_agent(inv: &Invocation, host: &str, port: u16) -> Option<i32> {
 
 /// `-W host:port` on a connection of its own.
 fn forward_stdio(settings: &ConnectSettings, host: &str, port: u16) -> i32 {
-    cli_exec::on_one_thread(async {
+    remote_command::on_one_thread(async {
         let conn = skiff_engine::connect(settings).await?;
         for notice in &conn.notices {
             eprintln!("{}", skiff_proto::terminal_text::lines(notice));

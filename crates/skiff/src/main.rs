@@ -11,6 +11,7 @@ mod cp;
 mod demo;
 mod escape_input;
 mod logging;
+mod remote_command;
 mod route;
 mod run_output;
 mod run_threads;
