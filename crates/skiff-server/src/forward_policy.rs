@@ -4,7 +4,7 @@
 //! the server's settings, then the key's own `no-port-forwarding`,
 //! `permitopen` and `permitlisten` (or a certificate without
 //! `permit-port-forwarding`). Pure data and checks; the handler does the
-//! connecting and listening (see [`crate::forwarding`]).
+//! connecting and listening (see [`crate::forward_relay`]).
 
 use skiff_proto::authorized_keys::{split_host_port, KeyOptions};
 use skiff_proto::pattern::wildcard_match;

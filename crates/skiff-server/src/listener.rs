@@ -16,12 +16,12 @@ use russh::{cipher, kex, mac, Preferred, SshId};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::Settings;
-use crate::dataplane::Sniffed;
 use crate::descriptors::Descriptors;
 use crate::handler::ConnectionHandler;
 use crate::hostkey::HostIdentity;
 use crate::server_state::ServerState;
 use crate::startups::{Pending, Refusal, Startups};
+use crate::stream_relay::Sniffed;
 
 /// The russh server configuration for these settings and host keys.
 ///
@@ -286,7 +286,7 @@ async fn handle_connection(
             let std_stream = std::net::TcpStream::from(socket);
             std_stream.set_nonblocking(true)?;
             let stream = TcpStream::from_std(std_stream)?;
-            crate::dataplane::accept_stream(&state.registry, stream, peer, guard).await;
+            crate::stream_relay::accept_stream(&state.registry, stream, peer, guard).await;
             return Ok(());
         }
         Err(e) => return Err(e.into()),

@@ -21,7 +21,7 @@ pub struct ServerState {
     pub principals_command: Option<crate::lookup_command::LookupCommand>,
     /// Outstanding data-plane stream tokens (each transfer's relay holds
     /// the registry too).
-    pub registry: Arc<crate::dataplane::Registry>,
+    pub registry: Arc<crate::stream_relay::Registry>,
     /// What all connections hold for their peers (`MaxServerQueue`).
     pub queues: Arc<crate::queue_budget::ServerQueue>,
 }

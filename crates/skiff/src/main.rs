@@ -86,7 +86,7 @@ fn main() {
         // Handled above; reached only if clap saw it some other way.
         Command::Ssh { args } => cli_ssh::main(args.into_iter().map(Into::into).collect()),
         Command::Agent(args) => cli_agent::run(args),
-        Command::TransferServer => match skiff_server::transfer::serve_stdio() {
+        Command::TransferServer => match skiff_server::transfer_process::serve_stdio() {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("skiff transfer-server: {e:#}");

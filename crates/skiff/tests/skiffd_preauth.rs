@@ -19,7 +19,7 @@ use common::*;
 const MAGIC: &[u8; 8] = b"SKIFFDP\x01";
 
 /// skiffd's wait for a data-plane token once the magic is in (see
-/// `TOKEN_WAIT` in crates/skiff-server/src/dataplane.rs).
+/// `TOKEN_WAIT` in crates/skiff-server/src/stream_relay.rs).
 const TOKEN_WAIT: Duration = Duration::from_secs(3);
 
 /// How long one flood connection may wait for skiffd's first byte before

@@ -4,7 +4,7 @@
 //! handler passes it on). The rules are [`crate::forward_policy`]'s, with
 //! the key's options; a jailed login gets no Unix-socket forwarding.
 //!
-//! Not here: the relays and listeners themselves (`crate::forwarding`),
+//! Not here: the relays and listeners themselves (`crate::forward_relay`),
 //! and agent forwarding, which a session asks for (`session`).
 
 use russh::server::{ChannelOpenHandle, Msg, Session};

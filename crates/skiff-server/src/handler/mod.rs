@@ -1,7 +1,7 @@
 //! The per-connection SSH handler: public-key authentication against the
 //! account's authorized_keys (options enforced), then session channels
 //! (`exec`, `shell`, `subsystem` sftp, `pty-req`, `env`, `signal`,
-//! `window-change`) and TCP forwarding (see [`crate::forwarding`]).
+//! `window-change`) and TCP forwarding (see [`crate::forward_relay`]).
 //!
 //! russh has one type answer every callback: [`ConnectionHandler`] holds
 //! what a connection keeps between messages, and its `Handler` impl here
@@ -15,7 +15,7 @@
 //! - `session_io`: a started session's bytes, signals, flow control and
 //!   exit, and what the connection reads for its channels (serverloop.c);
 //! - `forwarding_requests`: the client's forwarding requests, ruled on
-//!   before `crate::forwarding` carries them out.
+//!   before `crate::forward_relay` carries them out.
 //!
 //! Not here: what all connections share (`crate::server_state`), and
 //! accepting connections, MaxStartups and the login grace timer
@@ -72,7 +72,7 @@ pub struct ConnectionHandler {
     /// which only makes windows grow sooner.
     session_rtt: Option<std::time::Duration>,
     /// TCP forwardings (`direct-tcpip` relays, `tcpip-forward` listeners).
-    forwards: crate::forwarding::Forwards,
+    forwards: crate::forward_relay::Forwards,
     /// The `ExposeAuthInfo` file, made at the first session.
     auth_info: Option<crate::auth_info::AuthInfoFile>,
     /// The account name whose login settings are in force, and those
@@ -104,7 +104,7 @@ impl ConnectionHandler {
             desired_window: skiff_proto::window::INITIAL_WINDOW,
             probe_answered: None,
             session_rtt: None,
-            forwards: crate::forwarding::Forwards::new(queue.clone()),
+            forwards: crate::forward_relay::Forwards::new(queue.clone()),
             queue,
             auth_info: None,
             effective: None,

@@ -11,7 +11,7 @@
 //!
 //! Not here: starting the process as the account (`crate::process`),
 //! moving a started session's bytes and reporting its end (`session_io`),
-//! and the data plane's relay (`crate::dataplane`).
+//! and the data plane's relay (`crate::stream_relay`).
 
 use std::sync::Arc;
 
@@ -312,8 +312,8 @@ impl ConnectionHandler {
         };
         // The login's own settings: `Match` blocks may set `DataPlane` and
         // `DataPlaneUnencrypted`.
-        let policy = crate::dataplane::RelayPolicy::of(settings);
-        let (ours, theirs) = match crate::dataplane::relay_pair() {
+        let policy = crate::stream_relay::RelayPolicy::of(settings);
+        let (ours, theirs) = match crate::stream_relay::relay_pair() {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(peer = %self.peer, "data plane: cannot make a socket pair: {e}");
@@ -325,7 +325,7 @@ impl ConnectionHandler {
         drop(theirs);
         if self.channels.get(&id).is_some_and(|c| c.running.is_some()) {
             let registry = self.state.registry.clone();
-            crate::dataplane::spawn_relay(policy, registry, ours, self.peer, self.local);
+            crate::stream_relay::spawn_relay(policy, registry, ours, self.peer, self.local);
         }
         Ok(())
     }

@@ -76,7 +76,7 @@ fn main() {
         return;
     }
     if args.transfer_server {
-        if let Err(e) = skiff_server::transfer::serve_stdio() {
+        if let Err(e) = skiff_server::transfer_process::serve_stdio() {
             eprintln!("skiffd --transfer-server: {e:#}");
             std::process::exit(1);
         }

@@ -4,7 +4,7 @@
 //! accepted stream's socket to the transfer process that owns its token.
 //!
 //! The transfer process itself (running as the account, doing the file I/O
-//! and the record crypto) is `crate::transfer`.
+//! and the record crypto) is `crate::transfer_process`.
 
 use std::collections::HashMap;
 use std::io;
