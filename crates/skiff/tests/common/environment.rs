@@ -1,0 +1,116 @@
+//! What the tests need from the machine they run on: the `skiff` and
+//! `skiffd` binaries under test, the OpenSSH programs and other tools
+//! (`require_openssh`, `require_tool`: a failure instead of a skip under
+//! CI), whether the tests run as root, and a base directory for chroot
+//! jails.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// Path of the OpenSSH server binary.
+pub const SSHD: &str = "/usr/sbin/sshd";
+
+/// Path of the `skiff` client binary under test.
+pub fn skiff_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_skiff")
+}
+
+/// Path of the `skiffd` server binary under test.
+pub fn skiffd_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_skiffd")
+}
+
+/// True when running under CI (`CI=true`, as set by most CI systems).
+pub fn in_ci() -> bool {
+    std::env::var("CI")
+        .map(|v| {
+            let v = v.trim().to_ascii_lowercase();
+            v == "true" || v == "1" || v == "yes"
+        })
+        .unwrap_or(false)
+}
+
+fn on_path(tool: &str) -> bool {
+    let Some(path) = std::env::var_os("PATH") else {
+        return false;
+    };
+    std::env::split_paths(&path).any(|dir| {
+        fs::metadata(dir.join(tool))
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    })
+}
+
+/// Checks that the OpenSSH programs the tests need are installed.
+///
+/// Returns `true` when they are. When something is missing: panics under CI
+/// (a skipped interoperability test must never look like a pass there),
+/// otherwise prints a notice and returns `false` so the caller can return.
+pub fn require_openssh() -> bool {
+    let mut missing = Vec::new();
+    if !Path::new(SSHD).is_file() {
+        missing.push(SSHD.to_string());
+    }
+    for tool in ["ssh", "ssh-keygen", "ssh-agent", "ssh-add", "sha256sum"] {
+        if !on_path(tool) {
+            missing.push(tool.to_string());
+        }
+    }
+    if missing.is_empty() {
+        return true;
+    }
+    let msg = format!(
+        "OpenSSH interoperability test needs {} (install openssh-server, openssh-client, coreutils)",
+        missing.join(", ")
+    );
+    if in_ci() {
+        panic!("{msg}; CI=true so this test refuses to skip");
+    }
+    eprintln!("NOTICE: skipping test: {msg}");
+    false
+}
+
+/// Whether `tool` is on PATH. Under CI a missing tool is a failure (the
+/// test would otherwise pass without testing anything); elsewhere it prints
+/// a notice and returns `false` so the caller can return.
+pub fn require_tool(tool: &str, package: &str) -> bool {
+    if on_path(tool) {
+        return true;
+    }
+    let msg = format!("test needs {tool} (apt-get install -y {package})");
+    if in_ci() {
+        panic!("{msg}; CI=true so this test refuses to skip");
+    }
+    eprintln!("NOTICE: skipping test: {msg}");
+    false
+}
+
+/// True when the tests run as root (uid 0).
+pub fn is_root() -> bool {
+    static ROOT: OnceLock<bool> = OnceLock::new();
+    *ROOT.get_or_init(|| {
+        let out = Command::new("id").arg("-u").output().expect("run `id -u`");
+        String::from_utf8_lossy(&out.stdout).trim() == "0"
+    })
+}
+
+/// A directory to make `ChrootDirectory` jails in: every component
+/// root-owned and writable by no one else, as a jail's must be (this test
+/// binary's temporary directory under target/, else `/run` or `/srv`).
+/// `None` when not root.
+pub fn jail_base() -> Option<PathBuf> {
+    if !is_root() {
+        return None;
+    }
+    let target_tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let _ = fs::create_dir_all(target_tmp);
+    let candidates = [target_tmp, Path::new("/run"), Path::new("/srv")];
+    let base = candidates
+        .iter()
+        .find(|b| skiff_server::chroot::check(b).is_ok())
+        .unwrap_or_else(|| panic!("no root-owned, non-writable directory among {candidates:?}"));
+    Some(base.to_path_buf())
+}

@@ -1,0 +1,311 @@
+//! The `skiffd` under test: `Skiffd` and its `SkiffdOptions`, the setups
+//! that start one for a [`Fixture`], a run on a configuration it must
+//! refuse, and the skiffd (and the `Subsystem` lines naming it) the test
+//! account can run.
+
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use super::daemon::{free_port, DaemonCore, Launch};
+use super::environment::{is_root, require_openssh, skiffd_bin};
+use super::files::{tempdir, write_file};
+use super::keys::{Fixture, Key};
+use super::run::{CmdOutput, Run};
+
+static LAUNCH_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Options for [`Skiffd::start_with`].
+#[derive(Clone, Debug)]
+pub struct SkiffdOptions {
+    /// `--host-key` arguments; none lets skiffd create its own key in its
+    /// state directory ([`Skiffd::state_home`]).
+    pub host_keys: Vec<PathBuf>,
+    pub authorized_keys: PathBuf,
+    /// Content of the `--config` file, if any.
+    pub config: Option<String>,
+    pub verbose: bool,
+    /// More addresses to listen on, with the same port as 127.0.0.1 (on
+    /// Linux every 127.x.y.z is a local address).
+    pub also_listen: Vec<std::net::Ipv4Addr>,
+    /// A program and its arguments that start skiffd, whose own command
+    /// line follows them (`unshare --mount ...`); empty: skiffd itself.
+    pub wrapper: Vec<OsString>,
+    /// The open-file limit (soft, hard) skiffd starts with.
+    pub open_files: Option<(u64, u64)>,
+}
+
+impl SkiffdOptions {
+    pub fn new(host_key: &Key, authorized_keys: &Path) -> Self {
+        SkiffdOptions {
+            host_keys: vec![host_key.private.clone()],
+            authorized_keys: authorized_keys.to_path_buf(),
+            config: None,
+            verbose: true,
+            also_listen: Vec::new(),
+            wrapper: Vec::new(),
+            open_files: None,
+        }
+    }
+
+    /// Starts skiffd through `program` and `args` (see [`Self::wrapper`]).
+    pub fn wrapped<I, S>(mut self, program: &str, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.wrapper = std::iter::once(OsString::from(program))
+            .chain(args.into_iter().map(|a| a.as_ref().to_os_string()))
+            .collect();
+        self
+    }
+
+    pub fn open_files(mut self, soft: u64, hard: u64) -> Self {
+        self.open_files = Some((soft, hard));
+        self
+    }
+
+    pub fn also_listen(mut self, addrs: impl IntoIterator<Item = std::net::Ipv4Addr>) -> Self {
+        self.also_listen.extend(addrs);
+        self
+    }
+
+    pub fn config(mut self, text: &str) -> Self {
+        self.config = Some(text.to_string());
+        self
+    }
+
+    pub fn host_key(mut self, key: &Key) -> Self {
+        self.host_keys.push(key.private.clone());
+        self
+    }
+
+    /// No `--host-key`: skiffd uses (and on first start creates) the key
+    /// in `$XDG_STATE_HOME/skiffd`.
+    pub fn own_host_key(mut self) -> Self {
+        self.host_keys.clear();
+        self
+    }
+}
+
+/// A `skiffd` on 127.0.0.1, killed on drop.
+pub struct Skiffd {
+    core: DaemonCore,
+    opts: SkiffdOptions,
+}
+
+impl Skiffd {
+    /// `skiffd --listen 127.0.0.1:PORT --host-key KEY --authorized-keys PATH -v`.
+    pub fn start(host_key: &Key, authorized_keys: &Path) -> Skiffd {
+        Self::start_with(SkiffdOptions::new(host_key, authorized_keys))
+    }
+
+    pub fn start_with(opts: SkiffdOptions) -> Skiffd {
+        let mut d = Skiffd {
+            core: DaemonCore::new("skiffd"),
+            opts,
+        };
+        fs::create_dir(d.state_home()).expect("mkdir state");
+        d.start_on_free_port();
+        d
+    }
+
+    /// The `XDG_STATE_HOME` skiffd runs with (a private directory).
+    pub fn state_home(&self) -> PathBuf {
+        self.core.dir.path().join("state")
+    }
+
+    /// Stops skiffd and starts it again on the same port with the same
+    /// options.
+    pub fn restart(&mut self) {
+        self.relaunch();
+    }
+
+    /// Kills skiffd (SIGKILL) and reaps it; its session processes live on
+    /// until their connections end, as with sshd.
+    pub fn kill(&mut self) {
+        self.core.proc.take();
+    }
+
+    /// The running skiffd's process id.
+    pub fn pid(&self) -> u32 {
+        self.core
+            .proc
+            .as_ref()
+            .expect("skiffd is running")
+            .child
+            .id()
+    }
+}
+
+impl Launch for Skiffd {
+    fn core(&self) -> &DaemonCore {
+        &self.core
+    }
+
+    fn core_mut(&mut self) -> &mut DaemonCore {
+        &mut self.core
+    }
+
+    fn set_only_host_key(&mut self, key: &Key) {
+        self.opts.host_keys = vec![key.private.clone()];
+    }
+
+    fn launch(&mut self) -> Result<(), String> {
+        let seq = LAUNCH_SEQ.fetch_add(1, Ordering::Relaxed);
+        let mut cmd = match self.opts.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(skiffd_bin());
+                cmd
+            }
+            None => Command::new(skiffd_bin()),
+        };
+        cmd.arg("--listen")
+            .arg(format!("127.0.0.1:{}", self.core.port))
+            .arg("--authorized-keys")
+            .arg(&self.opts.authorized_keys);
+        for addr in &self.opts.also_listen {
+            cmd.arg("--listen")
+                .arg(format!("{addr}:{}", self.core.port));
+        }
+        for k in &self.opts.host_keys {
+            cmd.arg("--host-key").arg(k);
+        }
+        if let Some(text) = &self.opts.config {
+            let path = self.core.dir.path().join(format!("skiffd-{seq}.conf"));
+            write_file(&path, text, 0o644);
+            cmd.arg("--config").arg(path);
+        }
+        if self.opts.verbose {
+            cmd.arg("-v");
+        }
+        cmd.env("XDG_STATE_HOME", self.state_home());
+        if let Some((soft, hard)) = self.opts.open_files {
+            let lim = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            // SAFETY: the closure makes one system call (async-signal-safe)
+            // on a value copied in before the fork.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        self.core.spawn(cmd, None)
+    }
+}
+
+/// A [`Fixture`] and a skiffd serving its keys, or `None` when OpenSSH is
+/// missing outside CI (see [`require_openssh`]).
+pub fn skiffd_setup() -> Option<(Fixture, Skiffd)> {
+    if !require_openssh() {
+        return None;
+    }
+    let fx = Fixture::new();
+    let d = Skiffd::start(&fx.host_key, &fx.authorized_keys);
+    Some((fx, d))
+}
+
+/// Like [`skiffd_setup`], with extra keys authorized with options (see
+/// [`Fixture::keys_with_options`]) before skiffd starts.
+pub fn skiffd_with_keys<const N: usize>(
+    specs: [(&str, &str); N],
+) -> Option<(Fixture, [Key; N], Skiffd)> {
+    skiffd_configured(None, specs)
+}
+
+/// Like [`skiffd_with_keys`], with `config` (when given) as skiffd's
+/// --config file.
+pub fn skiffd_configured<const N: usize>(
+    config: Option<&str>,
+    specs: [(&str, &str); N],
+) -> Option<(Fixture, [Key; N], Skiffd)> {
+    if !require_openssh() {
+        return None;
+    }
+    let fx = Fixture::new();
+    let keys = fx.keys_with_options(specs);
+    let mut opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys);
+    if let Some(text) = config {
+        opts = opts.config(text);
+    }
+    let d = Skiffd::start_with(opts);
+    Some((fx, keys, d))
+}
+
+/// Runs skiffd with `config` and `host_key` on a free port, for a
+/// configuration it must refuse: returns once it exits (at most 20 s).
+pub fn skiffd_with_bad_config(host_key: &Key, config: &Path) -> CmdOutput {
+    Run::new(skiffd_bin())
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .arg("--host-key")
+        .arg(&host_key.private)
+        .arg("--config")
+        .arg(config)
+        .timeout(Duration::from_secs(20))
+        .run()
+}
+
+// ---------------------------------------------------------------------------
+// skiffd helper modes run as the test account
+// ---------------------------------------------------------------------------
+
+/// True when every directory above `path` lets others through and `path`
+/// lets others run it: the test account can then start this skiffd.
+pub fn runnable_by_others(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let mode = |p: &Path| fs::metadata(p).map(|m| m.mode()).unwrap_or(0);
+    mode(path) & 0o005 == 0o005 && path.ancestors().skip(1).all(|d| mode(d) & 0o001 != 0)
+}
+
+/// The skiffd the test account can run: the one under test, or (when a
+/// directory above it is closed to others, a checkout under a private home
+/// say) a copy in a directory it can reach.
+pub fn account_skiffd() -> &'static Path {
+    static EXE: OnceLock<(Option<TempDir>, PathBuf)> = OnceLock::new();
+    let (_, path) = EXE.get_or_init(|| {
+        let bin = PathBuf::from(skiffd_bin());
+        if !is_root() || runnable_by_others(&bin) {
+            return (None, bin);
+        }
+        let dir = tempdir();
+        let copy = dir.path().join("skiffd");
+        fs::copy(&bin, &copy).expect("copy skiffd");
+        fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).expect("chmod skiffd copy");
+        (Some(dir), copy)
+    });
+    path
+}
+
+/// The `--config` text skiffd needs to serve SFTP here: nothing when the
+/// default (skiffd's own path) works, else a `Subsystem sftp` line naming
+/// the copy.
+pub fn sftp_subsystem_config() -> Option<String> {
+    let exe = account_skiffd();
+    (exe != Path::new(skiffd_bin()))
+        .then(|| format!("Subsystem sftp '{}' --sftp-server\n", exe.display()))
+}
+
+/// Like [`sftp_subsystem_config`], for the data plane's `transfer@skiff`.
+pub fn transfer_subsystem_config() -> Option<String> {
+    let exe = account_skiffd();
+    (exe != Path::new(skiffd_bin())).then(|| {
+        format!(
+            "Subsystem transfer@skiff '{}' --transfer-server\n",
+            exe.display()
+        )
+    })
+}

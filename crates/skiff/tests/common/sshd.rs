@@ -1,0 +1,90 @@
+//! A private OpenSSH `sshd` on 127.0.0.1 (`Sshd`), and `sshd_setup`: a
+//! [`Fixture`] and an sshd serving its keys.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::daemon::{DaemonCore, Launch};
+use super::environment::{is_root, require_openssh, SSHD};
+use super::files::write_file;
+use super::keys::{Fixture, Key};
+
+/// A private OpenSSH `sshd` on 127.0.0.1, killed on drop.
+pub struct Sshd {
+    core: DaemonCore,
+    host_key: PathBuf,
+    authorized_keys: PathBuf,
+    extra: Vec<String>,
+}
+
+impl Sshd {
+    /// Starts sshd with one host key, an AuthorizedKeysFile and extra
+    /// sshd_config lines (e.g. `"AcceptEnv LC_*"`).
+    pub fn start(host_key: &Key, authorized_keys: &Path, extra: &[&str]) -> Sshd {
+        let mut sshd = Sshd {
+            core: DaemonCore::new("sshd"),
+            host_key: host_key.private.clone(),
+            authorized_keys: authorized_keys.to_path_buf(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        if is_root() {
+            fs::create_dir_all("/run/sshd").expect("mkdir -p /run/sshd");
+            fs::set_permissions("/run/sshd", fs::Permissions::from_mode(0o755))
+                .expect("chmod /run/sshd");
+        }
+        sshd.start_on_free_port();
+        sshd
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.core.dir.path().join("sshd_config")
+    }
+}
+
+impl Launch for Sshd {
+    fn core(&self) -> &DaemonCore {
+        &self.core
+    }
+
+    fn core_mut(&mut self) -> &mut DaemonCore {
+        &mut self.core
+    }
+
+    fn set_only_host_key(&mut self, key: &Key) {
+        self.host_key = key.private.clone();
+    }
+
+    fn launch(&mut self) -> Result<(), String> {
+        let port = self.core.port;
+        let mut cfg = format!(
+            "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nUsePAM no\nStrictModes no\n\
+             AuthorizedKeysFile {}\nPidFile none\nLogLevel VERBOSE\n\
+             PasswordAuthentication no\nKbdInteractiveAuthentication no\n",
+            self.host_key.display(),
+            self.authorized_keys.display()
+        );
+        for l in &self.extra {
+            cfg.push_str(l);
+            cfg.push('\n');
+        }
+        let cfg_path = self.config_path();
+        write_file(&cfg_path, cfg, 0o644);
+        let mut cmd = Command::new(SSHD);
+        cmd.arg("-D").arg("-e").arg("-f").arg(&cfg_path);
+        let marker = format!("Server listening on 127.0.0.1 port {port}.");
+        self.core.spawn(cmd, Some(&marker))
+    }
+}
+
+/// A [`Fixture`] and a private sshd serving its keys (plus `extra`
+/// sshd_config lines), or `None` as for [`skiffd_setup`].
+pub fn sshd_setup(extra: &[&str]) -> Option<(Fixture, Sshd)> {
+    if !require_openssh() {
+        return None;
+    }
+    let fx = Fixture::new();
+    let sshd = Sshd::start(&fx.host_key, &fx.authorized_keys, extra);
+    Some((fx, sshd))
+}
