@@ -488,25 +488,18 @@ mod tests {
         let registry = Registry::default();
         let relay = relay();
         let stale = [7u8; TOKEN_LEN];
-        registry.tokens.lock().unwrap().insert(
-            stale,
-            Pending {
+        let plant = || {
+            let expired = Pending {
                 index: 0,
                 peer: CLIENT,
                 expires: Instant::now(),
                 relay: relay.clone(),
-            },
-        );
+            };
+            registry.tokens.lock().unwrap().insert(stale, expired);
+        };
+        plant();
         assert_eq!(registry.redeem(&stale, CLIENT).err(), Some("expired token"));
-        registry.tokens.lock().unwrap().insert(
-            stale,
-            Pending {
-                index: 0,
-                peer: CLIENT,
-                expires: Instant::now(),
-                relay: relay.clone(),
-            },
-        );
+        plant();
         registry.issue(1, CLIENT, &relay);
         assert!(!registry.tokens.lock().unwrap().contains_key(&stale));
     }
