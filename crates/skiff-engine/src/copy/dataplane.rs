@@ -756,7 +756,17 @@ async fn upload(
                 }
             },
             Some(reason) = refused_rx.recv() => {
-                refusal = Some(reason);
+                // A server that gave up on the transfer (a record failed its
+                // check) closes its streams, and records still unread there
+                // make the close a reset, which can take the stream's
+                // acknowledgement with it: that looks like a refusal. The
+                // server's own reason, if it sends one now, is the cause.
+                if let Some(message) = server_last_word(&mut s.control).await {
+                    server_reason = Some(message.clone());
+                    report.failures.push(message);
+                } else {
+                    refusal = Some(reason);
+                }
                 break Err(SkiffError::new(ErrorKind::Connect, format!("{host}: refused")));
             }
             _ = tick.tick() => {
@@ -790,7 +800,12 @@ async fn upload(
     // The refusal may be reported after the server's complaint about the
     // other streams, which stopped because of it (the senders are joined
     // now, so a refusal is queued if there was one).
-    let refusal = refusal.or_else(|| refused_rx.try_recv().ok().filter(|_| !gave_up));
+    let refusal = match server_reason {
+        // The server said why it ended the transfer: refusals after that
+        // are its closing.
+        Some(_) => None,
+        None => refusal.or_else(|| refused_rx.try_recv().ok().filter(|_| !gave_up)),
+    };
     if let Some(refused) = refusal {
         return Err(refused);
     }
@@ -807,6 +822,23 @@ async fn upload(
         }
     }
     Ok(report)
+}
+
+/// The server's reason for ending a whole transfer, if it gives one within
+/// [`LAST_WORD`]; `None` once the control channel ends or stays quiet.
+/// Anything else it says meanwhile is passed over: the transfer is ending.
+async fn server_last_word(control: &mut ControlChannel) -> Option<String> {
+    let deadline = tokio::time::Instant::now() + LAST_WORD;
+    loop {
+        match tokio::time::timeout_at(deadline, control.recv()).await {
+            Ok(Ok(ServerMsg::Failed {
+                id: u32::MAX,
+                message,
+            })) => return Some(server_text(&message)),
+            Ok(Ok(_)) => continue,
+            Ok(Err(_)) | Err(_) => return None,
+        }
+    }
 }
 
 /// Walks the sources, announcing each entry and queueing file chunks.
