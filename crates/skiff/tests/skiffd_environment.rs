@@ -557,3 +557,32 @@ fn accepted_variables_reach_sessions_and_refused_ones_never_do() {
         c("values are never logged")
     );
 }
+
+/// A client may send any number of refused variables: the first eight get
+/// a warning line each, then one line says the rest are not logged, and
+/// the session runs. Before, every request wrote its own warning.
+#[test]
+fn refused_variables_flood_the_log_no_further_than_a_few_lines() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let d = Skiffd::start_with(
+        SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config("AcceptEnv *\n"),
+    );
+    let vars: Vec<String> = (0..40).map(|i| format!("LD_FLOOD_{i}=x")).collect();
+    let send = format!("SetEnv={}", vars.join(" "));
+    let out = ssh(d.port(), user(), &fx.client_key)
+        .opt(&send)
+        .args(&["echo ran"])
+        .run();
+    let c = ctx(&d, "40 refused variables");
+    out.expect_code(0, &c).expect_stdout("ran\n", &c);
+    let log = d.log();
+    let warned = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("refusing environment variable LD_FLOOD_"))
+        .count();
+    assert_eq!(warned, 8, "{c}");
+    assert!(log.contains("no longer logged one by one"), "{c}");
+}

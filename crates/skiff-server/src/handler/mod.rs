@@ -81,6 +81,9 @@ pub struct ConnectionHandler {
     /// The notice of `/etc/nologin` for a login it refuses: sent as the
     /// reason for disconnecting once the client has proved its key.
     nologin_refusal: Option<String>,
+    /// Refused environment variables logged on this connection so far
+    /// (see `session::REFUSALS_LOGGED`).
+    env_refusals: std::cell::Cell<u32>,
 }
 
 impl ConnectionHandler {
@@ -109,6 +112,7 @@ impl ConnectionHandler {
             auth_info: None,
             effective: None,
             nologin_refusal: None,
+            env_refusals: std::cell::Cell::new(0),
             state,
         }
     }

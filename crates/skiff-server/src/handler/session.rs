@@ -49,6 +49,10 @@ struct Running {
     pty: Option<Arc<process::PtyMaster>>,
 }
 
+/// How many refused environment variables one connection gets a warning
+/// line each for; past that, one line says so and the rest go to debug.
+const REFUSALS_LOGGED: u32 = 8;
+
 impl ConnectionHandler {
     /// The `ChrootDirectory` of `account`'s login, expanded and checked;
     /// `None` when there is none. Jailing needs root.
@@ -142,7 +146,16 @@ impl ConnectionHandler {
         };
         let user = self.auth.as_ref().map_or("", |a| a.account.name.as_str());
         let line = crate::session_env::refused_message(source, name, why);
-        tracing::warn!(peer = %self.peer, user = %user, "{line}");
+        // A client may send as many `env` requests as it likes: the first
+        // few refusals are worth a warning each, the rest one line.
+        let refusals = self.env_refusals.get().saturating_add(1);
+        self.env_refusals.set(refusals);
+        match refusals {
+            n if n <= REFUSALS_LOGGED => tracing::warn!(peer = %self.peer, user = %user, "{line}"),
+            n if n == REFUSALS_LOGGED + 1 => tracing::warn!(peer = %self.peer, user = %user,
+                "more refused environment variables on this connection; no longer logged one by one"),
+            _ => tracing::debug!(peer = %self.peer, user = %user, "{line}"),
+        }
         false
     }
 
