@@ -19,6 +19,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::server_context as ctx;
+use common::skiff_cp as cp;
 use common::*;
 
 const MIB: usize = 1 << 20;
@@ -35,27 +36,6 @@ fn skiffd(fx: &Fixture, extra_config: &str) -> Skiffd {
         opts = opts.config(&config);
     }
     Skiffd::start_with(opts)
-}
-
-/// `skiff cp` with hermetic options, as the test account, to `port`.
-fn cp(port: u16, key: &Key, args: &[&str]) -> CmdOutput {
-    let scratch = tempdir();
-    Run::new(skiff_bin())
-        .env("HOME", scratch.path())
-        .env("SKIFF_AGENT", "off")
-        .env_remove("SSH_AUTH_SOCK")
-        .args(["cp", "-F", "/dev/null", "-o", "BatchMode=yes"])
-        .args(["-o", "StrictHostKeyChecking=no", "-o", "ConnectTimeout=10"])
-        .arg(format!(
-            "-oUserKnownHostsFile={}",
-            scratch.path().join("kh").display()
-        ))
-        .arg("-i")
-        .arg(&key.private)
-        .args(["-P", &port.to_string()])
-        .args(args)
-        .timeout(BULK_TIMEOUT)
-        .run()
 }
 
 fn remote(path: &Path) -> String {

@@ -289,39 +289,8 @@ impl Server {
 
     /// skiffd's peak resident memory (VmHWM), in kB.
     fn peak_rss_kb(&self) -> u64 {
-        let pid = skiffd_pid(self.port());
-        let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmHWM in /proc/PID/status")
+        self.d.memory().1 / 1024
     }
-}
-
-/// The pid of the skiffd listening on 127.0.0.1:`port` (its command line
-/// names the address).
-fn skiffd_pid(port: u16) -> u32 {
-    let listen = format!("127.0.0.1:{port}");
-    let mut found = Vec::new();
-    for entry in fs::read_dir("/proc").expect("read /proc").flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmdline) = fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        if args.first() == Some(&skiffd_bin().as_bytes()) && args.contains(&listen.as_bytes()) {
-            found.push(pid);
-        }
-    }
-    assert_eq!(
-        found.len(),
-        1,
-        "one skiffd listening on {listen}: {found:?}"
-    );
-    found[0]
 }
 
 /// A stock `ssh -v` login running in the background (`true` as the

@@ -216,21 +216,7 @@ fn nologin_file_keeps_everyone_but_root_out_and_shows_its_notice() {
 fn sftp_as(d: &Skiffd, name: &str, key: &Key, scratch: &Path, commands: &[String]) -> CmdOutput {
     let batch = scratch.join("batch");
     write_file(&batch, commands.join("\n") + "\n", 0o644);
-    Run::new("sftp")
-        .args(["-F", "/dev/null", "-b"])
-        .arg(&batch)
-        .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"])
-        .args([
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "IdentitiesOnly=yes",
-        ])
-        .arg("-i")
-        .arg(&key.private)
-        .args(["-P", &d.port().to_string()])
-        .arg(format!("{name}@127.0.0.1"))
-        .run()
+    stock_sftp_batch_as(d.port(), name, key, &batch)
 }
 
 #[test]

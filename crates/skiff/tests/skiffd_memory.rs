@@ -42,21 +42,6 @@ const ALLOWANCE: u64 = 192 * MIB;
 /// what stays is fragments and skiffd's own growth).
 const GIVEN_BACK_WITHIN: u64 = 96 * MIB;
 
-/// skiffd's resident set size and its peak, in bytes.
-fn memory(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"));
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map(|kib| kib * 1024)
-            .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / MIB as f64)
 }
@@ -238,7 +223,7 @@ fn until_plateau(d: &Skiffd, flood: &Flood, base: u64, bound: u64, within: Durat
     let (mut last_sent, mut since) = (0, Instant::now());
     loop {
         thread::sleep(Duration::from_millis(250));
-        let (_, peak) = memory(d.pid());
+        let (_, peak) = d.memory();
         let (ready, sent, ended) = flood.state();
         let c = server_context(d, "flooding skiffd");
         assert!(
@@ -281,7 +266,7 @@ fn input_for_commands_that_never_read_stays_within_the_server_budget() {
         return;
     };
     let sessions = Sessions::new("server");
-    let (base, _) = memory(d.pid());
+    let (base, _) = d.memory();
     let bound = base + SERVER_BUDGET + 64 * RESERVE + ALLOWANCE;
     let mut flood = Flood::start(
         d.port(),
@@ -318,7 +303,7 @@ fn input_for_commands_that_never_read_stays_within_the_server_budget() {
     let given_back = base + GIVEN_BACK_WITHIN;
     let deadline = Instant::now() + Duration::from_secs(60);
     let rss = loop {
-        let (rss, _) = memory(d.pid());
+        let (rss, _) = d.memory();
         if rss <= given_back || Instant::now() >= deadline {
             break rss;
         }
@@ -355,7 +340,7 @@ fn a_client_that_vanishes_while_its_connection_is_held_is_noticed() {
         return;
     };
     let sessions = Sessions::new("vanish");
-    let (base, _) = memory(d.pid());
+    let (base, _) = d.memory();
     let bound = base + CONNECTION_BUDGET + ALLOWANCE;
     let mut flood = Flood::start(
         d.port(),
@@ -466,7 +451,7 @@ fn openssh_sessions_on_one_connection_wait_within_its_budget_then_finish() {
         );
         thread::sleep(Duration::from_millis(50));
     }
-    let (base, _) = memory(d.pid());
+    let (base, _) = d.memory();
     let clients: Vec<_> = (0..8)
         .map(|_| {
             let (port, key, input) = (d.port(), fx.client_key.clone(), input.clone());
@@ -483,7 +468,7 @@ fn openssh_sessions_on_one_connection_wait_within_its_budget_then_finish() {
         })
         .collect();
     let outs: Vec<CmdOutput> = clients.into_iter().map(|t| t.join().unwrap()).collect();
-    let (_, peak) = memory(d.pid());
+    let (_, peak) = d.memory();
     let _ = master.kill();
     let _ = master.wait();
     let c = server_context(&d, "8 sessions on one ControlMaster connection");

@@ -361,23 +361,8 @@ fn data_plane_copy_fits_a_low_max_startups() {
     let rdir = account_dir();
     let remote = format!("{}@127.0.0.1:{}", user(), rdir.path().display());
     let cp = |args: &[&str]| {
-        let scratch = tempdir();
-        Run::new(skiff_bin())
-            .env("HOME", scratch.path())
-            .env("SKIFF_AGENT", "off")
-            .env_remove("SSH_AUTH_SOCK")
-            .args(["cp", "-F", "/dev/null", "-o", "BatchMode=yes"])
-            .args(["-o", "StrictHostKeyChecking=no", "-o", "ConnectTimeout=10"])
-            .arg(format!(
-                "-oUserKnownHostsFile={}",
-                scratch.path().join("kh").display()
-            ))
-            .arg("-i")
-            .arg(&fx.client_key.private)
-            .args(["-P", &d.port().to_string(), "--streams", "2"])
-            .args(args)
-            .timeout(BULK_TIMEOUT)
-            .run()
+        let args: Vec<&str> = ["--streams", "2"].iter().chain(args).copied().collect();
+        skiff_cp(d.port(), &fx.client_key, &args)
     };
     cp(&[src.to_str().unwrap(), &remote]).expect_code(0, &ctx(&d, "upload"));
     assert_eq!(sha256(&rdir.path().join("payload")), sum, "uploaded copy");

@@ -17,9 +17,9 @@ use tempfile::TempDir;
 use super::accounts::user;
 use super::daemon::Daemon;
 use super::environment::skiff_bin;
-use super::files::write_file;
+use super::files::{tempdir, write_file};
 use super::keys::{known_hosts_line, Fixture, Key};
-use super::run::{CmdOutput, Input, Run, DEFAULT_TIMEOUT};
+use super::run::{CmdOutput, Input, Run, BULK_TIMEOUT, DEFAULT_TIMEOUT};
 
 /// A private HOME for one skiff invocation (or a few): `~/.ssh` (0700) is
 /// the test's own.
@@ -365,4 +365,26 @@ impl Drop for AgentHome {
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         }
     }
+}
+
+/// `skiff cp` with hermetic options (no agent, no config, a throwaway
+/// known_hosts), as the test account, to `port`.
+pub fn skiff_cp(port: u16, key: &Key, args: &[&str]) -> CmdOutput {
+    let scratch = tempdir();
+    Run::new(skiff_bin())
+        .env("HOME", scratch.path())
+        .env("SKIFF_AGENT", "off")
+        .env_remove("SSH_AUTH_SOCK")
+        .args(["cp", "-F", "/dev/null", "-o", "BatchMode=yes"])
+        .args(["-o", "StrictHostKeyChecking=no", "-o", "ConnectTimeout=10"])
+        .arg(format!(
+            "-oUserKnownHostsFile={}",
+            scratch.path().join("kh").display()
+        ))
+        .arg("-i")
+        .arg(&key.private)
+        .args(["-P", &port.to_string()])
+        .args(args)
+        .timeout(BULK_TIMEOUT)
+        .run()
 }

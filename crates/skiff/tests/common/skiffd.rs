@@ -143,6 +143,22 @@ impl Skiffd {
             .child
             .id()
     }
+
+    /// skiffd's resident set size and its peak (VmRSS, VmHWM), in bytes.
+    pub fn memory(&self) -> (u64, u64) {
+        let pid = self.pid();
+        let status = fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"));
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .map(|kib| kib * 1024)
+                .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
 }
 
 impl Launch for Skiffd {

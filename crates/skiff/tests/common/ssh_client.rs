@@ -234,6 +234,11 @@ impl Agent {
 /// Stock `sftp -b BATCH` as the test account against 127.0.0.1:`port`
 /// with `key`, host keys unchecked.
 pub fn stock_sftp_batch(port: u16, key: &Key, batch: &Path) -> CmdOutput {
+    stock_sftp_batch_as(port, user(), key, batch)
+}
+
+/// [`stock_sftp_batch`] as the account `name`.
+pub fn stock_sftp_batch_as(port: u16, name: &str, key: &Key, batch: &Path) -> CmdOutput {
     Run::new("sftp")
         .args(["-F", "/dev/null", "-b"])
         .arg(batch)
@@ -247,6 +252,6 @@ pub fn stock_sftp_batch(port: u16, key: &Key, batch: &Path) -> CmdOutput {
         .arg("-i")
         .arg(&key.private)
         .args(["-P", &port.to_string()])
-        .arg(format!("{}@127.0.0.1", user()))
+        .arg(format!("{name}@127.0.0.1"))
         .run()
 }
