@@ -282,7 +282,7 @@ fn agent_version(spawn: bool) -> Result<(u32, u32), String> {
 pub fn subsystem_announced(
     wire: ExecWire,
     io: BorrowedFd<'_>,
-    opened: &mut dyn FnMut(Option<Duration>),
+    opened: &mut dyn FnMut(Duration),
 ) -> Outcome {
     let version = match agent_version(true) {
         Ok((version, _)) => version,
@@ -300,13 +300,7 @@ pub fn subsystem_announced(
     let stderr = std::io::stderr();
     let fds = [io, io, stderr.as_fd()];
     let req = Request::Subsystem(wire);
-    answered(request_announced(
-        stream,
-        &req,
-        &fds,
-        &mut || None,
-        &mut |rtt| opened(Some(rtt)),
-    ))
+    answered(request_announced(stream, &req, &fds, &mut || None, opened))
 }
 
 /// Runs a fan-out through the agent (`stream` from [`connect_or_spawn`]):

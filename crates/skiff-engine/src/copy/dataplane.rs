@@ -190,43 +190,35 @@ fn request(job: &CopyJob, streams: u32) -> ClientMsg {
     }
 }
 
-/// The client's opening messages. With the round trip already known, the
-/// request goes out with `Hello` and the stream count is settled without
-/// waiting for the server's answer (the server grants at most what was
-/// asked, and both sides then use the smaller of the request and the
-/// grant). Without it, `Hello` asks for up to 8 streams, its answer
-/// measures the round trip, and the request follows.
+/// The client's opening messages. The round trip is already known (from
+/// opening the channel), so the request goes out with `Hello` and the
+/// stream count is settled without waiting for the server's answer (the
+/// server grants at most what was asked, and both sides then use the
+/// smaller of the request and the grant).
 struct Opening {
     secret: [u8; SECRET_LEN],
-    asked: u32,
-    /// The stream count sent with `Hello`, if the request went with it.
-    requested: Option<u32>,
+    /// The stream count asked for in `Hello` and in the request.
+    requested: u32,
     bytes: Vec<u8>,
 }
 
 impl Opening {
-    fn new(job: &CopyJob, options: &PlaneOptions, rtt: Option<Duration>) -> Opening {
+    fn new(job: &CopyJob, options: &PlaneOptions, rtt: Duration) -> Opening {
         let mut secret = [0u8; SECRET_LEN];
         rand::fill(&mut secret);
-        let requested = rtt.map(|rtt| {
-            options
-                .streams
-                .unwrap_or_else(|| default_streams(rtt))
-                .clamp(1, MAX_STREAMS)
-        });
-        let asked = requested.unwrap_or_else(|| options.streams.unwrap_or(8).clamp(1, MAX_STREAMS));
+        let requested = options
+            .streams
+            .unwrap_or_else(|| default_streams(rtt))
+            .clamp(1, MAX_STREAMS);
         let mut bytes = dp::encode_client(&ClientMsg::Hello {
             version: VERSION,
             mode: options.mode,
-            streams: asked,
+            streams: requested,
             secret,
         });
-        if let Some(n) = requested {
-            bytes.extend_from_slice(&dp::encode_client(&request(job, n)));
-        }
+        bytes.extend_from_slice(&dp::encode_client(&request(job, requested)));
         Opening {
             secret,
-            asked,
             requested,
             bytes,
         }
@@ -260,7 +252,7 @@ pub async fn copy(
     };
     let opened = std::time::Instant::now();
     let mut channel = crate::exec::open_session(conn).await?.into_channel();
-    let opening = Opening::new(job, options, Some(opened.elapsed()));
+    let opening = Opening::new(job, options, opened.elapsed());
     channel
         .request_subsystem(true, dp::SUBSYSTEM)
         .await
@@ -312,16 +304,15 @@ pub async fn copy(
 
 /// Copies over the data plane, with the `transfer@skiff` subsystem already
 /// asked for on `stream` (a channel the agent holds, say); the data streams
-/// go to `addr`, the SSH server's address. With `rtt`, the round trip
-/// measured opening the channel, the request goes out with `Hello`;
-/// without, it waits for the server's answer, which measures one.
+/// go to `addr`, the SSH server's address; `rtt`, the round trip measured
+/// opening the channel, picks the stream count.
 pub async fn copy_on<S>(
     stream: S,
     host: &str,
     addr: SocketAddr,
     job: &CopyJob,
     options: &PlaneOptions,
-    rtt: Option<Duration>,
+    rtt: Duration,
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError>
 where
@@ -353,8 +344,8 @@ fn local_placement(job: &CopyJob) -> Result<Option<skiff_files::Placement>, Copy
     }
 }
 
-/// The rest of the opening exchange (the server's `Welcome`, the request if
-/// it did not go with `Hello`), then the transfer.
+/// The rest of the opening exchange (the server's `Welcome`), then the
+/// transfer.
 async fn run(
     mut control: ControlChannel,
     opening: Opening,
@@ -365,7 +356,6 @@ async fn run(
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError> {
     let host = control.host.clone();
-    let asked_at = std::time::Instant::now();
     let (server_secret, tokens) = match control.recv().await? {
         ServerMsg::Welcome {
             version,
@@ -376,7 +366,7 @@ async fn run(
             if version != VERSION
                 || mode != options.mode
                 || tokens.is_empty()
-                || tokens.len() > opening.asked as usize
+                || tokens.len() > opening.requested as usize
             {
                 return Err(SkiffError::new(
                     ErrorKind::Protocol,
@@ -402,17 +392,7 @@ async fn run(
         }
     };
     let granted = tokens.len() as u32;
-    let streams = match opening.requested {
-        Some(n) => n.min(granted),
-        None => {
-            let n = options
-                .streams
-                .unwrap_or_else(|| default_streams(asked_at.elapsed()))
-                .clamp(1, granted);
-            control.send(&request(job, n)).await?;
-            n
-        }
-    };
+    let streams = opening.requested.min(granted);
     tracing::debug!(
         "{host}: data plane up: mode {}, {streams} of {granted} streams",
         options.mode
