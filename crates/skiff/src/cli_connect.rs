@@ -45,19 +45,6 @@ impl ConnectArgs {
     pub fn agent_enabled(&self) -> bool {
         crate::route::agent_allowed(self.no_agent)
     }
-
-    /// `-i` files as the agent (another process, another working directory) must see them.
-    pub fn identity_for_agent(&self) -> Vec<String> {
-        self.identity
-            .iter()
-            .map(|p| crate::route::absolute(p))
-            .collect()
-    }
-
-    /// `-F` as the agent must see it.
-    pub fn config_for_agent(&self) -> Option<String> {
-        self.config.as_deref().map(crate::route::absolute)
-    }
 }
 
 /// `options` with `ProxyJump=JUMP` in front when `jump` is given.

@@ -370,15 +370,16 @@ fn through_agent(
     options.extend(args.conn.ssh_options());
     let wire = RunWire {
         base: ExecWire {
-            user: args.conn.login.clone(),
-            port: args.conn.port,
-            identity_files: args.conn.identity_for_agent(),
-            config_file: args.conn.config_for_agent(),
-            options,
             command: command.to_string(),
-            client_env: skiff_engine::settings::ClientEnv::from_process().vars,
             no_stdin: true,
-            ..Default::default()
+            ..crate::route::agent_destination(&skiff_engine::Destination {
+                host: String::new(),
+                user: args.conn.login.clone(),
+                port: args.conn.port,
+                identity_files: args.conn.identity.clone(),
+                config_file: args.conn.config.clone(),
+                options,
+            })
         },
         hosts: folded,
         parallel: u32::try_from(args.parallel.max(1)).unwrap_or(u32::MAX),

@@ -97,7 +97,7 @@ pub(crate) fn agent_destination(dest: &Destination) -> ExecWire {
 
 /// A path as another process (another working directory) must see it;
 /// `none` stays `none`.
-pub(crate) fn absolute(p: &std::path::Path) -> String {
+fn absolute(p: &std::path::Path) -> String {
     if p.as_os_str() == "none" {
         return "none".into();
     }
