@@ -106,19 +106,6 @@ pub trait OutputSource: Send {
     ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + 'a;
 }
 
-impl OutputSource for tokio::net::unix::pipe::Receiver {
-    fn ready(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send + '_ {
-        self.readable()
-    }
-
-    fn read_some<'a>(
-        &'a mut self,
-        buf: &'a mut [u8],
-    ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + 'a {
-        self.read(buf)
-    }
-}
-
 impl OutputSource for Arc<crate::process::PtyMaster> {
     fn ready(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send + '_ {
         crate::process::PtyMaster::readable(self)
@@ -132,8 +119,9 @@ impl OutputSource for Arc<crate::process::PtyMaster> {
     }
 }
 
-/// A socket's read half: ready when readable, read as an `AsyncRead`.
-macro_rules! socket_output_source {
+/// A pipe or a socket's read half: ready when readable, read as an
+/// `AsyncRead`.
+macro_rules! readable_output_source {
     ($($half:ty),+) => {$(
         impl OutputSource for $half {
             fn ready(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send + '_ {
@@ -150,7 +138,8 @@ macro_rules! socket_output_source {
     )+};
 }
 
-socket_output_source!(
+readable_output_source!(
+    tokio::net::unix::pipe::Receiver,
     tokio::net::tcp::OwnedReadHalf,
     tokio::net::unix::OwnedReadHalf
 );
