@@ -1,9 +1,17 @@
-//! The skiff data plane's stream I/O, shared by `skiff` (client) and the
-//! transfer process skiffd starts as the account (server): record streams
-//! over TCP sealed in place ([`stream`]), the queue that spreads file chunks
-//! over several streams ([`send`]), and the table that writes received
-//! chunks into files and commits each one when it is complete ([`receive`]),
-//! and the watch that notices a transfer that stopped moving ([`watch`]).
+//! The skiff data plane's two ends, shared by `skiff` (client) and the
+//! transfer process skiffd starts as the account (server), so that an
+//! upload and a download run the same code whichever side sends:
+//! - sending: walking the sources and announcing each entry ([`offer`]),
+//!   and the queue that spreads file chunks over several streams ([`send`]);
+//! - receiving: checking each announced entry and making its file or
+//!   directory ([`accept`]), and the table that writes received chunks into
+//!   files and commits each one when it is complete ([`receive`]);
+//! - record streams over TCP sealed in place ([`stream`]), and the watch
+//!   that notices a transfer that stopped moving ([`watch`]).
+//!
+//! Only the control channel differs between the two sides (an async SSH
+//! channel in the client, stdin/stdout in the transfer process): each side
+//! keeps its own talk and calls these for everything else.
 //!
 //! Blocking std I/O on one thread per stream: a stream is a bulk pipe, and a
 //! thread blocked in `read`/`write` is the cheapest way to keep it full.
@@ -12,6 +20,8 @@
 // Only `tcp` (TCP_INFO through getsockopt) needs `unsafe`.
 #![deny(unsafe_code)]
 
+pub mod accept;
+pub mod offer;
 pub mod receive;
 pub mod send;
 pub mod stream;
@@ -19,9 +29,9 @@ pub mod stream;
 pub mod tcp;
 pub mod watch;
 
-pub use receive::{
-    finish_dirs, prepare_entry, AnnouncedTwice, FileTable, Incoming, PendingDir, Prepared, Settled,
-};
+pub use accept::{Accepted, Accepting, Misbehaved};
+pub use offer::{offer_tree, source_path, Offered};
+pub use receive::{AnnouncedTwice, FileTable, Incoming, Settled};
 pub use send::{ChunkQueue, Outgoing};
 pub use stream::{
     connect_stream, open_stream, RecordReader, RecordWriter, StreamError, Unacknowledged,

@@ -14,7 +14,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use skiff_files::{AtomicFile, FileError, MadeDir, ReceivePolicy, Times};
+use skiff_files::{AtomicFile, FileError, Times};
 
 use crate::stream::{Record, RecordReader, StreamError};
 
@@ -190,6 +190,10 @@ impl FileTable {
     /// announced before is refused (the file's temporary is dropped).
     pub fn open(&self, file: Incoming) -> Result<(), AnnouncedTwice> {
         let id = file.id;
+        if self.table.lock().expect("table lock").aborted {
+            // The transfer is over: the temporary goes with `file`.
+            return Ok(());
+        }
         if file.size == 0 {
             self.insert(id, Slot::Dropped, false)?;
             let result = file.commit();
@@ -402,88 +406,6 @@ impl FileTable {
     }
 }
 
-/// A directory whose mode and times (`-p`) are applied once its contents
-/// are in.
-pub type PendingDir = (std::path::PathBuf, u32, Option<Times>);
-
-/// What became of an announced entry on the receiving side.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Prepared {
-    /// A file now expected on the streams: its size and its path as shown.
-    File(u64, String),
-    /// A directory, created.
-    Dir,
-    /// The entry cannot be received (a bad name, a directory or file that
-    /// cannot be created); its chunks are discarded.
-    Failed(String),
-}
-
-/// Prepares the local side of an announced entry: checks the peer's
-/// relative path, then creates the directory (remembered in `dirs` for `-p`
-/// when `policy` lets `-p` set it) or opens the file's temporary in `table`.
-/// Modes follow `policy`. An id announced before is the peer's error.
-pub fn prepare_entry(
-    table: &FileTable,
-    placement: &skiff_files::Placement,
-    e: &skiff_proto::dataplane::EntryWire,
-    preserve: bool,
-    policy: ReceivePolicy,
-    dirs: &mut Vec<PendingDir>,
-) -> Result<Prepared, AnnouncedTwice> {
-    if table.knows(e.id) {
-        return Err(AnnouncedTwice(e.id));
-    }
-    let rel = match skiff_files::safe_relative(&e.rel) {
-        Ok(r) => r,
-        Err(err) => {
-            table.refuse(e.id)?;
-            return Ok(Prepared::Failed(err.to_string()));
-        }
-    };
-    let path = placement.path_for(&rel);
-    let times = preserve.then_some(Times {
-        atime: e.atime,
-        atime_nsec: e.atime_nsec,
-        mtime: e.mtime,
-        mtime_nsec: e.mtime_nsec,
-    });
-    if e.is_dir {
-        table.refuse(e.id)?;
-        let mode = policy.dir_mode(e.mode, preserve);
-        return Ok(match skiff_files::make_dir(&path, mode) {
-            Ok(made) => {
-                if preserve && (made == MadeDir::Created || policy.finishes_existing_dirs()) {
-                    dirs.push((path, mode, times));
-                }
-                Prepared::Dir
-            }
-            Err(err) => Prepared::Failed(err.to_string()),
-        });
-    }
-    match AtomicFile::create(&path) {
-        Ok(f) => {
-            let mode = policy.file_mode(e.mode, preserve, f.replaced_mode());
-            let display = path.display().to_string();
-            table.open(Incoming::new(e.id, f, e.size, mode, times, display.clone()))?;
-            Ok(Prepared::File(e.size, display))
-        }
-        Err(err) => {
-            table.refuse(e.id)?;
-            Ok(Prepared::Failed(err.to_string()))
-        }
-    }
-}
-
-/// Applies the remembered directories' modes and times, deepest first.
-/// Returns one message per directory that failed.
-pub fn finish_dirs(dirs: &[PendingDir]) -> Vec<String> {
-    dirs.iter()
-        .rev()
-        .filter_map(|(path, mode, times)| skiff_files::finish_dir(path, *mode, *times).err())
-        .map(|e| e.to_string())
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -545,6 +467,17 @@ mod tests {
         // The refused second file left no temporary behind.
         t.abort();
         assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
+    }
+
+    #[test]
+    fn a_file_announced_after_an_abort_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = table();
+        t.abort();
+        t.open(incoming(dir.path(), 1, 5)).unwrap();
+        t.open(incoming(dir.path(), 2, 0)).unwrap();
+        assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
+        assert_eq!(t.pending(), 0);
     }
 
     #[test]

@@ -97,6 +97,18 @@ impl ChunkQueue {
         self.changed.notify_all();
     }
 
+    /// Chunks waiting now.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.state.lock().expect("queue lock").chunks.len()
+    }
+
+    /// True once the producer said it has no more files.
+    #[cfg(test)]
+    pub(crate) fn is_closed(&self) -> bool {
+        self.state.lock().expect("queue lock").closed
+    }
+
     fn pop(&self) -> Option<Chunk> {
         let mut st = self.state.lock().expect("queue lock");
         loop {

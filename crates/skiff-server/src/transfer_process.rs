@@ -15,12 +15,11 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use nix::sys::socket::{self, ControlMessageOwned, MsgFlags};
 use skiff_dataplane::{
-    finish_dirs, prepare_entry, ChunkQueue, FileTable, Outgoing, PendingDir, Prepared,
-    RecordReader, RecordWriter, Settled,
+    offer_tree, source_path, Accepted, Accepting, ChunkQueue, FileTable, Offered, RecordReader,
+    RecordWriter, Settled,
 };
-use skiff_files::{EntryKind, ReceivePolicy};
 use skiff_proto::dataplane::{
-    self as dp, ClientMsg, EntryWire, Keys, Mode, RelayMsg, ServerMsg, Side, SECRET_LEN, VERSION,
+    self as dp, ClientMsg, Keys, Mode, RelayMsg, ServerMsg, Side, SECRET_LEN, VERSION,
 };
 
 /// The descriptor skiffd gives the transfer process.
@@ -411,17 +410,14 @@ fn put(
         };
         plane.accept_streams(serve, on_error)
     };
-    let mut dirs: Vec<PendingDir> = Vec::new();
+    let mut accepting = Accepting::upload(&table, &placement, preserve);
     loop {
         match input.next() {
-            Ok(Some(ClientMsg::Entry(e))) => {
-                let policy = ReceivePolicy::Upload;
-                match prepare_entry(&table, &placement, &e, preserve, policy, &mut dirs) {
-                    Ok(Prepared::Failed(message)) => control.fail(e.id, message),
-                    Ok(_) => {}
-                    Err(twice) => fatal(&control, &table, twice.to_string()),
-                }
-            }
+            Ok(Some(ClientMsg::Entry(e))) => match accepting.entry(&e) {
+                Ok(Accepted::Failed(message)) => control.fail(e.id, message),
+                Ok(_) => {}
+                Err(broke) => fatal(&control, &table, broke.to_string()),
+            },
             Ok(Some(ClientMsg::PutEnd)) => {
                 table.close_announcements();
                 break;
@@ -464,7 +460,7 @@ fn put(
             .unwrap_or_else(|| "upload aborted".into());
         fatal(&control, &table, reason);
     }
-    for message in finish_dirs(&dirs) {
+    for message in accepting.finish() {
         control.fail(u32::MAX, message);
     }
     finished.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -514,64 +510,15 @@ fn get(
         };
         plane.accept_streams(serve, on_error)
     };
-    let mut next_id = 0u32;
-    'sources: for source in sources {
-        let path = if source.is_empty() {
-            "."
-        } else {
-            source.as_str()
-        };
-        for entry in skiff_files::walk(Path::new(path), recursive) {
-            let entry = match entry {
-                Ok(e) => e,
-                Err(e) => {
-                    control.fail(u32::MAX, e.to_string());
-                    continue;
-                }
-            };
-            let Some(rel) = entry.rel.to_str() else {
-                control.fail(
-                    u32::MAX,
-                    format!("{}: name is not UTF-8; not copied", entry.source.display()),
-                );
-                continue;
-            };
-            let id = next_id;
-            next_id += 1;
-            let is_dir = entry.kind == EntryKind::Dir;
-            let file = if is_dir {
-                None
-            } else {
-                match std::fs::File::open(&entry.source) {
-                    Ok(f) => Some(f),
-                    Err(e) => {
-                        control.fail(
-                            u32::MAX,
-                            skiff_files::FileError::io(&entry.source, &e).to_string(),
-                        );
-                        continue;
-                    }
-                }
-            };
-            control.send(&ServerMsg::Entry(EntryWire {
-                id,
-                rel: rel.to_string(),
-                is_dir,
-                size: entry.size,
-                mode: entry.mode,
-                mtime: entry.mtime,
-                mtime_nsec: entry.mtime_nsec,
-                atime: entry.atime,
-                atime_nsec: entry.atime_nsec,
-            }));
-            if let Some(f) = file {
-                if !queue.push(Outgoing::new(id, f, entry.size)) {
-                    break 'sources;
-                }
-            }
+    let sources: Vec<_> = sources.iter().map(|s| source_path(s).to_owned()).collect();
+    offer_tree(&sources, recursive, &queue, &mut |offered| {
+        match offered {
+            Offered::Entry { wire, .. } => control.send(&ServerMsg::Entry(wire)),
+            Offered::Unsendable(why) => control.fail(u32::MAX, why),
         }
-    }
-    queue.close();
+        // A client that went away ends the process (stop_when_client_leaves).
+        true
+    });
     control.send(&ServerMsg::Done);
     let joined = senders.join();
     finished.store(true, std::sync::atomic::Ordering::SeqCst);

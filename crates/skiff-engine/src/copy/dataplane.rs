@@ -22,10 +22,10 @@ use std::time::Duration;
 
 use russh::ChannelMsg;
 use skiff_dataplane::{
-    connect_stream, finish_dirs, open_stream, prepare_entry, ChunkQueue, FileTable, Outgoing,
-    PendingDir, Prepared, RecordWriter, Settled, Stall, StreamError, StreamWatch,
+    connect_stream, offer_tree, open_stream, Accepted, Accepting, ChunkQueue, FileTable, Offered,
+    RecordWriter, Settled, Stall, StreamError, StreamWatch,
 };
-use skiff_files::{EntryKind, ReceivePolicy, Requested};
+use skiff_files::Requested;
 use skiff_proto::dataplane::{
     self as dp, ClientMsg, EntryWire, Keys, Mode, ServerMsg, SECRET_LEN, TOKEN_LEN, VERSION,
 };
@@ -829,68 +829,19 @@ fn produce(
     tx: &tokio::sync::mpsc::UnboundedSender<Produced>,
     sizes: &Mutex<std::collections::HashMap<u32, (u64, String)>>,
 ) {
-    let mut next_id = 0u32;
-    'sources: for source in sources {
-        for entry in skiff_files::walk(source, recursive) {
-            let entry = match entry {
-                Ok(e) => e,
-                Err(e) => {
-                    let _ = tx.send(Produced::Failure(e.to_string()));
-                    continue;
-                }
-            };
-            let Some(rel) = entry.rel.to_str() else {
-                let _ = tx.send(Produced::Failure(format!(
-                    "{}: name is not UTF-8; not copied",
-                    entry.source.display()
-                )));
-                continue;
-            };
-            let is_dir = entry.kind == EntryKind::Dir;
-            let file = if is_dir {
-                None
-            } else {
-                match std::fs::File::open(&entry.source) {
-                    Ok(f) => Some(f),
-                    Err(e) => {
-                        let _ = tx.send(Produced::Failure(
-                            skiff_files::FileError::io(&entry.source, &e).to_string(),
-                        ));
-                        continue;
-                    }
-                }
-            };
-            let id = next_id;
-            next_id += 1;
-            if !is_dir {
+    offer_tree(sources, recursive, queue, &mut |offered| match offered {
+        Offered::Entry { wire, source } => {
+            if !wire.is_dir {
                 sizes
                     .lock()
                     .expect("lock")
-                    .insert(id, (entry.size, entry.source.display().to_string()));
-                let _ = tx.send(Produced::Total(entry.size));
+                    .insert(wire.id, (wire.size, source.display().to_string()));
+                let _ = tx.send(Produced::Total(wire.size));
             }
-            let wire = EntryWire {
-                id,
-                rel: rel.to_string(),
-                is_dir,
-                size: entry.size,
-                mode: entry.mode,
-                mtime: entry.mtime,
-                mtime_nsec: entry.mtime_nsec,
-                atime: entry.atime,
-                atime_nsec: entry.atime_nsec,
-            };
-            if tx.send(Produced::Msg(ClientMsg::Entry(wire))).is_err() {
-                break 'sources;
-            }
-            if let Some(f) = file {
-                if !queue.push(Outgoing::new(id, f, entry.size)) {
-                    break 'sources;
-                }
-            }
+            tx.send(Produced::Msg(ClientMsg::Entry(wire))).is_ok()
         }
-    }
-    queue.close();
+        Offered::Unsendable(why) => tx.send(Produced::Failure(why)).is_ok(),
+    });
     let _ = tx.send(Produced::Msg(ClientMsg::PutEnd));
 }
 
@@ -928,12 +879,14 @@ async fn download(
     drop(ended_tx);
     let mut admitted = Admitted {
         host: &host,
-        requested: Requested::new(sources, job.recursive),
+        accepting: Accepting::download(
+            &table,
+            &placement,
+            job.preserve,
+            Requested::new(sources, job.recursive),
+        ),
         table: &table,
-        placement: &placement,
-        preserve: job.preserve,
         names: std::collections::HashMap::new(),
-        dirs: Vec::new(),
         report: CopyReport::default(),
     };
     let mut stall = Stall::new(s.stall, std::time::Instant::now());
@@ -1028,12 +981,11 @@ async fn download(
         ));
     }
     let Admitted {
-        names,
-        dirs,
+        accepting,
+        mut names,
         mut report,
         ..
     } = admitted;
-    let mut names = names;
     for x in settled.lock().expect("lock").drain(..) {
         match x {
             Settled::Stored(id) => {
@@ -1046,22 +998,18 @@ async fn download(
             Settled::Failed(_, message) => report.failures.push(server_text(&message)),
         }
     }
-    report.failures.extend(finish_dirs(&dirs));
+    report.failures.extend(accepting.finish());
     Ok(report)
 }
 
-/// A download's entries so far: what the request admits, what was prepared
-/// for each, and the per-file outcome.
+/// A download's entries so far: what was made for each, and the per-file
+/// outcome.
 struct Admitted<'a> {
     host: &'a str,
-    requested: Requested,
+    accepting: Accepting<'a>,
     table: &'a FileTable,
-    placement: &'a skiff_files::Placement,
-    preserve: bool,
     /// Files expected on the streams: size and path as shown.
     names: std::collections::HashMap<u32, (u64, String)>,
-    /// Directories this copy created, for `-p`.
-    dirs: Vec<PendingDir>,
     report: CopyReport,
 }
 
@@ -1070,28 +1018,17 @@ impl Admitted<'_> {
     /// does not name, ends the copy; a file or directory that cannot be
     /// made here fails alone.
     fn entry(&mut self, e: &EntryWire, progress: &dyn Progress) -> Result<(), SkiffError> {
-        if self.table.knows(e.id) {
-            return Err(misbehaved(self.host, skiff_dataplane::AnnouncedTwice(e.id)));
-        }
-        self.requested
-            .admit(&e.rel, e.is_dir)
-            .map_err(|u| misbehaved(self.host, u))?;
-        let prepared = prepare_entry(
-            self.table,
-            self.placement,
-            e,
-            self.preserve,
-            ReceivePolicy::Download,
-            &mut self.dirs,
-        )
-        .map_err(|twice| misbehaved(self.host, twice))?;
-        match prepared {
-            Prepared::File(size, path) => {
+        let accepted = self
+            .accepting
+            .entry(e)
+            .map_err(|broke| misbehaved(self.host, broke))?;
+        match accepted {
+            Accepted::File(size, path) => {
                 progress.add_total(size);
                 self.names.insert(e.id, (size, path));
             }
-            Prepared::Dir => self.report.dirs += 1,
-            Prepared::Failed(message) => self.report.failures.push(server_text(&message)),
+            Accepted::Dir => self.report.dirs += 1,
+            Accepted::Failed(message) => self.report.failures.push(server_text(&message)),
         }
         Ok(())
     }

@@ -1,0 +1,180 @@
+//! Offering a tree: the sending side of a copy, whichever end sends (the
+//! client uploading, the transfer process serving a download). The sources
+//! are walked in scp's order ([`skiff_files::walk`]); each entry whose name
+//! can be sent and whose file opens gets the next id, is announced through
+//! the caller (which owns the control channel), and its chunks go on the
+//! [`ChunkQueue`] for the stream senders. An entry that cannot be sent is
+//! reported and skipped: it takes no id, so the receiver never waits for it.
+
+use std::path::{Path, PathBuf};
+
+use skiff_files::{EntryKind, FileError};
+use skiff_proto::dataplane::EntryWire;
+
+use crate::send::{ChunkQueue, Outgoing};
+
+/// One step of offering a tree, in walk order.
+#[derive(Debug)]
+pub enum Offered {
+    /// An entry to announce; a file's chunks are queued once the
+    /// announcement was taken. `source` is the local path it comes from.
+    Entry { wire: EntryWire, source: PathBuf },
+    /// A source or entry that cannot be sent (missing, unreadable, a name
+    /// that is not UTF-8): what to tell the person. The walk goes on.
+    Unsendable(String),
+}
+
+/// Walks `sources` (`-r`: `recursive`), hands each step to `announce` and
+/// queues every announced file's chunks on `queue`. Stops early when
+/// `announce` returns false (the control channel is gone) or the queue is
+/// aborted; closes the queue in every case, so the senders finish.
+pub fn offer_tree(
+    sources: &[PathBuf],
+    recursive: bool,
+    queue: &ChunkQueue,
+    announce: &mut dyn FnMut(Offered) -> bool,
+) {
+    let mut next_id = 0u32;
+    'sources: for source in sources {
+        for entry in skiff_files::walk(source, recursive) {
+            let entry = match entry {
+                Ok(e) => e,
+                Err(e) => {
+                    if !announce(Offered::Unsendable(e.to_string())) {
+                        break 'sources;
+                    }
+                    continue;
+                }
+            };
+            let (wire, file) = match sendable(&entry, next_id) {
+                Ok(ready) => ready,
+                Err(why) => {
+                    if !announce(Offered::Unsendable(why)) {
+                        break 'sources;
+                    }
+                    continue;
+                }
+            };
+            next_id += 1;
+            let (id, size) = (wire.id, wire.size);
+            if !announce(Offered::Entry {
+                wire,
+                source: entry.source,
+            }) {
+                break 'sources;
+            }
+            if let Some(file) = file {
+                if !queue.push(Outgoing::new(id, file, size)) {
+                    break 'sources;
+                }
+            }
+        }
+    }
+    queue.close();
+}
+
+/// The announcement for `entry` under `id`, with its file opened (none for
+/// a directory), or why it cannot be sent.
+fn sendable(
+    entry: &skiff_files::Entry,
+    id: u32,
+) -> Result<(EntryWire, Option<std::fs::File>), String> {
+    let Some(rel) = entry.rel.to_str() else {
+        return Err(format!(
+            "{}: name is not UTF-8; not copied",
+            entry.source.display()
+        ));
+    };
+    let is_dir = entry.kind == EntryKind::Dir;
+    let file = match is_dir {
+        true => None,
+        false => Some(
+            std::fs::File::open(&entry.source)
+                .map_err(|e| FileError::io(&entry.source, &e).to_string())?,
+        ),
+    };
+    let wire = EntryWire {
+        id,
+        rel: rel.to_string(),
+        is_dir,
+        size: entry.size,
+        mode: entry.mode,
+        mtime: entry.mtime,
+        mtime_nsec: entry.mtime_nsec,
+        atime: entry.atime,
+        atime_nsec: entry.atime_nsec,
+    };
+    Ok((wire, file))
+}
+
+/// A source as the peer named it: an empty name is the current directory.
+pub fn source_path(name: &str) -> &Path {
+    Path::new(if name.is_empty() { "." } else { name })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::ffi::OsStrExt;
+
+    fn offered(sources: &[PathBuf], recursive: bool) -> Vec<String> {
+        let queue = ChunkQueue::new(1024);
+        let mut seen = Vec::new();
+        offer_tree(sources, recursive, &queue, &mut |o| {
+            seen.push(match o {
+                Offered::Entry { wire, .. } => format!("{} {} {}", wire.id, wire.rel, wire.size),
+                Offered::Unsendable(why) => format!("! {why}"),
+            });
+            true
+        });
+        seen
+    }
+
+    #[test]
+    fn entries_that_cannot_be_sent_take_no_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("d");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("a"), b"abc").unwrap();
+        std::fs::write(d.join(std::ffi::OsStr::from_bytes(b"b\xff")), b"x").unwrap();
+        std::fs::write(d.join("c"), b"hello").unwrap();
+        let seen = offered(&[d.clone(), dir.path().join("missing")], true);
+        assert_eq!(seen.len(), 5, "{seen:?}");
+        assert_eq!(&seen[..2], ["0 d 0", "1 d/a 3"]);
+        assert!(
+            seen[2].starts_with("! ") && seen[2].contains("not UTF-8"),
+            "{seen:?}"
+        );
+        assert_eq!(seen[3], "2 d/c 5");
+        assert!(
+            seen[4].starts_with("! ") && seen[4].contains("missing"),
+            "{seen:?}"
+        );
+    }
+
+    #[test]
+    fn a_refused_announcement_stops_the_walk_and_closes_the_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        for n in ["a", "b", "c"] {
+            std::fs::write(dir.path().join(n), b"12").unwrap();
+        }
+        let sources: Vec<PathBuf> = ["a", "b", "c"].iter().map(|n| dir.path().join(n)).collect();
+        let queue = ChunkQueue::new(1024);
+        let mut announced = 0;
+        offer_tree(&sources, false, &queue, &mut |_| {
+            announced += 1;
+            announced < 2
+        });
+        assert_eq!(announced, 2);
+        // Only the first file's chunk was queued, and the queue is closed:
+        // a sender drains it and ends.
+        assert_eq!(queue.queued(), 1);
+        assert!(queue.is_closed());
+    }
+
+    #[test]
+    fn an_empty_source_name_is_the_current_directory() {
+        assert_eq!(source_path(""), Path::new("."));
+        assert_eq!(source_path("x/y"), Path::new("x/y"));
+    }
+}
