@@ -53,12 +53,8 @@ impl ConnectionHandler {
             }
             (refusal, _) => {
                 let why = refusal.unwrap_or_else(|| "not a TCP port".into());
-                tracing::info!(
-                    "{who}: refusing forwarding to {host_to_connect} port {port_to_connect}: {why}"
-                );
-                reply
-                    .reject(ChannelOpenFailure::AdministrativelyProhibited)
-                    .await;
+                let what = format!("{host_to_connect} port {port_to_connect}");
+                refuse_open(reply, &who, &what, &why).await;
             }
         }
         Ok(())
@@ -91,10 +87,8 @@ impl ConnectionHandler {
                 who,
             ),
             Some(why) => {
-                tracing::info!("{who}: refusing forwarding to socket {socket_path:?}: {why}");
-                reply
-                    .reject(ChannelOpenFailure::AdministrativelyProhibited)
-                    .await;
+                let what = format!("socket {socket_path:?}");
+                refuse_open(reply, &who, &what, &why).await;
             }
         }
         Ok(())
@@ -120,19 +114,10 @@ impl ConnectionHandler {
             }
             Err(refusal) => Err(refusal),
         };
-        match listened {
-            Ok(bound) => {
-                tracing::info!("{who}: remote forwarding from {address:?} port {bound}");
-                *port = bound;
-                Ok(true)
-            }
-            Err(why) => {
-                tracing::info!(
-                    "{who}: refusing remote forwarding from {address:?} port {port}: {why}"
-                );
-                Ok(false)
-            }
+        if let Ok(bound) = listened {
+            *port = bound;
         }
+        Ok(ruled(&who, &format!("{address:?} port {port}"), listened))
     }
 
     /// `streamlocal-forward`: a Unix socket listening for the client,
@@ -156,17 +141,30 @@ impl ConnectionHandler {
             }
             Some(refusal) => Err(refusal),
         };
-        match listened {
-            Ok(()) => {
-                tracing::info!("{who}: remote forwarding from socket {socket_path:?}");
-                Ok(true)
-            }
-            Err(why) => {
-                tracing::info!(
-                    "{who}: refusing remote forwarding from socket {socket_path:?}: {why}"
-                );
-                Ok(false)
-            }
+        Ok(ruled(&who, &format!("socket {socket_path:?}"), listened))
+    }
+}
+
+/// Turns down a forwarding channel, saying in the log who asked for `what`
+/// and why not.
+async fn refuse_open(reply: ChannelOpenHandle, who: &str, what: &str, why: &str) {
+    tracing::info!("{who}: refusing forwarding to {what}: {why}");
+    reply
+        .reject(ChannelOpenFailure::AdministrativelyProhibited)
+        .await;
+}
+
+/// Logs how a listening request for `what` (with the port bound, once
+/// known) went; true when it is listening.
+fn ruled<T>(who: &str, what: &str, listened: Result<T, String>) -> bool {
+    match listened {
+        Ok(_) => {
+            tracing::info!("{who}: remote forwarding from {what}");
+            true
+        }
+        Err(why) => {
+            tracing::info!("{who}: refusing remote forwarding from {what}: {why}");
+            false
         }
     }
 }
