@@ -17,7 +17,107 @@ pub struct AlgorithmList {
     pub default: &'static [&'static str],
     /// Supported too, but only when a configuration names them.
     pub more: &'static [&'static str],
+    /// Names OpenSSH knows for this list that skiff does not implement. A
+    /// configuration may name them (a hardened config written for sshd
+    /// often does): they are left out of the list, and
+    /// [`AlgorithmList::unimplemented_in`] says which, so the caller can
+    /// tell the person once. Only a list left empty is an error.
+    pub unimplemented: &'static [&'static str],
 }
+
+/// Key exchange methods OpenSSH has that skiff does not.
+const UNIMPLEMENTED_KEX: &[&str] = &[
+    "sntrup761x25519-sha512",
+    "sntrup761x25519-sha512@openssh.com",
+    "mlkem768nistp256-sha256",
+    "mlkem1024nistp384-sha384",
+];
+
+/// What skiffd lacks beyond [`UNIMPLEMENTED_KEX`]: group exchange, which
+/// only the client side has here.
+const UNIMPLEMENTED_SERVER_KEX: &[&str] = &[
+    "sntrup761x25519-sha512",
+    "sntrup761x25519-sha512@openssh.com",
+    "mlkem768nistp256-sha256",
+    "mlkem1024nistp384-sha384",
+    "diffie-hellman-group-exchange-sha256",
+    "diffie-hellman-group-exchange-sha1",
+];
+
+/// Ciphers OpenSSH has that skiff does not.
+const UNIMPLEMENTED_CIPHERS: &[&str] = &["3des-cbc"];
+
+/// MACs OpenSSH has (or had) that skiff does not.
+const UNIMPLEMENTED_MACS: &[&str] = &[
+    "umac-64@openssh.com",
+    "umac-128@openssh.com",
+    "umac-64-etm@openssh.com",
+    "umac-128-etm@openssh.com",
+    "hmac-sha1-96",
+    "hmac-sha1-96-etm@openssh.com",
+    "hmac-md5",
+    "hmac-md5-96",
+    "hmac-md5-etm@openssh.com",
+    "hmac-md5-96-etm@openssh.com",
+];
+
+/// Host key and signature algorithms OpenSSH has that skiffd does not sign
+/// or accept with.
+const UNIMPLEMENTED_SERVER_KEYS: &[&str] = &[
+    "ssh-dss",
+    "ssh-dss-cert-v01@openssh.com",
+    "ssh-rsa",
+    "ssh-rsa-cert-v01@openssh.com",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ssh-ed25519-cert-v01@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+    "sk-ecdsa-sha2-nistp256-cert-v01@openssh.com",
+    "webauthn-sk-ecdsa-sha2-nistp256@openssh.com",
+];
+
+/// Host key algorithms the client leaves out. Certificate names change
+/// nothing: skiff asks for host certificates whenever known_hosts trusts a
+/// CA for the host (`@cert-authority`), of the types the list names.
+const UNIMPLEMENTED_HOST_KEY: &[&str] = &[
+    "ssh-dss",
+    "ssh-dss-cert-v01@openssh.com",
+    "ssh-rsa-cert-v01@openssh.com",
+    "ssh-ed25519-cert-v01@openssh.com",
+    "ecdsa-sha2-nistp256-cert-v01@openssh.com",
+    "ecdsa-sha2-nistp384-cert-v01@openssh.com",
+    "ecdsa-sha2-nistp521-cert-v01@openssh.com",
+    "rsa-sha2-256-cert-v01@openssh.com",
+    "rsa-sha2-512-cert-v01@openssh.com",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ssh-ed25519-cert-v01@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+    "sk-ecdsa-sha2-nistp256-cert-v01@openssh.com",
+    "webauthn-sk-ecdsa-sha2-nistp256@openssh.com",
+];
+
+/// CA signature algorithms OpenSSH has that the client does not check.
+const UNIMPLEMENTED_CA_SIGNATURE: &[&str] =
+    &["ssh-dss", "webauthn-sk-ecdsa-sha2-nistp256@openssh.com"];
+
+/// skiffd's host keys are offered as plain keys through this list; a host
+/// certificate is offered when `HostCertificate` names one, so the
+/// certificate names here change nothing.
+const UNIMPLEMENTED_SERVER_HOST_KEY: &[&str] = &[
+    "ssh-dss",
+    "ssh-dss-cert-v01@openssh.com",
+    "ssh-rsa-cert-v01@openssh.com",
+    "ssh-ed25519-cert-v01@openssh.com",
+    "ecdsa-sha2-nistp256-cert-v01@openssh.com",
+    "ecdsa-sha2-nistp384-cert-v01@openssh.com",
+    "ecdsa-sha2-nistp521-cert-v01@openssh.com",
+    "rsa-sha2-256-cert-v01@openssh.com",
+    "rsa-sha2-512-cert-v01@openssh.com",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ssh-ed25519-cert-v01@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+    "sk-ecdsa-sha2-nistp256-cert-v01@openssh.com",
+    "webauthn-sk-ecdsa-sha2-nistp256@openssh.com",
+];
 
 /// Key exchange. The post-quantum hybrid comes first.
 pub const KEX: AlgorithmList = AlgorithmList {
@@ -41,6 +141,7 @@ pub const KEX: AlgorithmList = AlgorithmList {
         "diffie-hellman-group-exchange-sha1",
         "diffie-hellman-group1-sha1",
     ],
+    unimplemented: UNIMPLEMENTED_KEX,
 };
 
 /// Host key signature algorithms (certificates follow the same list).
@@ -55,6 +156,7 @@ pub const HOST_KEY: AlgorithmList = AlgorithmList {
         "rsa-sha2-256",
     ],
     more: &["ssh-rsa"],
+    unimplemented: UNIMPLEMENTED_HOST_KEY,
 };
 
 /// Ciphers.
@@ -68,6 +170,7 @@ pub const CIPHERS: AlgorithmList = AlgorithmList {
         "aes128-ctr",
     ],
     more: &["aes192-ctr", "aes256-cbc", "aes192-cbc", "aes128-cbc"],
+    unimplemented: UNIMPLEMENTED_CIPHERS,
 };
 
 /// MACs (used only with the non-AEAD ciphers).
@@ -80,6 +183,7 @@ pub const MACS: AlgorithmList = AlgorithmList {
         "hmac-sha2-512",
     ],
     more: &["hmac-sha1-etm@openssh.com", "hmac-sha1"],
+    unimplemented: UNIMPLEMENTED_MACS,
 };
 
 /// Signature algorithms a CA may have signed a host certificate with:
@@ -97,6 +201,7 @@ pub const CA_SIGNATURE: AlgorithmList = AlgorithmList {
         "rsa-sha2-256",
     ],
     more: &["ssh-rsa"],
+    unimplemented: UNIMPLEMENTED_CA_SIGNATURE,
 };
 
 /// The signature algorithms skiffd accepts from user keys and user
@@ -119,6 +224,7 @@ pub const SERVER_PUBKEY: AlgorithmList = AlgorithmList {
         "rsa-sha2-256-cert-v01@openssh.com",
     ],
     more: &[],
+    unimplemented: UNIMPLEMENTED_SERVER_KEYS,
 };
 
 /// What a CA may have signed a user certificate with, for skiffd
@@ -127,6 +233,7 @@ pub const SERVER_CA_SIGNATURE: AlgorithmList = AlgorithmList {
     keyword: "CASignatureAlgorithms",
     default: CA_SIGNATURE.default,
     more: &[],
+    unimplemented: UNIMPLEMENTED_SERVER_KEYS,
 };
 
 /// skiffd's key exchange (`KexAlgorithms` in its configuration). The
@@ -153,6 +260,7 @@ pub const SERVER_KEX: AlgorithmList = AlgorithmList {
         "diffie-hellman-group14-sha1",
         "diffie-hellman-group1-sha1",
     ],
+    unimplemented: UNIMPLEMENTED_SERVER_KEX,
 };
 
 /// skiffd's host key signature algorithms (`HostKeyAlgorithms`).
@@ -160,6 +268,7 @@ pub const SERVER_HOST_KEY: AlgorithmList = AlgorithmList {
     keyword: "HostKeyAlgorithms",
     default: HOST_KEY.default,
     more: HOST_KEY.more,
+    unimplemented: UNIMPLEMENTED_SERVER_HOST_KEY,
 };
 
 /// skiffd's ciphers (`Ciphers`): AEAD only unless asked for.
@@ -178,6 +287,7 @@ pub const SERVER_CIPHERS: AlgorithmList = AlgorithmList {
         "aes192-cbc",
         "aes128-cbc",
     ],
+    unimplemented: UNIMPLEMENTED_CIPHERS,
 };
 
 /// skiffd's MACs (`MACs`): encrypt-then-MAC SHA-2 unless asked for.
@@ -193,6 +303,7 @@ pub const SERVER_MACS: AlgorithmList = AlgorithmList {
         "hmac-sha1-etm@openssh.com",
         "hmac-sha1",
     ],
+    unimplemented: UNIMPLEMENTED_MACS,
 };
 
 /// Compression, for both skiff and skiffd, in order of preference: none,
@@ -268,13 +379,33 @@ impl AlgorithmList {
         Ok(result)
     }
 
+    /// The names in `value` (a keyword's value, as for
+    /// [`AlgorithmList::resolve`]) that OpenSSH knows and this list does
+    /// not implement: what `resolve` leaves out without an error.
+    pub fn unimplemented_in(&self, value: &str) -> Vec<&'static str> {
+        let list = value.trim_start_matches(['+', '-', '^']);
+        let mut out = Vec::new();
+        for item in list.split(',').map(str::trim) {
+            if let Some(name) = self.unimplemented.iter().find(|n| **n == item) {
+                if !out.contains(name) {
+                    out.push(*name);
+                }
+            }
+        }
+        out
+    }
+
     /// The supported names `items` stand for, in order; an exact name skiff
-    /// does not support is an error, a pattern matching nothing is not.
+    /// does not support is an error unless OpenSSH knows it
+    /// ([`AlgorithmList::unimplemented`]: left out), a pattern matching
+    /// nothing is not.
     fn expand(&self, items: &[&str]) -> Result<Vec<&'static str>, String> {
         let mut out = Vec::new();
         for item in items {
             if has_wildcard(item) {
                 out.extend(self.supported().filter(|n| wildcard_match(item, n)));
+            } else if self.unimplemented.contains(item) && !self.supported().any(|n| n == *item) {
+                continue;
             } else {
                 let found = self.supported().find(|n| n == item).ok_or_else(|| {
                     format!(
@@ -375,6 +506,62 @@ mod tests {
         }
         assert!(SERVER_KEX.supported().any(|n| n == "ecdh-sha2-nistp256"));
         assert_eq!(COMPRESSION, ["none", "zlib@openssh.com"]);
+    }
+
+    #[test]
+    fn names_openssh_knows_are_left_out_of_skiffds_lists_not_refused() {
+        let value = "sntrup761x25519-sha512@openssh.com,curve25519-sha256,diffie-hellman-group-exchange-sha256";
+        assert_eq!(SERVER_KEX.resolve(value).unwrap(), ["curve25519-sha256"]);
+        assert_eq!(
+            SERVER_KEX.unimplemented_in(value),
+            [
+                "sntrup761x25519-sha512@openssh.com",
+                "diffie-hellman-group-exchange-sha256"
+            ]
+        );
+        assert_eq!(
+            SERVER_CIPHERS.resolve("+3des-cbc").unwrap(),
+            SERVER_CIPHERS.defaults()
+        );
+        assert_eq!(
+            SERVER_MACS
+                .resolve("umac-128-etm@openssh.com,hmac-sha2-256-etm@openssh.com")
+                .unwrap(),
+            ["hmac-sha2-256-etm@openssh.com"]
+        );
+        assert_eq!(
+            SERVER_PUBKEY.resolve("ssh-ed25519,ssh-rsa").unwrap(),
+            ["ssh-ed25519"]
+        );
+        assert_eq!(
+            SERVER_PUBKEY.unimplemented_in("ssh-ed25519,ssh-rsa"),
+            ["ssh-rsa"]
+        );
+        // A list of nothing but such names is still an error, and so is a
+        // name OpenSSH does not know either.
+        assert!(SERVER_MACS
+            .resolve("umac-64@openssh.com")
+            .unwrap_err()
+            .contains("leaves no algorithm"));
+        assert!(SERVER_CIPHERS
+            .resolve("aes128-gcm@openssh.com,blowfish-cbc")
+            .unwrap_err()
+            .contains("unsupported algorithm \"blowfish-cbc\""));
+        // Patterns never reach them.
+        assert!(SERVER_MACS.unimplemented_in("umac-*").is_empty());
+        // The client's lists too: a hardened ssh_config (ssh-audit's, say)
+        // names post-quantum, umac and certificate algorithms.
+        assert_eq!(
+            HOST_KEY
+                .resolve("ssh-ed25519-cert-v01@openssh.com,ssh-ed25519,rsa-sha2-512-cert-v01@openssh.com")
+                .unwrap(),
+            ["ssh-ed25519"]
+        );
+        assert_eq!(
+            KEX.resolve("sntrup761x25519-sha512@openssh.com,curve25519-sha256")
+                .unwrap(),
+            ["curve25519-sha256"]
+        );
     }
 
     #[test]

@@ -792,26 +792,35 @@ pub fn decode_relay(buf: &[u8]) -> Result<RelayMsg, WireError> {
     Ok(msg)
 }
 
-/// How a stream's first bytes compare with [`MAGIC`].
+/// What a connection's first bytes say it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sniff {
     /// Too few bytes to tell.
     Undecided,
     /// The data-plane magic: a stream token follows.
     DataPlane,
-    /// Anything else (SSH).
-    Other,
+    /// An SSH client's identification line (`SSH-`).
+    Ssh,
+    /// Neither: not an SSH client (`echo | nc`, an HTTP probe). sshd
+    /// answers "Invalid SSH identification string" and closes.
+    NotSsh,
 }
+
+/// How every SSH client's identification line begins (RFC 4253 4.2; a
+/// client sends no other lines before it).
+const SSH_PREFIX: &[u8] = b"SSH-";
 
 /// Classifies the first bytes a server received on a connection.
 pub fn sniff(first: &[u8]) -> Sniff {
-    let n = first.len().min(MAGIC.len());
-    if first[..n] != MAGIC[..n] {
-        Sniff::Other
-    } else if n == MAGIC.len() {
-        Sniff::DataPlane
-    } else {
-        Sniff::Undecided
+    let prefix_of = |whole: &[u8]| {
+        let n = first.len().min(whole.len());
+        first[..n] == whole[..n]
+    };
+    match (prefix_of(&MAGIC), prefix_of(SSH_PREFIX)) {
+        (true, _) if first.len() >= MAGIC.len() => Sniff::DataPlane,
+        (_, true) if first.len() >= SSH_PREFIX.len() => Sniff::Ssh,
+        (false, false) => Sniff::NotSsh,
+        _ => Sniff::Undecided,
     }
 }
 
@@ -1070,7 +1079,13 @@ mod tests {
         assert_eq!(sniff(b""), Sniff::Undecided);
         assert_eq!(sniff(b"SKIFF"), Sniff::Undecided);
         assert_eq!(sniff(&MAGIC), Sniff::DataPlane);
-        assert_eq!(sniff(b"SSH-2.0-OpenSSH_9.2"), Sniff::Other);
-        assert_eq!(sniff(b"SKIFFX"), Sniff::Other);
+        assert_eq!(sniff(b"SSH-2.0-OpenSSH_9.2"), Sniff::Ssh);
+        assert_eq!(sniff(b"SSH-"), Sniff::Ssh);
+        assert_eq!(sniff(b"SS"), Sniff::Undecided);
+        assert_eq!(sniff(b"S"), Sniff::Undecided);
+        assert_eq!(sniff(b"SKIFFX"), Sniff::NotSsh);
+        assert_eq!(sniff(b"\n"), Sniff::NotSsh);
+        assert_eq!(sniff(b"GET / HTTP/1.1\r\n"), Sniff::NotSsh);
+        assert_eq!(sniff(b"SSX"), Sniff::NotSsh);
     }
 }

@@ -568,7 +568,58 @@ where
 /// Reads the account's file at `path` (a real path, tokens expanded) and
 /// parses it with `parse`, off the async workers; logs every refusal and
 /// skipped or bad line. A refused or missing file gives nothing.
+///
+/// A path with `*` or `?` (`authorized_keys_%u_*`, as sshd allows) stands
+/// for the files it matches, listed with the account's rights and read in
+/// name order, at most [`MAX_GLOB_FILES`] of them.
 pub async fn load<T: Send + 'static>(
+    path: String,
+    acct: &Account,
+    strict_modes: bool,
+    parse: Parser<T>,
+) -> Vec<T> {
+    if !skiff_proto::pattern::has_wildcard(&path) {
+        return load_one(path, acct, strict_modes, parse).await;
+    }
+    let reader = Reader::account(acct);
+    let policy = ReadPolicy::account_file(strict_modes);
+    let pattern = PathBuf::from(&path);
+    let listed = off_worker(&reader, &policy, move || {
+        let mut found = skiff_files::glob_paths(&pattern);
+        found.sort();
+        Ok(found)
+    })
+    .await;
+    let mut found = match listed {
+        Ok(found) => found,
+        Err(why) => {
+            tracing::warn!(user = %acct.name, "ignoring {}: {why}", clip(&path));
+            return Vec::new();
+        }
+    };
+    if found.len() > MAX_GLOB_FILES {
+        tracing::warn!(
+            user = %acct.name,
+            "{} matches {} files; reading the first {MAX_GLOB_FILES}",
+            clip(&path),
+            found.len()
+        );
+        found.truncate(MAX_GLOB_FILES);
+    }
+    let mut items = Vec::new();
+    for file in found {
+        let file = file.to_string_lossy().into_owned();
+        items.extend(load_one(file, acct, strict_modes, parse).await);
+    }
+    items
+}
+
+/// The most files one pattern in `AuthorizedKeysFile` or
+/// `AuthorizedPrincipalsFile` is read from.
+pub const MAX_GLOB_FILES: usize = 64;
+
+/// [`load`] for one real path.
+async fn load_one<T: Send + 'static>(
     path: String,
     acct: &Account,
     strict_modes: bool,

@@ -47,9 +47,9 @@ pub struct Settings {
     /// Path template (`%h`, `%u`) of the file listing the certificate
     /// principals an account admits (`AuthorizedPrincipalsFile`).
     pub authorized_principals_file: Option<String>,
-    /// Public keys that may never authenticate, nor sign certificates
-    /// (`RevokedKeys`).
-    pub revoked_keys: Option<PathBuf>,
+    /// Files of public keys that may never authenticate, nor sign
+    /// certificates (`RevokedKeys`; a key in any of them is revoked).
+    pub revoked_keys: Vec<PathBuf>,
     /// Path templates with `%h` and `%u` tokens, separated by spaces
     /// (`AuthorizedKeysFile`), or `none`. A path without tokens applies to
     /// every account.
@@ -249,7 +249,7 @@ impl Default for Settings {
             authorized_principals_command_user: None,
             access: Default::default(),
             authorized_principals_file: None,
-            revoked_keys: None,
+            revoked_keys: Vec::new(),
             authorized_keys: DEFAULT_AUTHORIZED_KEYS.to_string(),
             accept_env: vec!["LANG".into(), "LC_*".into()],
             set_env: Vec::new(),
@@ -382,8 +382,14 @@ fn collect_lines(
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let (keyword, rest) = split_keyword(line);
+        let (keyword, _) = split_keyword(line);
         let lower = keyword.to_ascii_lowercase();
+        // ForceCommand keeps its whole line, as in sshd (a shell reads it).
+        let line = match lower.as_str() {
+            "forcecommand" => line,
+            _ => without_comment(line),
+        };
+        let (keyword, rest) = split_keyword(line);
         if lower == "match" {
             let args: Vec<&str> = rest.split_whitespace().collect();
             blocks.push(MatchBlock::parse(&args).map_err(err)?);
@@ -421,6 +427,30 @@ fn collect_lines(
         }
     }
     Ok(())
+}
+
+/// `line` without a trailing comment: as sshd reads its configuration, a
+/// word that starts with `#` (outside quotes) ends the line, so
+/// `PermitOpen 127.0.0.1:1 # why` is `PermitOpen 127.0.0.1:1`; a `#`
+/// inside a word (`a#b`) is part of it.
+fn without_comment(line: &str) -> &str {
+    let mut quote = None;
+    let mut escaped = false;
+    let mut word_start = true;
+    for (i, c) in line.char_indices() {
+        let literal = std::mem::take(&mut escaped);
+        match (quote, c) {
+            _ if literal => {}
+            (_, '\\') => escaped = true,
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '#') if word_start => return line[..i].trim_end(),
+            _ => {}
+        }
+        word_start = quote.is_none() && !literal && c.is_whitespace();
+    }
+    line
 }
 
 /// A line's keyword and the rest (`Keyword value`, `Keyword=value`).
@@ -514,6 +544,24 @@ fn apply_line(
             _ => Err(err(format!("{keyword} takes exactly one value"))),
         }
     };
+    // An algorithm list; names OpenSSH has and skiffd lacks are left out,
+    // with a note (logged once at start), as long as something is left.
+    let algorithm_list = |list: &algorithms::AlgorithmList,
+                          value: &str,
+                          settings: &mut Settings|
+     -> Result<Vec<String>, ConfigError> {
+        let names = list.resolve(value).map_err(err)?;
+        let left_out = list.unimplemented_in(value);
+        if !left_out.is_empty() {
+            settings.config_notes.push(format!(
+                "{}:{}: {keyword}: {} not implemented by skiffd; not offered",
+                origin.file,
+                origin.line,
+                left_out.join(",")
+            ));
+        }
+        Ok(names)
+    };
     match keyword.to_ascii_lowercase().as_str() {
         "listenaddress" => {
             let v = one()?;
@@ -545,27 +593,32 @@ fn apply_line(
         }
         "hostkey" => settings.host_keys.push(PathBuf::from(one()?)),
         "kexalgorithms" => {
-            settings.kex_algorithms = algorithms::SERVER_KEX.resolve(one()?).map_err(err)?
+            settings.kex_algorithms = algorithm_list(&algorithms::SERVER_KEX, one()?, settings)?
         }
         "hostkeyalgorithms" => {
             settings.host_key_algorithms =
-                algorithms::SERVER_HOST_KEY.resolve(one()?).map_err(err)?
+                algorithm_list(&algorithms::SERVER_HOST_KEY, one()?, settings)?
         }
-        "ciphers" => settings.ciphers = algorithms::SERVER_CIPHERS.resolve(one()?).map_err(err)?,
-        "macs" => settings.macs = algorithms::SERVER_MACS.resolve(one()?).map_err(err)?,
+        "ciphers" => settings.ciphers = algorithm_list(&algorithms::SERVER_CIPHERS, one()?, settings)?,
+        "macs" => settings.macs = algorithm_list(&algorithms::SERVER_MACS, one()?, settings)?,
         "pubkeyacceptedalgorithms" | "pubkeyacceptedkeytypes" => {
-            settings.pubkey_algorithms = algorithms::SERVER_PUBKEY.resolve(one()?).map_err(err)?
+            settings.pubkey_algorithms =
+                algorithm_list(&algorithms::SERVER_PUBKEY, one()?, settings)?
         }
         "casignaturealgorithms" => {
-            settings.ca_signature_algorithms = algorithms::SERVER_CA_SIGNATURE
-                .resolve(one()?)
-                .map_err(err)?
+            settings.ca_signature_algorithms =
+                algorithm_list(&algorithms::SERVER_CA_SIGNATURE, one()?, settings)?
         }
         "hostcertificate" => settings.host_certificates.push(PathBuf::from(one()?)),
+        // Several files, as recent OpenSSH: a key listed in any is revoked.
         "revokedkeys" => {
-            settings.revoked_keys = match one()? {
-                "none" => None,
-                path => Some(PathBuf::from(path)),
+            settings.revoked_keys = match args.as_slice() {
+                [] => return Err(err("RevokedKeys needs a file (or none)".into())),
+                ["none"] => Vec::new(),
+                paths if paths.contains(&"none") => {
+                    return Err(err("RevokedKeys: none cannot be listed with files".into()))
+                }
+                paths => paths.iter().map(PathBuf::from).collect(),
             }
         }
         "authorizedprincipalsfile" => {
@@ -648,6 +701,8 @@ fn apply_line(
             let mut vars = Vec::new();
             for word in words {
                 match word.split_once('=') {
+                    // A name given twice keeps its first value, as in sshd.
+                    Some((name, _)) if vars.iter().any(|(n, _)| n == name) => {}
                     Some((name, value))
                         if !name.is_empty() && !name.contains(char::is_whitespace) =>
                     {
@@ -1008,6 +1063,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use skiff_proto::algorithms::{SERVER_CA_SIGNATURE, SERVER_PUBKEY};
 
     #[test]
     fn user_key_and_ca_signature_algorithms() {
@@ -1024,13 +1080,114 @@ mod tests {
             .pubkey_algorithms
             .contains(&"ssh-ed25519-cert-v01@openssh.com".to_string()));
         assert_eq!(s.ca_signature_algorithms, ["ssh-ed25519"]);
+        // RSA with SHA-1 is never accepted: asking for it adds nothing
+        // (with a note), and asking for nothing else is an error.
+        for (line, default) in [
+            (
+                "PubkeyAcceptedAlgorithms +ssh-rsa",
+                SERVER_PUBKEY.defaults(),
+            ),
+            (
+                "CASignatureAlgorithms +ssh-rsa",
+                SERVER_CA_SIGNATURE.defaults(),
+            ),
+        ] {
+            let mut s = Settings::default();
+            apply_config_text(&mut s, "f", line).unwrap();
+            let list = match line.starts_with("Pubkey") {
+                true => &s.pubkey_algorithms,
+                false => &s.ca_signature_algorithms,
+            };
+            assert_eq!(*list, default, "{line}");
+            assert!(
+                s.config_notes[0].contains("ssh-rsa not implemented"),
+                "{:?}",
+                s.config_notes
+            );
+        }
         for bad in [
-            "PubkeyAcceptedAlgorithms +ssh-rsa",
-            "CASignatureAlgorithms +ssh-rsa",
+            "PubkeyAcceptedAlgorithms ssh-rsa",
+            "CASignatureAlgorithms ssh-rsa-cert-v01@openssh.com",
         ] {
             let e = apply_config_text(&mut Settings::default(), "f", bad).unwrap_err();
-            assert!(e.message.contains("ssh-rsa"), "{e}");
+            assert!(e.message.contains("leaves no algorithm"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_word_starting_with_a_hash_ends_the_line() {
+        for (line, kept) in [
+            ("PermitOpen 127.0.0.1:1 # why", "PermitOpen 127.0.0.1:1"),
+            ("Port 22\t#\tcomment", "Port 22"),
+            ("Banner /etc/a#b", "Banner /etc/a#b"),
+            ("SetEnv A=\"x # y\" # z", "SetEnv A=\"x # y\""),
+            ("SetEnv A='#' B=1", "SetEnv A='#' B=1"),
+            ("SetEnv A=\\ #x", "SetEnv A=\\ #x"),
+            ("Port 22", "Port 22"),
+        ] {
+            assert_eq!(without_comment(line), kept, "{line:?}");
+        }
+        let mut s = Settings::default();
+        apply_config_text(
+            &mut s,
+            "c",
+            "PermitOpen 127.0.0.1:1 # comment\nMaxSessions 3 # three\nForceCommand echo hi # kept\n",
+        )
+        .unwrap();
+        assert_eq!(s.max_sessions, 3);
+        assert_eq!(s.force_command.as_deref(), Some("echo hi # kept"));
+    }
+
+    #[test]
+    fn revoked_keys_may_name_several_files_or_none() {
+        let mut s = Settings::default();
+        apply_config_text(&mut s, "c", "RevokedKeys /a /b\n").unwrap();
+        assert_eq!(s.revoked_keys, [PathBuf::from("/a"), PathBuf::from("/b")]);
+        let mut s = Settings::default();
+        apply_config_text(&mut s, "c", "RevokedKeys none\n").unwrap();
+        assert!(s.revoked_keys.is_empty());
+        let mut s = Settings::default();
+        assert!(apply_config_text(&mut s, "c", "RevokedKeys /a none\n").is_err());
+    }
+
+    #[test]
+    fn algorithm_names_openssh_has_are_noted_not_refused() {
+        let mut s = Settings::default();
+        apply_config_text(
+            &mut s,
+            "cfg",
+            "KexAlgorithms sntrup761x25519-sha512@openssh.com,curve25519-sha256\nMACs umac-128-etm@openssh.com,hmac-sha2-256-etm@openssh.com\nPubkeyAcceptedAlgorithms ssh-ed25519,ssh-rsa\nCiphers 3des-cbc,aes128-gcm@openssh.com\n",
+        )
+        .unwrap();
+        assert_eq!(s.kex_algorithms, ["curve25519-sha256"]);
+        assert_eq!(s.macs, ["hmac-sha2-256-etm@openssh.com"]);
+        assert_eq!(s.pubkey_algorithms, ["ssh-ed25519"]);
+        assert_eq!(s.ciphers, ["aes128-gcm@openssh.com"]);
+        assert_eq!(s.config_notes.len(), 4, "{:?}", s.config_notes);
+        assert!(
+            s.config_notes[0].starts_with(
+                "cfg:1: KexAlgorithms: sntrup761x25519-sha512@openssh.com not implemented"
+            ),
+            "{:?}",
+            s.config_notes
+        );
+        // Nothing left is still an error.
+        let mut s = Settings::default();
+        let e = apply_config_text(&mut s, "cfg", "MACs umac-64@openssh.com\n").unwrap_err();
+        assert!(e.to_string().contains("leaves no algorithm"), "{e}");
+    }
+
+    #[test]
+    fn set_env_keeps_the_first_value_of_a_name() {
+        let mut s = Settings::default();
+        apply_config_text(&mut s, "c", "SetEnv NAME=a OTHER=x NAME=b\n").unwrap();
+        assert_eq!(
+            s.set_env,
+            [
+                ("NAME".to_string(), "a".to_string()),
+                ("OTHER".into(), "x".into())
+            ]
+        );
     }
 
     #[test]

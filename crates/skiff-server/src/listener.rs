@@ -6,13 +6,13 @@
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
 use russh::keys::Algorithm;
 use russh::{cipher, kex, mac, Preferred, SshId};
+use skiff_proto::dataplane::Sniff;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::Settings;
@@ -21,7 +21,7 @@ use crate::handler::ConnectionHandler;
 use crate::hostkey::HostIdentity;
 use crate::server_state::ServerState;
 use crate::startups::{Pending, Refusal, Startups};
-use crate::stream_relay::Sniffed;
+use crate::stream_relay::{FirstBytes, Sniffed};
 
 /// The russh server configuration for these settings and host keys.
 ///
@@ -252,6 +252,10 @@ async fn accept_loop(
     }
 }
 
+/// What a connection that does not begin with an SSH identification line
+/// is told before it is closed (sshd's words).
+const INVALID_IDENTIFICATION: &[u8] = b"Invalid SSH identification string.\r\n";
+
 async fn handle_connection(
     stream: TcpStream,
     peer: SocketAddr,
@@ -271,8 +275,8 @@ async fn handle_connection(
         .with_socket(socket.try_clone()?);
     // Data-plane streams share the port: the sniffer sees their magic
     // before SSH would, and the socket is then served from `socket`.
-    let data_plane = Arc::new(AtomicBool::new(false));
-    let sniffed = Sniffed::new(stream, data_plane.clone());
+    let first_bytes = FirstBytes::default();
+    let sniffed = Sniffed::new(stream, first_bytes.clone());
     let started = tokio::time::timeout_at(
         deadline,
         russh::server::run_stream(config, sniffed, handler),
@@ -281,7 +285,17 @@ async fn handle_connection(
     .map_err(|_| anyhow::anyhow!("no SSH identification within LoginGraceTime"))?;
     let session = match started {
         Ok(session) => session,
-        Err(_) if data_plane.load(Ordering::SeqCst) => {
+        Err(_) if first_bytes.get() == Some(Sniff::NotSsh) => {
+            // As sshd: say so after the identification line, and close.
+            tracing::info!(%peer, "not an SSH client: invalid identification string");
+            let std_stream = std::net::TcpStream::from(socket);
+            std_stream.set_nonblocking(true)?;
+            let mut stream = TcpStream::from_std(std_stream)?;
+            let answer = tokio::io::AsyncWriteExt::write_all(&mut stream, INVALID_IDENTIFICATION);
+            let _ = tokio::time::timeout(Duration::from_secs(1), answer).await;
+            return Ok(());
+        }
+        Err(_) if first_bytes.get() == Some(Sniff::DataPlane) => {
             // Still unauthenticated: it counts until its token checks out.
             let std_stream = std::net::TcpStream::from(socket);
             std_stream.set_nonblocking(true)?;

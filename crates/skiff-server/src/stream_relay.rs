@@ -11,7 +11,6 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -318,16 +317,29 @@ async fn read_token(
     }
 }
 
-/// A TCP connection whose first bytes are checked for the data-plane magic
-/// before SSH sees them. SSH clients (which begin with `SSH-`) pass through
-/// untouched, and the server's identification line is written as usual. A
-/// connection that begins with the magic makes the first read fail and
-/// raises `data_plane`, so the caller can take the socket over (the server
-/// has written only its identification line, which the client skips).
+/// A TCP connection whose first bytes are checked before SSH sees them.
+/// SSH clients (which begin with `SSH-`) pass through untouched, and the
+/// server's identification line is written as usual. A connection that
+/// begins with the data-plane magic, or with anything that is not an SSH
+/// identification line, makes the first read fail and records what it was
+/// in the [`FirstBytes`], so the caller can take the socket over (a data
+/// stream) or answer it as sshd does (the server has written only its
+/// identification line).
 pub struct Sniffed {
     inner: TcpStream,
     state: SniffState,
-    data_plane: Arc<AtomicBool>,
+    verdict: FirstBytes,
+}
+
+/// What a [`Sniffed`] connection turned out to be, once its first read
+/// failed because of it: [`Sniff::DataPlane`] or [`Sniff::NotSsh`].
+#[derive(Clone, Default)]
+pub struct FirstBytes(Arc<std::sync::OnceLock<Sniff>>);
+
+impl FirstBytes {
+    pub fn get(&self) -> Option<Sniff> {
+        self.0.get().copied()
+    }
 }
 
 enum SniffState {
@@ -337,11 +349,11 @@ enum SniffState {
 }
 
 impl Sniffed {
-    pub fn new(inner: TcpStream, data_plane: Arc<AtomicBool>) -> Sniffed {
+    pub fn new(inner: TcpStream, verdict: FirstBytes) -> Sniffed {
         Sniffed {
             inner,
             state: SniffState::Sniffing(Vec::with_capacity(MAGIC.len())),
-            data_plane,
+            verdict,
         }
     }
 }
@@ -375,13 +387,16 @@ impl AsyncRead for Sniffed {
                     seen.extend_from_slice(got);
                     match dp::sniff(seen) {
                         Sniff::Undecided => continue,
-                        Sniff::Other => {
+                        Sniff::Ssh => {
                             let seen = std::mem::take(seen);
                             this.state = SniffState::Replaying(seen, 0);
                         }
-                        Sniff::DataPlane => {
-                            this.data_plane.store(true, Ordering::SeqCst);
-                            return Poll::Ready(Err(io::Error::other("data-plane connection")));
+                        other => {
+                            let _ = this.verdict.0.set(other);
+                            return Poll::Ready(Err(io::Error::other(match other {
+                                Sniff::DataPlane => "data-plane connection",
+                                _ => "not an SSH client",
+                            })));
                         }
                     }
                 }

@@ -628,18 +628,30 @@ pub fn authorized_keys_path(template: &str, acct: &Account) -> String {
 }
 
 /// Why a key (or certificate) may not be used, as `is_revoked` says of
-/// the `RevokedKeys` file at `path`: it is listed, or the file cannot be
-/// read (then no key may be used, as with sshd). Read at every check, off
-/// the async workers ([`crate::account_files`]), so that a revocation takes
+/// the `RevokedKeys` files at `paths`: one lists it, or one cannot be read
+/// (then no key may be used, as with sshd). Read at every check, off the
+/// async workers ([`crate::account_files`]), so that a revocation takes
 /// effect at once.
 async fn revoked(
-    path: Option<std::path::PathBuf>,
+    paths: Vec<std::path::PathBuf>,
     is_revoked: impl Fn(&RevokedKeys) -> bool,
 ) -> Option<String> {
+    for path in paths {
+        if let Some(why) = revoked_in(&path, &is_revoked).await {
+            return Some(why);
+        }
+    }
+    None
+}
+
+/// [`revoked`] for one file.
+async fn revoked_in(
+    path: &std::path::Path,
+    is_revoked: &impl Fn(&RevokedKeys) -> bool,
+) -> Option<String> {
     use crate::account_files::{clip, read_server_file, REVOKED_KEYS_MAX_BYTES};
-    let path = path?;
     let label = path.display().to_string();
-    let bytes = match read_server_file(&path, REVOKED_KEYS_MAX_BYTES).await {
+    let bytes = match read_server_file(path, REVOKED_KEYS_MAX_BYTES).await {
         Ok(b) => b,
         Err(e) => {
             let label = clip(&label);
