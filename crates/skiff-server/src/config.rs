@@ -101,6 +101,10 @@ pub struct Settings {
     /// subsystem); `None` refuses it. skiffd sets it to its own
     /// `--transfer-server` mode before reading `--config`.
     pub transfer_command: Option<String>,
+    /// Every other subsystem (`Subsystem NAME COMMAND`): its name and the
+    /// command line run as the account for it, as sshd runs one; `None`
+    /// (`Subsystem NAME none`) refuses it. The first line for a name wins.
+    pub subsystems: Vec<(String, Option<String>)>,
     /// skiffd's own executable, which serves `internal-sftp` inside a
     /// `ChrootDirectory` jail (it needs nothing from the jail).
     pub server_exe: Option<PathBuf>,
@@ -267,6 +271,7 @@ impl Default for Settings {
             client_alive_count_max: 3,
             sftp_command: None,
             transfer_command: None,
+            subsystems: Vec::new(),
             server_exe: None,
             data_plane: true,
             unencrypted_data_plane: UnencryptedPolicy::Loopback,
@@ -802,12 +807,8 @@ fn apply_line(
             match name {
                 "sftp" => settings.sftp_command = command,
                 skiff_proto::dataplane::SUBSYSTEM => settings.transfer_command = command,
-                _ => {
-                    return Err(err(format!(
-                        "unsupported subsystem {name:?}: only sftp and {} can be configured",
-                        skiff_proto::dataplane::SUBSYSTEM
-                    )))
-                }
+                _ if settings.subsystems.iter().any(|(n, _)| n == name) => {}
+                _ => settings.subsystems.push((name.to_string(), command)),
             }
         }
         "maxchannelwindow" => {
@@ -937,6 +938,17 @@ fn apply_line(
         }
     }
     Ok(())
+}
+
+impl Settings {
+    /// The command serving subsystem `name` when the configuration names
+    /// one other than sftp and the data plane (`Subsystem NAME COMMAND`).
+    pub fn subsystem(&self, name: &str) -> Option<&str> {
+        self.subsystems
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, command)| command.as_deref())
+    }
 }
 
 impl Settings {
@@ -1611,8 +1623,23 @@ mod tests {
         assert!(e.message.contains("absolute"), "{e}");
         let e = apply_config_text(&mut s, "c", "Subsystem sftp").unwrap_err();
         assert_eq!(e.to_string(), "c:1: Subsystem needs a name and a command");
-        let e = apply_config_text(&mut s, "c", "Subsystem other /bin/x").unwrap_err();
-        assert!(e.to_string().contains("only sftp"), "{e}");
+        // Any other name runs its command, as in sshd; the first line wins.
+        apply_config_text(
+            &mut s,
+            "c",
+            "Subsystem netconf /usr/bin/netconf --stdio\nSubsystem netconf /other\nSubsystem off none\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.subsystems,
+            [
+                (
+                    "netconf".to_string(),
+                    Some("/usr/bin/netconf --stdio".to_string())
+                ),
+                ("off".to_string(), None)
+            ]
+        );
         apply_config_text(&mut s, "c", "Subsystem transfer@skiff /x --transfer-server").unwrap();
         assert_eq!(s.transfer_command.as_deref(), Some("/x --transfer-server"));
     }

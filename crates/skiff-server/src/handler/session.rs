@@ -467,7 +467,8 @@ impl ConnectionHandler {
         }
     }
 
-    /// Starts a subsystem: `sftp`, or the skiff data plane.
+    /// Starts a subsystem: `sftp`, the skiff data plane, or one the
+    /// configuration names (`Subsystem NAME COMMAND`).
     pub(super) fn subsystem_requested(
         &mut self,
         channel: ChannelId,
@@ -484,10 +485,17 @@ impl ConnectionHandler {
                 self.start(channel, Some(command), session, None)
             }
             (skiff_proto::dataplane::SUBSYSTEM, _) => self.start_transfer(channel, session),
-            _ => {
-                tracing::info!(peer = %self.peer, "subsystem {name:?} is not available");
-                session.channel_failure(channel)
-            }
+            _ => match self.settings().subsystem(name) {
+                Some(command) => {
+                    tracing::debug!(peer = %self.peer, "subsystem {name:?}: {command}");
+                    let command = command.to_string();
+                    self.start(channel, Some(command), session, None)
+                }
+                None => {
+                    tracing::info!(peer = %self.peer, "subsystem {name:?} is not available");
+                    session.channel_failure(channel)
+                }
+            },
         }
     }
 
