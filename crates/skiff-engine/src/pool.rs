@@ -54,7 +54,7 @@ pub struct PoolKey {
     identity_agent: Option<PathBuf>,
     known_hosts: Vec<PathBuf>,
     host_key_alias: Option<String>,
-    revoked_host_keys: Option<PathBuf>,
+    revoked_host_keys: Vec<PathBuf>,
     pubkey_authentication: bool,
     required_rsa_size: u32,
     /// The way to the host (ProxyCommand, or the jump hosts' settings).

@@ -62,13 +62,22 @@ fn load(path: &Path) -> Result<Arc<RevokedKeys>, String> {
     Ok(list)
 }
 
-/// Refuses the server's host key or certificate if `RevokedHostKeys`
-/// revokes it (a certificate: its key, its CA, its serial or key ID), or
-/// if that file cannot be used.
+/// Refuses the server's host key or certificate if a `RevokedHostKeys`
+/// file revokes it (a certificate: its key, its CA, its serial or key ID),
+/// or if one of those files cannot be used.
 pub fn check(settings: &ConnectSettings, key: &PublicKeyOrCertificate) -> Result<(), SkiffError> {
-    let Some(path) = &settings.revoked_host_keys else {
-        return Ok(());
-    };
+    for path in &settings.revoked_host_keys {
+        check_one(settings, path, key)?;
+    }
+    Ok(())
+}
+
+/// [`check`] against one file.
+fn check_one(
+    settings: &ConnectSettings,
+    path: &Path,
+    key: &PublicKeyOrCertificate,
+) -> Result<(), SkiffError> {
     let (host, port) = settings.host_key_name();
     let name = skiff_proto::known_hosts::host_port_name(host, port);
     let refuse = |what: String| {

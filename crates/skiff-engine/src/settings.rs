@@ -64,9 +64,9 @@ pub struct ConnectSettings {
     pub hash_known_hosts: bool,
     /// `HostKeyAlias`: the name host keys are looked up and recorded under.
     pub host_key_alias: Option<String>,
-    /// `RevokedHostKeys`: host keys and host certificates refused whatever
-    /// known_hosts says.
-    pub revoked_host_keys: Option<PathBuf>,
+    /// `RevokedHostKeys`: files of host keys and host certificates refused
+    /// whatever known_hosts says (revoked in any one: refused).
+    pub revoked_host_keys: Vec<PathBuf>,
     /// `KnownHostsCommand`, with the connection's tokens expanded and the
     /// key's (`%H %I %K %k %t %f`) left for [`crate::hostkeys`].
     pub known_hosts_command: Option<String>,
@@ -631,8 +631,9 @@ impl Resolver {
             hash_known_hosts: cfg.hash_known_hosts.unwrap_or(false),
             host_key_alias: cfg.host_key_alias.clone(),
             revoked_host_keys: match cfg.revoked_host_keys.as_deref() {
-                None | Some("none") => None,
-                Some(v) => Some(expand(v)?),
+                None => Vec::new(),
+                Some([none]) if none == "none" => Vec::new(),
+                Some(files) => files.iter().map(|f| expand(f)).collect::<Result<_, _>>()?,
             },
             algorithms: {
                 let d = skiff_proto::algorithms::Algorithms::default();

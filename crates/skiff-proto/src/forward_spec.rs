@@ -194,8 +194,13 @@ fn target(host: &str, p: &str) -> Result<(String, u16), String> {
     Ok((host.to_string(), port(p, "destination port", false)?))
 }
 
+/// True when a field (bracketed or not: `-R 4301:[/path]`, `-L [/a]:[/b]`,
+/// as ssh takes them) is a socket path.
 fn socket_form(spec: &str) -> bool {
-    spec.split(':').any(|f| f.starts_with('/'))
+    match fields(spec) {
+        Ok(f) => f.iter().any(|f| f.starts_with('/')),
+        Err(_) => spec.split(':').any(|f| f.starts_with('/')),
+    }
 }
 
 /// Parses the value of `-L` or `-R` (`remote` true).
@@ -408,6 +413,21 @@ mod tests {
             }
         );
         assert_eq!(r("/a.sock:/b.sock").to_string(), "-R /a.sock:/b.sock");
+        // Paths in brackets, as ssh takes them (a colon inside is kept).
+        assert_eq!(
+            r("4301:[/tmp/x.sock]"),
+            ForwardSpec::RemoteUnix {
+                from: ListenEnd::Tcp(listen(None, 4301)),
+                to: ConnectEnd::Unix("/tmp/x.sock".into())
+            }
+        );
+        assert_eq!(
+            p("[/tmp/a:1.sock]:[/run/b.sock]"),
+            ForwardSpec::LocalUnix {
+                from: ListenEnd::Unix("/tmp/a:1.sock".into()),
+                to: ConnectEnd::Unix("/run/b.sock".into())
+            }
+        );
     }
 
     #[test]

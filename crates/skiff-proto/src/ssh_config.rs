@@ -290,8 +290,8 @@ enum Directive {
     StrictHostKeyChecking(StrictHostKeyChecking),
     HashKnownHosts(bool),
     HostKeyAlias(String),
-    /// `RevokedHostKeys`, unexpanded.
-    RevokedHostKeys(String),
+    /// `RevokedHostKeys`: its files, unexpanded.
+    RevokedHostKeys(Vec<String>),
     /// An algorithm list, already resolved against the default.
     KexAlgorithms(Vec<String>),
     HostKeyAlgorithms(Vec<String>),
@@ -955,7 +955,15 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
             algorithms::CA_SIGNATURE.resolve(&single(name, args)?)?,
         ),
         Kw::HostKeyAlias => Directive::HostKeyAlias(single(name, args)?.to_ascii_lowercase()),
-        Kw::RevokedHostKeys => Directive::RevokedHostKeys(single(name, args)?),
+        Kw::RevokedHostKeys => {
+            if args.is_empty() || args.iter().any(String::is_empty) {
+                return Err(format!("{name}: missing argument"));
+            }
+            if args.len() > 1 && args.iter().any(|a| a == "none") {
+                return Err(format!("{name}: none cannot be listed with files"));
+            }
+            Directive::RevokedHostKeys(args)
+        }
         Kw::AddressFamily => {
             let v = single(name, args)?;
             Directive::AddressFamily(match v.to_ascii_lowercase().as_str() {
@@ -1215,19 +1223,27 @@ fn parse_match(args: &[String]) -> Result<Vec<Criterion>, String> {
     let mut out = Vec::new();
     let mut rest = args.iter();
     while let Some(raw) = rest.next() {
-        let (negated, name) = match raw.strip_prefix('!') {
+        let (negated, word) = match raw.strip_prefix('!') {
             Some(name) => (true, name),
             None => (false, raw.as_str()),
         };
+        // `criterion=value` is the same as `criterion value` (OpenSSH 10).
+        let (name, inline) = match word.split_once('=') {
+            Some((name, value)) => (name, Some(value)),
+            None => (word, None),
+        };
         let lname = name.to_ascii_lowercase();
+        if inline.is_some() && matches!(lname.as_str(), "all" | "canonical" | "final") {
+            return Err(format!("Match: \"{name}\" takes no argument"));
+        }
         let kind = match lname.as_str() {
             "all" => CriterionKind::All,
             "canonical" => CriterionKind::Canonical,
             "final" => CriterionKind::Final,
             "host" | "originalhost" | "user" | "localuser" | "tagged" | "exec" | "localnetwork"
             | "sessiontype" | "command" | "version" => {
-                let arg = rest
-                    .next()
+                let arg = inline
+                    .or_else(|| rest.next().map(String::as_str))
                     .filter(|a| !a.is_empty())
                     .ok_or_else(|| format!("Match: missing argument for \"{name}\""))?;
                 let list = |lower: bool| -> Vec<String> {
@@ -1312,8 +1328,9 @@ pub struct HostConfig {
     /// `HostKeyAlias`, lowercased: the name host keys are looked up and
     /// recorded under instead of the host name (and without a port).
     pub host_key_alias: Option<String>,
-    /// `RevokedHostKeys`, unexpanded (`none`: no file).
-    pub revoked_host_keys: Option<String>,
+    /// `RevokedHostKeys`: its files, unexpanded (`none` alone: no file). A
+    /// key revoked in any of them is refused.
+    pub revoked_host_keys: Option<Vec<String>>,
     /// `KexAlgorithms`, `HostKeyAlgorithms`, `Ciphers`, `MACs`, resolved
     /// against skiff's defaults (see [`crate::algorithms`]).
     pub kex_algorithms: Option<Vec<String>>,
@@ -2194,8 +2211,13 @@ mod tests {
             "Host x\n  RevokedHostKeys ~/.ssh/revoked.krl\nHost *\n  RevokedHostKeys /etc/other\n",
             "x",
         );
-        assert_eq!(c.revoked_host_keys.as_deref(), Some("~/.ssh/revoked.krl"));
-        assert!(c.ignored.iter().all(|(k, _)| k != "RevokedHostKeys"));
+        assert_eq!(c.revoked_host_keys.unwrap(), ["~/.ssh/revoked.krl"]);
+        let c = res("RevokedHostKeys /a ~/b\nRevokedHostKeys /c\n", "x");
+        assert_eq!(c.revoked_host_keys.unwrap(), ["/a", "~/b"]);
+        assert_eq!(
+            parse_err("RevokedHostKeys /a none\n"),
+            "cfg:1: RevokedHostKeys: none cannot be listed with files"
+        );
     }
 
     #[test]
@@ -2732,6 +2754,24 @@ mod tests {
         assert_eq!(
             parse_err("Match all host x\n"),
             "cfg:1: Match: \"all\" cannot be combined with criteria other than \"canonical\" or \"final\""
+        );
+    }
+
+    #[test]
+    fn match_criterion_equals_value() {
+        let text = "Match host=b,c\n  Port 1\nMatch !originalhost=b\n  User notb\n";
+        assert_eq!(res(text, "b").port, Some(1));
+        assert_eq!(res(text, "c").port, Some(1));
+        assert_eq!(res(text, "x").port, None);
+        assert_eq!(res(text, "b").user, None);
+        assert_eq!(res(text, "x").user.as_deref(), Some("notb"));
+        assert_eq!(
+            parse_err("Match host=\n"),
+            "cfg:1: Match: missing argument for \"host\""
+        );
+        assert_eq!(
+            parse_err("Match all=x\n"),
+            "cfg:1: Match: \"all\" takes no argument"
         );
     }
 

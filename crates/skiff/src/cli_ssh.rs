@@ -302,8 +302,13 @@ pub fn describe(s: &ConnectSettings) -> String {
     if let Some(alias) = &s.host_key_alias {
         out.push(format!("hostkeyalias {alias}"));
     }
-    if let Some(path) = &s.revoked_host_keys {
-        out.push(format!("revokedhostkeys {}", path.display()));
+    if !s.revoked_host_keys.is_empty() {
+        let files: Vec<String> = s
+            .revoked_host_keys
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        out.push(format!("revokedhostkeys {}", files.join(" ")));
     }
     match &s.proxy {
         Some(skiff_engine::settings::Proxy::Command(c)) => out.push(format!("proxycommand {c}")),
