@@ -64,16 +64,7 @@ impl Connection {
     /// the file's notice. For a caller that saw the connection fail:
     /// waits (at most `limit`) until its end has been handled.
     pub async fn server_disconnect_reason(&self, limit: std::time::Duration) -> Option<String> {
-        let mut ending = self.ending.clone();
-        let ended = tokio::time::timeout(limit, ending.wait_for(|e| *e != Ending::Open))
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .map(|e| e.clone());
-        match ended {
-            Some(Ending::Closed(reason)) => reason,
-            _ => None,
-        }
+        disconnect_reason(&self.ending, limit).await
     }
 
     /// Asks for a new key exchange now (ssh's `~R`).
@@ -92,6 +83,24 @@ impl Connection {
         while !self.handle.is_closed() {
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         }
+    }
+}
+
+/// The reason in the server's disconnect message, once `ending` says the
+/// connection ended (waiting at most `limit`); `None` without one.
+async fn disconnect_reason(
+    ending: &tokio::sync::watch::Receiver<Ending>,
+    limit: std::time::Duration,
+) -> Option<String> {
+    let mut ending = ending.clone();
+    let ended = tokio::time::timeout(limit, ending.wait_for(|e| *e != Ending::Open))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .map(|e| e.clone());
+    match ended {
+        Some(Ending::Closed(reason)) => reason,
+        _ => None,
     }
 }
 
@@ -612,11 +621,11 @@ async fn authenticated(settings: &ConnectSettings) -> Result<Connection, SkiffEr
             ),
         )
     };
-    match (&settings.identity_cache, settings.batch_mode) {
+    let authenticating = match (&settings.identity_cache, settings.batch_mode) {
         (_, true) => {
             tokio::time::timeout(kex_budget, identity::authenticate(&mut handle, settings))
                 .await
-                .map_err(|_| late())??
+                .map_err(|_| late())?
         }
         (Some(cache), false) if settings.fan_out => within_budget_but_for_prompts(
             kex_budget,
@@ -624,9 +633,27 @@ async fn authenticated(settings: &ConnectSettings) -> Result<Connection, SkiffEr
             identity::authenticate(&mut handle, settings),
         )
         .await
-        .ok_or_else(late)??,
+        .ok_or_else(late)?,
         // A person may be typing a passphrase: no deadline; keepalives catch a dead peer.
-        _ => identity::authenticate(&mut handle, settings).await?,
+        _ => identity::authenticate(&mut handle, settings).await,
+    };
+    if let Err(e) = authenticating {
+        // A server that ends the login says why: sshd's "Too many
+        // authentication failures" once MaxAuthTries keys were refused.
+        let limit = std::time::Duration::from_secs(2);
+        return Err(match e.kind {
+            ErrorKind::Connect => match disconnect_reason(&ending, limit).await {
+                Some(reason) => SkiffError::new(
+                    ErrorKind::Auth,
+                    format!(
+                        "{}@{}: authentication failed: the server closed the connection: {reason}",
+                        settings.user, settings.hostname
+                    ),
+                ),
+                None => e,
+            },
+            _ => e,
+        });
     }
     Ok(Connection {
         handle,

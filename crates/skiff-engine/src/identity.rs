@@ -216,6 +216,46 @@ impl russh::Signer for FileSigner<'_> {
     }
 }
 
+/// Where a certificate the agent holds comes from, as shown.
+const AGENT_CERTIFICATE: &str = "ssh-agent";
+
+/// Signs a certificate's authentication request with the agent's key for
+/// it, asking the agent by the certified public key (as ssh does), so that
+/// a `CertificateFile` works when only its private key is in the agent: an
+/// agent asked by the certificate signs only if it holds the certificate.
+struct CertifiedKeySigner<'a>(&'a mut AgentClient<tokio::net::UnixStream>);
+
+#[derive(Debug, thiserror::Error)]
+enum AgentSignError {
+    #[error("the connection is gone")]
+    Send(#[from] russh::SendError),
+    #[error("ssh-agent could not sign: {0}")]
+    Agent(#[from] russh::keys::Error),
+}
+
+impl russh::Signer for CertifiedKeySigner<'_> {
+    type Error = AgentSignError;
+
+    async fn auth_sign(
+        &mut self,
+        key: &AgentIdentity,
+        hash_alg: Option<HashAlg>,
+        to_sign: Vec<u8>,
+    ) -> Result<Vec<u8>, Self::Error> {
+        let plain = match key {
+            AgentIdentity::Certificate {
+                certificate,
+                comment,
+            } => AgentIdentity::PublicKey {
+                key: PublicKey::from(certificate.public_key().clone()),
+                comment: comment.clone(),
+            },
+            other => other.clone(),
+        };
+        Ok(self.0.sign_request(&plain, hash_alg, to_sign).await?)
+    }
+}
+
 /// Offers `cert` for `settings.user`, signing with `signer`. `Ok(true)`:
 /// authenticated. Errors are notes for the summary.
 async fn offer_certificate<H: Handler, S: russh::Signer>(
@@ -295,7 +335,7 @@ pub async fn authenticate<H: Handler>(
                 if certificate.cert_type() == CertType::User {
                     certificates.push(UserCertificate {
                         cert: certificate,
-                        from: "ssh-agent".to_string(),
+                        from: AGENT_CERTIFICATE.to_string(),
                     });
                 }
             }
@@ -363,7 +403,18 @@ pub async fn authenticate<H: Handler>(
                     }
                 };
                 for cert in certificates_for(&certificates, key.key_data()) {
-                    match offer_certificate(handle, settings, cert, hash, agent, &mut tried).await {
+                    let offered = match cert.from.as_str() {
+                        // The agent holds the certificate: it signs by it.
+                        AGENT_CERTIFICATE => {
+                            offer_certificate(handle, settings, cert, hash, agent, &mut tried).await
+                        }
+                        _ => {
+                            let mut signer = CertifiedKeySigner(&mut *agent);
+                            offer_certificate(handle, settings, cert, hash, &mut signer, &mut tried)
+                                .await
+                        }
+                    };
+                    match offered {
                         Ok(true) => return Ok(()),
                         Ok(false) => {}
                         Err(note) => notes.push(note),
