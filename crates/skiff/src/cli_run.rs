@@ -192,23 +192,15 @@ fn resolve_targets(args: &RunArgs, hosts: &[nodeset::Target]) -> Result<Vec<Targ
         skiff_engine::settings::Resolver::new(args.conn.config.as_deref(), &options, &env)
             .map_err(|e| e.to_string())?
             .for_fan_out();
-    Ok(hosts
-        .iter()
-        .map(|h| {
-            let dest = Destination {
-                host: h.host.clone(),
-                user: h.user.clone().or_else(|| args.conn.login.clone()),
-                port: h.port.or(args.conn.port),
-                identity_files: args.conn.identity.clone(),
-                config_file: args.conn.config.clone(),
-                options: options.clone(),
-            };
-            Target {
-                label: h.to_string(),
-                settings: resolver.resolve(&dest),
-            }
-        })
-        .collect())
+    let base = Destination {
+        host: String::new(),
+        user: args.conn.login.clone(),
+        port: args.conn.port,
+        identity_files: args.conn.identity.clone(),
+        config_file: args.conn.config.clone(),
+        options,
+    };
+    Ok(fanout::targets(hosts, &base, &resolver))
 }
 
 fn execute(args: &RunArgs, hosts: Vec<nodeset::Target>, command: String) -> i32 {
@@ -311,14 +303,14 @@ fn start_directly(
     let opts = FanoutOptions {
         parallel: args.parallel.max(1),
         connect_rate: args.rate,
-        request: ExecRequest {
-            command,
-            timeout,
-            ..Default::default()
-        },
         spread,
     };
-    handle.spawn(fanout::fan_out(targets, opts, None, tx));
+    let request = ExecRequest {
+        command,
+        timeout,
+        ..Default::default()
+    };
+    handle.spawn(fanout::run_command(targets, opts, request, None, tx));
     Ok(workers)
 }
 
