@@ -19,6 +19,7 @@ use skiff_engine::{Destination, ExecRequest};
 use skiff_proto::nodeset;
 
 use crate::cli_connect::ConnectArgs;
+use crate::groups::GroupsArgs;
 use crate::run_output::{self, HostRecord, LineSplitter};
 
 #[derive(Args, Debug, Clone)]
@@ -28,6 +29,9 @@ use crate::run_output::{self, HostRecord, LineSplitter};
                       skiff run [OPTIONS] {-w SET | -f FILE}... [--] COMMAND [ARGS]..."
 )]
 pub struct RunArgs {
+    /// Port to connect to (a host's own `:port` wins).
+    #[arg(short = 'p', value_name = "PORT")]
+    pub port: Option<u16>,
     #[command(flatten)]
     pub conn: ConnectArgs,
     /// Hosts (a node set); repeatable. With -w or -f, no HOSTS argument is taken.
@@ -65,9 +69,8 @@ pub struct RunArgs {
     /// Also write each host's output to DIR/HOST.out and DIR/HOST.err.
     #[arg(long = "outdir", value_name = "DIR")]
     pub outdir: Option<PathBuf>,
-    /// Groups file for @name (default: $XDG_CONFIG_HOME/skiff/groups, else ~/.config/skiff/groups).
-    #[arg(long = "groups", value_name = "FILE")]
-    pub groups_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub groups: GroupsArgs,
     /// No summary on stderr.
     #[arg(short = 'q', long = "quiet")]
     pub quiet: bool,
@@ -93,7 +96,7 @@ pub fn run(args: RunArgs) -> i32 {
 
 /// The hosts and the command, from the command line and files.
 fn plan(args: &RunArgs) -> Result<(Vec<nodeset::Target>, String), String> {
-    let groups = load_groups(args)?;
+    let groups = args.groups.load()?;
     let lookup = |name: &str| groups.get(name).map(str::to_string);
     let mut rest = args.rest.iter();
     let mut sets: Vec<(String, String)> = args
@@ -148,58 +151,27 @@ fn dedup(targets: Vec<nodeset::Target>) -> Vec<nodeset::Target> {
     unique
 }
 
-fn load_groups(args: &RunArgs) -> Result<nodeset::Groups, String> {
-    load_groups_from(args.groups_file.as_deref())
-}
-
-/// The groups for `@name` in node sets: from `file`, else from the default
-/// groups file when it exists.
-pub(crate) fn load_groups_from(file: Option<&Path>) -> Result<nodeset::Groups, String> {
-    let (path, explicit) = match file {
-        Some(p) => (p.to_path_buf(), true),
-        None => (default_groups_path(), false),
-    };
-    match std::fs::read_to_string(&path) {
-        Ok(text) => nodeset::parse_groups_file(&text, &path.display().to_string())
-            .map_err(|e| e.to_string()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => {
-            Ok(nodeset::Groups::default())
-        }
-        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+/// Where to connect as the command line says, but the host (each host's
+/// own `user@` and `:port` win).
+fn base_destination(args: &RunArgs) -> Destination {
+    let mut base = args.conn.destination(args.port);
+    if let Some(secs) = args.connect_timeout {
+        base.options.insert(0, format!("ConnectTimeout={secs}"));
     }
-}
-
-fn default_groups_path() -> PathBuf {
-    std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| skiff_engine::settings::home_dir().join(".config"))
-        .join("skiff/groups")
+    base
 }
 
 /// Settings for each host; a host whose settings fail is reported as failed.
 /// The configuration files are read once for all of them.
 fn resolve_targets(args: &RunArgs, hosts: &[nodeset::Target]) -> Result<Vec<Target>, String> {
-    let mut options = Vec::new();
-    if let Some(secs) = args.connect_timeout {
-        options.push(format!("ConnectTimeout={secs}"));
-    }
-    options.extend(args.conn.ssh_options());
+    let base = base_destination(args);
     let env = skiff_engine::settings::ClientEnv::from_process();
     // A fan-out cannot ask a person hundreds of host-key questions; a key's
     // passphrase it asks for once, for every host (unless BatchMode).
     let resolver =
-        skiff_engine::settings::Resolver::new(args.conn.config.as_deref(), &options, &env)
+        skiff_engine::settings::Resolver::new(base.config_file.as_deref(), &base.options, &env)
             .map_err(|e| e.to_string())?
             .for_fan_out();
-    let base = Destination {
-        host: String::new(),
-        user: args.conn.login.clone(),
-        port: args.conn.port,
-        identity_files: args.conn.identity.clone(),
-        config_file: args.conn.config.clone(),
-        options,
-    };
     Ok(fanout::targets(hosts, &base, &resolver))
 }
 
@@ -355,23 +327,11 @@ fn through_agent(
             return None;
         }
     };
-    let mut options = Vec::new();
-    if let Some(secs) = args.connect_timeout {
-        options.push(format!("ConnectTimeout={secs}"));
-    }
-    options.extend(args.conn.ssh_options());
     let wire = RunWire {
         base: ExecWire {
             command: command.to_string(),
             no_stdin: true,
-            ..crate::route::agent_destination(&skiff_engine::Destination {
-                host: String::new(),
-                user: args.conn.login.clone(),
-                port: args.conn.port,
-                identity_files: args.conn.identity.clone(),
-                config_file: args.conn.config.clone(),
-                options,
-            })
+            ..crate::route::agent_destination(&base_destination(args))
         },
         hosts: folded,
         parallel: u32::try_from(args.parallel.max(1)).unwrap_or(u32::MAX),

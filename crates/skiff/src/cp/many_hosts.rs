@@ -47,7 +47,7 @@ pub(crate) fn plan(
     user: Option<String>,
     set: &str,
 ) -> Result<FanoutPlan, String> {
-    let groups = crate::cli_run::load_groups_from(args.groups_file.as_deref())?;
+    let groups = args.groups.load()?;
     let lookup = |name: &str| groups.get(name).map(str::to_string);
     let mut hosts = nodeset::parse(set, &lookup).map_err(|e| e.to_string())?;
     nodeset::sort_canonical(&mut hosts);
@@ -67,20 +67,25 @@ pub(crate) fn plan(
 type HostOutcome = Result<CopyReport, SkiffError>;
 
 pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
+    // A host's own `user@` wins, then the one in front of the set, then -l.
+    let base = args.conn.destination(args.port);
     let base = Destination {
-        user: plan.user.clone().or_else(|| args.login.clone()),
-        ..super::plan::base_destination(args)
+        user: plan.user.clone().or(base.user),
+        ..base
     };
     let env = skiff_engine::settings::ClientEnv::from_process();
     // As in `skiff run`: no host-key questions, a passphrase asked for once.
-    let resolver =
-        match skiff_engine::settings::Resolver::new(args.config.as_deref(), &base.options, &env) {
-            Ok(r) => r.for_fan_out(),
-            Err(e) => {
-                eprintln!("skiff: {e}");
-                return 255;
-            }
-        };
+    let resolver = match skiff_engine::settings::Resolver::new(
+        base.config_file.as_deref(),
+        &base.options,
+        &env,
+    ) {
+        Ok(r) => r.for_fan_out(),
+        Err(e) => {
+            eprintln!("skiff: {e}");
+            return 255;
+        }
+    };
     let Some(runtime) = super::copy_runtime() else {
         return 255;
     };
