@@ -320,13 +320,7 @@ fn through_agent(
             return None;
         }
     };
-    let stream = match skiff_agent::client::connect_or_spawn(true) {
-        Ok(s) => s,
-        Err(why) => {
-            tracing::debug!("not using the agent: {why}");
-            return None;
-        }
-    };
+    let stream = crate::route::agent_connection()?;
     let wire = RunWire {
         base: ExecWire {
             command: command.to_string(),
@@ -370,8 +364,7 @@ fn relay_agent_run(
     retry: Retry,
     tx: tokio::sync::mpsc::Sender<RunEvent>,
 ) {
-    use skiff_engine::{ErrorKind, ExitOutcome, SkiffError};
-    use skiff_proto::agent_wire::{HostEnd, Reply};
+    use skiff_proto::agent_wire::Reply;
     let count = order.len();
     let mut finished = vec![false; count];
     let mut for_person = Vec::new();
@@ -393,38 +386,18 @@ fn relay_agent_run(
                 text,
             },
             Reply::RunDone {
-                end: HostEnd::NeedsUser { kind, .. },
-                host,
-                ..
-            } if (host as usize) < count
-                && !finished[host as usize]
-                && skiff_agent::kind_from_wire(kind) == ErrorKind::Auth =>
-            {
-                finished[host as usize] = true;
-                for_person.push(host as usize);
-                return true;
-            }
-            Reply::RunDone {
                 host,
                 end,
                 duration_us,
             } if (host as usize) < count && !finished[host as usize] => {
                 finished[host as usize] = true;
+                let Some(result) = crate::route::run_host_end(end) else {
+                    for_person.push(host as usize);
+                    return true;
+                };
                 RunEvent::Done {
                     host: host as usize,
-                    result: match end {
-                        HostEnd::Status(code) => Ok(ExitOutcome::Status(code)),
-                        HostEnd::Signal(name) => Ok(ExitOutcome::Signal {
-                            name,
-                            core_dumped: false,
-                            message: String::new(),
-                        }),
-                        HostEnd::Unknown => Ok(ExitOutcome::Unknown),
-                        HostEnd::Failed { kind, message }
-                        | HostEnd::NeedsUser { kind, message } => {
-                            Err(SkiffError::new(skiff_agent::kind_from_wire(kind), message))
-                        }
-                    },
+                    result,
                     duration: Duration::from_micros(duration_us),
                 }
             }
@@ -435,19 +408,9 @@ fn relay_agent_run(
         };
         tx.blocking_send(event).is_ok()
     };
-    let failure = match skiff_agent::client::run(stream, wire, &mut on_reply) {
-        Ok(Reply::Failed { kind, message }) => Some((skiff_agent::kind_from_wire(kind), message)),
-        Ok(_) => None,
-        Err(
-            skiff_agent::client::RunError::Unavailable(m) | skiff_agent::client::RunError::Lost(m),
-        ) => Some((ErrorKind::Protocol, m)),
-    };
-    let (kind, message) = failure.unwrap_or((
-        ErrorKind::Protocol,
-        "the agent did not report this host".into(),
-    ));
+    let end = skiff_agent::client::run(stream, wire, &mut on_reply);
     let unfinished = (0..count).filter(|&host| !finished[host]);
-    if !fail_hosts(unfinished, kind, &message, &tx) {
+    if !fail_hosts(unfinished, &crate::route::run_failure(end), &tx) {
         return;
     }
     if !for_person.is_empty() {
@@ -469,12 +432,8 @@ fn run_directly_after_agent(
 ) {
     let subset: Vec<nodeset::Target> = hosts.iter().map(|&i| order[i].clone()).collect();
     let fail_all = |message: String| {
-        fail_hosts(
-            hosts.iter().copied(),
-            skiff_engine::ErrorKind::Config,
-            &message,
-            tx,
-        );
+        let error = skiff_engine::SkiffError::new(skiff_engine::ErrorKind::Config, message);
+        fail_hosts(hosts.iter().copied(), &error, tx);
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -506,18 +465,17 @@ fn run_directly_after_agent(
     drop(workers);
 }
 
-/// Reports each of `hosts` as failed with `message`. False when the
+/// Reports each of `hosts` as failed with `error`. False when the
 /// receiver is gone.
 fn fail_hosts(
     hosts: impl Iterator<Item = usize>,
-    kind: skiff_engine::ErrorKind,
-    message: &str,
+    error: &skiff_engine::SkiffError,
     tx: &tokio::sync::mpsc::Sender<RunEvent>,
 ) -> bool {
     hosts.into_iter().all(|host| {
         let event = RunEvent::Done {
             host,
-            result: Err(skiff_engine::SkiffError::new(kind, message.to_string())),
+            result: Err(error.clone()),
             duration: Duration::ZERO,
         };
         tx.blocking_send(event).is_ok()
