@@ -619,34 +619,32 @@ async fn run_fanout(
         Ok(r) => r.for_fan_out(),
         Err(e) => return Ok(failed(e)),
     };
-    let targets = hosts
-        .iter()
-        .map(|h| fanout::Target {
-            label: h.to_string(),
-            settings: resolver.resolve(&Destination {
-                host: h.host.clone(),
-                user: h.user.clone().or_else(|| base.user.clone()),
-                port: h.port.or(base.port),
-                identity_files: base.identity_files.iter().map(PathBuf::from).collect(),
-                config_file: config_file.clone(),
-                options: options.clone(),
-            }),
-        })
-        .collect();
+    let targets = fanout::targets(
+        &hosts,
+        &Destination {
+            host: String::new(),
+            user: base.user.clone(),
+            port: base.port,
+            identity_files: base.identity_files.iter().map(PathBuf::from).collect(),
+            config_file,
+            options,
+        },
+        &resolver,
+    );
     let opts = FanoutOptions {
         parallel: (wire.parallel as usize).max(1),
         connect_rate: (wire.rate_milli > 0).then(|| f64::from(wire.rate_milli) / 1000.0),
-        request: ExecRequest {
-            command: base.command.clone(),
-            env: base.env.clone(),
-            pty: None,
-            timeout: (wire.timeout_ms > 0).then(|| Duration::from_millis(wire.timeout_ms)),
-            subsystem: false,
-        },
         spread: Vec::new(),
     };
+    let request = ExecRequest {
+        command: base.command.clone(),
+        env: base.env.clone(),
+        pty: None,
+        timeout: (wire.timeout_ms > 0).then(|| Duration::from_millis(wire.timeout_ms)),
+        subsystem: false,
+    };
     let (tx, mut rx) = tokio::sync::mpsc::channel(256);
-    let run = fanout::fan_out(targets, opts, Some(agent.pool.clone()), tx);
+    let run = fanout::run_command(targets, opts, request, Some(agent.pool.clone()), tx);
     tokio::pin!(run);
     let (mut from_client, mut to_client) = stream.split();
     let mut finished = false;

@@ -1,21 +1,28 @@
-//! Fan-out: one command on many hosts from one process and one tokio
-//! runtime. At most `parallel` hosts are in progress at once, new
-//! connections can be paced to `connect_rate` per second, and every host's
-//! output, notices and result come back as [`RunEvent`]s on one channel, so
-//! the caller decides how to print them. A failing host never stops the
-//! others. Without a pool each host gets a connection of its own, closed
-//! when its command ends; with one (the agent's), connections stay warm.
-//! Either way a host whose server closes the connection before
-//! authentication (too many at once: `MaxStartups`) is tried again a few
-//! times, as [`crate::busy`] says.
+//! Fan-out: the same work on many hosts from one process. At most
+//! `parallel` hosts are in progress at once, new connections can be paced
+//! to `connect_rate` per second, hosts can be dealt over several runtimes,
+//! and every host's notices, output and end come back as [`RunEvent`]s on
+//! one channel, so the caller decides how to print them. A failing host
+//! never stops the others. A host whose server closes the connection
+//! before authentication (too many at once: `MaxStartups`) has its work
+//! tried again a few times, as [`crate::busy`] says.
+//!
+//! What is done on each host is a [`HostWork`]: running a command
+//! ([`run_command`], for `skiff run` and the agent's runs), or copying to
+//! or from it (`skiff cp` with a node set). A command runs on a connection
+//! of its own, closed when it ends, or with a pool (the agent's) on a warm
+//! one.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use skiff_proto::nodeset;
 use tokio::io::AsyncWrite;
 use tokio::sync::{mpsc, Mutex, Semaphore};
+use tokio::task::JoinSet;
 use tokio_util::sync::PollSender;
 
 use crate::busy::retry_pre_auth_drops;
@@ -23,26 +30,49 @@ use crate::connect::connect;
 use crate::error::{ErrorKind, SkiffError};
 use crate::exec::{exec, ExecRequest, ExitOutcome};
 use crate::pool::Pool;
-use crate::settings::ConnectSettings;
+use crate::settings::{ConnectSettings, Destination, Resolver};
 
-/// One host to run on: the label it is reported under and its settings
+/// One host to work on: the label it is reported under and its settings
 /// (or why they could not be resolved).
 pub struct Target {
     pub label: String,
     pub settings: Result<ConnectSettings, SkiffError>,
 }
 
-/// How to run the fan-out.
+/// Where `host`, one host of a node set, is reached: its own `user@` and
+/// `:port` win over `base`'s, which gives everything else.
+pub fn host_destination(host: &nodeset::Target, base: &Destination) -> Destination {
+    Destination {
+        host: host.host.clone(),
+        user: host.user.clone().or_else(|| base.user.clone()),
+        port: host.port.or(base.port),
+        ..base.clone()
+    }
+}
+
+/// A target for each of `hosts` (see [`host_destination`]), with settings
+/// from `resolver`, which was made with `base`'s configuration file and
+/// options: the files are read once for all of them, and a host whose
+/// settings fail is reported as failed.
+pub fn targets(hosts: &[nodeset::Target], base: &Destination, resolver: &Resolver) -> Vec<Target> {
+    hosts
+        .iter()
+        .map(|h| Target {
+            label: h.to_string(),
+            settings: resolver.resolve(&host_destination(h, base)),
+        })
+        .collect()
+}
+
+/// How to schedule the hosts of a fan-out.
 #[derive(Debug, Clone)]
 pub struct FanoutOptions {
     /// Hosts in progress at once (at least 1).
     pub parallel: usize,
     /// New connections per second, if limited.
     pub connect_rate: Option<f64>,
-    /// The command (its `timeout` applies per host).
-    pub request: ExecRequest,
-    /// Runtimes the hosts are dealt to in turn, each host's connection
-    /// staying on one; empty: the caller's runtime.
+    /// Runtimes the hosts are dealt to in turn, each host's work staying on
+    /// one; empty: the caller's runtime.
     pub spread: Vec<tokio::runtime::Handle>,
 }
 
@@ -53,9 +83,10 @@ pub enum Stream {
     Stderr,
 }
 
-/// What happened on one host; `host` is the target's index.
+/// What happened on one host; `host` is the target's index. A host's work
+/// succeeds with a `T`: a command's [`ExitOutcome`], a copy's report.
 #[derive(Debug)]
-pub enum RunEvent {
+pub enum RunEvent<T = ExitOutcome> {
     Output {
         host: usize,
         stream: Stream,
@@ -66,29 +97,86 @@ pub enum RunEvent {
     /// The host is finished: exactly one per target, always last for it.
     Done {
         host: usize,
-        result: Result<ExitOutcome, SkiffError>,
+        result: Result<T, SkiffError>,
         duration: Duration,
     },
 }
 
-/// Runs the request on every target, sending events to `events`. Returns
-/// when every target has its `Done` event. If the receiver goes away the
-/// remaining hosts are still finished (their output is dropped); to stop
-/// them, drop this future (each running command's channel is then closed).
-pub async fn fan_out(
+/// What a fan-out does on each host.
+pub trait HostWork: Send + Sync + 'static {
+    /// What the work comes to on a host where it succeeds.
+    type Output: Send + 'static;
+
+    /// Does the work on host number `host`, connecting with `settings`;
+    /// each new connection it opens first waits for `pace`. It may send
+    /// `Output` and `Notice` events (the fan-out sends `Done`). When it
+    /// fails with [`ErrorKind::Busy`] it is called again, with what is left
+    /// of the host's `ConnectTimeout`: it must fail that way only before
+    /// anything has run on the server.
+    fn run(
+        &self,
+        host: usize,
+        settings: ConnectSettings,
+        pace: &Pace,
+        events: &mpsc::Sender<RunEvent<Self::Output>>,
+    ) -> impl Future<Output = Result<Self::Output, SkiffError>> + Send;
+}
+
+/// The pace of a fan-out's new connections (its `connect_rate`).
+pub struct Pace(Option<Mutex<tokio::time::Interval>>);
+
+impl Pace {
+    fn new(rate: Option<f64>) -> Pace {
+        Pace(rate.filter(|r| *r > 0.0).map(|rate| {
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            Mutex::new(tick)
+        }))
+    }
+
+    /// Waits until a new connection may be opened.
+    pub async fn new_connection(&self) {
+        if let Some(tick) = &self.0 {
+            tick.lock().await.tick().await;
+        }
+    }
+}
+
+/// Does `work` on every target, sending events to `events`, until every
+/// target has its `Done` event (`None`) or `stop` finishes first
+/// (`Some` of its output): the work of every host still in progress is
+/// then stopped, dropped before this returns, and those hosts get no
+/// `Done`. If the receiver goes away the remaining hosts are still
+/// finished (their events are dropped). Dropping this future stops every
+/// host's work too, though not before it returns.
+pub async fn fan_out<W: HostWork, S>(
     targets: Vec<Target>,
     opts: FanoutOptions,
-    pool: Option<Arc<Pool>>,
-    events: mpsc::Sender<RunEvent>,
+    work: Arc<W>,
+    events: mpsc::Sender<RunEvent<W::Output>>,
+    stop: impl Future<Output = S>,
+) -> Option<S> {
+    let mut running = JoinSet::new();
+    let stopped = tokio::select! {
+        () = start_all(targets, opts, work, events, &mut running) => None,
+        s = stop => Some(s),
+    };
+    if stopped.is_some() {
+        running.shutdown().await;
+    }
+    stopped
+}
+
+/// Starts each target's work as a permit frees up, and waits for all.
+async fn start_all<W: HostWork>(
+    targets: Vec<Target>,
+    opts: FanoutOptions,
+    work: Arc<W>,
+    events: mpsc::Sender<RunEvent<W::Output>>,
+    running: &mut JoinSet<()>,
 ) {
     let permits = Arc::new(Semaphore::new(opts.parallel.max(1)));
-    let pacer = opts.connect_rate.filter(|r| *r > 0.0).map(|rate| {
-        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Arc::new(Mutex::new(tick))
-    });
-    let request = Arc::new(opts.request);
-    let mut running = tokio::task::JoinSet::new();
+    let pace = Arc::new(Pace::new(opts.connect_rate));
     for (host, target) in targets.into_iter().enumerate() {
         let permit = permits
             .clone()
@@ -96,17 +184,19 @@ pub async fn fan_out(
             .await
             .expect("the semaphore is never closed");
         let events = events.clone();
-        let pacer = pacer.clone();
-        let request = request.clone();
-        let pool = pool.clone();
+        let pace = pace.clone();
+        let work = work.clone();
         let task = async move {
             let _permit = permit;
             let start = Instant::now();
-            let result = match pool {
-                Some(pool) => {
-                    run_pooled(host, target, &request, &pool, pacer.as_deref(), &events).await
+            let result = match target.settings {
+                Ok(settings) => {
+                    retry_pre_auth_drops(&settings, |settings| {
+                        work.run(host, settings, &pace, &events)
+                    })
+                    .await
                 }
-                None => run_one(host, target, &request, pacer.as_deref(), &events).await,
+                Err(e) => Err(e),
             };
             let _ = events
                 .send(RunEvent::Done {
@@ -125,21 +215,54 @@ pub async fn fan_out(
     while running.join_next().await.is_some() {}
 }
 
+/// Runs the request on every target, on connections from `pool` (the
+/// agent's) or, without one, on a connection of its own for each host;
+/// see [`fan_out`] and [`RunCommand`].
+pub async fn run_command(
+    targets: Vec<Target>,
+    opts: FanoutOptions,
+    request: ExecRequest,
+    pool: Option<Arc<Pool>>,
+    events: mpsc::Sender<RunEvent>,
+) {
+    let work = Arc::new(RunCommand { request, pool });
+    fan_out(targets, opts, work, events, std::future::pending::<()>()).await;
+}
+
+/// One command on each host (its `timeout` applies per host). Without a
+/// pool each host gets a connection of its own, closed when its command
+/// ends; with one (the agent's) connections stay warm.
+pub struct RunCommand {
+    pub request: ExecRequest,
+    pub pool: Option<Arc<Pool>>,
+}
+
+impl HostWork for RunCommand {
+    type Output = ExitOutcome;
+
+    async fn run(
+        &self,
+        host: usize,
+        settings: ConnectSettings,
+        pace: &Pace,
+        events: &mpsc::Sender<RunEvent>,
+    ) -> Result<ExitOutcome, SkiffError> {
+        match &self.pool {
+            Some(pool) => run_pooled(host, settings, &self.request, pool, pace, events).await,
+            None => run_one(host, settings, &self.request, pace, events).await,
+        }
+    }
+}
+
 async fn run_one(
     host: usize,
-    target: Target,
+    settings: ConnectSettings,
     request: &ExecRequest,
-    pacer: Option<&Mutex<tokio::time::Interval>>,
+    pace: &Pace,
     events: &mpsc::Sender<RunEvent>,
 ) -> Result<ExitOutcome, SkiffError> {
-    let settings = target.settings?;
-    let mut conn = retry_pre_auth_drops(&settings, |settings| async move {
-        if let Some(pacer) = pacer {
-            pacer.lock().await.tick().await;
-        }
-        connect(&settings).await
-    })
-    .await?;
+    pace.new_connection().await;
+    let mut conn = connect(&settings).await?;
     for text in conn.notices.drain(..) {
         let _ = events.send(RunEvent::Notice { host, text }).await;
     }
@@ -170,31 +293,25 @@ async fn run_one(
 /// any channel opened, so trying again never runs the command twice.
 async fn run_pooled(
     host: usize,
-    target: Target,
+    settings: ConnectSettings,
     request: &ExecRequest,
     pool: &Pool,
-    pacer: Option<&Mutex<tokio::time::Interval>>,
+    pace: &Pace,
     events: &mpsc::Sender<RunEvent>,
 ) -> Result<ExitOutcome, SkiffError> {
-    let settings = target.settings?;
-    retry_pre_auth_drops(&settings, |settings| async move {
-        if let Some(pacer) = pacer {
-            if pool.connection_count(&settings) == 0 {
-                pacer.lock().await.tick().await;
-            }
-        }
-        let stdout = EventWriter::new(host, Stream::Stdout, events);
-        let stderr = EventWriter::new(host, Stream::Stderr, events);
-        pool.exec(
-            &settings,
-            request,
-            None::<tokio::io::Empty>,
-            stdout,
-            stderr,
-            None,
-        )
-        .await
-    })
+    if pool.connection_count(&settings) == 0 {
+        pace.new_connection().await;
+    }
+    let stdout = EventWriter::new(host, Stream::Stdout, events);
+    let stderr = EventWriter::new(host, Stream::Stderr, events);
+    pool.exec(
+        &settings,
+        request,
+        None::<tokio::io::Empty>,
+        stdout,
+        stderr,
+        None,
+    )
     .await
 }
 

@@ -1,17 +1,17 @@
 //! Command-line options shared by every command that connects somewhere
-//! (`skiff exec`, `skiff run`): ssh's -p -l -i -F -o -J, -v, and whether to
-//! go through the agent.
+//! (`skiff exec`, `skiff run`, `skiff cp`): ssh's -l -i -F -o -J, -v, and
+//! whether to go through the agent. The port is each command's own: ssh's
+//! `-p` for `exec` and `run`, scp's `-P` for `cp` (whose `-p` keeps modes
+//! and times).
 
 use std::path::PathBuf;
 
 use clap::Args;
+use skiff_engine::Destination;
 
 #[derive(Args, Debug, Clone)]
 pub struct ConnectArgs {
-    /// Port to connect to (for `run`, a host's own `:port` wins).
-    #[arg(short = 'p', value_name = "PORT")]
-    pub port: Option<u16>,
-    /// User to log in as (for `run`, a host's own `user@` wins).
+    /// User to log in as (for `run` and `cp`, a host's own `user@` wins).
     #[arg(short = 'l', value_name = "USER")]
     pub login: Option<String>,
     /// Identity (private key) file; repeatable, tried in order.
@@ -38,19 +38,28 @@ impl ConnectArgs {
     /// The `-o` options, with `-J` as `ProxyJump` in front (so it wins over
     /// the configuration files, as ssh's -J does).
     pub fn ssh_options(&self) -> Vec<String> {
-        with_jump(self.jump.as_deref(), &self.options)
+        self.jump
+            .iter()
+            .map(|j| format!("ProxyJump={j}"))
+            .chain(self.options.iter().cloned())
+            .collect()
     }
 
     /// Whether to go through the agent: not with `--no-agent` or SKIFF_AGENT=off.
     pub fn agent_enabled(&self) -> bool {
         crate::route::agent_allowed(self.no_agent)
     }
-}
 
-/// `options` with `ProxyJump=JUMP` in front when `jump` is given.
-pub fn with_jump(jump: Option<&str>, options: &[String]) -> Vec<String> {
-    jump.map(|j| format!("ProxyJump={j}"))
-        .into_iter()
-        .chain(options.iter().cloned())
-        .collect()
+    /// Where these options and the command's `port` say to connect, but
+    /// the host: `-l`'s user, keys, configuration file and options.
+    pub fn destination(&self, port: Option<u16>) -> Destination {
+        Destination {
+            host: String::new(),
+            user: self.login.clone(),
+            port,
+            identity_files: self.identity.clone(),
+            config_file: self.config.clone(),
+            options: self.ssh_options(),
+        }
+    }
 }

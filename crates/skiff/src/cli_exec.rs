@@ -10,6 +10,9 @@ use crate::remote_command::{run_invocation, Invocation, TtyFlag};
 #[derive(Args, Debug, Clone)]
 #[command(trailing_var_arg = true)]
 pub struct ExecArgs {
+    /// Port to connect to.
+    #[arg(short = 'p', value_name = "PORT")]
+    pub port: Option<u16>,
     #[command(flatten)]
     pub conn: ConnectArgs,
     /// Read stdin from /dev/null.
@@ -30,6 +33,7 @@ impl From<ExecArgs> for Invocation {
         Invocation {
             command: args.command.join(" "),
             conn: args.conn,
+            port: args.port,
             destination: args.destination,
             subsystem: false,
             no_stdin: args.no_stdin,

@@ -19,6 +19,7 @@ use skiff_engine::{Destination, ExecRequest};
 use skiff_proto::nodeset;
 
 use crate::cli_connect::ConnectArgs;
+use crate::groups::GroupsArgs;
 use crate::run_output::{self, HostRecord, LineSplitter};
 
 #[derive(Args, Debug, Clone)]
@@ -28,6 +29,9 @@ use crate::run_output::{self, HostRecord, LineSplitter};
                       skiff run [OPTIONS] {-w SET | -f FILE}... [--] COMMAND [ARGS]..."
 )]
 pub struct RunArgs {
+    /// Port to connect to (a host's own `:port` wins).
+    #[arg(short = 'p', value_name = "PORT")]
+    pub port: Option<u16>,
     #[command(flatten)]
     pub conn: ConnectArgs,
     /// Hosts (a node set); repeatable. With -w or -f, no HOSTS argument is taken.
@@ -65,9 +69,8 @@ pub struct RunArgs {
     /// Also write each host's output to DIR/HOST.out and DIR/HOST.err.
     #[arg(long = "outdir", value_name = "DIR")]
     pub outdir: Option<PathBuf>,
-    /// Groups file for @name (default: $XDG_CONFIG_HOME/skiff/groups, else ~/.config/skiff/groups).
-    #[arg(long = "groups", value_name = "FILE")]
-    pub groups_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub groups: GroupsArgs,
     /// No summary on stderr.
     #[arg(short = 'q', long = "quiet")]
     pub quiet: bool,
@@ -93,7 +96,7 @@ pub fn run(args: RunArgs) -> i32 {
 
 /// The hosts and the command, from the command line and files.
 fn plan(args: &RunArgs) -> Result<(Vec<nodeset::Target>, String), String> {
-    let groups = load_groups(args)?;
+    let groups = args.groups.load()?;
     let lookup = |name: &str| groups.get(name).map(str::to_string);
     let mut rest = args.rest.iter();
     let mut sets: Vec<(String, String)> = args
@@ -148,67 +151,28 @@ fn dedup(targets: Vec<nodeset::Target>) -> Vec<nodeset::Target> {
     unique
 }
 
-fn load_groups(args: &RunArgs) -> Result<nodeset::Groups, String> {
-    load_groups_from(args.groups_file.as_deref())
-}
-
-/// The groups for `@name` in node sets: from `file`, else from the default
-/// groups file when it exists.
-pub(crate) fn load_groups_from(file: Option<&Path>) -> Result<nodeset::Groups, String> {
-    let (path, explicit) = match file {
-        Some(p) => (p.to_path_buf(), true),
-        None => (default_groups_path(), false),
-    };
-    match std::fs::read_to_string(&path) {
-        Ok(text) => nodeset::parse_groups_file(&text, &path.display().to_string())
-            .map_err(|e| e.to_string()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => {
-            Ok(nodeset::Groups::default())
-        }
-        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+/// Where to connect as the command line says, but the host (each host's
+/// own `user@` and `:port` win).
+fn base_destination(args: &RunArgs) -> Destination {
+    let mut base = args.conn.destination(args.port);
+    if let Some(secs) = args.connect_timeout {
+        base.options.insert(0, format!("ConnectTimeout={secs}"));
     }
-}
-
-fn default_groups_path() -> PathBuf {
-    std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| skiff_engine::settings::home_dir().join(".config"))
-        .join("skiff/groups")
+    base
 }
 
 /// Settings for each host; a host whose settings fail is reported as failed.
 /// The configuration files are read once for all of them.
 fn resolve_targets(args: &RunArgs, hosts: &[nodeset::Target]) -> Result<Vec<Target>, String> {
-    let mut options = Vec::new();
-    if let Some(secs) = args.connect_timeout {
-        options.push(format!("ConnectTimeout={secs}"));
-    }
-    options.extend(args.conn.ssh_options());
+    let base = base_destination(args);
     let env = skiff_engine::settings::ClientEnv::from_process();
     // A fan-out cannot ask a person hundreds of host-key questions; a key's
     // passphrase it asks for once, for every host (unless BatchMode).
     let resolver =
-        skiff_engine::settings::Resolver::new(args.conn.config.as_deref(), &options, &env)
+        skiff_engine::settings::Resolver::new(base.config_file.as_deref(), &base.options, &env)
             .map_err(|e| e.to_string())?
             .for_fan_out();
-    Ok(hosts
-        .iter()
-        .map(|h| {
-            let dest = Destination {
-                host: h.host.clone(),
-                user: h.user.clone().or_else(|| args.conn.login.clone()),
-                port: h.port.or(args.conn.port),
-                identity_files: args.conn.identity.clone(),
-                config_file: args.conn.config.clone(),
-                options: options.clone(),
-            };
-            Target {
-                label: h.to_string(),
-                settings: resolver.resolve(&dest),
-            }
-        })
-        .collect())
+    Ok(fanout::targets(hosts, &base, &resolver))
 }
 
 fn execute(args: &RunArgs, hosts: Vec<nodeset::Target>, command: String) -> i32 {
@@ -311,14 +275,14 @@ fn start_directly(
     let opts = FanoutOptions {
         parallel: args.parallel.max(1),
         connect_rate: args.rate,
-        request: ExecRequest {
-            command,
-            timeout,
-            ..Default::default()
-        },
         spread,
     };
-    handle.spawn(fanout::fan_out(targets, opts, None, tx));
+    let request = ExecRequest {
+        command,
+        timeout,
+        ..Default::default()
+    };
+    handle.spawn(fanout::run_command(targets, opts, request, None, tx));
     Ok(workers)
 }
 
@@ -356,30 +320,12 @@ fn through_agent(
             return None;
         }
     };
-    let stream = match skiff_agent::client::connect_or_spawn(true) {
-        Ok(s) => s,
-        Err(why) => {
-            tracing::debug!("not using the agent: {why}");
-            return None;
-        }
-    };
-    let mut options = Vec::new();
-    if let Some(secs) = args.connect_timeout {
-        options.push(format!("ConnectTimeout={secs}"));
-    }
-    options.extend(args.conn.ssh_options());
+    let stream = crate::route::agent_connection()?;
     let wire = RunWire {
         base: ExecWire {
             command: command.to_string(),
             no_stdin: true,
-            ..crate::route::agent_destination(&skiff_engine::Destination {
-                host: String::new(),
-                user: args.conn.login.clone(),
-                port: args.conn.port,
-                identity_files: args.conn.identity.clone(),
-                config_file: args.conn.config.clone(),
-                options,
-            })
+            ..crate::route::agent_destination(&base_destination(args))
         },
         hosts: folded,
         parallel: u32::try_from(args.parallel.max(1)).unwrap_or(u32::MAX),
@@ -418,8 +364,7 @@ fn relay_agent_run(
     retry: Retry,
     tx: tokio::sync::mpsc::Sender<RunEvent>,
 ) {
-    use skiff_engine::{ErrorKind, ExitOutcome, SkiffError};
-    use skiff_proto::agent_wire::{HostEnd, Reply};
+    use skiff_proto::agent_wire::Reply;
     let count = order.len();
     let mut finished = vec![false; count];
     let mut for_person = Vec::new();
@@ -441,38 +386,18 @@ fn relay_agent_run(
                 text,
             },
             Reply::RunDone {
-                end: HostEnd::NeedsUser { kind, .. },
-                host,
-                ..
-            } if (host as usize) < count
-                && !finished[host as usize]
-                && skiff_agent::kind_from_wire(kind) == ErrorKind::Auth =>
-            {
-                finished[host as usize] = true;
-                for_person.push(host as usize);
-                return true;
-            }
-            Reply::RunDone {
                 host,
                 end,
                 duration_us,
             } if (host as usize) < count && !finished[host as usize] => {
                 finished[host as usize] = true;
+                let Some(result) = crate::route::run_host_end(end) else {
+                    for_person.push(host as usize);
+                    return true;
+                };
                 RunEvent::Done {
                     host: host as usize,
-                    result: match end {
-                        HostEnd::Status(code) => Ok(ExitOutcome::Status(code)),
-                        HostEnd::Signal(name) => Ok(ExitOutcome::Signal {
-                            name,
-                            core_dumped: false,
-                            message: String::new(),
-                        }),
-                        HostEnd::Unknown => Ok(ExitOutcome::Unknown),
-                        HostEnd::Failed { kind, message }
-                        | HostEnd::NeedsUser { kind, message } => {
-                            Err(SkiffError::new(skiff_agent::kind_from_wire(kind), message))
-                        }
-                    },
+                    result,
                     duration: Duration::from_micros(duration_us),
                 }
             }
@@ -483,19 +408,9 @@ fn relay_agent_run(
         };
         tx.blocking_send(event).is_ok()
     };
-    let failure = match skiff_agent::client::run(stream, wire, &mut on_reply) {
-        Ok(Reply::Failed { kind, message }) => Some((skiff_agent::kind_from_wire(kind), message)),
-        Ok(_) => None,
-        Err(
-            skiff_agent::client::RunError::Unavailable(m) | skiff_agent::client::RunError::Lost(m),
-        ) => Some((ErrorKind::Protocol, m)),
-    };
-    let (kind, message) = failure.unwrap_or((
-        ErrorKind::Protocol,
-        "the agent did not report this host".into(),
-    ));
+    let end = skiff_agent::client::run(stream, wire, &mut on_reply);
     let unfinished = (0..count).filter(|&host| !finished[host]);
-    if !fail_hosts(unfinished, kind, &message, &tx) {
+    if !fail_hosts(unfinished, &crate::route::run_failure(end), &tx) {
         return;
     }
     if !for_person.is_empty() {
@@ -517,12 +432,8 @@ fn run_directly_after_agent(
 ) {
     let subset: Vec<nodeset::Target> = hosts.iter().map(|&i| order[i].clone()).collect();
     let fail_all = |message: String| {
-        fail_hosts(
-            hosts.iter().copied(),
-            skiff_engine::ErrorKind::Config,
-            &message,
-            tx,
-        );
+        let error = skiff_engine::SkiffError::new(skiff_engine::ErrorKind::Config, message);
+        fail_hosts(hosts.iter().copied(), &error, tx);
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -554,18 +465,17 @@ fn run_directly_after_agent(
     drop(workers);
 }
 
-/// Reports each of `hosts` as failed with `message`. False when the
+/// Reports each of `hosts` as failed with `error`. False when the
 /// receiver is gone.
 fn fail_hosts(
     hosts: impl Iterator<Item = usize>,
-    kind: skiff_engine::ErrorKind,
-    message: &str,
+    error: &skiff_engine::SkiffError,
     tx: &tokio::sync::mpsc::Sender<RunEvent>,
 ) -> bool {
     hosts.into_iter().all(|host| {
         let event = RunEvent::Done {
             host,
-            result: Err(skiff_engine::SkiffError::new(kind, message.to_string())),
+            result: Err(error.clone()),
             duration: Duration::ZERO,
         };
         tx.blocking_send(event).is_ok()

@@ -205,7 +205,6 @@ async fn stop_requested() {
 fn invocation(line: SshCommandLine) -> Invocation {
     Invocation {
         conn: ConnectArgs {
-            port: line.port,
             login: line.login,
             identity: line.identity,
             config: line.config,
@@ -214,6 +213,7 @@ fn invocation(line: SshCommandLine) -> Invocation {
             verbose: line.verbose,
             no_agent: false,
         },
+        port: line.port,
         destination: line.destination,
         command: line.command.join(" "),
         subsystem: line.subsystem,

@@ -10,6 +10,7 @@ mod cli_ssh;
 mod cp;
 mod demo;
 mod escape_input;
+mod groups;
 mod logging;
 mod remote_command;
 mod route;

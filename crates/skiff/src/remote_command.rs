@@ -27,6 +27,8 @@ pub fn split_destination(dest: &str) -> (Option<String>, String) {
 #[derive(Debug, Clone)]
 pub struct Invocation {
     pub conn: ConnectArgs,
+    /// The port asked for (ssh's `-p`).
+    pub port: Option<u16>,
     /// `[user@]host`.
     pub destination: String,
     /// The command line; empty asks for a login shell, as with ssh.
@@ -94,13 +96,11 @@ pub fn on_one_thread(work: impl std::future::Future<Output = Result<i32, SkiffEr
 /// The destination as the command line gives it.
 pub fn destination(args: &Invocation) -> Destination {
     let (user, host) = split_destination(&args.destination);
+    let base = args.conn.destination(args.port);
     Destination {
         host,
-        user: args.conn.login.clone().or(user),
-        port: args.conn.port,
-        identity_files: args.conn.identity.clone(),
-        config_file: args.conn.config.clone(),
-        options: args.conn.ssh_options(),
+        user: base.user.or(user),
+        ..base
     }
 }
 

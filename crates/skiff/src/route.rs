@@ -10,9 +10,11 @@
 //! key to accept, a passphrase): [`Answer::Direct`]. Anything else the
 //! agent says is the command's outcome ([`Answer::Agent`]).
 
-use skiff_agent::client::Outcome;
-use skiff_engine::{Destination, ErrorKind, SkiffError};
-use skiff_proto::agent_wire::{ExecWire, Reply};
+use std::os::unix::net::UnixStream;
+
+use skiff_agent::client::{Outcome, RunError};
+use skiff_engine::{Destination, ErrorKind, ExitOutcome, SkiffError};
+use skiff_proto::agent_wire::{ExecWire, HostEnd, Reply};
 use skiff_proto::terminal_text::one_line;
 
 /// Whether to try the agent at all: not with `--no-agent`, nor with
@@ -47,6 +49,48 @@ pub(crate) fn answer(outcome: Outcome) -> Answer {
             Answer::Direct
         }
         Outcome::Reply(reply) => Answer::Agent(reply),
+    }
+}
+
+/// A connection to the agent (started if need be) for a request whose
+/// replies stream back (`skiff run`'s), or `None` (logged) to go direct.
+pub(crate) fn agent_connection() -> Option<UnixStream> {
+    skiff_agent::client::connect_or_spawn(true)
+        .map_err(|why| tracing::debug!("not using the agent: {why}"))
+        .ok()
+}
+
+/// How one host of a run through the agent ended: its result, or `None`
+/// to run it directly, when the agent could not log in without a person
+/// (a key's passphrase, which a direct fan-out asks for once). A host key
+/// to confirm is a failure: a fan-out asks no host-key questions.
+pub(crate) fn run_host_end(end: HostEnd) -> Option<Result<ExitOutcome, SkiffError>> {
+    Some(match end {
+        HostEnd::Status(code) => Ok(ExitOutcome::Status(code)),
+        HostEnd::Signal(name) => Ok(ExitOutcome::Signal {
+            name,
+            core_dumped: false,
+            message: String::new(),
+        }),
+        HostEnd::Unknown => Ok(ExitOutcome::Unknown),
+        HostEnd::NeedsUser { kind, .. } if skiff_agent::kind_from_wire(kind) == ErrorKind::Auth => {
+            return None
+        }
+        HostEnd::Failed { kind, message } | HostEnd::NeedsUser { kind, message } => {
+            Err(failure(kind, message))
+        }
+    })
+}
+
+/// What a run through the agent that left hosts unreported came to, for
+/// those hosts: the agent's failure, or that it went away.
+pub(crate) fn run_failure(end: Result<Reply, RunError>) -> SkiffError {
+    match end {
+        Ok(Reply::Failed { kind, message }) => failure(kind, message),
+        Ok(_) => SkiffError::new(ErrorKind::Protocol, "the agent did not report this host"),
+        Err(RunError::Unavailable(m) | RunError::Lost(m)) => {
+            SkiffError::new(ErrorKind::Protocol, m)
+        }
     }
 }
 
@@ -139,6 +183,43 @@ mod tests {
         });
         assert_eq!(exit_status(failed), Some(255));
         assert_eq!(exit_status(Outcome::Unavailable("off".into())), None);
+    }
+
+    #[test]
+    fn run_hosts_needing_a_passphrase_go_direct() {
+        assert!(matches!(
+            run_host_end(HostEnd::Status(3)),
+            Some(Ok(ExitOutcome::Status(3)))
+        ));
+        let passphrase = HostEnd::NeedsUser {
+            kind: 4,
+            message: "passphrase".into(),
+        };
+        assert!(run_host_end(passphrase).is_none());
+        // A fan-out asks no host-key questions: that host failed.
+        let host_key = HostEnd::NeedsUser {
+            kind: 3,
+            message: "unknown host key".into(),
+        };
+        let e = run_host_end(host_key).unwrap().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::HostKey);
+        assert_eq!(e.message, "unknown host key");
+    }
+
+    #[test]
+    fn unreported_run_hosts_fail_with_the_agents_reason() {
+        let failed = Ok(Reply::Failed {
+            kind: 1,
+            message: "bad set".into(),
+        });
+        assert_eq!(run_failure(failed).kind, ErrorKind::Config);
+        let lost = run_failure(Err(RunError::Lost("agent gone".into())));
+        assert_eq!(
+            (lost.kind, lost.message.as_str()),
+            (ErrorKind::Protocol, "agent gone")
+        );
+        let silent = run_failure(Ok(Reply::Done));
+        assert_eq!(silent.message, "the agent did not report this host");
     }
 
     #[test]

@@ -766,6 +766,21 @@ impl Drop for ChildGuard {
 #[test]
 fn interrupt_leaves_nothing_behind() {
     let Some(env) = Env::new() else { return };
+    interrupt_a_download(&env, |big| env.remote(big), Path::new("big"));
+}
+
+/// The same for a download from a node set (of one host), each of whose
+/// hosts' files go into a directory of its own.
+#[test]
+fn interrupting_a_fan_out_leaves_nothing_behind() {
+    let Some(env) = Env::new() else { return };
+    let from_set = |big: &Path| format!("{}@127.0.0.[1]:{}", user(), big.display());
+    interrupt_a_download(&env, from_set, Path::new("127.0.0.1/big"));
+}
+
+/// Interrupts `skiff cp SOURCE(big) DOWN/` once its temporary shows, and
+/// checks that `DOWN/written` is not there.
+fn interrupt_a_download(env: &Env, source: impl Fn(&Path) -> String, written: &Path) {
     let remote = env.remote_dir("remote");
     let big = remote.join("big");
     random_file(&big, 20 * MIB);
@@ -786,8 +801,8 @@ fn interrupt_leaves_nothing_behind() {
         .arg(proxy.port.to_string())
         .arg("-i")
         .arg(&env.fx.client_key.private)
-        .arg(env.remote(&big))
-        .arg(down.join("big"))
+        .arg(source(&big))
+        .arg(&down)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -824,7 +839,7 @@ fn interrupt_leaves_nothing_behind() {
     assert_eq!(status.code(), Some(130), "{c}: {status:?}\n{stderr}");
     assert!(stderr.contains("interrupted"), "{c}\n{stderr}");
     assert!(
-        !down.join("big").exists(),
+        !down.join(written).exists(),
         "{c}: no file under the final name"
     );
     assert_no_temporaries(&down, &c);

@@ -43,6 +43,20 @@ pub struct CopyJob {
     pub preserve: bool,
 }
 
+impl CopyJob {
+    /// This job for the host labelled `label`, one of a node set: a
+    /// download goes into `TARGET/NAME`, `NAME` being the label as one file
+    /// name that no other label shares, so that the hosts' files stay apart
+    /// (and a host named `..` writes nowhere else).
+    pub fn for_host(&self, label: &str) -> CopyJob {
+        let mut job = self.clone();
+        if let Direction::Download { target, .. } = &mut job.direction {
+            *target = target.join(skiff_files::label_file_name(label));
+        }
+        job
+    }
+}
+
 /// Copies `job` on `conn` over the skiff data plane when the server offers
 /// one, else over SFTP; `notice` gets the line the user should see when
 /// the fallback weakens what was asked for ([`sftp_fallback_notice`]).
@@ -51,7 +65,7 @@ pub async fn copy(
     job: &CopyJob,
     options: &dataplane::PlaneOptions,
     progress: &dyn Progress,
-    notice: &dyn Fn(&str),
+    notice: &(dyn Fn(&str) + Sync),
 ) -> Result<CopyReport, SkiffError> {
     if let Some(report) = dataplane::copy(conn, job, options, progress).await? {
         return Ok(report);
@@ -139,4 +153,29 @@ pub(crate) fn safe_report(mut report: CopyReport) -> CopyReport {
         }
     }
     report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_host_downloads_into_a_directory_of_its_own() {
+        let job = CopyJob {
+            direction: Direction::Download {
+                sources: vec!["f".into()],
+                target: "out".into(),
+            },
+            recursive: false,
+            preserve: false,
+        };
+        let target = |label: &str| match job.for_host(label).direction {
+            Direction::Download { target, .. } => target,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(target("web01"), std::path::Path::new("out/web01"));
+        assert_eq!(target(".."), std::path::Path::new("out/%2E%2E"));
+        assert_eq!(target("."), std::path::Path::new("out/%2E"));
+        assert_eq!(target("a/b"), std::path::Path::new("out/a%2Fb"));
+    }
 }

@@ -276,6 +276,22 @@ fn is_under(rel: &Path, failed: &[PathBuf]) -> bool {
 }
 
 /// An SFTP session on a connection, with what the server offers.
+/// `each` of `files`, [`FILES_AT_ONCE`] at a time, each outcome as it
+/// ends. (A function of its own so that a copy's future is `Send`: rustc
+/// cannot tell that of such a closure over borrowed entries written in
+/// place.)
+fn files_at_once<'s, T, Fut>(
+    files: Vec<T>,
+    each: impl FnMut(T) -> Fut + Send + 's,
+) -> impl futures::Stream<Item = Fut::Output> + Send + 's
+where
+    T: Send + 's,
+    Fut: std::future::Future + Send + 's,
+    Fut::Output: Send,
+{
+    futures::stream::iter(files.into_iter().map(each)).buffer_unordered(FILES_AT_ONCE)
+}
+
 struct Sftp<'a> {
     /// The connection, when this process holds it (not through the agent).
     conn: Option<&'a Connection>,
@@ -534,11 +550,10 @@ impl<'a> Sftp<'a> {
                 Err(m) => report.failures.push(m),
             }
         }
-        let mut running = futures::stream::iter(files.into_iter().map(|(e, remote)| async move {
+        let mut running = files_at_once(files, |(e, remote)| async move {
             let r = self.upload_file(e, &remote, job.preserve, progress).await;
             (remote, r)
-        }))
-        .buffer_unordered(FILES_AT_ONCE);
+        });
         while let Some((remote, result)) = running.next().await {
             match result {
                 Ok(n) => {
@@ -844,11 +859,10 @@ impl<'a> Sftp<'a> {
             .filter(|e| e.kind == EntryKind::File && !is_under(&e.rel, &failed))
             .map(|e| (e, placement.path_for(&e.rel)))
             .collect();
-        let mut running = futures::stream::iter(files.into_iter().map(|(e, local)| async move {
+        let mut running = files_at_once(files, |(e, local)| async move {
             let r = self.download_file(e, &local, job.preserve, progress).await;
             (local, r)
-        }))
-        .buffer_unordered(FILES_AT_ONCE);
+        });
         while let Some((local, result)) = running.next().await {
             match result {
                 Ok(n) => {

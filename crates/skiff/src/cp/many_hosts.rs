@@ -13,14 +13,20 @@
 //! folds the hosts by outcome. Exit status: 0 when every host got every
 //! file, 1 when some files failed, 255 when a host could not be reached or
 //! authenticated.
+//!
+//! The hosts are scheduled by the engine's fan-out
+//! ([`skiff_engine::fanout`]), as `skiff run`'s are: so many at once, a
+//! connection closed before authentication tried again. This module says
+//! what one host's copy is ([`CopyToHosts`]) and prints what comes of it.
 
-use futures::stream::{FuturesUnordered, StreamExt};
 use std::io::IsTerminal;
+use std::sync::Arc;
 
-use skiff_engine::busy::retry_pre_auth_drops;
 use skiff_engine::copy::{CopyJob, CopyReport, Direction, NoProgress, Progress};
-use skiff_engine::{prompt_screen, Destination, SkiffError};
+use skiff_engine::fanout::{self, FanoutOptions, HostWork, Pace, RunEvent, Target};
+use skiff_engine::{prompt_screen, ConnectSettings, Destination, SkiffError};
 use skiff_proto::{nodeset, terminal_text};
+use tokio::sync::mpsc::Sender;
 
 use super::plan::Plan;
 use super::{CpArgs, PlaneOptions};
@@ -41,7 +47,7 @@ pub(crate) fn plan(
     user: Option<String>,
     set: &str,
 ) -> Result<FanoutPlan, String> {
-    let groups = crate::cli_run::load_groups_from(args.groups_file.as_deref())?;
+    let groups = args.groups.load()?;
     let lookup = |name: &str| groups.get(name).map(str::to_string);
     let mut hosts = nodeset::parse(set, &lookup).map_err(|e| e.to_string())?;
     nodeset::sort_canonical(&mut hosts);
@@ -61,105 +67,101 @@ pub(crate) fn plan(
 type HostOutcome = Result<CopyReport, SkiffError>;
 
 pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
-    let base = super::plan::base_destination(args);
+    // A host's own `user@` wins, then the one in front of the set, then -l.
+    let base = args.conn.destination(args.port);
+    let base = Destination {
+        user: plan.user.clone().or(base.user),
+        ..base
+    };
     let env = skiff_engine::settings::ClientEnv::from_process();
     // As in `skiff run`: no host-key questions, a passphrase asked for once.
-    let resolver =
-        match skiff_engine::settings::Resolver::new(args.config.as_deref(), &base.options, &env) {
-            Ok(r) => r.for_fan_out(),
-            Err(e) => {
-                eprintln!("skiff: {e}");
-                return 255;
-            }
-        };
+    let resolver = match skiff_engine::settings::Resolver::new(
+        base.config_file.as_deref(),
+        &base.options,
+        &env,
+    ) {
+        Ok(r) => r.for_fan_out(),
+        Err(e) => {
+            eprintln!("skiff: {e}");
+            return 255;
+        }
+    };
     let Some(runtime) = super::copy_runtime() else {
         return 255;
     };
-    let plane = super::plane_of(args);
     let bar = (!args.quiet && std::io::stderr().is_terminal()).then(|| {
         let bar = super::progress::Bar::new();
         bar.0.set_message(format!("0/{} hosts", plan.hosts.len()));
-        HostsBar(bar)
+        Arc::new(HostsBar(bar))
     });
-    let progress: &dyn Progress = match &bar {
-        Some(b) => b,
-        None => &NoProgress,
-    };
-    let use_agent = super::agent_wanted(args);
-    let limit = tokio::sync::Semaphore::new(usize::from(args.parallel));
-    // Polled together on this thread: a host's copy starts when a slot is free.
-    let mut copies: FuturesUnordered<_> = plan
+    let (targets, plans): (Vec<Target>, Vec<Plan>) = plan
         .hosts
         .iter()
-        .map(|target| {
-            let destination = Destination {
-                host: target.host.clone(),
-                user: target
-                    .user
-                    .clone()
-                    .or_else(|| plan.user.clone())
-                    .or_else(|| args.login.clone()),
-                port: target.port.or(args.port),
-                ..base.clone()
+        .map(|host| {
+            let destination = fanout::host_destination(host, &base);
+            let label = host.to_string();
+            let target = Target {
+                settings: resolver.resolve(&destination),
+                label: label.clone(),
             };
-            let settings = resolver.resolve(&destination);
-            let label = target.to_string();
-            let host_plan = Plan {
-                job: job_for(&plan.job, &label),
-                destination,
-            };
-            let (plane, limit) = (&plane, &limit);
-            async move {
-                let _slot = limit.acquire().await;
-                // A server that closes the connection before authentication
-                // (MaxStartups) is tried again, as in `skiff run`.
-                let outcome: HostOutcome = match settings {
-                    Ok(settings) => {
-                        retry_pre_auth_drops(&settings, |settings| {
-                            copy_one(&label, &host_plan, settings, plane, progress, use_agent)
-                        })
-                        .await
-                    }
-                    Err(e) => Err(e),
-                };
-                (label, outcome)
-            }
+            let job = plan.job.for_host(&label);
+            (target, Plan { job, destination })
         })
-        .collect();
-    let results = runtime.block_on(async {
-        let mut results = Vec::new();
-        // Listening from the start, so a signal between two hosts counts.
-        let interrupt = super::interrupted();
-        tokio::pin!(interrupt);
-        loop {
-            tokio::select! {
-                next = copies.next() => match next {
-                    Some((label, outcome)) => {
-                        results.push((label, outcome));
-                        let (label, outcome) = results.last().expect("just pushed");
-                        let report = HostReport::of(label, outcome);
-                        let shown = bar.as_ref().map(|b| b.0 .0.clone());
-                        // Not over a passphrase question another host's
-                        // connection may have open, nor through the bar.
-                        prompt_screen::print_outside_questions(move || match shown {
-                            Some(b) => b.suspend(|| report.print()),
-                            None => report.print(),
-                        });
-                        if let Some(b) = &bar {
-                            b.0 .0.set_message(format!(
-                                "{}/{} hosts",
-                                results.len(),
-                                plan.hosts.len()
-                            ));
-                        }
-                    }
-                    None => break Ok(results),
-                },
-                signal = &mut interrupt => break Err(signal),
-            }
-        }
+        .unzip();
+    let labels: Vec<String> = targets.iter().map(|t| t.label.clone()).collect();
+    let work = Arc::new(CopyToHosts {
+        plans,
+        plane: super::plane_of(args),
+        progress: match &bar {
+            Some(b) => b.clone(),
+            None => Arc::new(NoProgress),
+        },
+        use_agent: super::agent_wanted(args),
     });
-    drop(copies);
+    let options = FanoutOptions {
+        parallel: usize::from(args.parallel),
+        connect_rate: None,
+        spread: Vec::new(),
+    };
+    let results = runtime.block_on(async {
+        let (events, mut received) = tokio::sync::mpsc::channel(64);
+        // Stopped by a signal, listened for from the start so that one
+        // between two hosts counts; the copies in progress are then dropped,
+        // which removes the temporaries of files not complete.
+        let copies = fanout::fan_out(targets, options, work, events, super::interrupted());
+        tokio::pin!(copies);
+        let mut results = Vec::new();
+        let mut on_event = |event: RunEvent<CopyReport>| match event {
+            RunEvent::Done { host, result, .. } => {
+                let report = HostReport::of(&labels[host], &result);
+                results.push((labels[host].clone(), result));
+                print_outside_bar_and_questions(&bar, move || report.print());
+                if let Some(b) = &bar {
+                    b.0 .0
+                        .set_message(format!("{}/{} hosts", results.len(), labels.len()));
+                }
+            }
+            RunEvent::Notice { host, text } => {
+                let line = format!("{}: {}", labels[host], terminal_text::lines(&text));
+                print_outside_bar_and_questions(&bar, move || eprintln!("{line}"));
+            }
+            RunEvent::Output { .. } => {}
+        };
+        let stopped = loop {
+            tokio::select! {
+                stopped = &mut copies => break stopped,
+                Some(event) = received.recv() => on_event(event),
+            }
+        };
+        if let Some(signal) = stopped {
+            return Err(signal);
+        }
+        // Every host is done: what they said last is still queued.
+        while let Some(event) = received.recv().await {
+            on_event(event);
+        }
+        Ok(results)
+    });
     if let Some(b) = &bar {
         b.0 .0.finish_and_clear();
     }
@@ -173,51 +175,63 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
     }
 }
 
-/// `job` for the host labelled `label`: a download goes into
-/// `TARGET/NAME`, `NAME` being the label as one file name that no other
-/// label shares.
-fn job_for(job: &CopyJob, label: &str) -> CopyJob {
-    let mut job = job.clone();
-    if let Direction::Download { target, .. } = &mut job.direction {
-        *target = target.join(skiff_files::label_file_name(label));
-    }
-    job
+/// Runs `print` with the bar out of the way, and not over a passphrase
+/// question another host's connection may have open.
+fn print_outside_bar_and_questions(
+    bar: &Option<Arc<HostsBar>>,
+    print: impl FnOnce() + Send + 'static,
+) {
+    let shown = bar.as_ref().map(|b| b.0 .0.clone());
+    prompt_screen::print_outside_questions(move || match shown {
+        Some(b) => b.suspend(print),
+        None => print(),
+    });
 }
 
-/// One host's copy: through the agent when it can, else directly.
-async fn copy_one(
-    label: &str,
-    plan: &Plan,
-    settings: skiff_engine::ConnectSettings,
-    plane: &PlaneOptions,
-    progress: &dyn Progress,
+/// The copy to or from each host of a node set: through the agent when it
+/// can, else directly.
+struct CopyToHosts {
+    /// Each host's job and destination, by its number in the fan-out.
+    plans: Vec<Plan>,
+    plane: PlaneOptions,
+    progress: Arc<dyn Progress>,
     use_agent: bool,
-) -> Result<CopyReport, SkiffError> {
-    if let Direction::Download { target, .. } = &plan.job.direction {
-        if let Err(e) = std::fs::create_dir_all(target) {
-            return Ok(CopyReport {
-                failures: vec![format!("cannot create {}: {e}", target.display())],
-                ..CopyReport::default()
-            });
+}
+
+impl HostWork for CopyToHosts {
+    type Output = CopyReport;
+
+    async fn run(
+        &self,
+        host: usize,
+        settings: ConnectSettings,
+        pace: &Pace,
+        events: &Sender<RunEvent<CopyReport>>,
+    ) -> HostOutcome {
+        let plan = &self.plans[host];
+        let progress = &*self.progress;
+        if let Direction::Download { target, .. } = &plan.job.direction {
+            if let Err(e) = std::fs::create_dir_all(target) {
+                return Ok(CopyReport {
+                    failures: vec![format!("cannot create {}: {e}", target.display())],
+                    ..CopyReport::default()
+                });
+            }
         }
+        if self.use_agent {
+            if let Some(result) =
+                super::one_host::via_agent(plan, &settings, &self.plane, progress).await
+            {
+                return result;
+            }
+        }
+        pace.new_connection().await;
+        let mut conn = skiff_engine::connect(&settings).await?;
+        for text in conn.notices.drain(..) {
+            let _ = events.send(RunEvent::Notice { host, text }).await;
+        }
+        super::one_host::copy_over(&conn, &settings, &plan.job, &self.plane, progress).await
     }
-    if use_agent {
-        if let Some(result) = super::one_host::via_agent(plan, &settings, plane, progress).await {
-            return result;
-        }
-    }
-    let conn = skiff_engine::connect(&settings).await?;
-    let notices: Vec<String> = conn
-        .notices
-        .iter()
-        .map(|n| format!("{label}: {}", terminal_text::lines(n)))
-        .collect();
-    prompt_screen::print_outside_questions(move || {
-        for notice in notices {
-            eprintln!("{notice}");
-        }
-    });
-    super::one_host::copy_over(&conn, &settings, &plan.job, plane, progress).await
 }
 
 /// One bar for every host's bytes; its message counts finished hosts
@@ -343,25 +357,5 @@ mod tests {
         ));
         let shown = HostReport::of("h2", &failed);
         assert_eq!(shown.stderr, ["skiff: h2: bye\\u{1b}[1A\\u{1b}[2K"]);
-    }
-
-    #[test]
-    fn each_host_downloads_into_a_directory_of_its_own() {
-        let job = CopyJob {
-            direction: Direction::Download {
-                sources: vec!["f".into()],
-                target: "out".into(),
-            },
-            recursive: false,
-            preserve: false,
-        };
-        let target = |label: &str| match job_for(&job, label).direction {
-            Direction::Download { target, .. } => target,
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(target("web01"), std::path::Path::new("out/web01"));
-        assert_eq!(target(".."), std::path::Path::new("out/%2E%2E"));
-        assert_eq!(target("."), std::path::Path::new("out/%2E"));
-        assert_eq!(target("a/b"), std::path::Path::new("out/a%2Fb"));
     }
 }

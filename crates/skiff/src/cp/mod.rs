@@ -17,11 +17,13 @@ mod plan;
 mod progress;
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use skiff_engine::copy::CopyReport;
 use skiff_proto::terminal_text::one_line;
+
+use crate::cli_connect::ConnectArgs;
+use crate::groups::GroupsArgs;
 
 use plan::{plan, Planned};
 
@@ -37,24 +39,8 @@ pub struct CpArgs {
     /// Port to connect to (scp's -P).
     #[arg(short = 'P', value_name = "PORT")]
     pub port: Option<u16>,
-    /// Identity (private key) file; repeatable, tried in order.
-    #[arg(short = 'i', value_name = "KEY")]
-    pub identity: Vec<PathBuf>,
-    /// User to log in as (a `user@` in the remote path wins).
-    #[arg(short = 'l', value_name = "USER")]
-    pub login: Option<String>,
-    /// Client configuration file instead of ~/.ssh/config (system config is then skipped).
-    #[arg(short = 'F', value_name = "CONFIG")]
-    pub config: Option<PathBuf>,
-    /// ssh_config option, e.g. -o StrictHostKeyChecking=yes; repeatable.
-    #[arg(short = 'o', value_name = "Keyword=Value")]
-    pub options: Vec<String>,
-    /// Connect through these jump hosts, first to last (ProxyJump).
-    #[arg(short = 'J', value_name = "[user@]host[:port],...")]
-    pub jump: Option<String>,
-    /// More diagnostics on stderr (repeatable).
-    #[arg(short = 'v', action = clap::ArgAction::Count)]
-    pub verbose: u8,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
     /// No progress bar.
     #[arg(short = 'q')]
     pub quiet: bool,
@@ -65,16 +51,12 @@ pub struct CpArgs {
     /// Data-plane protection (skiffd only; integrity and none need the server's consent).
     #[arg(long = "cipher", value_enum, default_value_t = CipherMode::Aead)]
     pub cipher: CipherMode,
-    /// Connect directly instead of through the agent (also SKIFF_AGENT=off).
-    #[arg(long = "no-agent")]
-    pub no_agent: bool,
     /// Copying to a node set: hosts in progress at once.
     #[arg(short = 'j', long = "parallel", value_name = "N", default_value_t = 16,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub parallel: u16,
-    /// Groups file for @name in a node set (default: $XDG_CONFIG_HOME/skiff/groups, else ~/.config/skiff/groups).
-    #[arg(long = "groups", value_name = "FILE")]
-    pub groups_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub groups: GroupsArgs,
     /// SRC... DST: sources, then the target; one side is `[user@]host:path`
     /// (a target's host may be a node set: `web[01-20]:path`, `@group:path`).
     #[arg(required = true, num_args = 2.., value_name = "PATH")]
@@ -100,7 +82,7 @@ pub struct PlaneOptions {
 }
 
 pub fn run(args: CpArgs) -> i32 {
-    crate::logging::init_for_copy(args.verbose);
+    crate::logging::init_for_copy(args.conn.verbose);
     let plan = match plan(&args) {
         Ok(Planned::One(p)) => p,
         Ok(Planned::Many(many)) => return many_hosts::run(&args, many),
@@ -181,7 +163,7 @@ pub(crate) fn plane_of(args: &CpArgs) -> PlaneOptions {
 
 /// Whether to copy through the agent: not with `--no-agent` or SKIFF_AGENT=off.
 pub(crate) fn agent_wanted(args: &CpArgs) -> bool {
-    crate::route::agent_allowed(args.no_agent)
+    args.conn.agent_enabled()
 }
 
 /// How a copy ended, short of an error.

@@ -167,12 +167,14 @@ pub(super) fn plan(args: &CpArgs) -> Result<Planned, String> {
             (direction, user, host)
         }
     };
+    // A `user@` wins over -l.
+    let base = args.conn.destination(args.port);
     Ok(Planned::One(Plan {
         job: job(args, direction),
         destination: Destination {
             host,
-            user: user.or_else(|| args.login.clone()),
-            ..base_destination(args)
+            user: user.or(base.user),
+            ..base
         },
     }))
 }
@@ -186,23 +188,12 @@ pub(crate) fn job(args: &CpArgs, direction: Direction) -> CopyJob {
     }
 }
 
-/// Everything about where to connect that the command line gives, but the
-/// host and user.
-pub(crate) fn base_destination(args: &CpArgs) -> Destination {
-    Destination {
-        host: String::new(),
-        user: None,
-        port: args.port,
-        identity_files: args.identity.clone(),
-        config_file: args.config.clone(),
-        options: crate::cli_connect::with_jump(args.jump.as_deref(), &args.options),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli_connect::ConnectArgs;
     use crate::cp::CipherMode;
+    use crate::groups::GroupsArgs;
 
     fn remote(user: Option<&str>, host: &str, path: &str) -> Endpoint {
         Endpoint::Remote {
@@ -234,18 +225,20 @@ mod tests {
             recursive: true,
             preserve: false,
             port: Some(2222),
-            identity: vec![],
-            login: Some("dflt".into()),
-            config: None,
-            options: vec![],
-            jump: None,
-            verbose: 0,
+            conn: ConnectArgs {
+                login: Some("dflt".into()),
+                identity: vec![],
+                config: None,
+                options: vec![],
+                jump: None,
+                verbose: 0,
+                no_agent: false,
+            },
             quiet: false,
             streams: None,
             cipher: CipherMode::Aead,
-            no_agent: false,
             parallel: 16,
-            groups_file: None,
+            groups: GroupsArgs::default(),
             paths: paths.iter().map(|s| s.to_string()).collect(),
         }
     }
