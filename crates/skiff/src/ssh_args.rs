@@ -234,9 +234,25 @@ fn apply_value(out: &mut SshCommandLine, flag: char, value: String) -> Result<()
         'F' => out.config = Some(PathBuf::from(value)),
         'i' => out.identity.push(PathBuf::from(value)),
         'J' => out.jump = Some(value),
-        'l' => out.login = Some(value),
-        'o' => out.options.push(value),
-        'p' => out.port = Some(parse_port(&value)?),
+        // As in ssh, the first of -l and -o User (and of -p and -o Port)
+        // wins, and either wins over the destination's user@ and :port.
+        'l' => {
+            out.login.get_or_insert(value);
+        }
+        'o' => {
+            if let Some(user) = option_value(&value, "User") {
+                out.login.get_or_insert_with(|| user.to_string());
+            }
+            // A bad port is the configuration parser's to report.
+            if let Some(Ok(port)) = option_value(&value, "Port").map(parse_port) {
+                out.port.get_or_insert(port);
+            }
+            out.options.push(value)
+        }
+        'p' => {
+            let port = parse_port(&value)?;
+            out.port.get_or_insert(port);
+        }
         'W' => out.forward_stdio = Some(parse_forward(&value)?),
         _ => return Err(SshArgsError::Unknown(flag)),
     }
@@ -264,6 +280,16 @@ fn parse_forward(value: &str) -> Result<(String, u16), SshArgsError> {
     }
     let port = parse_port(port).map_err(|_| bad())?;
     Ok((host.to_owned(), port))
+}
+
+/// The value of `-o` `option` when it sets `keyword` (`Keyword=Value` or
+/// `Keyword Value`, the keyword in any case).
+fn option_value<'a>(option: &'a str, keyword: &str) -> Option<&'a str> {
+    let (name, value) = option
+        .trim_start()
+        .split_once(|c: char| c == '=' || c.is_whitespace())?;
+    let value = value.trim_start_matches(|c: char| c == '=' || c.is_whitespace());
+    (name.eq_ignore_ascii_case(keyword) && !value.is_empty()).then_some(value.trim_end())
 }
 
 /// `[user@]host` as given, or `ssh://[user@]host[:port]`, whose user and
@@ -320,6 +346,29 @@ mod tests {
     fn p(line: &str) -> Result<SshCommandLine, SshArgsError> {
         let args: Vec<String> = line.split_whitespace().map(String::from).collect();
         parse(&args)
+    }
+
+    #[test]
+    fn the_first_user_and_port_on_the_command_line_win_as_in_ssh() {
+        let user_port = |line: &str| {
+            let c = p(line).unwrap();
+            (c.login, c.port)
+        };
+        let some = |u: &str, port: u16| (Some(u.to_string()), Some(port));
+        assert_eq!(user_port("-o User=foo -l bar -p 1 h"), some("foo", 1));
+        assert_eq!(
+            user_port("-l bar -o user=foo -oPort=2 -p3 h"),
+            some("bar", 2)
+        );
+        assert_eq!(user_port("-l bar -p 4 ssh://foo@h:5"), some("bar", 4));
+        assert_eq!(
+            user_port("-o User=foo -l x baz@h").0.as_deref(),
+            Some("foo")
+        );
+        // A plain user@host is split later, under the command line's user.
+        assert_eq!(p("baz@h").unwrap().destination, "baz@h");
+        // The options still reach the configuration as given.
+        assert_eq!(p("-o User=foo h").unwrap().options, ["User=foo"]);
     }
 
     #[test]
