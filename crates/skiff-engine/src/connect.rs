@@ -398,10 +398,11 @@ pub fn russh_config(
         key: Cow::Owned(key_order),
         cipher: Cow::Owned(russh_names(&algorithms.ciphers, cipher::ALL_CIPHERS, &[])),
         mac: Cow::Owned(russh_names(&algorithms.macs, mac::ALL_MAC_ALGORITHMS, &[])),
-        // none first; delayed zlib at most, never `zlib` before the server
-        // is authenticated to us and we to it.
+        // none first unless Compression asks for zlib; delayed zlib at
+        // most, never `zlib` before the server is authenticated to us and
+        // we to it.
         compression: Cow::Owned(russh_names(
-            &skiff_proto::algorithms::compression(),
+            &skiff_proto::algorithms::compression(settings.compression),
             russh::compression::ALL_COMPRESSION_ALGORITHMS,
             &[],
         )),
@@ -786,6 +787,19 @@ mod tests {
             .map(AsRef::as_ref)
             .collect();
         assert_eq!(names, ["none", "zlib@openssh.com"]);
+        // Compression yes (-C): delayed zlib first, none still acceptable.
+        let settings = crate::ConnectSettings {
+            compression: true,
+            ..settings
+        };
+        let config = russh_config(&settings, &[], false);
+        let names: Vec<&str> = config
+            .preferred
+            .compression
+            .iter()
+            .map(AsRef::as_ref)
+            .collect();
+        assert_eq!(names, ["zlib@openssh.com", "none"]);
     }
 
     #[test]

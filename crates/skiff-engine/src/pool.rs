@@ -60,6 +60,7 @@ pub struct PoolKey {
     /// The way to the host (ProxyCommand, or the jump hosts' settings).
     proxy: Option<String>,
     algorithms: skiff_proto::algorithms::Algorithms,
+    compression: bool,
     policy: String,
     /// Where the connection comes from.
     source: (
@@ -91,6 +92,7 @@ impl PoolKey {
             required_rsa_size: s.required_rsa_size,
             proxy: s.proxy.as_ref().map(|p| format!("{p:?}")),
             algorithms: s.algorithms.clone(),
+            compression: s.compression,
             policy: crate::hostkeys::policy_name(s.strict_host_key_checking).to_string(),
             source: (s.address_family, s.bind_address, s.bind_interface.clone()),
         }

@@ -85,6 +85,8 @@ pub struct ConnectSettings {
     pub server_alive_interval: Option<Duration>,
     pub server_alive_count_max: usize,
     pub batch_mode: bool,
+    /// `Compression` (ssh's `-C`): delayed zlib asked for ahead of none.
+    pub compression: bool,
     /// A connection of a fan-out (`skiff run`, see [`Resolver::for_fan_out`]):
     /// host-key questions are refused as under BatchMode, while a key's
     /// passphrase may still be asked for, once for all hosts, with the time
@@ -684,6 +686,7 @@ impl Resolver {
             server_alive_interval: alive,
             server_alive_count_max: cfg.server_alive_count_max.unwrap_or(3).max(1) as usize,
             batch_mode: cfg.batch_mode.unwrap_or(false),
+            compression: cfg.compression.unwrap_or(false),
             fan_out: self.fan_out,
             pubkey_authentication: cfg.pubkey_authentication.unwrap_or(true),
             refused_by: cfg

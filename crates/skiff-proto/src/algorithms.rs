@@ -313,9 +313,14 @@ pub const SERVER_MACS: AlgorithmList = AlgorithmList {
 /// connect, is never offered.
 pub const COMPRESSION: &[&str] = &["none", "zlib@openssh.com"];
 
-/// [`COMPRESSION`] as owned names, for [`pick`].
-pub fn compression() -> Vec<String> {
-    COMPRESSION.iter().map(|s| s.to_string()).collect()
+/// [`COMPRESSION`] as owned names, for [`pick`]; `wanted` (a client's
+/// `Compression yes`) puts `zlib@openssh.com` first.
+pub fn compression(wanted: bool) -> Vec<String> {
+    let mut names: Vec<String> = COMPRESSION.iter().map(|s| s.to_string()).collect();
+    if wanted {
+        names.reverse();
+    }
+    names
 }
 
 /// The entries of `known` (an SSH library's algorithm names) that `names`

@@ -311,6 +311,8 @@ enum Directive {
     ServerAliveInterval(u64),
     ServerAliveCountMax(u32),
     BatchMode(bool),
+    /// `Compression`: ask for `zlib@openssh.com` first.
+    Compression(bool),
     PubkeyAuthentication(bool),
     RefuseConnection(bool),
     ControlPersist(ControlPersist),
@@ -400,6 +402,7 @@ enum Kw {
     ServerAliveInterval,
     ServerAliveCountMax,
     BatchMode,
+    Compression,
     PubkeyAuthentication,
     RefuseConnection,
     ControlPersist,
@@ -462,6 +465,7 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("ServerAliveInterval", Kw::ServerAliveInterval),
     ("ServerAliveCountMax", Kw::ServerAliveCountMax),
     ("BatchMode", Kw::BatchMode),
+    ("Compression", Kw::Compression),
     ("PubkeyAuthentication", Kw::PubkeyAuthentication),
     ("RefuseConnection", Kw::RefuseConnection),
     ("ControlPersist", Kw::ControlPersist),
@@ -501,7 +505,6 @@ const IGNORED: &[&str] = &[
     "ChannelTimeout",
     "CheckHostIP",
     "Cipher",
-    "Compression",
     "CompressionLevel",
     "ConnectionAttempts",
     "ControlMaster",
@@ -1014,6 +1017,7 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
             Directive::ServerAliveCountMax(parse_u32(name, &single(name, args)?)?)
         }
         Kw::BatchMode => Directive::BatchMode(parse_flag(name, &single(name, args)?)?),
+        Kw::Compression => Directive::Compression(parse_flag(name, &single(name, args)?)?),
         Kw::PubkeyAuthentication => {
             // OpenSSH 8.9 also takes `unbound` and `host-bound`, both "yes" here.
             let v = single(name, args)?;
@@ -1352,6 +1356,8 @@ pub struct HostConfig {
     pub server_alive_interval: Option<u64>,
     pub server_alive_count_max: Option<u32>,
     pub batch_mode: Option<bool>,
+    /// `Compression` (ssh's `-C`).
+    pub compression: Option<bool>,
     pub pubkey_authentication: Option<bool>,
     /// `RefuseConnection yes`: connecting is an error (with where it was set).
     pub refuse_connection: Option<(bool, String)>,
@@ -1700,6 +1706,7 @@ impl Resolver<'_, '_> {
             Directive::ServerAliveInterval(v) => first(&mut cfg.server_alive_interval, v),
             Directive::ServerAliveCountMax(v) => first(&mut cfg.server_alive_count_max, v),
             Directive::BatchMode(v) => first(&mut cfg.batch_mode, v),
+            Directive::Compression(v) => first(&mut cfg.compression, v),
             Directive::PubkeyAuthentication(v) => first(&mut cfg.pubkey_authentication, v),
             Directive::RefuseConnection(v) => {
                 let at = format!("{}:{}", file.label, line);
@@ -2098,6 +2105,8 @@ mod tests {
     fn flags() {
         assert_eq!(res("BatchMode no\n", "x").batch_mode, Some(false));
         assert_eq!(res("BatchMode TRUE\n", "x").batch_mode, Some(true));
+        assert_eq!(res("Compression yes\n", "x").compression, Some(true));
+        assert!(res("Compression yes\n", "x").ignored.is_empty());
         assert_eq!(
             res("IdentitiesOnly false\n", "x").identities_only,
             Some(false)
@@ -2330,16 +2339,16 @@ mod tests {
     #[test]
     fn ignored_keywords_are_recorded_when_active() {
         let c = res(
-            "Compression yes\nHost other\n  Compression yes\nHost *\n  forwardx11 yes\n  UseKeychain yes\n  Compression no\n",
+            "CheckHostIP yes\nHost other\n  CheckHostIP yes\nHost *\n  forwardx11 yes\n  UseKeychain yes\n  CheckHostIP no\n",
             "x",
         );
         assert_eq!(
             c.ignored,
             vec![
-                ("Compression".to_owned(), "cfg:1".to_owned()),
+                ("CheckHostIP".to_owned(), "cfg:1".to_owned()),
                 ("ForwardX11".to_owned(), "cfg:5".to_owned()),
                 ("UseKeychain".to_owned(), "cfg:6".to_owned()),
-                ("Compression".to_owned(), "cfg:7".to_owned()),
+                ("CheckHostIP".to_owned(), "cfg:7".to_owned()),
             ]
         );
     }
@@ -2854,14 +2863,14 @@ mod tests {
 
     #[test]
     fn final_pass_does_not_duplicate() {
-        let text = "SendEnv LANG\nSetEnv A=1\nIdentityFile k\nCompression yes\nMatch final\n";
+        let text = "SendEnv LANG\nSetEnv A=1\nIdentityFile k\nCheckHostIP yes\nMatch final\n";
         let c = res(text, "x");
         assert_eq!(c.send_env, vec!["LANG"]);
         assert_eq!(c.set_env.len(), 1);
         assert_eq!(c.identity_files, vec!["k"]);
         assert_eq!(
             c.ignored,
-            vec![("Compression".to_owned(), "cfg:4".to_owned())]
+            vec![("CheckHostIP".to_owned(), "cfg:4".to_owned())]
         );
     }
 
@@ -2890,7 +2899,7 @@ mod tests {
     #[test]
     fn include_inside_blocks() {
         let files = HashMap::from([
-            ("web.conf", "Port 80\nCompression yes\n"),
+            ("web.conf", "Port 80\nCheckHostIP yes\n"),
             ("db.conf", "Port 5432\n"),
         ]);
         let text = "Host web\n  Include web.conf\nHost db\n  Include db.conf\nHost *\n  Port 22\n";
@@ -2906,7 +2915,7 @@ mod tests {
         assert_eq!(c.port, Some(80));
         assert_eq!(
             c.ignored,
-            vec![("Compression".to_owned(), "web.conf:2".to_owned())]
+            vec![("CheckHostIP".to_owned(), "web.conf:2".to_owned())]
         );
         // Files under inactive blocks are still read (as ssh does) but do not apply.
         assert_eq!(calls.len(), 2);

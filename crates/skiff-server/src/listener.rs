@@ -51,7 +51,7 @@ pub fn russh_config(settings: &Settings, host: HostIdentity) -> russh::server::C
         mac: Cow::Owned(pick(&settings.macs, mac::ALL_MAC_ALGORITHMS)),
         // Never `zlib` before authentication: none, or delayed zlib.
         compression: Cow::Owned(pick(
-            &skiff_proto::algorithms::compression(),
+            &skiff_proto::algorithms::compression(false),
             russh::compression::ALL_COMPRESSION_ALGORITHMS,
         )),
         ..Preferred::default()

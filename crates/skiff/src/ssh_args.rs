@@ -180,7 +180,8 @@ fn apply_flag(out: &mut SshCommandLine, flag: char) -> Result<(), SshArgsError> 
         // Protocol 2 is the only one; -x -k -K -C -y turn off or tune
         // things skiff does not do (X11 forwarding, GSSAPI, compression,
         // syslog).
-        '2' | 'x' | 'k' | 'K' | 'C' | 'y' => {}
+        'C' => out.options.push("Compression=yes".into()),
+        '2' | 'x' | 'k' | 'K' | 'y' => {}
         'g' => out.options.push("GatewayPorts=yes".into()),
         'f' => out.background = true,
         'G' => out.print_config = true,
