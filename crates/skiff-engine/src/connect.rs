@@ -46,7 +46,7 @@ pub struct Connection {
     /// Remote port forwardings (`ssh -R`), which the handler serves.
     pub(crate) remote_forwards: Arc<RemoteForwards>,
     /// How the connection ended, once it has.
-    ending: tokio::sync::watch::Receiver<Ending>,
+    ending: EndWatch,
 }
 
 /// Whether a connection has ended, as its handler saw it.
@@ -56,17 +56,11 @@ enum Ending {
     /// Ended, with the reason of the server's disconnect message if one
     /// came (made safe for a terminal).
     Closed(Option<String>),
+    /// Ended by an error on our side of the connection: what went wrong.
+    Broken(String),
 }
 
 impl Connection {
-    /// The reason the server gave for closing the connection: skiffd, for
-    /// one, refuses a login that `/etc/nologin` shuts out this way, with
-    /// the file's notice. For a caller that saw the connection fail:
-    /// waits (at most `limit`) until its end has been handled.
-    pub async fn server_disconnect_reason(&self, limit: std::time::Duration) -> Option<String> {
-        disconnect_reason(&self.ending, limit).await
-    }
-
     /// Asks for a new key exchange now (ssh's `~R`).
     pub async fn rekey(&self) -> Result<(), SkiffError> {
         self.handle.rekey_soon().await.map_err(|e| {
@@ -86,21 +80,54 @@ impl Connection {
     }
 }
 
-/// The reason in the server's disconnect message, once `ending` says the
-/// connection ended (waiting at most `limit`); `None` without one.
-async fn disconnect_reason(
-    ending: &tokio::sync::watch::Receiver<Ending>,
-    limit: std::time::Duration,
-) -> Option<String> {
-    let mut ending = ending.clone();
-    let ended = tokio::time::timeout(limit, ending.wait_for(|e| *e != Ending::Open))
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .map(|e| e.clone());
-    match ended {
-        Some(Ending::Closed(reason)) => reason,
-        _ => None,
+/// How a connection ended, as its handler saw it (cheap to clone; what a
+/// channel of the connection keeps to explain its own end).
+#[derive(Clone)]
+pub(crate) struct EndWatch(tokio::sync::watch::Receiver<Ending>);
+
+impl EndWatch {
+    /// How the connection ended, for the person, once it has (waiting at
+    /// most `limit`): the server's reason when it sent one, or what broke it
+    /// on our side; `None` when neither is known.
+    pub(crate) async fn described(&self, limit: std::time::Duration) -> Option<String> {
+        let mut ending = self.0.clone();
+        let ended = tokio::time::timeout(limit, ending.wait_for(|e| *e != Ending::Open))
+            .await
+            .ok()?
+            .ok()?
+            .clone();
+        match ended {
+            Ending::Closed(Some(reason)) => {
+                Some(format!("the server closed the connection: {reason}"))
+            }
+            Ending::Broken(why) => Some(format!("connection lost: {why}")),
+            _ => None,
+        }
+    }
+}
+
+impl Connection {
+    /// How the connection ended, for a caller that saw it fail (see
+    /// [`EndWatch::described`]).
+    pub async fn why_it_ended(&self, limit: std::time::Duration) -> Option<String> {
+        self.ending.described(limit).await
+    }
+
+    /// The watch on how this connection ends, for a channel of it.
+    pub(crate) fn end_watch(&self) -> EndWatch {
+        self.ending.clone()
+    }
+}
+
+/// What a connection that ended with `e` is said to have died of: a
+/// packet that failed its integrity check in ssh's words ("Corrupted MAC
+/// on input"), as it tells of a path that alters bytes.
+fn broken_by(e: &russh::Error) -> String {
+    match e {
+        russh::Error::PacketAuth | russh::Error::DecryptionError => {
+            "Corrupted MAC on input (a packet failed its integrity check)".into()
+        }
+        other => other.to_string(),
     }
 }
 
@@ -119,7 +146,7 @@ pub struct ClientHandler {
     order_again: Arc<AtomicBool>,
     /// Where the server's `forwarded-tcpip` channels go.
     remote_forwards: Arc<RemoteForwards>,
-    /// Told when the connection ends (see [`Connection::server_disconnect_reason`]).
+    /// Told when the connection ends (see [`Connection::why_it_ended`]).
     ending: tokio::sync::watch::Sender<Ending>,
 }
 
@@ -140,7 +167,7 @@ impl client::Handler for ClientHandler {
                 Ok(())
             }
             client::DisconnectReason::Error(e) => {
-                self.ending.send_replace(Ending::Closed(None));
+                self.ending.send_replace(Ending::Broken(broken_by(&e)));
                 Err(e)
             }
         }
@@ -434,7 +461,7 @@ struct Handshake {
     peer_addr: Option<SocketAddr>,
     server_id: ServerId,
     remote_forwards: Arc<RemoteForwards>,
-    ending: tokio::sync::watch::Receiver<Ending>,
+    ending: EndWatch,
 }
 
 /// Capacity of the read buffer under russh, in bytes: every handshake
@@ -487,7 +514,7 @@ async fn handshake(
             peer_addr,
             server_id,
             remote_forwards,
-            ending,
+            ending: EndWatch(ending),
         })),
         Ok(Err(_)) if order_again.load(Ordering::Relaxed) => Ok(None),
         Ok(Err(e)) => {
@@ -639,21 +666,24 @@ async fn authenticated(settings: &ConnectSettings) -> Result<Connection, SkiffEr
         _ => identity::authenticate(&mut handle, settings).await,
     };
     if let Err(e) = authenticating {
-        // A server that ends the login says why: sshd's "Too many
-        // authentication failures" once MaxAuthTries keys were refused.
+        // A login that ended with the connection says why: sshd's "Too
+        // many authentication failures" once MaxAuthTries keys were
+        // refused, or a packet that failed its integrity check (a refusal
+        // seen then may be the broken connection's, not the server's).
         let limit = std::time::Duration::from_secs(2);
-        return Err(match e.kind {
-            ErrorKind::Connect => match disconnect_reason(&ending, limit).await {
-                Some(reason) => SkiffError::new(
+        let connection_ended = e.kind == ErrorKind::Connect || handle.is_closed();
+        return Err(match connection_ended {
+            true => match ending.described(limit).await {
+                Some(why) => SkiffError::new(
                     ErrorKind::Auth,
                     format!(
-                        "{}@{}: authentication failed: the server closed the connection: {reason}",
+                        "{}@{}: authentication failed: {why}",
                         settings.user, settings.hostname
                     ),
                 ),
                 None => e,
             },
-            _ => e,
+            false => e,
         });
     }
     Ok(Connection {

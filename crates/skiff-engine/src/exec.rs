@@ -77,6 +77,8 @@ pub struct OpenSession {
     pausable: bool,
     /// Ask for the agent to be forwarded (`ForwardAgent`).
     forward_agent: bool,
+    /// How the connection ends, to explain a command cut short.
+    ending: crate::connect::EndWatch,
 }
 
 impl OpenSession {
@@ -103,11 +105,8 @@ pub async fn open_session(conn: &Connection) -> Result<OpenSession, SkiffError> 
         // refusing a login under /etc/nologin, say).
         Err(other) => {
             let limit = std::time::Duration::from_secs(2);
-            return Err(match conn.server_disconnect_reason(limit).await {
-                Some(reason) => SkiffError::new(
-                    ErrorKind::Connect,
-                    format!("{host}: the server closed the connection: {reason}"),
-                ),
+            return Err(match conn.why_it_ended(limit).await {
+                Some(why) => SkiffError::new(ErrorKind::Connect, format!("{host}: {why}")),
                 None => SkiffError::new(
                     ErrorKind::Connect,
                     format!("{host}: connection lost: {other}"),
@@ -120,6 +119,7 @@ pub async fn open_session(conn: &Connection) -> Result<OpenSession, SkiffError> 
         host,
         pausable: conn.server_id.is_skiffd(),
         forward_agent: conn.settings.forward_agent.is_some(),
+        ending: conn.end_watch(),
     })
 }
 
@@ -162,6 +162,7 @@ where
         host,
         pausable,
         forward_agent,
+        ending,
     } = session;
     let lost = |e: &dyn std::fmt::Display| {
         SkiffError::new(ErrorKind::Connect, format!("{host}: connection lost: {e}"))
@@ -393,12 +394,17 @@ where
         Ok(()) => {}
     }
     if !closed && outcome == ExitOutcome::Unknown {
-        // The channel vanished without a close: the connection is gone.
+        // The channel vanished without a close: the connection is gone,
+        // and may have said why.
+        let why = ending.described(std::time::Duration::from_secs(2)).await;
         return Err(SkiffError::new(
             ErrorKind::Connect,
-            format!(
-                "{host}: connection lost before the command finished (the server closed it or stopped answering keepalives)"
-            ),
+            match why {
+                Some(why) => format!("{host}: {why} before the command finished"),
+                None => format!(
+                    "{host}: connection lost before the command finished (the server closed it or stopped answering keepalives)"
+                ),
+            },
         ));
     }
     if exec_refused && outcome == ExitOutcome::Unknown {
