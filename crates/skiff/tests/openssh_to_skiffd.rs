@@ -6,13 +6,11 @@
 //! `skiff_to_sshd.rs::harness_sanity` and by hand), e.g. signal death ->
 //! 255.
 
-mod common;
-
 use std::fs;
 
-use common::server_context as ctx;
-use common::skiffd_setup as setup;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::skiffd_setup as setup;
+use skiff_testkit::*;
 
 #[test]
 fn exec_stdout_stderr() {
