@@ -3,8 +3,8 @@
 //! Every test starts its own skiffd on a free 127.0.0.1 port and drives it
 //! with the real `ssh` binary (`-F /dev/null`, BatchMode, IdentitiesOnly).
 //! Expectations follow what `ssh` does against a real sshd (checked in
-//! `skiff_to_sshd.rs::harness_sanity` and by hand), e.g. signal death ->
-//! 255.
+//! `crates/skiff/tests/skiff_to_sshd.rs::harness_sanity` and by hand),
+//! e.g. signal death -> 255.
 
 use std::fs;
 

@@ -109,7 +109,7 @@ impl Drop for Sessions {
 
 /// The test peer `stdin_flood`, built as an example of this package.
 fn flood_peer() -> PathBuf {
-    test_peer(env!("CARGO_MANIFEST_DIR"), "skiff", "stdin_flood")
+    test_peer(env!("CARGO_MANIFEST_DIR"), "skiff-server", "stdin_flood")
 }
 
 #[derive(Default)]
