@@ -1,5 +1,6 @@
-//! skiffd as a library: an SSH server built on russh that serves local accounts
-//! to any SSH client (OpenSSH included).
+//! skiffd: an SSH server built on russh that serves local accounts to any
+//! SSH client (OpenSSH included). The library is all of it but the command
+//! line, which is the `skiffd` binary's (`src/bin/skiffd.rs`).
 //!
 //! [`serve`] binds the listeners and runs until the process ends. The pieces:
 //! [`config`] (settings and their file format), [`hostkey`] (host keys),

@@ -18,7 +18,7 @@ pub(crate) fn init(verbose: u8) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SKIFF_LOG").unwrap_or_else(|_| {
         let russh = if verbose >= 3 { "debug" } else { "warn" };
         tracing_subscriber::EnvFilter::new(format!(
-            "warn,skiff={level},skiff_engine={level},skiff_server={level},russh={russh}"
+            "warn,skiff={level},skiff_engine={level},russh={russh}"
         ))
     });
     let _ = builder.with_env_filter(filter).try_init();

@@ -52,10 +52,6 @@ enum Command {
     Demo(demo::DemoArgs),
     /// The per-user agent that keeps connections warm (started automatically).
     Agent(cli_agent::AgentArgs),
-    /// The data plane's transfer process (what `skiff demo`'s in-process
-    /// skiffd runs for `transfer@skiff`; skiffd itself uses `skiffd --transfer-server`).
-    #[command(name = "transfer-server", hide = true)]
-    TransferServer,
 }
 
 fn main() {
@@ -87,13 +83,6 @@ fn main() {
         // Handled above; reached only if clap saw it some other way.
         Command::Ssh { args } => cli_ssh::main(args.into_iter().map(Into::into).collect()),
         Command::Agent(args) => cli_agent::run(args),
-        Command::TransferServer => match skiff_server::transfer_process::serve_stdio() {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("skiff transfer-server: {e:#}");
-                1
-            }
-        },
     };
     exit(code);
 }

@@ -6,16 +6,14 @@
 //! after the agent is SIGKILLed and after the server restarts; stop.
 //! Every test uses its own socket directory and stops its own agent.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::server_context as ctx;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 
 fn trust(ah: &AgentHome, server: &dyn Daemon, fx: &Fixture) {
     ah.home.trust(server.port(), &fx.host_key);

@@ -2,9 +2,7 @@
 //! only legacy algorithms: skiff's defaults refuse it, with a message that
 //! says so, and reach it once the configuration asks for them by name.
 
-mod common;
-
-use common::*;
+use skiff_testkit::*;
 
 /// An sshd that offers only SHA-1 key exchange, CBC and HMAC-SHA1.
 const LEGACY_SSHD: &[&str] = &[

@@ -6,8 +6,6 @@
 //! Run as root (as CI does), the remote side is the `skiff-test` account
 //! and its files land in a directory it owns.
 
-mod common;
-
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -18,9 +16,9 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::server_context as ctx;
-use common::skiff_cp as cp;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::skiff_cp as cp;
+use skiff_testkit::*;
 
 const MIB: usize = 1 << 20;
 

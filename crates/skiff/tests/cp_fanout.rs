@@ -4,13 +4,11 @@
 //! filesystem, so the files are checked once; that every host received
 //! them is shown by its report line and by each server's log.
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::*;
+use skiff_testkit::*;
 
 /// Three servers and a client home whose config names them h1, h2, h3
 /// (and h4, a port nothing listens on).

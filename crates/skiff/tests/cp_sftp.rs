@@ -8,8 +8,6 @@
 //! left anywhere. Run as root (as CI does), the remote side is the
 //! `skiff-test` account and its files live in directories it owns.
 
-mod common;
-
 use std::fs::{self, File, FileTimes};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, TcpListener, TcpStream};
@@ -21,8 +19,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::server_context as ctx;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 use tempfile::TempDir;
 
 const SSHD_EXTRA: &[&str] = &["Subsystem sftp internal-sftp"];

@@ -3,13 +3,11 @@
 //! commands to more connections transparently; a restarted server is
 //! reconnected to. Every command's own output and exit status are checked.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
 use skiff_engine::{ConnectSettings, Destination, ExecRequest, ExitOutcome, Pool};
+use skiff_testkit::*;
 
 /// Client settings for the fixture's key, with a private known_hosts that
 /// accepts the server's key on first use.

@@ -9,16 +9,14 @@
 //! /dev/tcp) to the port that ssh or skiffd listens on, and a line echo
 //! server that the test owns answers at the other end.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 
-use common::server_context as ctx;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 
 /// A TCP server on 127.0.0.1 that answers every line with `echo: LINE`
 /// until the client ends its side, then closes. It serves until the test

@@ -9,13 +9,11 @@
 //!
 //! Certificates are made by `ssh-keygen -s` with a throwaway CA.
 
-mod common;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::*;
+use skiff_testkit::*;
 
 /// Signs a copy of `host_key`'s public half named `name` with `ca` as a
 /// host certificate (`-h`) for `principals` (none: `-n` left out, valid for

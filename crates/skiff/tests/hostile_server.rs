@@ -16,8 +16,6 @@
 //! test instead of blocking the run. Run as root (as CI does), the remote
 //! side is the `skiff-test` account; local files belong to the test.
 
-mod common;
-
 use std::fs::{self, File, FileTimes};
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -27,8 +25,8 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::server_context as ctx;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 use tempfile::TempDir;
 
 /// The longest any copy here may take: a hang shows up as a failure.
@@ -59,26 +57,7 @@ fn peer(name: &str) -> PathBuf {
         made: Vec<(String, PathBuf)>,
     }
     static COPIES: OnceLock<Mutex<Copies>> = OnceLock::new();
-    let built = Path::new(skiff_bin())
-        .parent()
-        .expect("the skiff binary's directory")
-        .join("examples")
-        .join(name);
-    assert!(
-        built.is_file(),
-        "test peer {} is missing: `cargo test -p skiff` builds it, or `cargo build -p skiff --examples`",
-        built.display()
-    );
-    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/peers")
-        .join(format!("{name}.rs"));
-    let modified = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).ok();
-    assert!(
-        modified(&built) >= modified(&source),
-        "test peer {} is older than {}: rebuild it (`cargo build -p skiff --examples`)",
-        built.display(),
-        source.display()
-    );
+    let built = test_peer(env!("CARGO_MANIFEST_DIR"), "skiff", name);
     if !is_root() || runnable_by_others(&built) {
         return built;
     }

@@ -3,12 +3,10 @@
 //! is a shell script that logs its arguments and prints a known_hosts line
 //! chosen by the test; the server is skiffd.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::server_context as ctx;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 
 /// A script that appends its arguments to `log` and prints `answer`'s
 /// contents (exit status from `status`, 0 when the file is missing).

@@ -3,12 +3,10 @@
 //! Every jump host refuses forwarding except to the ports the test allows
 //! (`PermitOpen`), so a command that works went through it.
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 
-use common::*;
+use skiff_testkit::*;
 
 /// A jump host (sshd) that forwards only to `permit_open`, and a client
 /// home whose default identity is the fixture's client key (jump hosts

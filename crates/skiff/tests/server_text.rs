@@ -4,13 +4,11 @@
 //! `skiff exec`, `skiff run` and `skiff cp`, directly and through the agent,
 //! over the data plane and over SFTP. Real skiffd, real sockets.
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 
-use common::server_context as ctx;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 
 /// What a terminal would obey, as the tests write it.
 const CLEAR: &str = "\x1b[2J";

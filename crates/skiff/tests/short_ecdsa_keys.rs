@@ -4,13 +4,11 @@
 //! not use such an identity. Checked with real ssh-keygen keys, stock ssh,
 //! skiffd, and a passphrase-protected copy.
 
-mod common;
-
 use std::path::Path;
 
-use common::server_context as ctx;
-use common::*;
 use skiff_proto::openssh_key;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 
 /// Whether the unencrypted key file at `path` has a short ECDSA scalar.
 fn has_short_scalar(path: &Path) -> bool {

@@ -7,14 +7,12 @@
 //! fan-out against OpenSSH sshd, and a server that drops connections
 //! before authentication (MaxStartups).
 
-mod common;
-
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::server_context as ctx;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 
 const HOSTS: u32 = 200;
 

@@ -4,7 +4,7 @@
 //! plus server-side behaviour seen through skiff: forced commands, `from=`
 //! rejection and many concurrent execs, and a server that stops answering.
 
-mod common;
+mod skiff_cases;
 
 use std::fs;
 use std::io::{ErrorKind, Read, Write};
@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::skiff_cases::trusted_home;
-use common::*;
+use skiff_cases::trusted_home;
+use skiff_testkit::*;
 
 skiff_client_tests!(skiffd_setup);
 

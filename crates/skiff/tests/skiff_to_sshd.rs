@@ -1,13 +1,13 @@
 //! skiff client -> real OpenSSH `sshd`.
 //!
 //! Every test starts its own private sshd on a free 127.0.0.1 port (see
-//! `common::Sshd`) and runs the `skiff` binary against it with a private
+//! `skiff_testkit::Sshd`) and runs the `skiff` binary against it with a private
 //! HOME. `harness_sanity` checks the fixture with OpenSSH's own `ssh`, so a
 //! failure there points at the harness or the host, not at skiff. Failures
 //! that need no SSH server at all (nothing listening, a silent peer, a bad
 //! config file) are tested here too.
 
-mod common;
+mod skiff_cases;
 
 use std::net::{Ipv4Addr, TcpListener};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,7 +15,7 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use skiff_testkit::*;
 
 /// sshd config lines for the skiff tests: nothing special is needed.
 const SSHD_EXTRA: &[&str] = &[];

@@ -3,13 +3,11 @@
 //! git `GIT_SSH`, OpenSSH's sftp and scp `-S`, and another ssh's
 //! `ProxyCommand` (`-W`), against skiffd and OpenSSH sshd.
 
-mod common;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::*;
+use skiff_testkit::*;
 
 /// A `skiff-ssh` symlink to the skiff under test: programs that take an ssh
 /// program's path (GIT_SSH, scp -S) run it as is.

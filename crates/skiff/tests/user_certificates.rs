@@ -4,12 +4,10 @@
 //! ssh-agent; RSA certificates sign with SHA-2. The keys used are in no
 //! authorized_keys file, so only the certificate can let them in.
 
-mod common;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use common::*;
+use skiff_testkit::*;
 
 /// Signs `key`'s public half with `ca` as a user certificate for
 /// `principals`, written beside the key as `KEY-cert.pub`.

@@ -9,8 +9,6 @@
 //! skiffd's memory. Every refusal is logged with the path and the reason,
 //! escaped and shortened.
 
-mod common;
-
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{symlink, PermissionsExt};
@@ -20,8 +18,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::server_context as ctx;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 
 /// How long another account's login may take while a bad file is tried.
 /// A cold login with stock ssh to a debug skiffd takes 0.1–0.3 s here; a

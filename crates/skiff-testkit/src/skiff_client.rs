@@ -12,6 +12,8 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use tempfile::TempDir;
 
 use super::accounts::user;
@@ -302,6 +304,12 @@ pub struct AgentHome {
     pub home: ClientHome,
 }
 
+impl Default for AgentHome {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl AgentHome {
     pub fn new() -> Self {
         let runtime = tempfile::Builder::new()
@@ -361,8 +369,8 @@ impl Drop for AgentHome {
             thread::sleep(Duration::from_millis(50));
         }
         for pid in self.agent_pids() {
-            // SAFETY: kill(2) on a leftover agent of this test.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            // A leftover agent of this test.
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
         }
     }
 }

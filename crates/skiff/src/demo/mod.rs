@@ -1,8 +1,13 @@
-//! `skiff demo`: a self-contained tour. Starts skiffd inside this process on a
-//! free loopback port with throwaway host and client keys in a temporary
-//! directory, then runs a few commands through the real client path and times
-//! cold connections. Nothing in ~/.ssh is read or changed.
+//! `skiff demo`: a self-contained tour. Starts the `skiffd` beside this
+//! `skiff` (`skiffd.rs`) on a free loopback port with throwaway host and
+//! client keys in a private temporary directory, then runs a few commands
+//! through the real client path, times cold connections and copies a file
+//! up and back over the data plane. Nothing in ~/.ssh is read or changed.
 
+mod skiffd;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -39,7 +44,7 @@ pub fn run(args: DemoArgs) -> i32 {
     }
 }
 
-fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
@@ -52,8 +57,13 @@ fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
 }
 
 async fn demo(args: DemoArgs) -> anyhow::Result<()> {
-    let dir = tempfile::Builder::new().prefix("skiff-demo-").tempdir()?;
+    let dir = tempfile::Builder::new()
+        .prefix("skiff-demo-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()?;
     let host_key = PrivateKey::random(&mut rand::rng(), Algorithm::Ed25519)?;
+    let host_key_path = dir.path().join("host_ed25519");
+    write_private(&host_key_path, &host_key.to_openssh(LineEnding::LF)?)?;
     let client_key = PrivateKey::random(&mut rand::rng(), Algorithm::Ed25519)?;
     let client_key_path = dir.path().join("client_ed25519");
     write_private(&client_key_path, &client_key.to_openssh(LineEnding::LF)?)?;
@@ -63,29 +73,27 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         &format!("{}\n", client_key.public_key().to_openssh()?),
     )?;
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let port = listener.local_addr()?.port();
-    // This executable serves the data plane's transfer process, as skiffd's
-    // own does for skiffd.
-    let transfer_command = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.to_str().map(skiff_server::sftp::shell_quote))
-        .map(|exe| format!("{exe} transfer-server"));
-    let settings = skiff_server::config::Settings {
-        authorized_keys: authorized.display().to_string(),
-        transfer_command,
-        ..Default::default()
-    };
-    tokio::spawn(skiff_server::serve_listeners(
-        vec![listener],
-        settings,
-        vec![host_key],
-    ));
+    let server = skiffd::DemoSkiffd::start(dir.path(), &host_key_path, &authorized).await?;
+    let toured = tour(args, dir.path(), server.port(), client_key_path).await;
+    let log = server.log();
+    drop(server);
+    if !log.trim().is_empty() {
+        eprint!("skiffd's log:\n{log}");
+    }
+    toured
+}
 
+/// The tour itself, against the skiffd on 127.0.0.1:`port`.
+async fn tour(
+    args: DemoArgs,
+    dir: &Path,
+    port: u16,
+    client_key_path: PathBuf,
+) -> anyhow::Result<()> {
     let user = skiff_engine::settings::local_user();
     println!(
         "skiffd listening on 127.0.0.1:{port} (throwaway keys in {})",
-        dir.path().display()
+        dir.display()
     );
     let dest = Destination {
         host: "127.0.0.1".into(),
@@ -94,10 +102,7 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         identity_files: vec![client_key_path],
         config_file: Some("none".into()),
         options: vec![
-            format!(
-                "UserKnownHostsFile={}",
-                dir.path().join("known_hosts").display()
-            ),
+            format!("UserKnownHostsFile={}", dir.join("known_hosts").display()),
             "StrictHostKeyChecking=accept-new".into(),
             "IdentityAgent=none".into(),
             "BatchMode=yes".into(),
@@ -208,16 +213,13 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
             );
         }
     }
-    copy_demo(&settings, dir.path()).await
+    copy_demo(&settings, dir).await
 }
 
 /// Copies a file up and back over the skiff data plane (AES-256-GCM
 /// records on extra TCP streams, keyed inside the SSH session) and checks
 /// that the bytes came back the same.
-async fn copy_demo(
-    settings: &skiff_engine::ConnectSettings,
-    dir: &std::path::Path,
-) -> anyhow::Result<()> {
+async fn copy_demo(settings: &skiff_engine::ConnectSettings, dir: &Path) -> anyhow::Result<()> {
     use skiff_engine::copy::{dataplane, CopyJob, Direction, NoProgress};
     const SIZE: usize = 256 << 20;
     let src = dir.join("payload");

@@ -6,14 +6,12 @@
 //! the account is `skiff-test` and its files must carry its uid; remote
 //! files go to a fresh directory owned by the account.
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use common::server_context as ctx;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 
 /// sftp and scp come with ssh in openssh-client; under CI a missing one
 /// fails the test, elsewhere it is skipped with a notice.

@@ -4,8 +4,6 @@
 //! algorithm policy as `ssh -vvv` reports it, the generated host key, and
 //! configuration errors.
 
-mod common;
-
 use std::fs;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -14,8 +12,8 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::server_context as ctx;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 
 /// skiffd with `config` as its --config file, serving a fresh fixture.
 fn skiffd_with_config(config: &str) -> Option<(Fixture, Skiffd)> {

@@ -7,8 +7,6 @@
 //! `PermitUserEnvironment yes` say, while ordinary accepted ones still do.
 //! The jail tests need root (as CI runs them).
 
-mod common;
-
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -16,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::server_context as ctx;
-use common::*;
 use skiff_server::session_env::FIXED;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 
 /// A jail (root's, 0755) with an `upload` directory the account owns.
 fn make_jail(base: &Path) -> tempfile::TempDir {

@@ -3,16 +3,14 @@
 //! Every test starts its own skiffd on a free 127.0.0.1 port and drives it
 //! with the real `ssh` binary (`-F /dev/null`, BatchMode, IdentitiesOnly).
 //! Expectations follow what `ssh` does against a real sshd (checked in
-//! `skiff_to_sshd.rs::harness_sanity` and by hand), e.g. signal death ->
-//! 255.
-
-mod common;
+//! `crates/skiff/tests/skiff_to_sshd.rs::harness_sanity` and by hand),
+//! e.g. signal death -> 255.
 
 use std::fs;
 
-use common::server_context as ctx;
-use common::skiffd_setup as setup;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::skiffd_setup as setup;
+use skiff_testkit::*;
 
 #[test]
 fn exec_stdout_stderr() {

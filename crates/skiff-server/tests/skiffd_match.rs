@@ -4,12 +4,10 @@
 //! to set a keyword wins; `ForceCommand internal-sftp`; configuration
 //! errors that name the file and line.
 
-mod common;
-
 use std::net::Ipv4Addr;
 
-use common::server_context as ctx;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 
 const SECOND: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 

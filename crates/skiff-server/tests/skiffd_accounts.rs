@@ -9,8 +9,6 @@
 //! `/etc/nologin` exists only inside a private mount namespace that skiffd
 //! runs in. These need root, as CI has: elsewhere they skip with a notice.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
@@ -18,8 +16,8 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::server_context as ctx;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 
 /// Whether the test can run: root (to make accounts) and OpenSSH. Under
 /// CI a missing piece is a failure.

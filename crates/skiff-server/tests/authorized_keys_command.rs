@@ -4,13 +4,11 @@
 //! certificate) in their arguments; stock OpenSSH `ssh` logs in with keys
 //! and certificates that only the program vouches for.
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
-use common::*;
+use skiff_testkit::*;
 
 /// A lookup program in its own directory: it appends `RUNNER ARGS` to
 /// `calls`, prints the file `keys` when asked about the test account, and

@@ -5,15 +5,13 @@
 //! bad token), real logins (`skiff exec`, `ssh` through a ControlMaster),
 //! a real `skiff cp`, and skiffd started with a low open-file limit.
 
-mod common;
-
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::server_context as ctx;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 
 /// The data-plane magic a stream starts with (docs/data-plane.md).
 const MAGIC: &[u8; 8] = b"SKIFFDP\x01";

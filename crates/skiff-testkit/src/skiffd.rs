@@ -15,7 +15,7 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 use super::daemon::{free_port, DaemonCore, Launch};
-use super::environment::{is_root, require_openssh, skiffd_bin};
+use super::environment::{is_root, prlimit_bin, require_openssh, skiffd_bin};
 use super::files::{tempdir, write_file};
 use super::keys::{Fixture, Key};
 use super::run::{CmdOutput, Run};
@@ -38,7 +38,8 @@ pub struct SkiffdOptions {
     /// A program and its arguments that start skiffd, whose own command
     /// line follows them (`unshare --mount ...`); empty: skiffd itself.
     pub wrapper: Vec<OsString>,
-    /// The open-file limit (soft, hard) skiffd starts with.
+    /// The open-file limit (soft, hard) skiffd starts with (set by
+    /// `prlimit`, before the wrapper).
     pub open_files: Option<(u64, u64)>,
 }
 
@@ -176,14 +177,23 @@ impl Launch for Skiffd {
 
     fn launch(&mut self) -> Result<(), String> {
         let seq = LAUNCH_SEQ.fetch_add(1, Ordering::Relaxed);
-        let mut cmd = match self.opts.wrapper.split_first() {
-            Some((program, args)) => {
-                let mut cmd = Command::new(program);
-                cmd.args(args).arg(skiffd_bin());
-                cmd
-            }
-            None => Command::new(skiffd_bin()),
-        };
+        // The open-file limit is set by util-linux's `prlimit`, which then
+        // runs the rest of the command line (the wrapper, or skiffd).
+        let limit = self.opts.open_files.map(|(soft, hard)| {
+            [
+                OsString::from(prlimit_bin()),
+                OsString::from(format!("--nofile={soft}:{hard}")),
+                OsString::from("--"),
+            ]
+        });
+        let mut program = limit
+            .iter()
+            .flatten()
+            .chain(&self.opts.wrapper)
+            .cloned()
+            .chain(std::iter::once(OsString::from(skiffd_bin())));
+        let mut cmd = Command::new(program.next().expect("a program"));
+        cmd.args(program);
         cmd.arg("--listen")
             .arg(format!("127.0.0.1:{}", self.core.port))
             .arg("--authorized-keys")
@@ -204,22 +214,6 @@ impl Launch for Skiffd {
             cmd.arg("-v");
         }
         cmd.env("XDG_STATE_HOME", self.state_home());
-        if let Some((soft, hard)) = self.opts.open_files {
-            let lim = libc::rlimit {
-                rlim_cur: soft,
-                rlim_max: hard,
-            };
-            // SAFETY: the closure makes one system call (async-signal-safe)
-            // on a value copied in before the fork.
-            unsafe {
-                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
         self.core.spawn(cmd, None)
     }
 }

@@ -4,8 +4,6 @@
 //! upload through a relay that delays every byte by 20 ms each way must
 //! still make skiffd's receive window grow.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,7 +12,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use skiff_testkit::*;
 
 const MIB: usize = 1 << 20;
 

@@ -3,12 +3,10 @@
 //! key exchange by default) and no compression that starts before
 //! authentication, and `ssh -C` still gets delayed zlib.
 
-mod common;
-
 use std::time::Duration;
 
-use common::server_context as ctx;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 
 /// A default skiffd (its own generated ed25519 host key, no configuration
 /// file) passes `ssh-audit`: no `[fail]` line, and compression, if any,

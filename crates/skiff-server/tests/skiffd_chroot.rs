@@ -4,13 +4,11 @@
 //! could tamper with is refused. Jailing needs root, so these tests run
 //! only as root (as CI does).
 
-mod common;
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use common::server_context as ctx;
-use common::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 
 /// A jail (mode 0755, root's) holding `pub/hello.txt` and an `upload`
 /// directory the account owns.

@@ -1,8 +1,11 @@
-//! Shared harness for skiff's integration tests against real OpenSSH.
+//! The harness of skiff's integration tests against real OpenSSH, shared by
+//! the tests of `skiff` (crates/skiff/tests) and of `skiffd`
+//! (crates/skiff-server/tests). Dev-only: no binary links it.
 //!
 //! Everything here talks to real programs: `/usr/sbin/sshd`, `ssh`,
-//! `ssh-keygen`, `ssh-agent`, `ssh-add` and the `skiff` / `skiffd` binaries
-//! built from this package. Nothing is mocked.
+//! `ssh-keygen`, `ssh-agent`, `ssh-add` and the workspace's `skiff` /
+//! `skiffd` binaries, found in the cargo target directory the test runs
+//! from (see `environment`). Nothing is mocked.
 //!
 //! Rules the harness follows so that tests can run in parallel threads:
 //! * network traffic only ever goes to loopback (127.0.0.0/8);
@@ -13,8 +16,9 @@
 //! * every test gets its own temporary directories.
 //!
 //! The harness is split by what it sets up; everything is re-exported here,
-//! so a test file's `use common::*;` sees all of it:
-//! * `environment`: the binaries under test, `require_*` gates, root;
+//! so a test file's `use skiff_testkit::*;` sees all of it:
+//! * `environment`: the binaries under test and the test peers, `require_*`
+//!   gates, root;
 //! * `accounts`: the accounts the tests log into;
 //! * `files`: temporary directories, files, checksums;
 //! * `keys`: keys, known_hosts and authorized_keys lines, certificates,
@@ -23,13 +27,9 @@
 //! * `ssh_client`: OpenSSH's `ssh`, `ssh-agent` and `sftp`;
 //! * `skiff_client`: `skiff exec`, a client HOME, a test's skiff agent;
 //! * `daemon`, `sshd`, `skiffd`: the servers the tests talk to;
-//! * `checks`: assertions on what a login sees;
-//! * `skiff_cases`: client cases shared by `skiff_to_sshd.rs` and
-//!   `skiff_to_skiffd.rs`.
+//! * `checks`: assertions on what a login sees.
 
-#![allow(dead_code)]
-
-pub mod skiff_cases;
+#![forbid(unsafe_code)]
 
 mod accounts;
 mod checks;
@@ -43,9 +43,6 @@ mod skiffd;
 mod ssh_client;
 mod sshd;
 
-// Each test file uses a part of the harness: a re-export it leaves unused
-// is no mistake.
-#[allow(unused_imports)]
 pub use self::{
     accounts::*, checks::*, daemon::*, environment::*, files::*, keys::*, run::*, skiff_client::*,
     skiffd::*, ssh_client::*, sshd::*,

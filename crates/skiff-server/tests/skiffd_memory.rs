@@ -14,17 +14,15 @@
 //! that whatever is left of them is killed by process id when the test
 //! ends.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use skiff_testkit::*;
 
 const MIB: u64 = 1 << 20;
 
@@ -111,23 +109,7 @@ impl Drop for Sessions {
 
 /// The test peer `stdin_flood`, built as an example of this package.
 fn flood_peer() -> PathBuf {
-    let built = Path::new(skiff_bin())
-        .parent()
-        .expect("the skiff binary's directory")
-        .join("examples/stdin_flood");
-    assert!(
-        built.is_file(),
-        "test peer {} is missing: `cargo test -p skiff` builds it, or `cargo build -p skiff --examples`",
-        built.display()
-    );
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers/stdin_flood.rs");
-    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    assert!(
-        modified(&built) >= modified(&source),
-        "test peer {} is older than its source: `cargo build -p skiff --examples`",
-        built.display()
-    );
-    built
+    test_peer(env!("CARGO_MANIFEST_DIR"), "skiff-server", "stdin_flood")
 }
 
 #[derive(Default)]

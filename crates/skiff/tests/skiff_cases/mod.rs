@@ -10,8 +10,8 @@
 use std::fs;
 use std::time::Duration;
 
-use super::server_context as ctx;
-use super::*;
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
 
 /// Defines one `#[test]` per shared case, each getting its fixture and
 /// server from `$setup()` (which returns `None` to skip, see
@@ -46,7 +46,7 @@ macro_rules! skiff_client_tests {
             let Some((fx, mut server)) = $setup() else {
                 return;
             };
-            $crate::common::skiff_cases::known_hosts_accept_new_then_changed(&mut server, &fx);
+            $crate::skiff_cases::known_hosts_accept_new_then_changed(&mut server, &fx);
         }
     };
     (@each $setup:path; $($test:ident => $case:ident,)*) => {
@@ -54,7 +54,7 @@ macro_rules! skiff_client_tests {
             #[test]
             fn $test() {
                 let Some((fx, server)) = $setup() else { return };
-                $crate::common::skiff_cases::$case(&server, &fx);
+                $crate::skiff_cases::$case(&server, &fx);
             }
         )*
     };
