@@ -20,7 +20,7 @@ mod describe;
 
 const USAGE: &str =
     "usage: skiff ssh [-46qnsTtvV] [-b bind_address] [-B bind_interface] [-c ciphers] [-F config] [-i identity] [-J jump] \
-[-l user] [-m macs] [-o option] [-p port] [-W host:port] [-L [bind:]port:host:hostport] \
+[-l user] [-m macs] [-o option] [-p port] [-Q query] [-W host:port] [-L [bind:]port:host:hostport] \
 [-R [bind:]port:host:hostport] [-D [bind:]port] [-fgGN] destination [command [argument ...]]";
 
 /// Runs ssh's command line `args` (without the program name); returns the
@@ -46,6 +46,9 @@ pub fn main(args: Vec<OsString>) -> i32 {
             env!("CARGO_PKG_VERSION")
         );
         return 0;
+    }
+    if let Some(query) = &line.query {
+        return print_query(query);
     }
     if line.print_config {
         return print_config(line);
@@ -251,6 +254,23 @@ fn forward_stdio(settings: &ConnectSettings, host: &str, port: u16) -> i32 {
         .await
         .map(|()| 0)
     })
+}
+
+/// `-Q QUERY`: the algorithms skiff supports for `QUERY`, one a line, as
+/// `ssh -Q` lists OpenSSH's.
+fn print_query(query: &str) -> i32 {
+    match skiff_proto::algorithms::query::answer(query) {
+        Some(names) => {
+            for name in names {
+                println!("{name}");
+            }
+            0
+        }
+        None => {
+            eprintln!("skiff ssh: Unsupported query \"{query}\"");
+            255
+        }
+    }
 }
 
 /// `-G`: the settings skiff would use, printed as `ssh -G` prints them.
