@@ -350,6 +350,22 @@ pub fn resolve_for(dest: &Destination, env: &ClientEnv) -> Result<ConnectSetting
     Resolver::new(dest.config_file.as_deref(), &dest.options, env)?.resolve(dest)
 }
 
+/// Like [`resolve`], with the configuration the settings were made from,
+/// values as written (`ssh -G` prints some keywords that way: the
+/// `IdentityFile`s with their `%` tokens, `ProxyJump` as given).
+pub fn resolve_with_config(
+    dest: &Destination,
+) -> Result<(ConnectSettings, HostConfig), SkiffError> {
+    let resolver = Resolver::new(
+        dest.config_file.as_deref(),
+        &dest.options,
+        &ClientEnv::from_process(),
+    )?;
+    let cfg = resolver.host_config(dest, &resolver.files)?;
+    let settings = resolver.settle_hops(dest, cfg.clone(), 0)?;
+    Ok((settings, cfg))
+}
+
 /// Settings for many destinations that share the configuration files and
 /// `-o` options (a fan-out): the files are read and parsed once.
 pub struct Resolver {
@@ -440,6 +456,16 @@ impl Resolver {
         files: &[ConfigFile],
         jumps: usize,
     ) -> Result<ConnectSettings, SkiffError> {
+        let cfg = self.host_config(dest, files)?;
+        self.settle_hops(dest, cfg, jumps)
+    }
+
+    /// The configuration `files` give `dest`.
+    fn host_config(
+        &self,
+        dest: &Destination,
+        files: &[ConfigFile],
+    ) -> Result<HostConfig, SkiffError> {
         let ctx = MatchContext {
             original_host: dest.host.to_ascii_lowercase(),
             host: dest.host.to_ascii_lowercase(),
@@ -459,6 +485,17 @@ impl Resolver {
                 format!("could not resolve host \"{host}\" in any of CanonicalDomains (CanonicalizeFallbackLocal no)"),
             ));
         }
+        Ok(cfg)
+    }
+
+    /// The settings for `dest` from its configuration `cfg`, its jump hosts
+    /// resolved; `jumps` is how many jump hosts lead to it.
+    fn settle_hops(
+        &self,
+        dest: &Destination,
+        cfg: HostConfig,
+        jumps: usize,
+    ) -> Result<ConnectSettings, SkiffError> {
         let jump = match &cfg.proxy {
             Some(ProxySpec::Jump(hops)) => Some(hops.clone()),
             _ => None,

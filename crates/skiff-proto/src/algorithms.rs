@@ -10,6 +10,8 @@
 
 use crate::pattern::{has_wildcard, wildcard_match};
 
+pub mod query;
+
 /// One algorithm list: its default, and what else may be asked for.
 #[derive(Debug, Clone, Copy)]
 pub struct AlgorithmList {

@@ -1204,7 +1204,11 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
         }
         Kw::LogLevel => {
             let v = single(name, args)?;
-            let upper = v.to_ascii_uppercase();
+            // SILENT is QUIET's other name (the one `ssh -G` prints).
+            let upper = match v.to_ascii_uppercase() {
+                silent if silent == "SILENT" => "QUIET".to_string(),
+                upper => upper,
+            };
             const LEVELS: &[&str] = &[
                 "QUIET", "FATAL", "ERROR", "INFO", "VERBOSE", "DEBUG", "DEBUG1", "DEBUG2", "DEBUG3",
             ];
@@ -2240,6 +2244,10 @@ mod tests {
         );
         assert!(parse_err("RequestTTY always\n").starts_with("cfg:1: RequestTTY:"));
         assert!(parse_err("LogLevel LOUD\n").starts_with("cfg:1: LogLevel: unknown log level"));
+        assert_eq!(
+            res("LogLevel silent\n", "x").log_level.as_deref(),
+            Some("QUIET")
+        );
     }
 
     #[test]

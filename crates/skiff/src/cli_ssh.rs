@@ -16,9 +16,11 @@ use crate::cli_connect::ConnectArgs;
 use crate::remote_command::{self, Invocation};
 use crate::ssh_args::{self, SshCommandLine};
 
+mod describe;
+
 const USAGE: &str =
     "usage: skiff ssh [-46qnsTtvV] [-b bind_address] [-B bind_interface] [-c ciphers] [-F config] [-i identity] [-J jump] \
-[-l user] [-m macs] [-o option] [-p port] [-W host:port] [-L [bind:]port:host:hostport] \
+[-l user] [-m macs] [-o option] [-p port] [-Q query] [-W host:port] [-L [bind:]port:host:hostport] \
 [-R [bind:]port:host:hostport] [-D [bind:]port] [-fgGN] destination [command [argument ...]]";
 
 /// Runs ssh's command line `args` (without the program name); returns the
@@ -45,11 +47,13 @@ pub fn main(args: Vec<OsString>) -> i32 {
         );
         return 0;
     }
-    let (print_config, forward, warnings) = (
-        line.print_config,
-        line.forward_stdio.clone(),
-        line.warnings.clone(),
-    );
+    if let Some(query) = &line.query {
+        return print_query(query);
+    }
+    if line.print_config {
+        return print_config(line);
+    }
+    let (forward, warnings) = (line.forward_stdio.clone(), line.warnings.clone());
     let (mut forwards, no_command) = (line.forwards.clone(), line.no_command);
     let background = line.background;
     let ready = if background {
@@ -76,10 +80,6 @@ pub fn main(args: Vec<OsString>) -> i32 {
             return 255;
         }
     };
-    if print_config {
-        print!("{}", describe(&settings));
-        return 0;
-    }
     if settings.show_notices {
         for w in &warnings {
             eprintln!("skiff: warning: {w}");
@@ -256,170 +256,35 @@ fn forward_stdio(settings: &ConnectSettings, host: &str, port: u16) -> i32 {
     })
 }
 
-/// `-G`: the settings skiff would use, one `keyword value` per line in
-/// lower case, as `ssh -G` prints them (only the keywords skiff acts on).
-pub fn describe(s: &ConnectSettings) -> String {
-    let yes_no = |b: bool| if b { "yes" } else { "no" };
-    let paths = |list: &[std::path::PathBuf]| {
-        list.iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    let mut out = vec![
-        format!("host {}", s.original_host),
-        format!("hostname {}", s.hostname),
-        format!("port {}", s.port),
-        format!("user {}", s.user),
-    ];
-    out.extend(
-        s.identity_files
-            .iter()
-            .map(|p| format!("identityfile {}", p.display())),
-    );
-    out.extend(
-        s.certificate_files
-            .iter()
-            .map(|p| format!("certificatefile {}", p.display())),
-    );
-    out.push(format!("identitiesonly {}", yes_no(s.identities_only)));
-    out.push(format!(
-        "identityagent {}",
-        s.identity_agent
-            .as_ref()
-            .map_or("none".into(), |p| p.display().to_string())
-    ));
-    out.push(format!("userknownhostsfile {}", paths(&s.user_known_hosts)));
-    out.push(format!(
-        "globalknownhostsfile {}",
-        paths(&s.global_known_hosts)
-    ));
-    out.push(format!(
-        "stricthostkeychecking {}",
-        skiff_engine::hostkeys::policy_name(s.strict_host_key_checking)
-    ));
-    out.push(format!("hashknownhosts {}", yes_no(s.hash_known_hosts)));
-    if let Some(alias) = &s.host_key_alias {
-        out.push(format!("hostkeyalias {alias}"));
-    }
-    if !s.revoked_host_keys.is_empty() {
-        let files: Vec<String> = s
-            .revoked_host_keys
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect();
-        out.push(format!("revokedhostkeys {}", files.join(" ")));
-    }
-    match &s.proxy {
-        Some(skiff_engine::settings::Proxy::Command(c)) => out.push(format!("proxycommand {c}")),
-        Some(skiff_engine::settings::Proxy::Jump(_)) => {
-            out.push(format!("proxyjump {}", jump_chain(s).join(",")))
-        }
-        None => {}
-    }
-    let a = &s.algorithms;
-    out.push(format!("kexalgorithms {}", a.kex.join(",")));
-    out.push(format!("hostkeyalgorithms {}", a.host_key.join(",")));
-    out.push(format!("ciphers {}", a.ciphers.join(",")));
-    out.push(format!("macs {}", a.macs.join(",")));
-    out.push(format!(
-        "casignaturealgorithms {}",
-        a.ca_signature.join(",")
-    ));
-    out.push(format!(
-        "addressfamily {}",
-        match s.address_family {
-            skiff_proto::ssh_config::AddressFamily::Any => "any",
-            skiff_proto::ssh_config::AddressFamily::Inet => "inet",
-            skiff_proto::ssh_config::AddressFamily::Inet6 => "inet6",
-        }
-    ));
-    if let Some(ip) = s.bind_address {
-        out.push(format!("bindaddress {ip}"));
-    }
-    if let Some(name) = &s.bind_interface {
-        out.push(format!("bindinterface {name}"));
-    }
-    out.push(format!("connecttimeout {}", s.connect_timeout.as_secs()));
-    out.push(format!(
-        "serveraliveinterval {}",
-        s.server_alive_interval.map_or(0, |d| d.as_secs())
-    ));
-    out.push(format!("serveralivecountmax {}", s.server_alive_count_max));
-    out.push(format!("batchmode {}", yes_no(s.batch_mode)));
-    out.push(format!(
-        "requesttty {}",
-        match s.request_tty {
-            skiff_proto::ssh_config::RequestTty::No => "false",
-            skiff_proto::ssh_config::RequestTty::Yes => "true",
-            skiff_proto::ssh_config::RequestTty::Force => "force",
-            skiff_proto::ssh_config::RequestTty::Auto => "auto",
-        }
-    ));
-    if let Some(command) = &s.remote_command {
-        out.push(format!("remotecommand {command}"));
-    }
-    out.push(format!("stdinnull {}", yes_no(s.stdin_null)));
-    out.push(format!(
-        "sessiontype {}",
-        match s.session_type {
-            skiff_proto::ssh_config::SessionType::Default => "default",
-            skiff_proto::ssh_config::SessionType::Subsystem => "subsystem",
-            skiff_proto::ssh_config::SessionType::None => "none",
-        }
-    ));
-    for f in &s.forwards {
-        use skiff_proto::forward_spec::{ConnectEnd, ForwardSpec};
-        let target = |host: &str, port: &u16| ConnectEnd::Tcp(host.to_string(), *port);
-        out.push(match f {
-            ForwardSpec::Local { listen, host, port } => {
-                format!("localforward {listen} {}", target(host, port))
+/// `-Q QUERY`: the algorithms skiff supports for `QUERY`, one a line, as
+/// `ssh -Q` lists OpenSSH's.
+fn print_query(query: &str) -> i32 {
+    match skiff_proto::algorithms::query::answer(query) {
+        Some(names) => {
+            for name in names {
+                println!("{name}");
             }
-            ForwardSpec::LocalUnix { from, to } => format!("localforward {from} {to}"),
-            ForwardSpec::Remote { listen, host, port } => {
-                format!("remoteforward {listen} {}", target(host, port))
-            }
-            ForwardSpec::RemoteUnix { from, to } => format!("remoteforward {from} {to}"),
-            ForwardSpec::RemoteDynamic { listen } => format!("remoteforward {listen}"),
-            ForwardSpec::Dynamic { listen } => format!("dynamicforward {listen}"),
-        });
+            0
+        }
+        None => {
+            eprintln!("skiff ssh: Unsupported query \"{query}\"");
+            255
+        }
     }
-    out.push(format!(
-        "clearallforwardings {}",
-        yes_no(s.clear_all_forwardings)
-    ));
-    out.push(format!(
-        "exitonforwardfailure {}",
-        yes_no(s.exit_on_forward_failure)
-    ));
-    out.push(format!("gatewayports {}", yes_no(s.gateway_ports)));
-    out.push(format!(
-        "escapechar {}",
-        skiff_proto::escape::show_escape_char(s.escape_char)
-    ));
-    out.push(format!(
-        "streamlocalbindmask 0{:o}",
-        s.stream_local_bind_mask
-    ));
-    out.push(format!(
-        "streamlocalbindunlink {}",
-        yes_no(s.stream_local_bind_unlink)
-    ));
-    out.extend(s.send_env.iter().map(|v| format!("sendenv {v}")));
-    out.extend(s.set_env.iter().map(|(k, v)| format!("setenv {k}={v}")));
-    let mut text = out.join("\n");
-    text.push('\n');
-    text
 }
 
-/// The jump hosts in front of `s`, first to last, as `user@host:port`.
-fn jump_chain(s: &ConnectSettings) -> Vec<String> {
-    let mut chain = Vec::new();
-    let mut next = &s.proxy;
-    while let Some(skiff_engine::settings::Proxy::Jump(jump)) = next {
-        chain.push(format!("{}@{}:{}", jump.user, jump.hostname, jump.port));
-        next = &jump.proxy;
+/// `-G`: the settings skiff would use, printed as `ssh -G` prints them.
+fn print_config(line: SshCommandLine) -> i32 {
+    let inv = invocation(line.clone());
+    crate::logging::init(inv.conn.verbose);
+    match skiff_engine::settings::resolve_with_config(&remote_command::destination(&inv)) {
+        Ok((settings, cfg)) => {
+            print!("{}", describe::describe(&settings, &cfg, &line));
+            0
+        }
+        Err(e) => {
+            eprintln!("skiff: {e}");
+            255
+        }
     }
-    chain.reverse();
-    chain
 }

@@ -60,6 +60,8 @@ pub struct SshCommandLine {
     pub print_config: bool,
     /// `-V`: print the version and exit.
     pub version: bool,
+    /// `-Q QUERY`: list the algorithms supported for `QUERY` and exit.
+    pub query: Option<String>,
     /// The command's words (empty: a login shell).
     pub command: Vec<String>,
     /// Accepted options skiff cannot honour, for one warning each
@@ -129,6 +131,11 @@ pub fn parse(args: &[String]) -> Result<SshCommandLine, SshArgsError> {
                             .ok_or(SshArgsError::MissingValue(flag))?
                     };
                     apply_value(&mut out, flag, value)?;
+                    if out.query.is_some() {
+                        // As ssh does, a query is answered at once: what
+                        // follows is not looked at.
+                        return Ok(out);
+                    }
                     break;
                 }
                 if !FLAGS.contains(flag) {
@@ -224,7 +231,7 @@ fn apply_value(out: &mut SshCommandLine, flag: char, value: String) -> Result<()
         'w' => return unsupported("tunnel devices"),
         'I' => return unsupported("PKCS#11"),
         'O' => return unsupported("control commands; skiff's agent shares connections"),
-        'Q' => return unsupported("queries"),
+        'Q' => out.query = Some(value),
         // `-S none` turns connection sharing off, which is all it can mean here.
         'S' if value == "none" => {}
         'S' => return unsupported("control sockets; skiff's agent shares connections"),
@@ -548,7 +555,15 @@ mod tests {
     }
 
     #[test]
-    fn version_needs_no_destination() {
+    fn version_and_queries_need_no_destination() {
         assert!(p("-V").unwrap().version);
+        assert_eq!(p("-Q cipher").unwrap().query.as_deref(), Some("cipher"));
+        assert_eq!(
+            p("-QHostKeyAlgorithms").unwrap().query.as_deref(),
+            Some("HostKeyAlgorithms")
+        );
+        assert_eq!(p("h -Q mac").unwrap().query.as_deref(), Some("mac"));
+        assert_eq!(p("-Q kex -Z -w x").unwrap().query.as_deref(), Some("kex"));
+        assert_eq!(p("-Q").unwrap_err(), SshArgsError::MissingValue('Q'));
     }
 }

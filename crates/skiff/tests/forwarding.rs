@@ -699,7 +699,7 @@ fn forwardings_from_the_configuration_apply_to_skiff_ssh() {
     out.expect_code(0, &c());
     let shown = out.stdout_str();
     assert!(
-        shown.contains(&format!("localforward {local} 127.0.0.1:{}\n", echo.port)),
+        shown.contains(&format!("localforward {local} [127.0.0.1]:{}\n", echo.port)),
         "{shown}"
     );
     assert!(shown.contains("exitonforwardfailure yes\n"), "{shown}");
