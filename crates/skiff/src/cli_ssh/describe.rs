@@ -134,11 +134,6 @@ const NOT_IMPLEMENTED: &[(&str, &str, &str)] = &[
         "the address is not looked up in known_hosts",
     ),
     (
-        "compression",
-        "no",
-        "`none` comes first in what skiff offers, and every server has it",
-    ),
-    (
         "controlmaster",
         "false",
         "skiff's agent shares connections instead",
@@ -299,6 +294,7 @@ pub fn describe(s: &ConnectSettings, cfg: &HostConfig, line: &SshCommandLine) ->
         },
     );
     out.put("batchmode", yes_no(s.batch_mode));
+    out.put("compression", yes_no(s.compression));
     out.put(
         "canonicalizefallbacklocal",
         yes_no(cfg.canonicalize_fallback_local.unwrap_or(true)),
