@@ -138,6 +138,38 @@ fn a_certificate_held_by_ssh_agent() {
     );
 }
 
+/// A `CertificateFile` whose private key only ssh-agent holds (not the
+/// certificate): the agent is asked to sign by the certified key, as ssh
+/// asks it.
+#[test]
+fn a_certificate_file_whose_key_only_the_agent_holds() {
+    let Some((fx, ca, sshd)) = setup() else {
+        return;
+    };
+    let port = sshd.port();
+    let c = server_context(&sshd, "CertificateFile with the key in ssh-agent");
+    let home = trusting_home(port, &fx);
+    let beside = user_certificate(&ca, &fx.stranger_key, user());
+    // Moved away first, so that ssh-add loads the key alone.
+    let cert = fx.path().join("elsewhere-cert.pub");
+    fs::rename(&beside, &cert).unwrap();
+    let agent = Agent::start();
+    agent.add(&fx.stranger_key);
+    assert!(!agent.list().contains("CERT"), "{}", agent.list());
+    fs::remove_file(&fx.stranger_key.private).unwrap();
+    let out = skiff_exec(&home, port, user(), None)
+        .env("SSH_AUTH_SOCK", &agent.sock)
+        .opt(&format!("CertificateFile={}", cert.display()))
+        .cmd("echo certified")
+        .run();
+    out.expect_code(0, &c).expect_stdout("certified\n", &c);
+    assert!(
+        sshd.log()
+            .contains("Accepted certificate ID \"skiff-test-user\""),
+        "{c}"
+    );
+}
+
 /// Through the agent: a CertificateFile reaches it (and, being part of
 /// what a connection was authenticated with, keeps apart the connections
 /// it pools).

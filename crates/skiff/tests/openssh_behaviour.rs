@@ -1,0 +1,107 @@
+//! skiff against a stock OpenSSH sshd where ssh's behaviour is the
+//! reference (issue 22): a server that ends the login after MaxAuthTries
+//! refusals is reported as doing so, a path that corrupts a packet is
+//! reported as ssh reports it ("Corrupted MAC"), and the first of -l and
+//! -o User wins as in ssh.
+
+use std::time::Duration;
+
+use skiff_testkit::*;
+
+/// A home that trusts `sshd`'s host key.
+fn trusting(port: u16, fx: &Fixture) -> ClientHome {
+    let home = ClientHome::new();
+    home.trust(port, &fx.host_key);
+    home
+}
+
+#[test]
+fn a_login_ended_after_max_auth_tries_says_so() {
+    let Some((fx, sshd)) = sshd_setup(&["MaxAuthTries 2"]) else {
+        return;
+    };
+    let port = sshd.port();
+    let c = server_context(&sshd, "MaxAuthTries 2, three unknown keys");
+    let home = trusting(port, &fx);
+    let (a, b) = (
+        fx.keygen("unknown_a", KeyType::Ed25519, None),
+        fx.keygen("unknown_b", KeyType::Ed25519, None),
+    );
+    let out = skiff_exec(&home, port, user(), Some(&fx.stranger_key))
+        .key(&a.private)
+        .key(&b.private)
+        .opt("IdentitiesOnly=yes")
+        .cmd("true")
+        .run();
+    out.expect_skiff_failure(
+        &[
+            "authentication failed",
+            "the server closed the connection: Too many authentication failures",
+        ],
+        &c,
+    );
+    assert!(!out.stderr.contains("event loop"), "{c}\n{out}");
+}
+
+#[test]
+fn a_corrupted_packet_is_reported_as_a_bad_mac() {
+    let Some((fx, sshd)) = sshd_setup(&[]) else {
+        return;
+    };
+    let port = sshd.port();
+    let c = server_context(&sshd, "a path that flips a bit of the server's data");
+    let home = trusting(port, &fx);
+    let flip = test_peer(env!("CARGO_MANIFEST_DIR"), "skiff", "flip_byte");
+    // Far into the command's output, so the flipped byte is in an
+    // encrypted packet whatever the key exchange's size.
+    let proxy = format!("ProxyCommand={} 127.0.0.1:{port} 100000", flip.display());
+    let out = skiff_exec(&home, port, user(), Some(&fx.client_key))
+        .opt(&proxy)
+        .cmd("head -c 400000 /dev/zero")
+        .timeout(Duration::from_secs(60))
+        .run();
+    assert_eq!(out.code, 255, "{c}\n{out}");
+    assert!(
+        out.stderr
+            .contains("connection lost: Corrupted MAC on input"),
+        "{c}\n{out}"
+    );
+    // The bytes before the bad packet arrived; not all of them.
+    assert!(out.stdout.len() < 400_000, "{c}\n{out}");
+}
+
+#[test]
+fn the_first_user_on_the_command_line_wins_as_in_ssh() {
+    let Some((fx, sshd)) = sshd_setup(&[]) else {
+        return;
+    };
+    let port = sshd.port();
+    let c = server_context(&sshd, "-o User before -l");
+    let home = trusting(port, &fx);
+    let skiff_ssh = |args: &[&str]| {
+        Run::new(skiff_bin())
+            .env("SKIFF_AGENT", "off")
+            .env("HOME", home.path())
+            .args(["ssh", "-F", "/dev/null", "-o", "BatchMode=yes"])
+            .arg("-i")
+            .arg(&fx.client_key.private)
+            .args(["-p", &port.to_string()])
+            .args(args)
+            .run()
+    };
+    // The right user first: -l's wrong one is not used.
+    skiff_ssh(&[
+        "-o",
+        &format!("User={}", user()),
+        "-l",
+        "nobody-here",
+        "127.0.0.1",
+        "whoami",
+    ])
+    .expect_code(0, &c)
+    .expect_stdout(&format!("{}\n", user()), &c);
+    // And over the destination's user@.
+    skiff_ssh(&["-l", user(), "nobody-here@127.0.0.1", "whoami"])
+        .expect_code(0, &c)
+        .expect_stdout(&format!("{}\n", user()), &c);
+}
