@@ -497,9 +497,11 @@ mod tests {
                 other => panic!("{line}: {other:?}"),
             }
         }
-        let c = p("-2 -x -k -C -S none -e none -E /tmp/log h true").unwrap();
+        let c = p("-2 -x -k -S none -e none -E /tmp/log h true").unwrap();
         assert!(c.warnings.is_empty());
         assert_eq!(c.options, ["EscapeChar=none"]);
+        // -C asks for compression, as `Compression yes` does.
+        assert_eq!(p("-C h").unwrap().options, ["Compression=yes"]);
         let c = p("-A -X h true").unwrap();
         assert_eq!(c.warnings.len(), 1);
         assert_eq!(c.options, ["ForwardAgent=yes"]);
