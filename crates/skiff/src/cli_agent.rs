@@ -48,7 +48,7 @@ pub fn run(args: AgentArgs) -> i32 {
     } else {
         args.verbose
     };
-    crate::logging::init(verbose);
+    crate::logging::init(verbose, None);
     let request = match &args.action {
         None => return start(&args),
         Some(AgentAction::Status) => Request::Status,

@@ -29,6 +29,10 @@ pub struct ConnectArgs {
     /// More diagnostics on stderr (repeatable).
     #[arg(short = 'v', action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// Append diagnostics (warnings, and what -v adds) to FILE instead of
+    /// stderr, as ssh's -E does.
+    #[arg(short = 'E', value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
     /// Connect directly instead of through the agent (also SKIFF_AGENT=off).
     #[arg(long = "no-agent")]
     pub no_agent: bool,

@@ -84,7 +84,7 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> i32 {
-    crate::logging::init(args.conn.verbose);
+    crate::logging::init(args.conn.verbose, args.conn.log_file.as_deref());
     match plan(&args) {
         Ok((targets, command)) => execute(&args, targets, command),
         Err(msg) => {

@@ -72,7 +72,7 @@ pub fn main(args: Vec<OsString>) -> i32 {
     let mut inv = invocation(line);
     // In the background, input is /dev/null (as -f implies -n).
     inv.no_stdin |= background;
-    crate::logging::init(inv.conn.verbose);
+    crate::logging::init(inv.conn.verbose, inv.conn.log_file.as_deref());
     let settings = match skiff_engine::settings::resolve(&remote_command::destination(&inv)) {
         Ok(s) => s,
         Err(e) => {
@@ -211,6 +211,7 @@ fn invocation(line: SshCommandLine) -> Invocation {
             options: line.options,
             jump: line.jump,
             verbose: line.verbose,
+            log_file: line.log_file,
             no_agent: false,
         },
         port: line.port,
@@ -276,7 +277,7 @@ fn print_query(query: &str) -> i32 {
 /// `-G`: the settings skiff would use, printed as `ssh -G` prints them.
 fn print_config(line: SshCommandLine) -> i32 {
     let inv = invocation(line.clone());
-    crate::logging::init(inv.conn.verbose);
+    crate::logging::init(inv.conn.verbose, inv.conn.log_file.as_deref());
     match skiff_engine::settings::resolve_with_config(&remote_command::destination(&inv)) {
         Ok((settings, cfg)) => {
             print!("{}", describe::describe(&settings, &cfg, &line));

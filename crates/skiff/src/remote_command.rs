@@ -41,7 +41,7 @@ pub struct Invocation {
 
 /// Runs `args` and returns the exit status to leave with.
 pub fn run_invocation(args: Invocation) -> i32 {
-    crate::logging::init(args.conn.verbose);
+    crate::logging::init(args.conn.verbose, args.conn.log_file.as_deref());
     // Resolved once, for both paths: a bad config fails fast, and the
     // environment to send is the CLI's own (SendEnv/SetEnv).
     match skiff_engine::settings::resolve(&destination(&args)) {

@@ -43,6 +43,8 @@ pub struct SshCommandLine {
     pub options: Vec<String>,
     pub jump: Option<String>,
     pub verbose: u8,
+    /// `-E FILE`: diagnostics appended there instead of stderr.
+    pub log_file: Option<PathBuf>,
     pub no_stdin: bool,
     pub tty: TtyFlag,
     /// `-s`: the command names a subsystem.
@@ -236,9 +238,9 @@ fn apply_value(out: &mut SshCommandLine, flag: char, value: String) -> Result<()
         'S' if value == "none" => {}
         'S' => return unsupported("control sockets; skiff's agent shares connections"),
         'e' => out.options.push(format!("EscapeChar={value}")),
-        // skiff's diagnostics go to stderr; a tag only selects
-        // `Match tagged`, which skiff does not read.
-        'E' | 'P' => {}
+        'E' => out.log_file = Some(PathBuf::from(value)),
+        // A tag only selects `Match tagged`, which skiff does not read.
+        'P' => {}
         'F' => out.config = Some(PathBuf::from(value)),
         'i' => out.identity.push(PathBuf::from(value)),
         'J' => out.jump = Some(value),
@@ -500,6 +502,10 @@ mod tests {
         let c = p("-2 -x -k -S none -e none -E /tmp/log h true").unwrap();
         assert!(c.warnings.is_empty());
         assert_eq!(c.options, ["EscapeChar=none"]);
+        assert_eq!(
+            p("-E /tmp/log h").unwrap().log_file.as_deref(),
+            Some(std::path::Path::new("/tmp/log"))
+        );
         // -C asks for compression, as `Compression yes` does.
         assert_eq!(p("-C h").unwrap().options, ["Compression=yes"]);
         let c = p("-A -X h true").unwrap();

@@ -1,8 +1,8 @@
 //! skiff against a stock OpenSSH sshd where ssh's behaviour is the
 //! reference (issue 22): a server that ends the login after MaxAuthTries
 //! refusals is reported as doing so, a path that corrupts a packet is
-//! reported as ssh reports it ("Corrupted MAC"), and the first of -l and
-//! -o User wins as in ssh.
+//! reported as ssh reports it ("Corrupted MAC"), the first of -l and
+//! -o User wins as in ssh, and -E sends diagnostics to a file.
 
 use std::time::Duration;
 
@@ -104,4 +104,31 @@ fn the_first_user_on_the_command_line_wins_as_in_ssh() {
     skiff_ssh(&["-l", user(), "nobody-here@127.0.0.1", "whoami"])
         .expect_code(0, &c)
         .expect_stdout(&format!("{}\n", user()), &c);
+}
+
+#[test]
+fn diagnostics_go_to_the_file_dash_e_names() {
+    let Some((fx, sshd)) = sshd_setup(&[]) else {
+        return;
+    };
+    let port = sshd.port();
+    let c = server_context(&sshd, "skiff ssh -E FILE -v");
+    let home = trusting(port, &fx);
+    let log = home.path().join("skiff.log");
+    let out = Run::new(skiff_bin())
+        .env("SKIFF_AGENT", "off")
+        .env("HOME", home.path())
+        .args(["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-v", "-E"])
+        .arg(&log)
+        .arg("-i")
+        .arg(&fx.client_key.private)
+        .args(["-p", &port.to_string(), "127.0.0.1", "echo", "fine"])
+        .run();
+    out.expect_code(0, &c).expect_stdout("fine\n", &c);
+    assert!(!out.stderr.contains("DEBUG"), "{c}\n{out}");
+    let written = std::fs::read_to_string(&log).expect("the log file");
+    assert!(written.contains("DEBUG connecting to"), "{c}\n{written}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&log).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{c}");
 }

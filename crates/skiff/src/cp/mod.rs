@@ -82,7 +82,7 @@ pub struct PlaneOptions {
 }
 
 pub fn run(args: CpArgs) -> i32 {
-    crate::logging::init_for_copy(args.conn.verbose);
+    crate::logging::init_for_copy(args.conn.verbose, args.conn.log_file.as_deref());
     let plan = match plan(&args) {
         Ok(Planned::One(p)) => p,
         Ok(Planned::Many(many)) => return many_hosts::run(&args, many),

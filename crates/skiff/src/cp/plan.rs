@@ -232,6 +232,7 @@ mod tests {
                 options: vec![],
                 jump: None,
                 verbose: 0,
+                log_file: None,
                 no_agent: false,
             },
             quiet: false,

@@ -23,7 +23,7 @@ pub struct DemoArgs {
 }
 
 pub fn run(args: DemoArgs) -> i32 {
-    crate::logging::init(0);
+    crate::logging::init(0, None);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
