@@ -61,6 +61,12 @@ enum Ending {
 }
 
 impl Connection {
+    /// The watch on how this connection ends, for a caller that saw it
+    /// fail, or a channel of it.
+    pub(crate) fn end_watch(&self) -> EndWatch {
+        self.ending.clone()
+    }
+
     /// Asks for a new key exchange now (ssh's `~R`).
     pub async fn rekey(&self) -> Result<(), SkiffError> {
         self.handle.rekey_soon().await.map_err(|e| {
@@ -85,17 +91,18 @@ impl Connection {
 #[derive(Clone)]
 pub(crate) struct EndWatch(tokio::sync::watch::Receiver<Ending>);
 
+/// How long a caller that saw the connection fail waits for its handler to
+/// learn how it ended.
+const END_NOTICE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl EndWatch {
     /// How the connection ended, for the person, once it has (waiting at
-    /// most `limit`): the server's reason when it sent one, or what broke it
-    /// on our side; `None` when neither is known.
-    pub(crate) async fn described(&self, limit: std::time::Duration) -> Option<String> {
+    /// most [`END_NOTICE_WAIT`]): the server's reason when it sent one, or
+    /// what broke it on our side; `None` when neither is known.
+    pub(crate) async fn described(&self) -> Option<String> {
         let mut ending = self.0.clone();
-        let ended = tokio::time::timeout(limit, ending.wait_for(|e| *e != Ending::Open))
-            .await
-            .ok()?
-            .ok()?
-            .clone();
+        let waited = tokio::time::timeout(END_NOTICE_WAIT, ending.wait_for(|e| *e != Ending::Open));
+        let ended = waited.await.ok()?.ok()?.clone();
         match ended {
             Ending::Closed(Some(reason)) => {
                 Some(format!("the server closed the connection: {reason}"))
@@ -103,19 +110,6 @@ impl EndWatch {
             Ending::Broken(why) => Some(format!("connection lost: {why}")),
             _ => None,
         }
-    }
-}
-
-impl Connection {
-    /// How the connection ended, for a caller that saw it fail (see
-    /// [`EndWatch::described`]).
-    pub async fn why_it_ended(&self, limit: std::time::Duration) -> Option<String> {
-        self.ending.described(limit).await
-    }
-
-    /// The watch on how this connection ends, for a channel of it.
-    pub(crate) fn end_watch(&self) -> EndWatch {
-        self.ending.clone()
     }
 }
 
@@ -146,7 +140,7 @@ pub struct ClientHandler {
     order_again: Arc<AtomicBool>,
     /// Where the server's `forwarded-tcpip` channels go.
     remote_forwards: Arc<RemoteForwards>,
-    /// Told when the connection ends (see [`Connection::why_it_ended`]).
+    /// Told when the connection ends (see [`EndWatch::described`]).
     ending: tokio::sync::watch::Sender<Ending>,
 }
 
@@ -670,20 +664,19 @@ async fn authenticated(settings: &ConnectSettings) -> Result<Connection, SkiffEr
         // many authentication failures" once MaxAuthTries keys were
         // refused, or a packet that failed its integrity check (a refusal
         // seen then may be the broken connection's, not the server's).
-        let limit = std::time::Duration::from_secs(2);
         let connection_ended = e.kind == ErrorKind::Connect || handle.is_closed();
-        return Err(match connection_ended {
-            true => match ending.described(limit).await {
-                Some(why) => SkiffError::new(
-                    ErrorKind::Auth,
-                    format!(
-                        "{}@{}: authentication failed: {why}",
-                        settings.user, settings.hostname
-                    ),
+        if !connection_ended {
+            return Err(e);
+        }
+        return Err(match ending.described().await {
+            Some(why) => SkiffError::new(
+                ErrorKind::Auth,
+                format!(
+                    "{}@{}: authentication failed: {why}",
+                    settings.user, settings.hostname
                 ),
-                None => e,
-            },
-            false => e,
+            ),
+            None => e,
         });
     }
     Ok(Connection {

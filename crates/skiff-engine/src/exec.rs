@@ -104,8 +104,7 @@ pub async fn open_session(conn: &Connection) -> Result<OpenSession, SkiffError> 
         // The server may have said why it closed the connection (skiffd
         // refusing a login under /etc/nologin, say).
         Err(other) => {
-            let limit = std::time::Duration::from_secs(2);
-            return Err(match conn.why_it_ended(limit).await {
+            return Err(match conn.end_watch().described().await {
                 Some(why) => SkiffError::new(ErrorKind::Connect, format!("{host}: {why}")),
                 None => SkiffError::new(
                     ErrorKind::Connect,
@@ -396,7 +395,7 @@ where
     if !closed && outcome == ExitOutcome::Unknown {
         // The channel vanished without a close: the connection is gone,
         // and may have said why.
-        let why = ending.described(std::time::Duration::from_secs(2)).await;
+        let why = ending.described().await;
         return Err(SkiffError::new(
             ErrorKind::Connect,
             match why {
