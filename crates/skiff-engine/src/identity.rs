@@ -65,6 +65,9 @@ async fn file_public_key(path: &Path, settings: &ConnectSettings) -> Option<Publ
 struct UserCertificate {
     cert: Certificate,
     from: String,
+    /// ssh-agent holds the certificate itself (it signs by it), rather than
+    /// a file naming it.
+    in_agent: bool,
 }
 
 /// Reads an OpenSSH certificate file. `Ok(None)`: no such file.
@@ -216,9 +219,6 @@ impl russh::Signer for FileSigner<'_> {
     }
 }
 
-/// Where a certificate the agent holds comes from, as shown.
-const AGENT_CERTIFICATE: &str = "ssh-agent";
-
 /// Signs a certificate's authentication request with the agent's key for
 /// it, asking the agent by the certified public key (as ssh does), so that
 /// a `CertificateFile` works when only its private key is in the agent: an
@@ -323,6 +323,7 @@ pub async fn authenticate<H: Handler>(
             Ok(Some(cert)) => certificates.push(UserCertificate {
                 cert,
                 from: path.display().to_string(),
+                in_agent: false,
             }),
             Ok(None) => notes.push(format!("certificate file {} not found", path.display())),
             Err(note) => notes.push(note),
@@ -335,7 +336,8 @@ pub async fn authenticate<H: Handler>(
                 if certificate.cert_type() == CertType::User {
                     certificates.push(UserCertificate {
                         cert: certificate,
-                        from: AGENT_CERTIFICATE.to_string(),
+                        from: "ssh-agent".to_string(),
+                        in_agent: true,
                     });
                 }
             }
@@ -403,12 +405,12 @@ pub async fn authenticate<H: Handler>(
                     }
                 };
                 for cert in certificates_for(&certificates, key.key_data()) {
-                    let offered = match cert.from.as_str() {
+                    let offered = match cert.in_agent {
                         // The agent holds the certificate: it signs by it.
-                        AGENT_CERTIFICATE => {
+                        true => {
                             offer_certificate(handle, settings, cert, hash, agent, &mut tried).await
                         }
-                        _ => {
+                        false => {
                             let mut signer = CertifiedKeySigner(&mut *agent);
                             offer_certificate(handle, settings, cert, hash, &mut signer, &mut tried)
                                 .await
@@ -463,6 +465,7 @@ pub async fn authenticate<H: Handler>(
                     Ok(found) => found.map(|cert| UserCertificate {
                         cert,
                         from: beside_path.display().to_string(),
+                        in_agent: false,
                     }),
                     Err(note) => {
                         notes.push(note);
