@@ -256,6 +256,14 @@ async fn accept_loop(
 /// is told before it is closed (sshd's words).
 const INVALID_IDENTIFICATION: &[u8] = b"Invalid SSH identification string.\r\n";
 
+/// The connection's socket, served from here once russh has given up on
+/// it (a data-plane stream, or a client that is not SSH).
+fn taken_over(socket: std::os::fd::OwnedFd) -> std::io::Result<TcpStream> {
+    let std_stream = std::net::TcpStream::from(socket);
+    std_stream.set_nonblocking(true)?;
+    TcpStream::from_std(std_stream)
+}
+
 async fn handle_connection(
     stream: TcpStream,
     peer: SocketAddr,
@@ -288,18 +296,14 @@ async fn handle_connection(
         Err(_) if first_bytes.get() == Some(Sniff::NotSsh) => {
             // As sshd: say so after the identification line, and close.
             tracing::info!(%peer, "not an SSH client: invalid identification string");
-            let std_stream = std::net::TcpStream::from(socket);
-            std_stream.set_nonblocking(true)?;
-            let mut stream = TcpStream::from_std(std_stream)?;
+            let mut stream = taken_over(socket)?;
             let answer = tokio::io::AsyncWriteExt::write_all(&mut stream, INVALID_IDENTIFICATION);
             let _ = tokio::time::timeout(Duration::from_secs(1), answer).await;
             return Ok(());
         }
         Err(_) if first_bytes.get() == Some(Sniff::DataPlane) => {
             // Still unauthenticated: it counts until its token checks out.
-            let std_stream = std::net::TcpStream::from(socket);
-            std_stream.set_nonblocking(true)?;
-            let stream = TcpStream::from_std(std_stream)?;
+            let stream = taken_over(socket)?;
             crate::stream_relay::accept_stream(&state.registry, stream, peer, guard).await;
             return Ok(());
         }
