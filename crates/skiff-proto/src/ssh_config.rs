@@ -694,17 +694,40 @@ fn parse_line(raw: &str, command_line: bool) -> Result<Option<Directive>, String
     }
 }
 
+/// `line` without its trailing comment, as ssh and sshd read their
+/// configurations: an unquoted word that starts with `#` ends the line, so
+/// `PermitOpen 127.0.0.1:1 # why` is `PermitOpen 127.0.0.1:1`; a `#` inside a
+/// word (`a#b`), quoted, or after a backslash is kept.
+pub fn without_comment(line: &str) -> &str {
+    let mut quote = None;
+    let mut escaped = false;
+    let mut word_start = true;
+    for (i, c) in line.char_indices() {
+        let literal = std::mem::take(&mut escaped);
+        match (quote, c) {
+            _ if literal => {}
+            (_, '\\') => escaped = true,
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '#') if word_start => return line[..i].trim_end_matches(is_ws),
+            _ => {}
+        }
+        word_start = quote.is_none() && !literal && is_ws(c);
+    }
+    line
+}
+
 /// Splits arguments the way `ssh` does: whitespace-separated words, `"` and `'`
 /// quoting, backslash escapes for quotes, backslash and (unquoted) blanks, and
-/// an unquoted word starting with `#` ending the line.
+/// an unquoted word starting with `#` ending the line ([`without_comment`]).
 pub fn split_args(s: &str) -> Result<Vec<String>, String> {
     let mut args = Vec::new();
-    let mut chars = s.chars().peekable();
+    let mut chars = without_comment(s).chars().peekable();
     loop {
         while chars.next_if(|&c| is_ws(c)).is_some() {}
-        match chars.peek() {
-            None | Some('#') => break,
-            Some(_) => {}
+        if chars.peek().is_none() {
+            break;
         }
         let mut word = String::new();
         let mut quote: Option<char> = None;
@@ -2772,6 +2795,24 @@ mod tests {
             parse_err("Match all host x\n"),
             "cfg:1: Match: \"all\" cannot be combined with criteria other than \"canonical\" or \"final\""
         );
+    }
+
+    #[test]
+    fn a_word_starting_with_a_hash_ends_the_line() {
+        for (line, kept) in [
+            ("PermitOpen 127.0.0.1:1 # why", "PermitOpen 127.0.0.1:1"),
+            ("Port 22\t#\tcomment", "Port 22"),
+            ("#", ""),
+            ("Banner /etc/a#b", "Banner /etc/a#b"),
+            ("SetEnv A=\"x # y\" # z", "SetEnv A=\"x # y\""),
+            ("SetEnv A='#' B=1", "SetEnv A='#' B=1"),
+            ("SetEnv A=\\ #x", "SetEnv A=\\ #x"),
+            ("Port 22", "Port 22"),
+        ] {
+            assert_eq!(without_comment(line), kept, "{line:?}");
+        }
+        assert_eq!(split_args("a 'b # c' # d").unwrap(), ["a", "b # c"]);
+        assert_eq!(split_args("x\\ #y").unwrap(), ["x #y"]);
     }
 
     #[test]

@@ -392,7 +392,7 @@ fn collect_lines(
         // ForceCommand keeps its whole line, as in sshd (a shell reads it).
         let line = match lower.as_str() {
             "forcecommand" => line,
-            _ => without_comment(line),
+            _ => skiff_proto::ssh_config::without_comment(line),
         };
         let (keyword, rest) = split_keyword(line);
         if lower == "match" {
@@ -432,30 +432,6 @@ fn collect_lines(
         }
     }
     Ok(())
-}
-
-/// `line` without a trailing comment: as sshd reads its configuration, a
-/// word that starts with `#` (outside quotes) ends the line, so
-/// `PermitOpen 127.0.0.1:1 # why` is `PermitOpen 127.0.0.1:1`; a `#`
-/// inside a word (`a#b`) is part of it.
-fn without_comment(line: &str) -> &str {
-    let mut quote = None;
-    let mut escaped = false;
-    let mut word_start = true;
-    for (i, c) in line.char_indices() {
-        let literal = std::mem::take(&mut escaped);
-        match (quote, c) {
-            _ if literal => {}
-            (_, '\\') => escaped = true,
-            (Some(q), c) if c == q => quote = None,
-            (Some(_), _) => {}
-            (None, '"' | '\'') => quote = Some(c),
-            (None, '#') if word_start => return line[..i].trim_end(),
-            _ => {}
-        }
-        word_start = quote.is_none() && !literal && c.is_whitespace();
-    }
-    line
 }
 
 /// A line's keyword and the rest (`Keyword value`, `Keyword=value`).
@@ -1128,17 +1104,6 @@ mod tests {
 
     #[test]
     fn a_word_starting_with_a_hash_ends_the_line() {
-        for (line, kept) in [
-            ("PermitOpen 127.0.0.1:1 # why", "PermitOpen 127.0.0.1:1"),
-            ("Port 22\t#\tcomment", "Port 22"),
-            ("Banner /etc/a#b", "Banner /etc/a#b"),
-            ("SetEnv A=\"x # y\" # z", "SetEnv A=\"x # y\""),
-            ("SetEnv A='#' B=1", "SetEnv A='#' B=1"),
-            ("SetEnv A=\\ #x", "SetEnv A=\\ #x"),
-            ("Port 22", "Port 22"),
-        ] {
-            assert_eq!(without_comment(line), kept, "{line:?}");
-        }
         let mut s = Settings::default();
         apply_config_text(
             &mut s,
