@@ -34,13 +34,10 @@ fn openssh(args: &[&str]) -> Output {
         .expect("run ssh")
 }
 
-/// Whether OpenSSH's client is here to compare with.
+/// Whether OpenSSH's client is here to compare with (under `CI=true` its
+/// absence is a failure, not a skip).
 fn have_openssh() -> bool {
-    let found = Command::new("ssh").arg("-V").output().is_ok();
-    if !found {
-        eprintln!("skipped: no OpenSSH client (ssh) on PATH");
-    }
-    found
+    skiff_testkit::require_tool("ssh", "openssh-client")
 }
 
 fn stdout(out: &Output) -> String {
