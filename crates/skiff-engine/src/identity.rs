@@ -19,10 +19,93 @@ use russh::keys::ssh_key::private::KeypairData;
 use russh::keys::ssh_key::public::KeyData;
 use russh::keys::ssh_key::Signature;
 use russh::keys::{Algorithm, Certificate, HashAlg, PrivateKey, PublicKey};
+use russh::{MethodKind, MethodSet};
 
 use crate::error::{ErrorKind, SkiffError};
 use crate::identity_cache::Unusable;
 use crate::settings::ConnectSettings;
+
+/// What was offered and what the server answered, for the error that
+/// ends authentication when no key completes it.
+#[derive(Default)]
+struct Attempts {
+    /// What was offered, in order.
+    tried: Vec<String>,
+    /// What the server accepted as one step of several (`partial success`:
+    /// for instance `AuthenticationMethods publickey,publickey`).
+    partial: Vec<String>,
+    /// The methods the server last said may go on.
+    remaining: Option<MethodSet>,
+}
+
+impl Attempts {
+    fn offering(&mut self, what: String) {
+        self.tried.push(what);
+    }
+
+    /// The server refused (or partly accepted) what was offered last.
+    fn answered(&mut self, remaining: MethodSet, partial_success: bool) {
+        if partial_success {
+            if let Some(last) = self.tried.last() {
+                self.partial.push(last.clone());
+            }
+        }
+        self.remaining = Some(remaining);
+    }
+
+    /// Whether offering another key can still help: not once the server
+    /// has said public keys are no longer among the ways in.
+    fn keys_may_go_on(&self) -> bool {
+        self.remaining
+            .as_ref()
+            .is_none_or(|m| m.contains(&MethodKind::PublicKey))
+    }
+
+    /// The error's text after "authentication failed (publickey): ".
+    fn describe(&self) -> String {
+        let remaining = self.remaining.as_ref().map(|m| {
+            m.iter()
+                .map(<&'static str>::from)
+                .collect::<Vec<_>>()
+                .join(",")
+        });
+        if !self.partial.is_empty() {
+            let others: Vec<&str> = self
+                .tried
+                .iter()
+                .filter(|t| !self.partial.contains(t))
+                .map(String::as_str)
+                .collect();
+            let mut msg = format!(
+                "the server accepted {} as one step but requires more (it goes on with: {})",
+                self.partial.join(", "),
+                remaining.as_deref().unwrap_or("nothing")
+            );
+            if !self.keys_may_go_on() {
+                msg.push_str(", and skiff authenticates with public keys only");
+            } else if others.is_empty() {
+                msg.push_str(", and skiff had no other key to offer");
+            } else {
+                msg.push_str(&format!(
+                    ", and accepted none of the other keys: {}",
+                    others.join(", ")
+                ));
+            }
+            return msg;
+        }
+        if !self.keys_may_go_on() {
+            return format!(
+                "the server takes only {} here, and skiff authenticates with public keys",
+                remaining.as_deref().unwrap_or("other methods")
+            );
+        }
+        if self.tried.is_empty() {
+            "no usable key (no ssh-agent keys, no readable identity files)".to_string()
+        } else {
+            format!("the server accepted none of: {}", self.tried.join(", "))
+        }
+    }
+}
 
 /// One thing to try, in order.
 enum Candidate {
@@ -264,12 +347,12 @@ async fn offer_certificate<H: Handler, S: russh::Signer>(
     cert: &UserCertificate,
     hash: Option<HashAlg>,
     signer: &mut S,
-    tried: &mut Vec<String>,
+    attempts: &mut Attempts,
 ) -> Result<bool, String>
 where
     S::Error: std::fmt::Display,
 {
-    tried.push(format!(
+    attempts.offering(format!(
         "certificate {:?} ({})",
         cert.cert.key_id(),
         cert.from
@@ -279,7 +362,13 @@ where
         .await
     {
         Ok(AuthResult::Success) => Ok(true),
-        Ok(AuthResult::Failure { .. }) => Ok(false),
+        Ok(AuthResult::Failure {
+            remaining_methods,
+            partial_success,
+        }) => {
+            attempts.answered(remaining_methods, partial_success);
+            Ok(false)
+        }
         Err(e) => Err(format!("certificate {:?}: {e}", cert.cert.key_id())),
     }
 }
@@ -378,10 +467,13 @@ pub async fn authenticate<H: Handler>(
     // Learnt on the first RSA key only: asking waits for the server's
     // extension info, a round trip that other keys do not need.
     let mut rsa_hash = None;
-    let mut tried = Vec::new();
+    let mut attempts = Attempts::default();
     // Set when a key was skipped only because nobody may type its passphrase.
     let mut needs_person = false;
     for cand in candidates {
+        if !attempts.keys_may_go_on() {
+            break;
+        }
         match cand {
             Candidate::Agent(key) => {
                 let Some(agent) = agent.as_mut() else {
@@ -408,12 +500,20 @@ pub async fn authenticate<H: Handler>(
                     let offered = match cert.in_agent {
                         // The agent holds the certificate: it signs by it.
                         true => {
-                            offer_certificate(handle, settings, cert, hash, agent, &mut tried).await
+                            offer_certificate(handle, settings, cert, hash, agent, &mut attempts)
+                                .await
                         }
                         false => {
                             let mut signer = CertifiedKeySigner(&mut *agent);
-                            offer_certificate(handle, settings, cert, hash, &mut signer, &mut tried)
-                                .await
+                            offer_certificate(
+                                handle,
+                                settings,
+                                cert,
+                                hash,
+                                &mut signer,
+                                &mut attempts,
+                            )
+                            .await
                         }
                     };
                     match offered {
@@ -422,13 +522,19 @@ pub async fn authenticate<H: Handler>(
                         Err(note) => notes.push(note),
                     }
                 }
-                tried.push(format!("agent key {}", key.fingerprint(HashAlg::Sha256)));
+                if !attempts.keys_may_go_on() {
+                    break;
+                }
+                attempts.offering(format!("agent key {}", key.fingerprint(HashAlg::Sha256)));
                 match handle
                     .authenticate_publickey_with(&settings.user, key.clone(), hash, agent)
                     .await
                 {
                     Ok(AuthResult::Success) => return Ok(()),
-                    Ok(AuthResult::Failure { .. }) => {}
+                    Ok(AuthResult::Failure {
+                        remaining_methods,
+                        partial_success,
+                    }) => attempts.answered(remaining_methods, partial_success),
                     Err(e) => notes.push(format!("ssh-agent could not sign: {e}")),
                 }
             }
@@ -485,15 +591,25 @@ pub async fn authenticate<H: Handler>(
                     .filter(|c| c.cert.public_key() == &offered)
                     .chain(certificates_for(&certificates, &offered))
                 {
-                    match offer_certificate(handle, settings, cert, hash, &mut signer, &mut tried)
-                        .await
+                    match offer_certificate(
+                        handle,
+                        settings,
+                        cert,
+                        hash,
+                        &mut signer,
+                        &mut attempts,
+                    )
+                    .await
                     {
                         Ok(true) => return Ok(()),
                         Ok(false) => {}
                         Err(note) => notes.push(note),
                     }
                 }
-                tried.push(path.display().to_string());
+                if !attempts.keys_may_go_on() {
+                    break;
+                }
+                attempts.offering(path.display().to_string());
                 match handle
                     .authenticate_publickey_with(&settings.user, public, hash, &mut signer)
                     .await
@@ -504,7 +620,10 @@ pub async fn authenticate<H: Handler>(
                         }
                         return Ok(());
                     }
-                    Ok(AuthResult::Failure { .. }) => {}
+                    Ok(AuthResult::Failure {
+                        remaining_methods,
+                        partial_success,
+                    }) => attempts.answered(remaining_methods, partial_success),
                     Err(FileSignError::Send(e)) => {
                         return Err(SkiffError::new(
                             ErrorKind::Connect,
@@ -526,14 +645,7 @@ pub async fn authenticate<H: Handler>(
         "{}@{}: authentication failed (publickey): ",
         settings.user, settings.hostname
     );
-    if tried.is_empty() {
-        msg.push_str("no usable key (no ssh-agent keys, no readable identity files)");
-    } else {
-        msg.push_str(&format!(
-            "the server accepted none of: {}",
-            tried.join(", ")
-        ));
-    }
+    msg.push_str(&attempts.describe());
     for n in &notes {
         msg.push_str("; ");
         msg.push_str(n);
@@ -775,5 +887,55 @@ mod tests {
         assert!(is_default_identity(Path::new("/home/u/.ssh/id_ed25519")));
         assert!(!is_default_identity(Path::new("/home/u/keys/id_ed25519")));
         assert!(!is_default_identity(Path::new("/home/u/.ssh/deploy")));
+    }
+
+    fn methods(names: &[MethodKind]) -> MethodSet {
+        MethodSet::from(names)
+    }
+
+    #[test]
+    fn attempts_say_what_the_server_answered() {
+        let mut a = Attempts::default();
+        assert_eq!(
+            a.describe(),
+            "no usable key (no ssh-agent keys, no readable identity files)"
+        );
+        a.offering("k1".into());
+        a.answered(methods(&[MethodKind::PublicKey]), false);
+        assert_eq!(a.describe(), "the server accepted none of: k1");
+
+        // A first step accepted, nothing else to offer.
+        let mut a = Attempts::default();
+        a.offering("k1".into());
+        a.answered(methods(&[MethodKind::PublicKey]), true);
+        assert!(a.keys_may_go_on());
+        assert_eq!(
+            a.describe(),
+            "the server accepted k1 as one step but requires more (it goes on with: publickey), and skiff had no other key to offer"
+        );
+        a.offering("k2".into());
+        a.answered(methods(&[MethodKind::PublicKey]), false);
+        assert!(a
+            .describe()
+            .ends_with("accepted none of the other keys: k2"));
+
+        // A first step accepted, the next one a method skiff lacks: no
+        // point offering more keys.
+        let mut a = Attempts::default();
+        a.offering("k1".into());
+        a.answered(methods(&[MethodKind::KeyboardInteractive]), true);
+        assert!(!a.keys_may_go_on());
+        assert!(a
+            .describe()
+            .ends_with("(it goes on with: keyboard-interactive), and skiff authenticates with public keys only"));
+
+        // A server that takes no keys at all.
+        let mut a = Attempts::default();
+        a.offering("k1".into());
+        a.answered(methods(&[MethodKind::Password]), false);
+        assert_eq!(
+            a.describe(),
+            "the server takes only password here, and skiff authenticates with public keys"
+        );
     }
 }

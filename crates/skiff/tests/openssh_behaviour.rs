@@ -132,3 +132,42 @@ fn diagnostics_go_to_the_file_dash_e_names() {
     let mode = std::fs::metadata(&log).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "{c}");
 }
+
+#[test]
+fn two_keys_where_the_server_requires_two() {
+    let Some((fx, sshd)) = sshd_setup(&["AuthenticationMethods publickey,publickey"]) else {
+        return;
+    };
+    let port = sshd.port();
+    let c = server_context(&sshd, "AuthenticationMethods publickey,publickey");
+    let home = trusting(port, &fx);
+    // Two authorized keys: the first is a partial success, the second ends it.
+    skiff_exec(&home, port, user(), Some(&fx.client_key))
+        .key(&fx.ecdsa_key.private)
+        .opt("IdentitiesOnly=yes")
+        .cmd("echo in")
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout("in\n", &c);
+    // One authorized key and a stranger: the error says the first step
+    // passed and what the server wants next.
+    let out = skiff_exec(&home, port, user(), Some(&fx.client_key))
+        .key(&fx.stranger_key.private)
+        .opt("IdentitiesOnly=yes")
+        .cmd("echo in")
+        .run();
+    out.expect_skiff_failure(
+        &[
+            "authentication failed (publickey)",
+            &format!(
+                "the server accepted {} as one step but requires more (it goes on with: publickey)",
+                fx.client_key.private.display()
+            ),
+            &format!(
+                "accepted none of the other keys: {}",
+                fx.stranger_key.private.display()
+            ),
+        ],
+        &c,
+    );
+}
