@@ -432,3 +432,28 @@ fn skiff_cp_to_a_read_only_account_fails_cleanly() {
         assert!(left.is_empty(), "{c}: left behind: {left:?}");
     }
 }
+
+/// `skiffd --sftp-server -Q requests` lists the names `-P` and `-p` take,
+/// the same as OpenSSH's sftp-server where it is installed.
+#[test]
+fn the_server_lists_its_request_names() {
+    let out = Run::new(skiffd_bin())
+        .args(["--sftp-server", "-Q", "requests"])
+        .run();
+    out.expect_code(0, "skiffd --sftp-server -Q requests");
+    let ours = out.stdout_str();
+    assert!(
+        ours.lines().any(|l| l == "posix-rename") && ours.lines().count() == 29,
+        "{out}"
+    );
+    let out = Run::new(skiffd_bin())
+        .args(["--sftp-server", "-Q", "nonsense"])
+        .run();
+    assert_eq!(out.code, 1, "{out}");
+    let openssh = Path::new("/usr/lib/openssh/sftp-server");
+    if openssh.exists() {
+        let theirs = Run::new(openssh).args(["-Q", "requests"]).run();
+        theirs.expect_code(0, "sftp-server -Q requests");
+        assert_eq!(ours, theirs.stdout_str(), "the names differ from OpenSSH's");
+    }
+}

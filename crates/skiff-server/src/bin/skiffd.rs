@@ -55,6 +55,15 @@ struct Args {
     /// encodes them.
     #[arg(long = "sftp-options", hide = true, requires = "sftp_server")]
     sftp_options: Option<String>,
+    /// With --sftp-server: print what the server supports and exit, as
+    /// `sftp-server -Q requests` does (the names -P and -p take).
+    #[arg(
+        short = 'Q',
+        hide = true,
+        requires = "sftp_server",
+        value_name = "FEATURE"
+    )]
+    sftp_query: Option<String>,
     /// Serve the skiff data plane (stdin/stdout plus the socket skiffd
     /// passes as fd 3): what skiffd runs, as the account, for the
     /// `transfer@skiff` subsystem.
@@ -64,6 +73,16 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
+    if let Some(feature) = &args.sftp_query {
+        if feature != "requests" {
+            eprintln!("skiffd --sftp-server -Q: unknown feature {feature:?} (requests)");
+            std::process::exit(1);
+        }
+        for request in skiff_server::sftp_options::Request::ALL {
+            println!("{request}");
+        }
+        return;
+    }
     if args.sftp_server {
         // No logging: stderr goes to the client's terminal.
         let options = match args.sftp_options.as_deref().map(ServerOptions::from_arg) {
