@@ -97,6 +97,9 @@ pub struct Settings {
     /// serves the `sftp` subsystem; `None` refuses the subsystem. skiffd
     /// sets it to its own `--sftp-server` mode before reading `--config`.
     pub sftp_command: Option<String>,
+    /// `Subsystem sftp internal-sftp ARGS`: the options skiffd's own server
+    /// applies when it serves the subsystem (see [`crate::sftp_options`]).
+    pub sftp_options: crate::sftp_options::SftpOptions,
     /// Command line that serves the skiff data plane (`transfer@skiff`
     /// subsystem); `None` refuses it. skiffd sets it to its own
     /// `--transfer-server` mode before reading `--config`.
@@ -270,6 +273,7 @@ impl Default for Settings {
             client_alive_interval: Some(Duration::from_secs(60)),
             client_alive_count_max: 3,
             sftp_command: None,
+            sftp_options: Default::default(),
             transfer_command: None,
             subsystems: Vec::new(),
             server_exe: None,
@@ -765,23 +769,33 @@ fn apply_line(
             let Some((name, command)) = rest.split_once(char::is_whitespace) else {
                 return Err(err("Subsystem needs a name and a command".into()));
             };
+            let mut options = Default::default();
             let command = match command.trim() {
                 "" => return Err(err("Subsystem needs a name and a command".into())),
                 "none" => None,
-                // sshd's name for its built-in server: skiffd's own.
-                "internal-sftp" if name == "sftp" => Some(
-                    settings
-                        .server_exe
-                        .as_deref()
-                        .and_then(crate::sftp::subsystem_command)
-                        .ok_or_else(|| {
-                            err("internal-sftp: skiffd cannot name its own executable".into())
-                        })?,
-                ),
+                // sshd's name for its built-in server: skiffd's own, with
+                // sftp-server's options.
+                c if name == "sftp" && crate::sftp_options::internal_sftp_command(c).is_some() => {
+                    options = crate::sftp_options::internal_sftp_command(c)
+                        .expect("checked above")
+                        .map_err(|e| err(format!("Subsystem sftp internal-sftp: {e}")))?;
+                    Some(
+                        settings
+                            .server_exe
+                            .as_deref()
+                            .and_then(crate::sftp::subsystem_command)
+                            .ok_or_else(|| {
+                                err("internal-sftp: skiffd cannot name its own executable".into())
+                            })?,
+                    )
+                }
                 c => Some(c.to_string()),
             };
             match name {
-                "sftp" => settings.sftp_command = command,
+                "sftp" => {
+                    settings.sftp_command = command;
+                    settings.sftp_options = options;
+                }
                 skiff_proto::dataplane::SUBSYSTEM => settings.transfer_command = command,
                 _ if settings.subsystems.iter().any(|(n, _)| n == name) => {}
                 _ => settings.subsystems.push((name.to_string(), command)),
@@ -855,7 +869,13 @@ fn apply_line(
             settings.force_command = match rest.trim() {
                 "" => return Err(err("ForceCommand needs a command (or none)".into())),
                 "none" => None,
-                command => Some(command.to_string()),
+                command => {
+                    // internal-sftp's options are checked now, not at login.
+                    if let Some(Err(e)) = crate::sftp_options::internal_sftp_command(command) {
+                        return Err(err(format!("ForceCommand internal-sftp: {e}")));
+                    }
+                    Some(command.to_string())
+                }
             }
         }
         "permittty" => settings.permit_tty = parse_yes_no(one()?).map_err(err)?,
@@ -924,6 +944,21 @@ impl Settings {
             .iter()
             .find(|(n, _)| n == name)
             .and_then(|(_, command)| command.as_deref())
+    }
+
+    /// The command line of skiffd's own SFTP server, which `ForceCommand
+    /// internal-sftp` runs whatever `Subsystem sftp` says (as sshd's
+    /// built-in one): the `sftp` subsystem's when that is skiffd's server
+    /// (perhaps a copy the accounts can run), else skiffd's executable's.
+    pub fn internal_sftp_command(&self) -> Option<String> {
+        self.sftp_command
+            .clone()
+            .filter(|c| crate::sftp::internal_server_exe(c).is_some())
+            .or_else(|| {
+                self.server_exe
+                    .as_deref()
+                    .and_then(crate::sftp::subsystem_command)
+            })
     }
 }
 
@@ -1550,6 +1585,63 @@ mod tests {
                 PathBuf::from("/etc/b-cert.pub")
             ]
         );
+    }
+
+    #[test]
+    fn internal_sftp_options_are_checked_when_read() {
+        let mut s = Settings {
+            server_exe: Some("/usr/sbin/skiffd".into()),
+            ..Settings::default()
+        };
+        apply_config_text(
+            &mut s,
+            "c",
+            "Subsystem sftp internal-sftp -u 022 -d %d/in\nForceCommand internal-sftp -R -P remove\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.sftp_command.as_deref(),
+            Some("'/usr/sbin/skiffd' --sftp-server")
+        );
+        assert_eq!(s.sftp_options.umask, Some(0o022));
+        assert_eq!(s.sftp_options.start_dir.as_deref(), Some("%d/in"));
+        assert_eq!(
+            s.force_command.as_deref(),
+            Some("internal-sftp -R -P remove")
+        );
+        // The forced server is skiffd's own whatever serves the subsystem.
+        assert_eq!(
+            s.internal_sftp_command().as_deref(),
+            Some("'/usr/sbin/skiffd' --sftp-server")
+        );
+        apply_config_text(
+            &mut s,
+            "c",
+            "Subsystem sftp /usr/lib/openssh/sftp-server -R\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.sftp_options,
+            Default::default(),
+            "options go with the line"
+        );
+        assert_eq!(
+            s.internal_sftp_command().as_deref(),
+            Some("'/usr/sbin/skiffd' --sftp-server")
+        );
+        // Bad options fail the file at their line, in a Match block too.
+        for (text, line, needle) in [
+            ("#\nSubsystem sftp internal-sftp -u 9x\n", 2, "-u \"9x\""),
+            ("ForceCommand internal-sftp -P erase\n", 1, "\"erase\""),
+            ("Match User x\n  ForceCommand internal-sftp -z\n", 2, "-z"),
+            ("ForceCommand internal-sftp -d %h\n", 1, "%h"),
+        ] {
+            let e = apply_config_text(&mut Settings::default(), "f.conf", text).unwrap_err();
+            assert_eq!((e.file.as_str(), e.line), ("f.conf", line), "{e}");
+            assert!(e.message.contains(needle), "{e}");
+        }
+        // A command that merely starts with the name is a shell command.
+        apply_config_text(&mut s, "c", "ForceCommand internal-sftpd -z\n").unwrap();
     }
 
     #[test]

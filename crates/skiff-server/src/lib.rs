@@ -17,7 +17,8 @@
 //! shells that run nothing, `/etc/nologin`); `pty_owner` hands a session's
 //! terminal to the account and back.
 //! [`sftp`] is the file server that the `sftp` subsystem runs as the account
-//! (`skiffd --sftp-server`), never inside the server process; [`chroot`]
+//! (`skiffd --sftp-server`), never inside the server process, under the
+//! `internal-sftp` options [`sftp_options`] parses and checks; [`chroot`]
 //! jails logins (`ChrootDirectory`); [`session_env`] decides which
 //! environment each started program gets. `account_files` reads
 //! authorized_keys, principals and key lists (regular files only, bounded,
@@ -55,6 +56,7 @@ pub mod queue_budget;
 mod server_state;
 pub mod session_env;
 pub mod sftp;
+pub mod sftp_options;
 mod spawn;
 mod sshd_only;
 pub mod startups;

@@ -48,6 +48,10 @@ pub struct SpawnRequest<'a> {
     /// of `command` through the account's shell (`ForceCommand
     /// internal-sftp` outside a jail).
     pub direct_sftp: Option<&'a Path>,
+    /// The `--sftp-options` argument for skiffd's own SFTP server when it
+    /// starts directly or enters a jail itself (through the shell, the
+    /// command line carries it).
+    pub sftp_options: Option<&'a str>,
 }
 
 /// Where a jailed command runs.
@@ -98,6 +102,9 @@ pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
     if let Some(exe) = req.direct_sftp {
         program = exe;
         args = vec![exe.as_os_str(), OsStr::new("--sftp-server")];
+        if let Some(options) = req.sftp_options {
+            args.extend([OsStr::new("--sftp-options"), OsStr::new(options)]);
+        }
     }
     let mut credentials = acct.credentials();
     let mut root = None;
@@ -131,6 +138,9 @@ pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
                 OsStr::new("--home"),
                 acct.home.as_os_str(),
             ];
+            if let Some(options) = req.sftp_options {
+                args.extend([OsStr::new("--sftp-options"), OsStr::new(options)]);
+            }
             credentials = None;
             Path::new("/")
         }

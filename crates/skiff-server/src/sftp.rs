@@ -17,6 +17,11 @@
 //! the small pure helpers it uses (error and flag mapping, `ls -l` lines),
 //! which are tested without a server.
 //!
+//! `internal-sftp` options ([`crate::sftp_options`]) reach it as one
+//! hidden `--sftp-options` argument: [`serve_stdio`] sets the umask and
+//! start directory, and the protocol side refuses what they refuse with
+//! SSH_FX_PERMISSION_DENIED before touching anything.
+//!
 //! Limits: at most [`MAX_HANDLES`] files and directories open at once, reads
 //! of at most [`MAX_READ`] bytes, client packets of at most [`MAX_PACKET`]
 //! bytes. File names travel as UTF-8 (russh-sftp's strings): a name that is
@@ -44,6 +49,8 @@ use russh_sftp::protocol::{
 use russh_sftp::server::StatusReply;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::sftp_options::{Request, ServerOptions};
+
 /// Files and directories a client may hold open at once.
 pub const MAX_HANDLES: usize = 256;
 /// Largest packet accepted from the client (OpenSSH's sftp-server limit).
@@ -58,6 +65,12 @@ const READDIR_BATCH: usize = 100;
 pub fn subsystem_command(exe: &Path) -> Option<String> {
     let exe = exe.to_str()?;
     Some(format!("{} --sftp-server", shell_quote(exe)))
+}
+
+/// [`subsystem_command`]'s `command` line with a session's options (as
+/// [`ServerOptions::to_arg`] writes them), for the account's shell.
+pub fn with_options(command: &str, options_arg: &str) -> String {
+    format!("{command} --sftp-options {}", shell_quote(options_arg))
 }
 
 /// The executable of an SFTP command line in the form
@@ -79,14 +92,22 @@ pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// Serves SFTP on stdin/stdout until stdin ends (or stdout breaks).
-pub fn serve_stdio() -> io::Result<()> {
+/// Serves SFTP on stdin/stdout until stdin ends (or stdout breaks), as
+/// `options` say: their umask, start directory (when it cannot be entered
+/// the session stays in the home directory, as sshd's does) and refusals.
+pub fn serve_stdio(options: ServerOptions) -> io::Result<()> {
     keep_freed_memory();
+    if let Some(mask) = options.umask {
+        nix::sys::stat::umask(Mode::from_bits_truncate(mask as libc::mode_t));
+    }
+    if let Some(dir) = &options.start_dir {
+        let _ = std::env::set_current_dir(dir);
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     // The pipes register with the runtime's reactor: build them inside it.
-    runtime.block_on(async { serve(Stdio::new()).await });
+    runtime.block_on(async { serve(Stdio::new(), options).await });
     // A stdin read may still be parked in a blocking thread: do not wait for it.
     runtime.shutdown_background();
     Ok(())
@@ -106,14 +127,15 @@ fn keep_freed_memory() {
     }
 }
 
-/// Serves SFTP on `stream` until it ends.
-pub async fn serve<S>(stream: S)
+/// Serves SFTP on `stream` until it ends, refusing what `policy` refuses.
+pub async fn serve<S>(stream: S, policy: ServerOptions)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (done, finished) = tokio::sync::oneshot::channel::<()>();
     let session = Session {
         files: Files::new(),
+        policy,
         _done: done,
     };
     let config = russh_sftp::server::Config {
@@ -860,11 +882,33 @@ fn apply_attributes(target: Target<'_>, attrs: &FileAttributes) -> Reply<()> {
 // The protocol side
 // ---------------------------------------------------------------------------
 
-/// The russh-sftp handler: decodes nothing itself, answers from [`Files`].
+/// The russh-sftp handler: decodes nothing itself, answers from [`Files`]
+/// what `policy` (`internal-sftp` options) does not refuse.
 struct Session {
     files: Files,
+    policy: ServerOptions,
     /// Dropped with the session, which tells [`serve`] it has ended.
     _done: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Session {
+    fn permit(&self, request: Request) -> Reply<()> {
+        if self.policy.refuses(request) {
+            return Err(refused(&self.policy, request));
+        }
+        Ok(())
+    }
+}
+
+/// The answer to a request the server's options refuse, saying which
+/// option (clients such as skiff show it).
+fn refused(policy: &ServerOptions, request: Request) -> StatusReply {
+    let why = if policy.refused.contains(&request) {
+        format!("Permission denied: this server refuses {request} requests")
+    } else {
+        "Permission denied: this server is read-only".to_string()
+    };
+    StatusCode::PermissionDenied.with_message(why)
 }
 
 fn one_name(id: u32, name: String) -> Name {
@@ -930,11 +974,18 @@ impl russh_sftp::server::Handler for Session {
         pflags: OpenFlags,
         attrs: FileAttributes,
     ) -> Result<Handle, Self::Error> {
+        let writes = pflags.intersects(
+            OpenFlags::WRITE | OpenFlags::CREATE | OpenFlags::TRUNCATE | OpenFlags::APPEND,
+        );
+        if self.policy.refuses_open(writes) {
+            return Err(refused(&self.policy, Request::Open));
+        }
         let handle = self.files.open(&filename, pflags, &attrs)?;
         Ok(Handle { id, handle })
     }
 
     async fn close(&mut self, id: u32, handle: String) -> Result<Status, Self::Error> {
+        self.permit(Request::Close)?;
         self.files.close(&handle)?;
         Ok(ok_status(id))
     }
@@ -946,6 +997,7 @@ impl russh_sftp::server::Handler for Session {
         offset: u64,
         len: u32,
     ) -> Result<Data, Self::Error> {
+        self.permit(Request::Read)?;
         let data = self.files.read(&handle, offset, len)?;
         Ok(Data { id, data })
     }
@@ -957,16 +1009,19 @@ impl russh_sftp::server::Handler for Session {
         offset: u64,
         data: Vec<u8>,
     ) -> Result<Status, Self::Error> {
+        self.permit(Request::Write)?;
         self.files.write(&handle, offset, &data)?;
         Ok(ok_status(id))
     }
 
     async fn lstat(&mut self, id: u32, path: String) -> Result<Attrs, Self::Error> {
+        self.permit(Request::Lstat)?;
         let attrs = self.files.stat(&path, false)?;
         Ok(Attrs { id, attrs })
     }
 
     async fn fstat(&mut self, id: u32, handle: String) -> Result<Attrs, Self::Error> {
+        self.permit(Request::Fstat)?;
         let attrs = self.files.fstat(&handle)?;
         Ok(Attrs { id, attrs })
     }
@@ -977,6 +1032,7 @@ impl russh_sftp::server::Handler for Session {
         path: String,
         attrs: FileAttributes,
     ) -> Result<Status, Self::Error> {
+        self.permit(Request::Setstat)?;
         self.files.setstat(&path, &attrs)?;
         Ok(ok_status(id))
     }
@@ -987,21 +1043,25 @@ impl russh_sftp::server::Handler for Session {
         handle: String,
         attrs: FileAttributes,
     ) -> Result<Status, Self::Error> {
+        self.permit(Request::Fsetstat)?;
         self.files.fsetstat(&handle, &attrs)?;
         Ok(ok_status(id))
     }
 
     async fn opendir(&mut self, id: u32, path: String) -> Result<Handle, Self::Error> {
+        self.permit(Request::Opendir)?;
         let handle = self.files.opendir(&path)?;
         Ok(Handle { id, handle })
     }
 
     async fn readdir(&mut self, id: u32, handle: String) -> Result<Name, Self::Error> {
+        self.permit(Request::Readdir)?;
         let files = self.files.readdir(&handle)?;
         Ok(Name { id, files })
     }
 
     async fn remove(&mut self, id: u32, filename: String) -> Result<Status, Self::Error> {
+        self.permit(Request::Remove)?;
         self.files.remove(&filename)?;
         Ok(ok_status(id))
     }
@@ -1012,21 +1072,25 @@ impl russh_sftp::server::Handler for Session {
         path: String,
         attrs: FileAttributes,
     ) -> Result<Status, Self::Error> {
+        self.permit(Request::Mkdir)?;
         self.files.mkdir(&path, &attrs)?;
         Ok(ok_status(id))
     }
 
     async fn rmdir(&mut self, id: u32, path: String) -> Result<Status, Self::Error> {
+        self.permit(Request::Rmdir)?;
         self.files.rmdir(&path)?;
         Ok(ok_status(id))
     }
 
     async fn realpath(&mut self, id: u32, path: String) -> Result<Name, Self::Error> {
+        self.permit(Request::Realpath)?;
         let resolved = self.files.realpath(&path)?;
         Ok(one_name(id, resolved))
     }
 
     async fn stat(&mut self, id: u32, path: String) -> Result<Attrs, Self::Error> {
+        self.permit(Request::Stat)?;
         let attrs = self.files.stat(&path, true)?;
         Ok(Attrs { id, attrs })
     }
@@ -1037,11 +1101,13 @@ impl russh_sftp::server::Handler for Session {
         oldpath: String,
         newpath: String,
     ) -> Result<Status, Self::Error> {
+        self.permit(Request::Rename)?;
         self.files.rename(&oldpath, &newpath)?;
         Ok(ok_status(id))
     }
 
     async fn readlink(&mut self, id: u32, path: String) -> Result<Name, Self::Error> {
+        self.permit(Request::Readlink)?;
         let target = self.files.readlink(&path)?;
         Ok(one_name(id, target))
     }
@@ -1054,6 +1120,7 @@ impl russh_sftp::server::Handler for Session {
         linkpath: String,
         targetpath: String,
     ) -> Result<Status, Self::Error> {
+        self.permit(Request::Symlink)?;
         self.files.symlink(&linkpath, &targetpath)?;
         Ok(ok_status(id))
     }
@@ -1064,6 +1131,9 @@ impl russh_sftp::server::Handler for Session {
         request: String,
         data: Vec<u8>,
     ) -> Result<Packet, Self::Error> {
+        if let Some(r) = Request::from_extension(&request) {
+            self.permit(r)?;
+        }
         match request.as_str() {
             "posix-rename@openssh.com" => {
                 let [old, new] = extension_strings(&data)?;
@@ -1639,7 +1709,7 @@ mod tests {
     #[tokio::test]
     async fn protocol_survives_malformed_input_and_ends_at_eof() {
         let (mut client, server) = tokio::io::duplex(1 << 20);
-        let served = tokio::spawn(serve(server));
+        let served = tokio::spawn(serve(server, ServerOptions::default()));
 
         client
             .write_all(&packet(FXP_INIT, 0, &3u32.to_be_bytes()))
@@ -1734,6 +1804,78 @@ mod tests {
             .write_all(&(MAX_PACKET + 1).to_be_bytes())
             .await
             .unwrap();
+        drop(client);
+        tokio::time::timeout(std::time::Duration::from_secs(10), served)
+            .await
+            .expect("serve ends at EOF")
+            .expect("no panic");
+    }
+
+    #[tokio::test]
+    async fn refused_requests_get_permission_denied_and_change_nothing() {
+        const FXP_REMOVE: u8 = 13;
+        let dir = tempfile::tempdir().unwrap();
+        let kept = dir.path().join("kept");
+        fs::write(&kept, "x").unwrap();
+        let policy = ServerOptions {
+            read_only: true,
+            refused: vec![Request::Realpath],
+            ..ServerOptions::default()
+        };
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let served = tokio::spawn(serve(server, policy));
+        client
+            .write_all(&packet(FXP_INIT, 0, &3u32.to_be_bytes()))
+            .await
+            .unwrap();
+        assert_eq!(reply(&mut client).await.0, FXP_VERSION);
+        let denied = StatusCode::PermissionDenied as u32;
+
+        // Opening to create (pflags WRITE|CREAT, no attributes).
+        let made = dir.path().join("made");
+        let mut body = Vec::new();
+        string(&mut body, made.to_str().unwrap().as_bytes());
+        body.extend_from_slice(&(0x02u32 | 0x08).to_be_bytes());
+        body.extend_from_slice(&0u32.to_be_bytes());
+        client.write_all(&packet(FXP_OPEN, 1, &body)).await.unwrap();
+        let (kind, body) = reply(&mut client).await;
+        assert_eq!(status_of(kind, &body, 1), denied);
+        assert!(!made.exists());
+        // Removing, a modifying extension, and a request -P/-p refuse.
+        let mut body = Vec::new();
+        string(&mut body, kept.to_str().unwrap().as_bytes());
+        client
+            .write_all(&packet(FXP_REMOVE, 2, &body))
+            .await
+            .unwrap();
+        let (kind, body) = reply(&mut client).await;
+        assert_eq!(status_of(kind, &body, 2), denied);
+        let mut body = Vec::new();
+        string(&mut body, b"posix-rename@openssh.com");
+        string(&mut body, kept.to_str().unwrap().as_bytes());
+        string(&mut body, made.to_str().unwrap().as_bytes());
+        client
+            .write_all(&packet(FXP_EXTENDED, 3, &body))
+            .await
+            .unwrap();
+        let (kind, body) = reply(&mut client).await;
+        assert_eq!(status_of(kind, &body, 3), denied);
+        let mut body = Vec::new();
+        string(&mut body, b"/");
+        client
+            .write_all(&packet(FXP_REALPATH, 4, &body))
+            .await
+            .unwrap();
+        let (kind, body) = reply(&mut client).await;
+        assert_eq!(status_of(kind, &body, 4), denied);
+        assert!(kept.exists() && !made.exists());
+        // Reading is served.
+        let mut body = Vec::new();
+        string(&mut body, kept.to_str().unwrap().as_bytes());
+        body.extend_from_slice(&0x01u32.to_be_bytes());
+        body.extend_from_slice(&0u32.to_be_bytes());
+        client.write_all(&packet(FXP_OPEN, 5, &body)).await.unwrap();
+        assert_eq!(reply(&mut client).await.0, 102, "a HANDLE");
         drop(client);
         tokio::time::timeout(std::time::Duration::from_secs(10), served)
             .await

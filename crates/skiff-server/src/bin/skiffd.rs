@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use skiff_server::config::{apply_config_text, parse_listen, Settings};
 use skiff_server::hostkey;
+use skiff_server::sftp_options::ServerOptions;
 
 #[derive(Parser, Debug)]
 #[command(name = "skiffd", version, about = "skiff SSH server")]
@@ -49,6 +50,20 @@ struct Args {
     /// With --chroot: the home directory to start in, inside the jail.
     #[arg(long = "home", hide = true)]
     home: Option<PathBuf>,
+    /// With --sftp-server: the `internal-sftp` options of the session
+    /// (read-only, umask, refused requests, start directory), as skiffd
+    /// encodes them.
+    #[arg(long = "sftp-options", hide = true, requires = "sftp_server")]
+    sftp_options: Option<String>,
+    /// With --sftp-server: print what the server supports and exit, as
+    /// `sftp-server -Q requests` does (the names -P and -p take).
+    #[arg(
+        short = 'Q',
+        hide = true,
+        requires = "sftp_server",
+        value_name = "FEATURE"
+    )]
+    sftp_query: Option<String>,
     /// Serve the skiff data plane (stdin/stdout plus the socket skiffd
     /// passes as fd 3): what skiffd runs, as the account, for the
     /// `transfer@skiff` subsystem.
@@ -58,8 +73,26 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
+    if let Some(feature) = &args.sftp_query {
+        if feature != "requests" {
+            eprintln!("skiffd --sftp-server -Q: unknown feature {feature:?} (requests)");
+            std::process::exit(1);
+        }
+        for request in skiff_server::sftp_options::Request::ALL {
+            println!("{request}");
+        }
+        return;
+    }
     if args.sftp_server {
         // No logging: stderr goes to the client's terminal.
+        let options = match args.sftp_options.as_deref().map(ServerOptions::from_arg) {
+            None => ServerOptions::default(),
+            Some(Ok(options)) => options,
+            Some(Err(e)) => {
+                eprintln!("skiffd --sftp-server: {e}");
+                std::process::exit(1);
+            }
+        };
         if let (Some(jail), Some(who), Some(home)) = (&args.chroot, &args.drop_to, &args.home) {
             let entered = skiff_server::chroot::DropTo::parse(who)
                 .map_err(std::io::Error::other)
@@ -69,7 +102,7 @@ fn main() {
                 std::process::exit(1);
             }
         }
-        if let Err(e) = skiff_server::sftp::serve_stdio() {
+        if let Err(e) = skiff_server::sftp::serve_stdio(options) {
             eprintln!("skiffd --sftp-server: {e}");
             std::process::exit(1);
         }

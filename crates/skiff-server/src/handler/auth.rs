@@ -39,9 +39,10 @@ pub(super) struct Authenticated {
     /// How it authenticated, as `ExposeAuthInfo` writes it
     /// (`publickey KEYTYPE BASE64`).
     pub(super) credential: String,
-    /// `ForceCommand internal-sftp` is in force: skiffd's SFTP server runs
-    /// directly, not through the account's shell.
-    pub(super) forced_internal_sftp: bool,
+    /// `ForceCommand internal-sftp [OPTIONS]` is in force: skiffd's SFTP
+    /// server runs directly, not through the account's shell, with these
+    /// options.
+    pub(super) forced_internal_sftp: Option<crate::sftp_options::SftpOptions>,
 }
 
 /// A usable account and the keys its authorized_keys file admits.
@@ -307,11 +308,19 @@ impl ConnectionHandler {
         // The server's ForceCommand wins over the key's command=, and
         // PermitTTY no over its pty permission, as in sshd.
         let settings = self.settings();
-        let forced_internal_sftp = settings.force_command.as_deref() == Some("internal-sftp");
+        // ForceCommand internal-sftp [OPTIONS]: skiffd's own SFTP server
+        // (its options were checked when the configuration was read).
+        let forced_internal_sftp = settings
+            .force_command
+            .as_deref()
+            .and_then(crate::sftp_options::internal_sftp_command)
+            .and_then(Result::ok);
         if let Some(forced) = &settings.force_command {
-            options.command = Some(match (forced.as_str(), &settings.sftp_command) {
-                ("internal-sftp", Some(sftp)) => sftp.clone(),
-                _ => forced.clone(),
+            options.command = Some(match &forced_internal_sftp {
+                Some(_) => settings
+                    .internal_sftp_command()
+                    .unwrap_or_else(|| forced.clone()),
+                None => forced.clone(),
             });
         }
         options.no_pty |= !settings.permit_tty;

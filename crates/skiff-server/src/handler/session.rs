@@ -209,28 +209,48 @@ impl ConnectionHandler {
                 return session.channel_failure(id);
             }
         };
-        // The configured SFTP server, when it is skiffd's own: in a jail it
-        // starts as root outside and enters the jail itself.
+        // skiffd's own SFTP server, when that is what runs: the forced
+        // internal-sftp, or the sftp subsystem's command when it is skiffd's
+        // server. In a jail it starts as root outside and enters the jail
+        // itself; forced outside a jail it starts without the account's
+        // shell, as sshd's does.
         let settings = self.settings();
-        let internal_sftp = match (&command, &settings.sftp_command) {
-            (Some(c), Some(sftp)) if jail.is_some() && c == sftp => {
-                crate::sftp::internal_server_exe(c).filter(|exe| {
-                    crate::lookup_command::check_program(exe)
-                        .inspect_err(|why| {
-                            tracing::warn!("the SFTP server cannot serve a jail: {why}")
-                        })
-                        .is_ok()
-                })
+        let own_sftp = match (&command, &auth.forced_internal_sftp) {
+            (Some(c), Some(options)) => Some((c, options)),
+            (Some(c), None) if settings.sftp_command.as_ref() == Some(c) => {
+                Some((c, &settings.sftp_options))
             }
             _ => None,
+        }
+        .and_then(|(c, options)| crate::sftp::internal_server_exe(c).map(|exe| (exe, options)));
+        // Its options for this account (`-d` tokens expanded), as the one
+        // argument the server reads them from.
+        let sftp_options = match own_sftp.as_ref().map(|(_, options)| {
+            options.for_login(&auth.account.home.to_string_lossy(), &auth.account.name)
+        }) {
+            None => None,
+            Some(Ok(options)) => (!options.is_empty()).then(|| options.to_arg()),
+            Some(Err(e)) => {
+                tracing::warn!(peer = %self.peer, user = %auth.account.name, "refusing session: internal-sftp: {e}");
+                return session.channel_failure(id);
+            }
         };
-        // ForceCommand internal-sftp outside a jail: skiffd's own SFTP
-        // server, started without the account's shell, as sshd's is.
-        let direct_sftp = match (&command, &settings.sftp_command) {
-            (Some(c), Some(sftp)) if jail.is_none() && auth.forced_internal_sftp && c == sftp => {
-                crate::sftp::internal_server_exe(c)
-            }
-            _ => None,
+        let internal_sftp = own_sftp
+            .as_ref()
+            .filter(|_| jail.is_some())
+            .map(|(exe, _)| exe.clone())
+            .filter(|exe| {
+                crate::lookup_command::check_program(exe)
+                    .inspect_err(|why| tracing::warn!("the SFTP server cannot serve a jail: {why}"))
+                    .is_ok()
+            });
+        let direct_sftp = own_sftp
+            .filter(|_| jail.is_none() && auth.forced_internal_sftp.is_some())
+            .map(|(exe, _)| exe);
+        // Through the shell, the options go on the server's command line.
+        let command = match (command, &sftp_options) {
+            (Some(c), Some(arg)) => Some(crate::sftp::with_options(&c, arg)),
+            (command, _) => command,
         };
         // Anything else runs through the account's shell, which for a
         // `nologin` or `false` account runs nothing.
@@ -263,6 +283,7 @@ impl ConnectionHandler {
                 internal_sftp: internal_sftp.as_deref(),
             }),
             direct_sftp: direct_sftp.as_deref(),
+            sftp_options: sftp_options.as_deref(),
         });
         let spawned = match spawned {
             Ok(s) => s,
@@ -300,8 +321,10 @@ impl ConnectionHandler {
     /// `--transfer-server` run as the account (never inside the server),
     /// with a socket to skiffd as its fd 3 for tokens and streams. Refused
     /// (so the client falls back to SFTP) when the data plane is off, under
-    /// a forced command (which must run instead, as for any subsystem), and
-    /// on a channel with a pty.
+    /// a forced command (which must run instead, as for any subsystem), when
+    /// `Subsystem sftp internal-sftp` has options that shape file access
+    /// (`-R`, `-P`, `-u`...: SFTP honours them, the data plane could not),
+    /// and on a channel with a pty.
     fn start_transfer(&mut self, id: ChannelId, session: &mut Session) -> Result<(), russh::Error> {
         let settings = self.settings();
         let forced = self
@@ -314,12 +337,13 @@ impl ConnectionHandler {
                 if settings.data_plane
                     && !forced
                     && !has_pty
+                    && !settings.sftp_options.shape_files()
                     && settings.chroot_directory.is_none() =>
             {
                 c.clone()
             }
             _ => {
-                tracing::info!(peer = %self.peer, "data plane refused (off, forced command, pty or ChrootDirectory)");
+                tracing::info!(peer = %self.peer, "data plane refused (off, forced command, internal-sftp options, pty or ChrootDirectory)");
                 return session.channel_failure(id);
             }
         };
