@@ -163,6 +163,8 @@ struct FileState {
     /// `AddressFamily`: which of 0.0.0.0 and :: a `Port` alone listens on.
     address_family: AddressFamily,
     accept_env_seen: bool,
+    /// Names a `Subsystem` line has set: the first line for a name wins.
+    subsystems_named: Vec<String>,
 }
 
 impl Default for FileState {
@@ -172,6 +174,7 @@ impl Default for FileState {
             listen_bare: Vec::new(),
             address_family: AddressFamily::Any,
             accept_env_seen: false,
+            subsystems_named: Vec::new(),
         }
     }
 }
@@ -791,14 +794,20 @@ fn apply_line(
                 }
                 c => Some(c.to_string()),
             };
+            if state.subsystems_named.iter().any(|n| n == name) {
+                return Ok(());
+            }
+            state.subsystems_named.push(name.to_string());
             match name {
                 "sftp" => {
                     settings.sftp_command = command;
                     settings.sftp_options = options;
                 }
                 skiff_proto::dataplane::SUBSYSTEM => settings.transfer_command = command,
-                _ if settings.subsystems.iter().any(|(n, _)| n == name) => {}
-                _ => settings.subsystems.push((name.to_string(), command)),
+                _ => {
+                    settings.subsystems.retain(|(n, _)| n != name);
+                    settings.subsystems.push((name.to_string(), command));
+                }
             }
         }
         "maxchannelwindow" => {
@@ -1642,6 +1651,19 @@ mod tests {
         }
         // A command that merely starts with the name is a shell command.
         apply_config_text(&mut s, "c", "ForceCommand internal-sftpd -z\n").unwrap();
+    }
+
+    #[test]
+    fn the_first_subsystem_line_for_a_name_wins() {
+        let mut s = Settings::default();
+        apply_config_text(
+            &mut s,
+            "c",
+            "Subsystem sftp /first\nSubsystem sftp /second\nSubsystem x /x1\nSubsystem x /x2\n",
+        )
+        .unwrap();
+        assert_eq!(s.sftp_command.as_deref(), Some("/first"));
+        assert_eq!(s.subsystem("x"), Some("/x1"));
     }
 
     #[test]

@@ -198,21 +198,18 @@ fn umask_applies_to_what_the_session_creates() {
     drop(d);
 
     // The same through `Subsystem sftp internal-sftp ...` (skiffd's own
-    // executable serves it, through the account's shell).
-    if sftp_subsystem_config().is_some() {
-        eprintln!(
-            "skipping the Subsystem half: the account cannot run {}",
-            skiffd_bin()
-        );
-        return;
-    }
+    // executable serves it, through the account's shell: started from a
+    // copy the account can run).
     let subsystem = account_dir();
     let config = format!(
         "Subsystem sftp internal-sftp -u 027 -d {}\n",
         subsystem.path().display()
     );
-    let d =
-        Skiffd::start_with(SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&config));
+    let d = Skiffd::start_with(
+        SkiffdOptions::new(&fx.host_key, &fx.authorized_keys)
+            .config(&config)
+            .account_runnable(),
+    );
     let c = ctx(&d, "Subsystem sftp internal-sftp -u 027");
     let out = sftp(
         &d,
@@ -397,15 +394,22 @@ fn skiff_cp_to_a_read_only_account_fails_cleanly() {
     let local = tempdir();
     let sent = local.path().join("sent.bin");
     random_file(&sent, 256 * 1024);
-    let mut configs = vec!["ForceCommand internal-sftp -R\n".to_string()];
-    if sftp_subsystem_config().is_none() {
-        configs.push("Subsystem sftp internal-sftp -R\n".into());
+    if !require_openssh() {
+        return;
     }
-    for config in configs {
+    for config in [
+        "ForceCommand internal-sftp -R\n",
+        "Subsystem sftp internal-sftp -R\n",
+    ] {
         let remote = account_dir();
-        let Some((fx, d)) = skiffd_with(&config) else {
-            return;
-        };
+        let fx = Fixture::new();
+        // skiffd's own executable serves the subsystem as the account:
+        // started from a copy the account can run.
+        let d = Skiffd::start_with(
+            SkiffdOptions::new(&fx.host_key, &fx.authorized_keys)
+                .config(config)
+                .account_runnable(),
+        );
         let c = ctx(&d, &format!("skiff cp to {}", config.trim()));
         let home = ClientHome::new();
         home.trust(d.port(), &fx.host_key);

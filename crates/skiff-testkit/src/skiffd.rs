@@ -41,6 +41,11 @@ pub struct SkiffdOptions {
     /// The open-file limit (soft, hard) skiffd starts with (set by
     /// `prlimit`, before the wrapper).
     pub open_files: Option<(u64, u64)>,
+    /// Start [`account_skiffd`] rather than the skiffd under test, so that
+    /// what skiffd runs as the account from its own executable
+    /// (`Subsystem sftp internal-sftp ...`) can run whatever the checkout's
+    /// directory modes.
+    pub account_runnable: bool,
 }
 
 impl SkiffdOptions {
@@ -53,7 +58,14 @@ impl SkiffdOptions {
             also_listen: Vec::new(),
             wrapper: Vec::new(),
             open_files: None,
+            account_runnable: false,
         }
+    }
+
+    /// See [`Self::account_runnable`].
+    pub fn account_runnable(mut self) -> Self {
+        self.account_runnable = true;
+        self
     }
 
     /// Starts skiffd through `program` and `args` (see [`Self::wrapper`]).
@@ -191,7 +203,10 @@ impl Launch for Skiffd {
             .flatten()
             .chain(&self.opts.wrapper)
             .cloned()
-            .chain(std::iter::once(OsString::from(skiffd_bin())));
+            .chain(std::iter::once(match self.opts.account_runnable {
+                true => account_skiffd().as_os_str().to_owned(),
+                false => OsString::from(skiffd_bin()),
+            }));
         let mut cmd = Command::new(program.next().expect("a program"));
         cmd.args(program);
         cmd.arg("--listen")
