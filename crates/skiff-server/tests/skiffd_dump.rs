@@ -28,7 +28,19 @@ fn parse(out: &CmdOutput, what: &str) -> Dump {
 
 /// `PROGRAM -T -f CONFIG -h KEY [-C SPEC]`, bounded.
 fn dump(program: &str, config: &Path, host_key: &Key, spec: Option<&str>) -> Dump {
+    dump_with(program, config, host_key, spec, &[])
+}
+
+/// [`dump`] with more options.
+fn dump_with(
+    program: &str,
+    config: &Path,
+    host_key: &Key,
+    spec: Option<&str>,
+    more: &[&str],
+) -> Dump {
     let mut run = Run::new(program)
+        .args(more)
         .arg("-T")
         .arg("-f")
         .arg(config)
@@ -259,6 +271,44 @@ fn match_blocks_apply_for_the_connection_given_with_dash_capital_c() {
     // Without -C, no block applies.
     let skiffd = dump(skiffd_bin(), &config, &fx.host_key, None);
     assert_eq!(skiffd["maxsessions"], ["8"]);
+}
+
+#[test]
+fn sshd_options_change_the_configuration_as_in_sshd() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let config = config_file(
+        fx.path(),
+        "sshd_config",
+        "Port 22\nListenAddress 127.0.0.1\nMaxSessions 9\nLoginGraceTime 60\nAddressFamily inet6\n",
+    );
+    // -p replaces the Port line, -o and -g win over the file's lines, -4
+    // over its AddressFamily.
+    let more = [
+        "-4",
+        "-g",
+        "33",
+        "-p",
+        "2200",
+        "-p",
+        "2201",
+        "-o",
+        "MaxSessions=3",
+        "-o",
+        "AcceptEnv FOO BAR_*",
+    ];
+    let sshd = dump_with(SSHD, &config, &fx.host_key, None, &more);
+    let skiffd = dump_with(skiffd_bin(), &config, &fx.host_key, None, &more);
+    let mut skip = keywords(&[DIFFERENT_DEFAULTS]);
+    skip.retain(|k| !["port", "listenaddress", "maxsessions"].contains(k));
+    compare(&sshd, &skiffd, &skip, "sshd's options");
+    assert_eq!(skiffd["port"], ["2200", "2201"]);
+    assert_eq!(skiffd["maxsessions"], ["3"]);
+    assert_eq!(skiffd["logingracetime"], ["33"]);
+    assert_eq!(skiffd["addressfamily"], ["inet"]);
+    assert_eq!(skiffd["acceptenv"], ["FOO", "BAR_*"]);
 }
 
 #[test]
