@@ -39,6 +39,7 @@ fn dump_with(
     spec: Option<&str>,
     more: &[&str],
 ) -> Dump {
+    privsep_dir();
     let mut run = Run::new(program)
         .args(more)
         .arg("-T")
@@ -318,6 +319,7 @@ fn a_bad_configuration_fails_as_with_sshd() {
     }
     let fx = Fixture::new();
     let config = config_file(fx.path(), "bad_config", "MaxSessions 4\nMaxSessions many\n");
+    privsep_dir();
     for program in [SSHD, skiffd_bin()] {
         let out = Run::new(program)
             .arg("-T")
