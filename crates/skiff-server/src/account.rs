@@ -38,6 +38,22 @@ impl Account {
     }
 }
 
+impl Account {
+    /// The names of the account's groups, primary first: what `Match
+    /// Group` is decided on.
+    pub fn group_names(&self) -> Vec<String> {
+        std::iter::once(self.gid)
+            .chain(self.groups.iter().copied())
+            .filter_map(|g| {
+                nix::unistd::Group::from_gid(Gid::from_raw(g))
+                    .ok()
+                    .flatten()
+            })
+            .map(|g| g.name)
+            .collect()
+    }
+}
+
 /// Why an account cannot log in (logged by the server, never told to the client).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Refusal {

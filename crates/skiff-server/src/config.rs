@@ -23,6 +23,8 @@ pub const DEFAULT_AUTHORIZED_KEYS: &str = "%h/.ssh/authorized_keys";
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub listen: Vec<SocketAddr>,
+    /// `AddressFamily`, as read (it has made `listen` already).
+    pub address_family: AddressFamily,
     /// What skiffd does instead of sshd keywords it accepts without acting
     /// on (`file:line: keyword: note`), for the log.
     pub config_notes: Vec<String>,
@@ -249,6 +251,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             listen: Vec::new(),
+            address_family: AddressFamily::Any,
             config_notes: Vec::new(),
             host_keys: Vec::new(),
             host_certificates: Vec::new(),
@@ -320,6 +323,73 @@ pub fn apply_config_text(
     apply_config(settings, file, text, &mut read_included)
 }
 
+/// What skiffd's command line adds to the configuration file, as sshd's
+/// does: its lines (`-o`, and the options that stand for a keyword) are
+/// read before the file's, so that they win, and `-p` ports replace every
+/// `Port` line.
+#[derive(Debug, Clone, Default)]
+pub struct CommandLine {
+    pub lines: Vec<String>,
+    pub ports: Vec<u16>,
+}
+
+/// How errors name the command line's lines (`command line:N`: its Nth).
+pub const COMMAND_LINE: &str = "command line";
+
+/// Applies the command line's settings and then, when given, a
+/// configuration file (`(label, text)`), as one configuration: the first
+/// value of a keyword wins, as within one file. `Match` and `Include`
+/// are refused on the command line, as in sshd.
+pub fn apply_config_with(
+    settings: &mut Settings,
+    command_line: &CommandLine,
+    file: Option<(&str, &str)>,
+    include: &mut IncludeFn<'_>,
+) -> Result<(), ConfigError> {
+    let mut global = Vec::new();
+    let mut blocks: Vec<MatchBlock> = Vec::new();
+    for (index, line) in command_line.lines.iter().enumerate() {
+        let err = |message: String| ConfigError {
+            file: COMMAND_LINE.to_string(),
+            line: index + 1,
+            message,
+        };
+        let keyword = split_keyword(line.trim()).0.to_ascii_lowercase();
+        if keyword == "match" || keyword == "include" || line.contains(['\n', '\r']) {
+            return Err(err(format!("{line:?} cannot be given on the command line")));
+        }
+        // One line: no Include to read, no block to start.
+        let (mut read, mut lines) = (|_: &str| Ok(Vec::new()), Vec::new());
+        collect_lines(
+            COMMAND_LINE,
+            line,
+            &mut read,
+            0,
+            None,
+            &mut lines,
+            &mut blocks,
+        )?;
+        global.extend(lines.into_iter().map(|(mut origin, line)| {
+            origin.line = index + 1;
+            (origin, line)
+        }));
+    }
+    if let Some((file, text)) = file {
+        collect_lines(file, text, include, 0, None, &mut global, &mut blocks)?;
+    }
+    let mut state = apply_lines(settings, &global)?;
+    if !command_line.ports.is_empty() {
+        state.ports = command_line.ports.clone();
+    }
+    settings.settle_listen(state);
+    for block in &blocks {
+        let mut scratch = settings.clone();
+        apply_lines(&mut scratch, &block.lines)?;
+    }
+    settings.matches.extend(blocks);
+    Ok(())
+}
+
 /// Reads the files an `Include` argument names: a relative path is under
 /// /etc/ssh, as in sshd; `*` and `?` expand, in lexical order; a pattern
 /// that matches nothing is no error.
@@ -355,17 +425,12 @@ pub fn apply_config(
     text: &str,
     include: &mut IncludeFn<'_>,
 ) -> Result<(), ConfigError> {
-    let mut global = Vec::new();
-    let mut blocks: Vec<MatchBlock> = Vec::new();
-    collect_lines(file, text, include, 0, None, &mut global, &mut blocks)?;
-    let state = apply_lines(settings, &global)?;
-    settings.settle_listen(state);
-    for block in &blocks {
-        let mut scratch = settings.clone();
-        apply_lines(&mut scratch, &block.lines)?;
-    }
-    settings.matches.extend(blocks);
-    Ok(())
+    apply_config_with(
+        settings,
+        &CommandLine::default(),
+        Some((file, text)),
+        include,
+    )
 }
 
 /// Sorts the lines of `text` (and of the files it includes) into global
@@ -467,7 +532,14 @@ impl Settings {
     /// block that matches `ctx` on top. As in sshd, the first matching
     /// block to set a keyword wins. `None` when no block matches.
     pub fn for_login(&self, ctx: &MatchContext<'_>) -> Option<Settings> {
-        let mut matching = self.matches.iter().filter(|b| b.matches(ctx)).peekable();
+        self.for_blocks(|block| block.matches(ctx))
+    }
+
+    /// The settings with the lines of every `Match` block for which
+    /// `applies` holds on top, as [`Settings::for_login`] (which decides
+    /// with a login's details; `skiffd -T -C` with what it is given).
+    pub fn for_blocks(&self, applies: impl Fn(&MatchBlock) -> bool) -> Option<Settings> {
+        let mut matching = self.matches.iter().filter(|b| applies(b)).peekable();
         matching.peek()?;
         let mut effective = self.clone();
         effective.matches.clear();
@@ -1000,6 +1072,7 @@ impl Settings {
             address_family,
             ..
         } = state;
+        self.address_family = address_family;
         let each_port: Vec<u16> = if ports.is_empty() {
             vec![DEFAULT_PORT]
         } else {

@@ -47,6 +47,36 @@ impl PermitEntry {
     }
 }
 
+/// As sshd_config writes an entry (`host:port`, `[v6]:port`, `*`), the
+/// way `skiffd -T` prints it.
+impl std::fmt::Display for PermitEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.host.contains(':') {
+            true => write!(f, "[{}]:", self.host)?,
+            false => write!(f, "{}:", self.host)?,
+        }
+        match self.port {
+            Some(port) => write!(f, "{port}"),
+            None => f.write_str("*"),
+        }
+    }
+}
+
+/// `any`, `none`, or the entries separated by spaces, as sshd_config
+/// writes them.
+impl std::fmt::Display for PermitList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PermitList::Any => f.write_str("any"),
+            PermitList::None => f.write_str("none"),
+            PermitList::Only(entries) => {
+                let words: Vec<String> = entries.iter().map(ToString::to_string).collect();
+                f.write_str(&words.join(" "))
+            }
+        }
+    }
+}
+
 /// `PermitOpen` / `PermitListen`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum PermitList {

@@ -101,6 +101,11 @@ pub fn load_host_certificates(paths: &[PathBuf], keys: &[PrivateKey]) -> Result<
         .collect()
 }
 
+/// Where skiffd's own host key is in its state directory.
+pub fn default_host_key(state_dir: &Path) -> PathBuf {
+    state_dir.join("ssh_host_ed25519_key")
+}
+
 /// Returns the path of skiffd's own ed25519 host key in `state_dir`, creating
 /// the directory (0700) and the key (0600, written atomically) when missing.
 pub fn ensure_default_host_key(state_dir: &Path) -> Result<PathBuf> {
@@ -109,7 +114,7 @@ pub fn ensure_default_host_key(state_dir: &Path) -> Result<PathBuf> {
         .mode(0o700)
         .create(state_dir)
         .with_context(|| format!("cannot create state directory {}", state_dir.display()))?;
-    let path = state_dir.join("ssh_host_ed25519_key");
+    let path = default_host_key(state_dir);
     if path.exists() {
         return Ok(path);
     }

@@ -3,7 +3,9 @@
 //! line, which is the `skiffd` binary's (`src/bin/skiffd.rs`).
 //!
 //! [`serve`] binds the listeners and runs until the process ends. The pieces:
-//! [`config`] (settings and their file format), [`hostkey`] (host keys),
+//! [`config`] (settings and their file format; [`config_dump`] prints
+//! them as `sshd -T` does), [`hostkey`] (host keys), [`log_file`] (the
+//! `-E` file),
 //! [`account`] (who may log in), [`lookup_command`]
 //! (`AuthorizedKeysCommand`, `AuthorizedPrincipalsCommand`), `handler` (one
 //! connection: russh's callbacks, each handed to `handler::auth` for
@@ -40,6 +42,7 @@ mod auth_info;
 mod channel_io;
 pub mod chroot;
 pub mod config;
+pub mod config_dump;
 mod descriptors;
 pub mod fd_budget;
 pub mod forward_policy;
@@ -47,6 +50,7 @@ mod forward_relay;
 mod handler;
 pub mod hostkey;
 mod listener;
+pub mod log_file;
 pub mod lookup_command;
 pub mod match_block;
 mod peer_hangup;

@@ -55,6 +55,18 @@ pub struct MatchContext<'a> {
     pub local_port: u16,
 }
 
+/// A login's details as `skiffd -T -C` gives them: any may be missing,
+/// and a criterion on a missing one does not hold, as in sshd's test mode.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PartialContext {
+    pub user: Option<String>,
+    /// The user's groups, when the user is known.
+    pub groups: Vec<String>,
+    pub peer: Option<IpAddr>,
+    pub local: Option<IpAddr>,
+    pub local_port: Option<u16>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Criterion {
     All,
@@ -153,22 +165,56 @@ impl MatchBlock {
 
     /// Whether every criterion holds for `ctx`.
     pub fn matches(&self, ctx: &MatchContext<'_>) -> bool {
+        self.holds(
+            Some(ctx.user),
+            ctx.groups,
+            Some(ctx.peer),
+            Some(ctx.local),
+            Some(ctx.local_port),
+        )
+    }
+
+    /// Whether every criterion holds for what is known of a login; one on
+    /// a detail `ctx` lacks does not (`skiffd -T -C`).
+    pub fn matches_partial(&self, ctx: &PartialContext) -> bool {
+        self.holds(
+            ctx.user.as_deref(),
+            &ctx.groups,
+            ctx.peer,
+            ctx.local,
+            ctx.local_port,
+        )
+    }
+
+    fn holds(
+        &self,
+        user: Option<&str>,
+        groups: &[String],
+        peer: Option<IpAddr>,
+        local: Option<IpAddr>,
+        local_port: Option<u16>,
+    ) -> bool {
         let outcome =
             |list: &[String], text: &str| match_list(list.iter().map(String::as_str), text);
         let list_hit = |list: &[String], text: &str| outcome(list, text).is_match();
         self.criteria.iter().all(|c| match c {
             Criterion::All => true,
-            Criterion::User(list) => list_hit(list, ctx.user),
+            Criterion::User(list) => user.is_some_and(|u| list_hit(list, u)),
             Criterion::Group(list) => {
                 // A negated group excludes its members; otherwise one group
                 // that matches is enough.
-                let outcomes: Vec<ListMatch> =
-                    ctx.groups.iter().map(|g| outcome(list, g)).collect();
-                !outcomes.contains(&ListMatch::Negated) && outcomes.contains(&ListMatch::Positive)
+                let outcomes: Vec<ListMatch> = groups.iter().map(|g| outcome(list, g)).collect();
+                user.is_some()
+                    && !outcomes.contains(&ListMatch::Negated)
+                    && outcomes.contains(&ListMatch::Positive)
             }
-            Criterion::Address(list) | Criterion::Host(list) => from_allows(list, ctx.peer, None),
-            Criterion::LocalAddress(list) => from_allows(list, ctx.local, None),
-            Criterion::LocalPort(list) => list_hit(list, &ctx.local_port.to_string()),
+            Criterion::Address(list) | Criterion::Host(list) => {
+                peer.is_some_and(|ip| from_allows(list, ip, None))
+            }
+            Criterion::LocalAddress(list) => local.is_some_and(|ip| from_allows(list, ip, None)),
+            Criterion::LocalPort(list) => {
+                local_port.is_some_and(|p| list_hit(list, &p.to_string()))
+            }
         })
     }
 }
@@ -234,6 +280,24 @@ mod tests {
         assert!(block("all").matches(&ctx("x", &none, "::1")));
         let b = block("LocalAddress 127.0.0.1");
         assert!(b.matches(&ctx("x", &none, "::1")));
+    }
+
+    #[test]
+    fn a_missing_detail_fails_its_criterion() {
+        let known = PartialContext {
+            user: Some("alice".into()),
+            peer: Some("10.1.2.3".parse().unwrap()),
+            ..PartialContext::default()
+        };
+        assert!(block("User alice Address 10.0.0.0/8").matches_partial(&known));
+        assert!(block("All").matches_partial(&known));
+        // Negated or not, a criterion on what -C did not give fails.
+        for line in ["LocalPort 22", "LocalAddress !10.0.0.1", "Group *"] {
+            assert!(!block(line).matches_partial(&known), "{line}");
+        }
+        let nobody = PartialContext::default();
+        assert!(!block("User !root").matches_partial(&nobody));
+        assert!(!block("Host *").matches_partial(&nobody));
     }
 
     #[test]

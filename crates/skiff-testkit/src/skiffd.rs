@@ -46,6 +46,11 @@ pub struct SkiffdOptions {
     /// (`Subsystem sftp internal-sftp ...`) can run whatever the checkout's
     /// directory modes.
     pub account_runnable: bool,
+    /// A command line of the test's own (sshd's spellings, say) instead of
+    /// the harness's `--listen`, `--authorized-keys` and `--host-key`;
+    /// `{port}` in an argument stands for the port skiffd must listen on
+    /// at 127.0.0.1.
+    pub command_line: Option<Vec<String>>,
 }
 
 impl SkiffdOptions {
@@ -59,6 +64,7 @@ impl SkiffdOptions {
             wrapper: Vec::new(),
             open_files: None,
             account_runnable: false,
+            command_line: None,
         }
     }
 
@@ -77,6 +83,16 @@ impl SkiffdOptions {
         self.wrapper = std::iter::once(OsString::from(program))
             .chain(args.into_iter().map(|a| a.as_ref().to_os_string()))
             .collect();
+        self
+    }
+
+    /// Starts skiffd with `args` (see [`Self::command_line`]).
+    pub fn command_line<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.command_line = Some(args.into_iter().map(Into::into).collect());
         self
     }
 
@@ -209,16 +225,21 @@ impl Launch for Skiffd {
             }));
         let mut cmd = Command::new(program.next().expect("a program"));
         cmd.args(program);
-        cmd.arg("--listen")
-            .arg(format!("127.0.0.1:{}", self.core.port))
-            .arg("--authorized-keys")
-            .arg(&self.opts.authorized_keys);
-        for addr in &self.opts.also_listen {
+        if let Some(args) = &self.opts.command_line {
+            let port = self.core.port.to_string();
+            cmd.args(args.iter().map(|a| a.replace("{port}", &port)));
+        } else {
             cmd.arg("--listen")
-                .arg(format!("{addr}:{}", self.core.port));
-        }
-        for k in &self.opts.host_keys {
-            cmd.arg("--host-key").arg(k);
+                .arg(format!("127.0.0.1:{}", self.core.port))
+                .arg("--authorized-keys")
+                .arg(&self.opts.authorized_keys);
+            for addr in &self.opts.also_listen {
+                cmd.arg("--listen")
+                    .arg(format!("{addr}:{}", self.core.port));
+            }
+            for k in &self.opts.host_keys {
+                cmd.arg("--host-key").arg(k);
+            }
         }
         if let Some(text) = &self.opts.config {
             let path = self.core.dir.path().join(format!("skiffd-{seq}.conf"));

@@ -29,11 +29,7 @@ impl Sshd {
             authorized_keys: authorized_keys.to_path_buf(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
-        if is_root() {
-            fs::create_dir_all("/run/sshd").expect("mkdir -p /run/sshd");
-            fs::set_permissions("/run/sshd", fs::Permissions::from_mode(0o755))
-                .expect("chmod /run/sshd");
-        }
+        privsep_dir();
         sshd.start_on_free_port();
         sshd
     }
@@ -75,6 +71,16 @@ impl Launch for Sshd {
         cmd.arg("-D").arg("-e").arg("-f").arg(&cfg_path);
         let marker = format!("Server listening on 127.0.0.1 port {port}.");
         self.core.spawn(cmd, Some(&marker))
+    }
+}
+
+/// Makes sshd's privilege separation directory, which a root sshd wants
+/// even for `sshd -t` and `-T`, when the tests run as root.
+pub fn privsep_dir() {
+    if is_root() {
+        fs::create_dir_all("/run/sshd").expect("mkdir -p /run/sshd");
+        fs::set_permissions("/run/sshd", fs::Permissions::from_mode(0o755))
+            .expect("chmod /run/sshd");
     }
 }
 

@@ -5,37 +5,112 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Parser;
-use skiff_server::config::{apply_config_text, parse_listen, Settings};
+use skiff_server::config::{apply_config_with, parse_listen, read_included, CommandLine, Settings};
+use skiff_server::config_dump::{self, ConnectionSpec};
 use skiff_server::hostkey;
 use skiff_server::sftp_options::ServerOptions;
 
+/// skiffd's options, with sshd's single-letter spellings beside its own
+/// long ones so that scripts written for sshd run it.
 #[derive(Parser, Debug)]
-#[command(name = "skiffd", version, about = "skiff SSH server")]
+#[command(
+    name = "skiffd",
+    version,
+    about = "skiff SSH server",
+    disable_help_flag = true
+)]
 struct Args {
-    /// Address to listen on, ADDR:PORT (repeatable). Default 127.0.0.1:2222.
+    /// Print help.
+    #[arg(long = "help", action = clap::ArgAction::Help)]
+    help: Option<bool>,
+    /// Address to listen on, ADDR:PORT (repeatable; replaces the
+    /// configuration's). Default 127.0.0.1:2222.
     #[arg(long = "listen", value_name = "ADDR:PORT", value_parser = parse_listen)]
     listen: Vec<std::net::SocketAddr>,
+    /// Port to listen on (repeatable), as sshd's -p: it replaces the
+    /// configuration's Port lines.
+    #[arg(short = 'p', value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    ports: Vec<u16>,
+    /// A configuration line, `Keyword value` or `Keyword=value`
+    /// (repeatable); it wins over the file's, as in sshd.
+    #[arg(short = 'o', value_name = "OPTION")]
+    options: Vec<String>,
     /// Configuration file (sshd_config-like keywords; see docs/skiffd-config.md).
     #[arg(long = "config", short = 'f', value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Host private key (repeatable). Default: an ed25519 key created on first
-    /// start in $XDG_STATE_HOME/skiffd (else ~/.local/state/skiffd).
-    #[arg(long = "host-key", value_name = "FILE")]
+    /// Host private key (repeatable; replaces the configuration's HostKey
+    /// lines). Default: an ed25519 key created on first start in
+    /// $XDG_STATE_HOME/skiffd (else ~/.local/state/skiffd).
+    #[arg(long = "host-key", short = 'h', value_name = "FILE")]
     host_keys: Vec<PathBuf>,
+    /// Host certificate (repeatable), as the HostCertificate keyword.
+    #[arg(short = 'c', value_name = "CERT")]
+    host_certificates: Vec<PathBuf>,
     /// authorized_keys path for every account; `%h` is the home directory and
     /// `%u` the user name. Default %h/.ssh/authorized_keys.
     #[arg(long = "authorized-keys", value_name = "PATH")]
     authorized_keys: Option<String>,
+    /// Listen on IPv4 addresses only (AddressFamily inet).
+    #[arg(short = '4', conflicts_with = "inet6")]
+    inet4: bool,
+    /// Listen on IPv6 addresses only (AddressFamily inet6).
+    #[arg(short = '6')]
+    inet6: bool,
+    /// Time to authenticate in (LoginGraceTime).
+    #[arg(short = 'g', value_name = "SECONDS")]
+    login_grace_time: Option<String>,
     /// Check the configuration and the host keys, then exit: 0 when skiffd
     /// would start with them, as `sshd -t` does (nothing is created or
     /// listened on).
     #[arg(short = 't', long = "test")]
     test: bool,
-    /// More logging (-v: debug, -vv: trace). Logs go to stderr.
+    /// Check the configuration and the host keys, then print the
+    /// effective configuration as `sshd -T` does.
+    #[arg(short = 'T')]
+    dump: bool,
+    /// Print the effective configuration as -T, without checking host keys.
+    #[arg(short = 'G', conflicts_with = "dump")]
+    dump_unchecked: bool,
+    /// With -T or -G: apply the Match blocks for this connection,
+    /// user=USER,host=HOST,addr=ADDR[,laddr=ADDR,lport=PORT,rdomain=NAME]
+    /// (repeatable).
+    #[arg(short = 'C', value_name = "SPEC")]
+    connection: Vec<String>,
+    /// More logging (-v: debug, -vv: trace).
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
+    /// As -v (sshd's debug mode; skiffd still serves every connection).
+    #[arg(short = 'd', action = clap::ArgAction::Count)]
+    debug: u8,
+    /// Log errors only.
+    #[arg(short = 'q')]
+    quiet: bool,
+    /// Append the log to FILE instead of stderr (created 0600).
+    #[arg(short = 'E', value_name = "FILE")]
+    log_file: Option<PathBuf>,
+    /// Do not detach: skiffd never does (accepted for sshd's sake).
+    #[arg(short = 'D')]
+    no_detach: bool,
+    /// Log to stderr: skiffd does without -E (accepted for sshd's sake).
+    #[arg(short = 'e')]
+    stderr: bool,
+    /// sshd's utmp host-name length: skiffd writes no utmp and looks up no
+    /// names, so it changes nothing (accepted for sshd's sake).
+    #[arg(short = 'u', value_name = "LEN", hide = true)]
+    utmp_len: Option<u32>,
+    /// sshd's inetd mode: not supported.
+    #[arg(short = 'i', hide = true)]
+    inetd: bool,
+    /// sshd's "no re-exec": not supported.
+    #[arg(short = 'r', hide = true)]
+    no_reexec: bool,
+    /// Old sshd's key regeneration time and server key bits: not supported.
+    #[arg(short = 'k', hide = true, value_name = "TIME")]
+    key_regeneration: Option<String>,
+    #[arg(short = 'b', hide = true, value_name = "BITS")]
+    server_key_bits: Option<String>,
     /// Serve SFTP on stdin/stdout and exit at end of input: what skiffd runs,
     /// as the account, for the `sftp` subsystem.
     #[arg(long = "sftp-server", hide = true)]
@@ -115,17 +190,42 @@ fn main() {
         }
         return;
     }
-    init_logging(args.verbose);
+    if let Err(e) = refuse_unsupported(&args).and_then(|()| init_logging(&args)) {
+        eprintln!("skiffd: {e:#}");
+        std::process::exit(1);
+    }
     if let Err(e) = run(args) {
         eprintln!("skiffd: {e:#}");
         std::process::exit(1);
     }
 }
 
-fn init_logging(verbose: u8) {
-    let level = match verbose {
-        0 => "info",
-        1 => "debug",
+/// sshd options skiffd does not have: a clear error rather than a quiet
+/// difference.
+fn refuse_unsupported(args: &Args) -> Result<()> {
+    if args.inetd {
+        bail!("-i (sshd's inetd mode) is not supported: run skiffd as a daemon");
+    }
+    if args.no_reexec {
+        bail!("-r (sshd's no re-execution mode) is not supported");
+    }
+    if args.key_regeneration.is_some() || args.server_key_bits.is_some() {
+        bail!("-k and -b (SSH protocol 1 server keys) are not supported");
+    }
+    let dumping = args.dump || args.dump_unchecked;
+    if !args.connection.is_empty() && !dumping {
+        bail!("-C needs -T or -G");
+    }
+    Ok(())
+}
+
+/// Logging to stderr, or appended to the -E file, at the level -v/-d
+/// (more) or -q (errors only) ask for; `SKIFF_LOG` overrides it.
+fn init_logging(args: &Args) -> Result<()> {
+    let level = match (args.quiet, args.verbose.saturating_add(args.debug)) {
+        (true, _) => "error",
+        (false, 0) => "info",
+        (false, 1) => "debug",
         _ => "trace",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("SKIFF_LOG").unwrap_or_else(|_| {
@@ -133,11 +233,40 @@ fn init_logging(verbose: u8) {
             "skiffd={level},skiff_server={level},skiff_dataplane={level},russh=warn"
         ))
     });
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+        .with_target(false);
+    match &args.log_file {
+        Some(path) => {
+            let file = skiff_server::log_file::open_append(path)?;
+            builder
+                .with_writer(std::sync::Mutex::new(file))
+                .with_ansi(false)
+                .init()
+        }
+        None => builder.with_writer(std::io::stderr).init(),
+    }
+    Ok(())
+}
+
+/// The command line's settings lines: the options that stand for a
+/// keyword, then the -o lines.
+fn command_line(args: &Args) -> CommandLine {
+    let mut lines = Vec::new();
+    if args.inet4 {
+        lines.push("AddressFamily inet".to_string());
+    }
+    if args.inet6 {
+        lines.push("AddressFamily inet6".to_string());
+    }
+    if let Some(time) = &args.login_grace_time {
+        lines.push(format!("LoginGraceTime {time}"));
+    }
+    lines.extend(args.options.iter().cloned());
+    CommandLine {
+        lines,
+        ports: args.ports.clone(),
+    }
 }
 
 fn run(args: Args) -> Result<()> {
@@ -162,13 +291,23 @@ fn run(args: Args) -> Result<()> {
             "cannot find skiffd's own executable ({e}): sftp needs a Subsystem line in the config"
         ),
     }
-    if let Some(path) = &args.config {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read config file {}", path.display()))?;
-        apply_config_text(&mut settings, &path.display().to_string(), &text)?;
-        for note in std::mem::take(&mut settings.config_notes) {
-            tracing::warn!("{note}");
+    let file = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read config file {}", path.display()))?;
+            Some((path.display().to_string(), text))
         }
+        None => None,
+    };
+    apply_config_with(
+        &mut settings,
+        &command_line(&args),
+        file.as_ref()
+            .map(|(label, text)| (label.as_str(), text.as_str())),
+        &mut read_included,
+    )?;
+    for note in std::mem::take(&mut settings.config_notes) {
+        tracing::warn!("{note}");
     }
     if !args.listen.is_empty() {
         settings.listen = args.listen;
@@ -181,19 +320,39 @@ fn run(args: Args) -> Result<()> {
     if !args.host_keys.is_empty() {
         settings.host_keys = args.host_keys;
     }
-    if settings.host_keys.is_empty() && !args.test {
-        let dir = hostkey::default_state_dir()?;
-        settings
-            .host_keys
-            .push(hostkey::ensure_default_host_key(&dir)?);
-    }
+    settings.host_certificates.extend(args.host_certificates);
     if let Some(ak) = args.authorized_keys {
         settings.authorized_keys = ak;
     }
-    let keys = hostkey::load_host_keys(&settings.host_keys)?;
+    let checking = args.test || args.dump || args.dump_unchecked;
+    // Without a HostKey line, skiffd's own key, made at first start (not
+    // by a check, which creates nothing).
+    let own_key = settings.host_keys.is_empty();
+    if own_key {
+        match (checking, hostkey::default_state_dir()) {
+            (true, Ok(dir)) => settings.host_keys.push(hostkey::default_host_key(&dir)),
+            // No state directory: no key to check or print.
+            (true, Err(_)) => {}
+            (false, dir) => settings
+                .host_keys
+                .push(hostkey::ensure_default_host_key(&dir?)?),
+        }
+    }
+    if args.dump_unchecked {
+        return dump(&settings, &args.connection);
+    }
+    let loadable: Vec<PathBuf> = settings
+        .host_keys
+        .iter()
+        .filter(|p| !(own_key && checking && !p.exists()))
+        .cloned()
+        .collect();
+    let keys = hostkey::load_host_keys(&loadable)?;
     let certificates = hostkey::load_host_certificates(&settings.host_certificates, &keys)?;
+    if args.dump {
+        return dump(&settings, &args.connection);
+    }
     if args.test {
-        // Without a HostKey line, the default key is made at first start.
         return Ok(());
     }
     let host = hostkey::HostIdentity { keys, certificates };
@@ -202,4 +361,30 @@ fn run(args: Args) -> Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(skiff_server::serve(settings, host))
+}
+
+/// Prints the configuration as `sshd -T` does; with -C specs, that of a
+/// login with those details (the user's groups looked up as at a login).
+fn dump(settings: &Settings, specs: &[String]) -> Result<()> {
+    let context = if specs.is_empty() {
+        None
+    } else {
+        let mut spec = ConnectionSpec::default();
+        for s in specs {
+            spec.add(s).map_err(anyhow::Error::msg)?;
+        }
+        let groups = spec
+            .user
+            .as_deref()
+            .and_then(|user| skiff_server::account::lookup(user).ok())
+            .map(|account| account.group_names())
+            .unwrap_or_default();
+        Some(spec.context(groups))
+    };
+    let effective = config_dump::settings_for(settings, context.as_ref());
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(config_dump::render(&effective).as_bytes())
+        .and_then(|()| out.flush())
+        .context("cannot write the configuration")
 }

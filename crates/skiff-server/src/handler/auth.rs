@@ -701,15 +701,7 @@ async fn trusted_user_cas(path: Option<std::path::PathBuf>) -> Vec<AuthorizedKey
 
 /// The names of the account's primary and supplementary groups.
 fn group_names(acct: &Account) -> Vec<String> {
-    std::iter::once(acct.gid)
-        .chain(acct.groups.iter().copied())
-        .filter_map(|g| {
-            nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(g))
-                .ok()
-                .flatten()
-        })
-        .map(|g| g.name)
-        .collect()
+    acct.group_names()
 }
 
 fn unix_now() -> i64 {
