@@ -263,6 +263,23 @@ fn name_resolves(name: &str) -> bool {
         .is_ok_and(|mut addrs| addrs.next().is_some())
 }
 
+/// Refuses a host or user name from the command line that a `%`-token
+/// would put into a shell command as shell syntax (`host;rm -rf ~`).
+fn check_shell_safe(dest: &Destination) -> Result<(), String> {
+    if !ssh_config::shell_safe_name(&dest.host) {
+        return Err(format!(
+            "the host name {:?} has characters a shell command would run; refusing to run one with it",
+            dest.host
+        ));
+    }
+    match &dest.user {
+        Some(user) if !ssh_config::shell_safe_name(user) => Err(format!(
+            "the user name {user:?} has characters a shell command would run; refusing to run one with it"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// `LocalCommand` with its tokens expanded: those of other commands, and
 /// `%C` (the connection hash), `%j` (`ProxyJump`), `%k` (`HostKeyAlias`,
 /// else the host) and `%T` (`NONE`: skiff opens no tunnel device).
@@ -534,6 +551,7 @@ impl Resolver {
         dest: &Destination,
         probe: &ssh_config::MatchExec<'_>,
     ) -> Result<bool, String> {
+        check_shell_safe(dest)?;
         let host = probe.host.to_ascii_lowercase();
         let port = dest.port.or(probe.port).unwrap_or(22);
         let tokens = TokenContext {
@@ -807,7 +825,12 @@ impl Resolver {
             },
             stdin_null: cfg.stdin_null.unwrap_or(false),
             local_command: match (&cfg.local_command, cfg.permit_local_command) {
-                (Some(command), Some(true)) => Some(local_command(command, &tokens, &cfg)?),
+                (Some(command), Some(true)) => {
+                    check_shell_safe(dest).map_err(|e| {
+                        SkiffError::new(ErrorKind::Config, format!("LocalCommand: {e}"))
+                    })?;
+                    Some(local_command(command, &tokens, &cfg)?)
+                }
                 _ => None,
             },
             session_type: cfg

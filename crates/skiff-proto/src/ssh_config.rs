@@ -1998,6 +1998,35 @@ pub fn expand_tokens_keeping(s: &str, ctx: &TokenContext, kept: &str) -> Result<
     Ok(out)
 }
 
+/// Whether a host or user name given on the command line may be put into
+/// a shell command through a `%`-token (`Match exec`, `LocalCommand`): not
+/// with a quote, `$`, `` ` ``, `\`, `;`, `&`, `|`, `<`, `>`, parentheses,
+/// braces, whitespace or a control character, nor with a leading `-`. ssh
+/// refuses such names on its command line for the same reason.
+pub fn shell_safe_name(name: &str) -> bool {
+    !name.starts_with('-')
+        && !name.chars().any(|c| {
+            c.is_whitespace()
+                || c.is_control()
+                || matches!(
+                    c,
+                    '\'' | '"'
+                        | '`'
+                        | '$'
+                        | '\\'
+                        | ';'
+                        | '&'
+                        | '|'
+                        | '<'
+                        | '>'
+                        | '('
+                        | ')'
+                        | '{'
+                        | '}'
+                )
+        })
+}
+
 /// `%C`: the hex SHA-1 of `%l%h%p%r%j` (local host name, remote host,
 /// port, remote user, `ProxyJump`), as ssh computes it.
 pub fn connection_hash(
@@ -3453,6 +3482,27 @@ mod match_exec_tests {
 
 #[cfg(test)]
 mod connection_hash_tests {
+    #[test]
+    fn names_with_shell_syntax_are_not_shell_safe() {
+        for ok in [
+            "web01",
+            "db.example.org",
+            "u@h",
+            "[::1]",
+            "deploy_user",
+            "a+b",
+            "a-b",
+        ] {
+            assert!(super::shell_safe_name(ok), "{ok}");
+        }
+        for bad in [
+            "a;b", "a$(id)", "a`id`", "a b", "a|b", "a&b", "a>b", "x'y", "x\"y", "a\\b", "-oProxy",
+            "a\nb", "{a,b}",
+        ] {
+            assert!(!super::shell_safe_name(bad), "{bad}");
+        }
+    }
+
     #[test]
     fn connection_hash_is_sha1_of_the_joined_fields() {
         // As `ssh -G -o ControlPath=%C bob@example.com` prints it on host "vm".

@@ -129,6 +129,15 @@ fn match_exec_switches_the_port_when_its_command_succeeds() {
         .expect_code(0, &c)
         .expect_stdout("matched\n", &c);
 
+    // A host name that would be shell syntax in the command is refused,
+    // and nothing runs.
+    let pwned = home.path().join("pwned");
+    let evil = format!("box;touch {}", pwned.display());
+    let out = skiff_ssh(&home, &["-G", &evil]).run();
+    out.expect_code(255, &c);
+    assert!(out.stderr.contains("refusing"), "{c}\n{out}");
+    assert!(!pwned.exists(), "{c}: the host name ran as a command");
+
     // OpenSSH's ssh reads the same configuration the same way.
     if require_tool("ssh", "openssh-client") {
         let ssh = Run::new("ssh")
