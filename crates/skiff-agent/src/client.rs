@@ -8,7 +8,9 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use skiff_proto::agent_wire::{self, ExecWire, ForwardWire, HostEnd, Reply, Request, RunWire};
+use skiff_proto::agent_wire::{
+    self, ControlAction, ControlWire, ExecWire, ForwardWire, HostEnd, Reply, Request, RunWire,
+};
 use skiff_proto::terminal_text;
 
 use crate::socket;
@@ -238,6 +240,45 @@ pub fn forward(wire: ForwardWire, spawn: bool) -> Outcome {
     ))
 }
 
+/// What the agent said to an `ssh -O` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Controlled {
+    /// The agent (process `pid`) had `live` connections to the destination.
+    Answered { pid: u32, live: u32 },
+    /// No agent is running (none is started for this).
+    NoAgent(String),
+    /// The agent could not answer (too old, or the destination does not
+    /// resolve): why.
+    Failed(String),
+}
+
+/// `ssh -O check|stop|exit` for the destination of `wire`, asked of the
+/// running agent; none is started for it.
+pub fn control(wire: ExecWire, action: ControlAction) -> Controlled {
+    let pid = match agent_version(false) {
+        Ok((version, pid)) if version >= agent_wire::CONTROL_SINCE => pid,
+        Ok((version, pid)) => {
+            return Controlled::Failed(format!(
+                "the running agent (pid {pid}) speaks version {version}, too old for control commands; restart it with `skiff agent stop`"
+            ))
+        }
+        Err(why) => return Controlled::NoAgent(why),
+    };
+    let reply = connect_or_spawn(false).and_then(|s| {
+        request(
+            s,
+            &Request::Control(ControlWire { base: wire, action }),
+            &[],
+        )
+    });
+    match reply {
+        Ok(Reply::Controlled { live }) => Controlled::Answered { pid, live },
+        Ok(Reply::Failed { message, .. }) => Controlled::Failed(message),
+        Ok(other) => Controlled::Failed(format!("unexpected reply from the agent: {other:?}")),
+        Err(why) => Controlled::Failed(why),
+    }
+}
+
 /// The outcome of a request the agent was reached for: its reply, or a
 /// connection failure when the agent went away.
 fn answered(reply: Result<Reply, String>) -> Outcome {
@@ -402,7 +443,8 @@ pub fn made_safe(reply: Reply) -> Reply {
         | Reply::Exit { .. }
         | Reply::Done
         | Reply::RunOutput { .. }
-        | Reply::Opened { .. }) => other,
+        | Reply::Opened { .. }
+        | Reply::Controlled { .. }) => other,
     }
 }
 

@@ -18,7 +18,9 @@ use skiff_engine::busy::Gate;
 use skiff_engine::fanout::{self, FanoutOptions, RunEvent, Stream};
 use skiff_engine::settings::{ClientEnv, Resolver};
 use skiff_engine::{Destination, ExecRequest, ExitOutcome, Pool, PtyRequest};
-use skiff_proto::agent_wire::{self, ExecWire, ForwardWire, HostEnd, Reply, Request, RunWire};
+use skiff_proto::agent_wire::{
+    self, ControlAction, ControlWire, ExecWire, ForwardWire, HostEnd, Reply, Request, RunWire,
+};
 use skiff_proto::nodeset;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -237,6 +239,7 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
                 text: format!("forgot {n} destination(s) for {host}\n"),
             }
         }
+        Request::Control(wire) => control(&agent, wire),
         Request::WindowChange { .. } => Reply::Failed {
             kind: 5,
             message: "window change without a session".into(),
@@ -543,6 +546,31 @@ fn settings_of(
     Resolver::new(dest.config_file.as_deref(), &dest.options, &env)?
         .sharing_pre_auth_gate(gate)
         .resolve(&dest)
+}
+
+/// `ssh -O check|stop|exit`: the pool says which of its connections are
+/// the destination's, as it does for a command to it.
+fn control(agent: &Agent, wire: ControlWire) -> Reply {
+    let settings = match settings_of(&wire.base, Arc::default()) {
+        Ok(s) => s,
+        Err(e) => return failed(e),
+    };
+    let live = match wire.action {
+        ControlAction::Check => agent.pool.live_connections(&settings),
+        ControlAction::Stop => {
+            let live = agent.pool.forget_destination(&settings);
+            tracing::info!(
+                "forgot {live} connection(s) to {}@{}:{} as asked",
+                settings.user,
+                settings.hostname,
+                settings.port
+            );
+            live
+        }
+    };
+    Reply::Controlled {
+        live: u32::try_from(live).unwrap_or(u32::MAX),
+    }
 }
 
 /// `ssh -W` on a pooled connection, with the client's stdin, stdout and

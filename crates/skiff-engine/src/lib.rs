@@ -17,6 +17,7 @@ pub mod fanout;
 pub mod hostkeys;
 mod identity;
 mod identity_cache;
+pub mod local_command;
 pub mod pool;
 pub mod port_forward;
 mod private_key;

@@ -293,6 +293,29 @@ impl Pool {
         out
     }
 
+    /// Live connections to the destination of `settings` (what `ssh -O
+    /// check` asks of a master).
+    pub fn live_connections(&self, settings: &ConnectSettings) -> usize {
+        let map = self.destinations.lock().expect("not poisoned");
+        map.get(&PoolKey::of(settings)).map_or(0, |d| {
+            let members = d.members.lock().expect("not poisoned");
+            members
+                .iter()
+                .filter(|m| !m.conn.handle.is_closed())
+                .count()
+        })
+    }
+
+    /// Forgets the connections to the destination of `settings` (`ssh -O
+    /// stop`): idle ones close now, busy ones once their commands end, and
+    /// the next command connects anew. Returns how many were live.
+    pub fn forget_destination(&self, settings: &ConnectSettings) -> usize {
+        let live = self.live_connections(settings);
+        let mut map = self.destinations.lock().expect("not poisoned");
+        map.remove(&PoolKey::of(settings));
+        live
+    }
+
     /// Closes and forgets every connection to `hostname` (all users and ports).
     pub fn forget(&self, hostname: &str) -> usize {
         let mut map = self.destinations.lock().expect("not poisoned");

@@ -104,6 +104,9 @@ pub struct ConnectSettings {
     pub remote_command: Option<String>,
     /// `StdinNull`: read no input (as `-n`).
     pub stdin_null: bool,
+    /// `LocalCommand`, tokens expanded, when `PermitLocalCommand yes`
+    /// (else None): run locally once the session's connection is up.
+    pub local_command: Option<String>,
     /// `SessionType` (default: a command or the login shell).
     pub session_type: skiff_proto::ssh_config::SessionType,
     /// Whether informational notices (such as "Permanently added ... to the
@@ -258,6 +261,58 @@ fn name_resolves(name: &str) -> bool {
     (name, 0u16)
         .to_socket_addrs()
         .is_ok_and(|mut addrs| addrs.next().is_some())
+}
+
+/// Refuses a host or user name from the command line that a `%`-token
+/// would put into a shell command as shell syntax (`host;rm -rf ~`).
+fn check_shell_safe(dest: &Destination) -> Result<(), String> {
+    if !ssh_config::shell_safe_name(&dest.host) {
+        return Err(format!(
+            "the host name {:?} has characters a shell command would run; refusing to run one with it",
+            dest.host
+        ));
+    }
+    match &dest.user {
+        Some(user) if !ssh_config::shell_safe_name(user) => Err(format!(
+            "the user name {user:?} has characters a shell command would run; refusing to run one with it"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `LocalCommand` with its tokens expanded: those of other commands, and
+/// `%C` (the connection hash), `%j` (`ProxyJump`), `%k` (`HostKeyAlias`,
+/// else the host) and `%T` (`NONE`: skiff opens no tunnel device).
+fn local_command(
+    command: &str,
+    tokens: &TokenContext,
+    cfg: &HostConfig,
+) -> Result<String, SkiffError> {
+    let jump = match &cfg.proxy {
+        Some(ProxySpec::Jump(hops)) => hops.as_str(),
+        _ => "",
+    };
+    let alias = cfg.host_key_alias.as_deref().unwrap_or(&tokens.host);
+    let hash = ssh_config::connection_hash(
+        &tokens.local_hostname,
+        &tokens.host,
+        tokens.port,
+        &tokens.remote_user,
+        jump,
+    );
+    ssh_config::expand_tokens_keeping(command, tokens, "CjkT")
+        .and_then(|c| {
+            ssh_config::expand_late_tokens(
+                &c,
+                &[('C', &hash), ('j', jump), ('k', alias), ('T', "NONE")],
+            )
+        })
+        .map_err(|e| {
+            SkiffError::new(
+                ErrorKind::Config,
+                format!("bad LocalCommand {command:?}: {e}"),
+            )
+        })
 }
 
 fn config_error(e: ConfigError) -> SkiffError {
@@ -472,11 +527,12 @@ impl Resolver {
             remote_user: dest.user.clone(),
             local_user: self.local_user.clone(),
         };
-        let cfg = ssh_config::resolve_canonical(
+        let cfg = ssh_config::resolve_with_exec(
             files,
             &ctx,
             &mut |arg, from| include_files(arg, from, &self.home),
             &mut name_resolves,
+            &mut |probe| self.match_exec(dest, probe),
         )
         .map_err(config_error)?;
         if let Some(host) = &cfg.unresolved {
@@ -486,6 +542,32 @@ impl Resolver {
             ));
         }
         Ok(cfg)
+    }
+
+    /// Runs a `Match exec` command for `dest`, its tokens expanded with
+    /// what the configuration has settled so far.
+    fn match_exec(
+        &self,
+        dest: &Destination,
+        probe: &ssh_config::MatchExec<'_>,
+    ) -> Result<bool, String> {
+        check_shell_safe(dest)?;
+        let host = probe.host.to_ascii_lowercase();
+        let port = dest.port.or(probe.port).unwrap_or(22);
+        let tokens = TokenContext {
+            host: host.clone(),
+            original_host: probe.original_host.to_string(),
+            remote_user: probe.user.to_string(),
+            local_user: self.local_user.clone(),
+            port,
+            home: self.home.to_string_lossy().into_owned(),
+            local_hostname: self.local_hostname.clone(),
+            uid: self.uid,
+        };
+        let hash = ssh_config::connection_hash(&self.local_hostname, &host, port, probe.user, "");
+        let command = ssh_config::expand_tokens_keeping(probe.command, &tokens, "Ck")
+            .and_then(|c| ssh_config::expand_late_tokens(&c, &[('C', &hash), ('k', &host)]))?;
+        crate::local_command::match_exec(&command)
     }
 
     /// The settings for `dest` from its configuration `cfg`, its jump hosts
@@ -742,6 +824,15 @@ impl Resolver {
                 None => None,
             },
             stdin_null: cfg.stdin_null.unwrap_or(false),
+            local_command: match (&cfg.local_command, cfg.permit_local_command) {
+                (Some(command), Some(true)) => {
+                    check_shell_safe(dest).map_err(|e| {
+                        SkiffError::new(ErrorKind::Config, format!("LocalCommand: {e}"))
+                    })?;
+                    Some(local_command(command, &tokens, &cfg)?)
+                }
+                _ => None,
+            },
             session_type: cfg
                 .session_type
                 .unwrap_or(skiff_proto::ssh_config::SessionType::Default),

@@ -29,9 +29,9 @@
 //! back exactly the same bytes.
 //!
 //! Request tags: `1` Hello, `2` Exec, `3` WindowChange, `4` Status, `5` Stop,
-//! `6` Forget, `7` Run, `8` Forward, `9` Subsystem. Reply tags: `1` Hello, `2` Exit,
-//! `3` Failed, `4` NeedsUser, `5` Status, `6` Done, `7` RunOutput, `8` RunNotice,
-//! `9` RunDone, `10` Opened.
+//! `6` Forget, `7` Run, `8` Forward, `9` Subsystem, `10` Control. Reply tags: `1` Hello,
+//! `2` Exit, `3` Failed, `4` NeedsUser, `5` Status, `6` Done, `7` RunOutput, `8` RunNotice,
+//! `9` RunDone, `10` Opened, `11` Controlled.
 //!
 //! A `Run` is answered by any number of `RunOutput`/`RunNotice` frames and
 //! one `RunDone` per host (hosts numbered in the order the node set expands
@@ -47,7 +47,7 @@ pub use crate::frame::MAX_FRAME;
 use crate::frame::{split_frame, Reader, Writer};
 
 /// The protocol version exchanged in `Hello`.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// The first version that takes `Forward`.
 pub const FORWARD_SINCE: u32 = 3;
@@ -60,6 +60,28 @@ pub const SUBSYSTEM_SINCE: u32 = 5;
 /// server without the data plane from a failure. `skiff cp` connects
 /// directly rather than use an older agent.
 pub const REFUSED_KIND_SINCE: u32 = 6;
+
+/// The first version that takes `Control` (and answers `Controlled`).
+pub const CONTROL_SINCE: u32 = 7;
+
+/// What `ssh -O` asks of the agent about one destination's connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlAction {
+    /// Whether it holds a live connection (`-O check`).
+    Check,
+    /// Forget them: commands running on them finish, new commands connect
+    /// anew (`-O stop`, `-O exit`).
+    Stop,
+}
+
+/// `ssh -O` through the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlWire {
+    /// The destination, as for `Exec`; `command`, `env`, `pty` and
+    /// `subsystem` are unused.
+    pub base: ExecWire,
+    pub action: ControlAction,
+}
 
 /// Everything the agent needs to run one command on a remote host.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -175,6 +197,9 @@ pub enum Request {
     /// file descriptors as `Exec`; answered with `Opened` once the channel
     /// is open, then as `Exec` is.
     Subsystem(ExecWire),
+    /// `ssh -O check|stop|exit` for one destination; answered with
+    /// `Controlled` (or `Failed`, when the destination does not resolve).
+    Control(ControlWire),
 }
 
 /// agent -> CLI.
@@ -211,6 +236,9 @@ pub enum Reply {
     /// The channel of a `Subsystem` request is open; opening it took
     /// `rtt_us` microseconds, one round trip to the server.
     Opened { rtt_us: u64 },
+    /// Answer to `Request::Control`: how many live connections the
+    /// destination had (before a `Stop` forgot them).
+    Controlled { live: u32 },
 }
 
 // Request tags.
@@ -223,6 +251,7 @@ const RQ_FORGET: u8 = 6;
 const RQ_RUN: u8 = 7;
 const RQ_FORWARD: u8 = 8;
 const RQ_SUBSYSTEM: u8 = 9;
+const RQ_CONTROL: u8 = 10;
 
 // Reply tags.
 const RP_HELLO: u8 = 1;
@@ -235,6 +264,7 @@ const RP_RUN_OUTPUT: u8 = 7;
 const RP_RUN_NOTICE: u8 = 8;
 const RP_RUN_DONE: u8 = 9;
 const RP_OPENED: u8 = 10;
+const RP_CONTROLLED: u8 = 11;
 
 // HostEnd tags.
 const END_STATUS: u8 = 0;
@@ -288,6 +318,15 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
             let mut w = Writer::new(RQ_WINDOW_CHANGE);
             w.u32(*cols);
             w.u32(*rows);
+            w.finish()
+        }
+        Request::Control(c) => {
+            let mut w = Writer::new(RQ_CONTROL);
+            encode_exec(&mut w, &c.base);
+            w.u8(match c.action {
+                ControlAction::Check => 0,
+                ControlAction::Stop => 1,
+            });
             w.finish()
         }
         Request::Status => Writer::new(RQ_STATUS).finish(),
@@ -365,6 +404,11 @@ pub fn encode_reply(rep: &Reply) -> Vec<u8> {
             w.finish()
         }
         Reply::Done => Writer::new(RP_DONE).finish(),
+        Reply::Controlled { live } => {
+            let mut w = Writer::new(RP_CONTROLLED);
+            w.u32(*live);
+            w.finish()
+        }
         Reply::Opened { rtt_us } => {
             let mut w = Writer::new(RP_OPENED);
             w.u64(*rtt_us);
@@ -453,6 +497,14 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Request, usize)>, WireError>
             to_host: r.str()?,
             to_port: r.u16()?,
         }),
+        RQ_CONTROL => Request::Control(ControlWire {
+            base: decode_exec(&mut r)?,
+            action: match r.u8()? {
+                0 => ControlAction::Check,
+                1 => ControlAction::Stop,
+                _ => return Err(WireError::BadValue("control action")),
+            },
+        }),
         tag => return Err(WireError::UnknownTag(tag)),
     };
     r.end()?;
@@ -525,6 +577,7 @@ pub fn decode_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, WireError> {
         RP_STATUS => Reply::Status { text: r.str()? },
         RP_DONE => Reply::Done,
         RP_OPENED => Reply::Opened { rtt_us: r.u64()? },
+        RP_CONTROLLED => Reply::Controlled { live: r.u32()? },
         RP_RUN_OUTPUT => Reply::RunOutput {
             host: r.u32()?,
             stream: r.u8()?,
@@ -659,6 +712,14 @@ mod tests {
                 subsystem: true,
                 ..Default::default()
             }),
+            Request::Control(ControlWire {
+                base: full_exec(),
+                action: ControlAction::Check,
+            }),
+            Request::Control(ControlWire {
+                base: ExecWire::default(),
+                action: ControlAction::Stop,
+            }),
         ]
     }
 
@@ -672,6 +733,8 @@ mod tests {
                 version: u32::MAX,
                 pid: 0,
             },
+            Reply::Controlled { live: 0 },
+            Reply::Controlled { live: u32::MAX },
             Reply::Exit { code: 0 },
             Reply::Exit { code: 130 },
             Reply::Exit { code: -1 },
@@ -964,7 +1027,7 @@ mod tests {
 
     #[test]
     fn unknown_tags() {
-        for tag in [0u8, 11, 200, 255] {
+        for tag in [0u8, 12, 200, 255] {
             assert_eq!(
                 decode_request(&frame(&[tag])),
                 Err(WireError::UnknownTag(tag))

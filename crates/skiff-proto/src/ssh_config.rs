@@ -49,9 +49,13 @@
 //!   taken as it is, without the dot. When nothing resolves and
 //!   `CanonicalizeFallbackLocal no` is set, [`HostConfig::unresolved`] says
 //!   so and the caller refuses to connect.
-//! * `Match exec`, `localnetwork`, `sessiontype`, `command` and `version` cannot
-//!   be evaluated here: a `Match` line using any of them (negated or not) never
-//!   matches, and `"Match exec"` (etc.) is recorded in [`HostConfig::ignored`].
+//! * `Match exec` runs its command through the caller's callback
+//!   ([`resolve_with_exec`]; the parser stays free of I/O), only when every
+//!   criterion before it on the line matched; it matches when the command
+//!   exits 0. Without a callback, and for `localnetwork`, `sessiontype`,
+//!   `command` and `version`, which cannot be evaluated here, a `Match` line
+//!   using them (negated or not) never matches, and `"Match exec"` (etc.) is
+//!   recorded in [`HostConfig::ignored`].
 //! * `Include` may appear anywhere but not on the command line. Its arguments are
 //!   handed, one by one, to the caller's `include` closure (which does the globbing,
 //!   `~` and relative-path handling and file reading). Included files start in
@@ -322,6 +326,9 @@ enum Directive {
     /// `RemoteCommand`, kept as written (tokens not yet expanded); `None`
     /// for `none`.
     RemoteCommand(Option<String>),
+    /// `LocalCommand`, kept as written (tokens not yet expanded).
+    LocalCommand(String),
+    PermitLocalCommand(bool),
     StdinNull(bool),
     SessionType(SessionType),
     /// `ProxyCommand` or `ProxyJump`: they share one slot, the first wins.
@@ -363,6 +370,9 @@ enum CriterionKind {
     User(Vec<String>),
     LocalUser(Vec<String>),
     Tagged(Vec<String>),
+    /// `exec "command"`: the command as written (tokens unexpanded), run
+    /// by the caller's [`ExecFn`].
+    Exec(String),
     /// Needs I/O or session information skiff does not have here.
     Unevaluable(&'static str),
 }
@@ -410,6 +420,8 @@ enum Kw {
     SetEnv,
     RequestTty,
     RemoteCommand,
+    LocalCommand,
+    PermitLocalCommand,
     StdinNull,
     SessionType,
     ProxyCommand,
@@ -474,6 +486,8 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("RequestTTY", Kw::RequestTty),
     ("ProxyCommand", Kw::ProxyCommand),
     ("RemoteCommand", Kw::RemoteCommand),
+    ("LocalCommand", Kw::LocalCommand),
+    ("PermitLocalCommand", Kw::PermitLocalCommand),
     ("StdinNull", Kw::StdinNull),
     ("SessionType", Kw::SessionType),
     ("ProxyJump", Kw::ProxyJump),
@@ -536,13 +550,11 @@ const IGNORED: &[&str] = &[
     "KeepAlive",
     "KerberosAuthentication",
     "KerberosTGTPassing",
-    "LocalCommand",
     "LogVerbose",
     "NoHostAuthenticationForLocalhost",
     "NumberOfPasswordPrompts",
     "ObscureKeystrokeTiming",
     "PasswordAuthentication",
-    "PermitLocalCommand",
     "PermitRemoteOpen",
     "PKCS11Provider",
     "PreferredAuthentications",
@@ -662,6 +674,12 @@ fn parse_line(raw: &str, command_line: bool) -> Result<Option<Directive>, String
                     [none] if none.eq_ignore_ascii_case("none") => None,
                     _ => Some(rest.trim_end_matches(is_ws).to_owned()),
                 })));
+            }
+            if kw == Kw::LocalCommand {
+                // A local shell command, kept as written.
+                return Ok(Some(Directive::LocalCommand(
+                    rest.trim_end_matches(is_ws).to_owned(),
+                )));
             }
             if kw == Kw::KnownHostsCommand {
                 // A shell command too, kept as written.
@@ -946,6 +964,10 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
         // command rebuilt from its words.
         Kw::ProxyCommand => Directive::Proxy(ProxySpec::Command(args.join(" "))),
         Kw::RemoteCommand => Directive::RemoteCommand(Some(args.join(" "))),
+        Kw::LocalCommand => Directive::LocalCommand(args.join(" ")),
+        Kw::PermitLocalCommand => {
+            Directive::PermitLocalCommand(parse_flag(name, &single(name, args)?)?)
+        }
         Kw::StdinNull => Directive::StdinNull(parse_flag(name, &single(name, args)?)?),
         Kw::SessionType => {
             let v = single(name, args)?;
@@ -1294,7 +1316,7 @@ fn parse_match(args: &[String]) -> Result<Vec<Criterion>, String> {
                     "user" => CriterionKind::User(list(false)),
                     "localuser" => CriterionKind::LocalUser(list(false)),
                     "tagged" => CriterionKind::Tagged(list(false)),
-                    "exec" => CriterionKind::Unevaluable("exec"),
+                    "exec" => CriterionKind::Exec(arg.to_owned()),
                     "localnetwork" => CriterionKind::Unevaluable("localnetwork"),
                     "sessiontype" => CriterionKind::Unevaluable("sessiontype"),
                     "command" => CriterionKind::Unevaluable("command"),
@@ -1396,6 +1418,10 @@ pub struct HostConfig {
     pub request_tty: Option<RequestTty>,
     /// `RemoteCommand`, unexpanded; `Some(None)` for `none`.
     pub remote_command: Option<Option<String>>,
+    /// `LocalCommand`, unexpanded: run locally once connected, only under
+    /// `PermitLocalCommand yes`.
+    pub local_command: Option<String>,
+    pub permit_local_command: Option<bool>,
     pub stdin_null: Option<bool>,
     pub session_type: Option<SessionType>,
     /// `ProxyCommand` or `ProxyJump`, whichever came first.
@@ -1501,16 +1527,62 @@ pub fn canonical_name(
 }
 
 /// [`resolve`], with host-name canonicalisation (see the module
-/// documentation): `lookup` says whether a name resolves.
+/// documentation): `lookup` says whether a name resolves. `Match exec`
+/// never matches here (see [`resolve_with_exec`]).
 pub fn resolve_canonical(
     files: &[ConfigFile],
     ctx: &MatchContext,
     include: &mut IncludeFn<'_>,
     lookup: &mut dyn FnMut(&str) -> bool,
 ) -> Result<HostConfig, ConfigError> {
+    resolve_evaluating(files, ctx, include, lookup, None)
+}
+
+/// What a `Match exec` line asks the caller to run, with what the
+/// configuration has settled so far for its `%`-tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatchExec<'a> {
+    /// The command as written, tokens not yet expanded.
+    pub command: &'a str,
+    /// `%h`: the `HostName` so far, else the destination host.
+    pub host: &'a str,
+    /// `%n`: the destination as given.
+    pub original_host: &'a str,
+    /// `%r`: the user `Match user` would see.
+    pub user: &'a str,
+    /// `Port` so far (a command-line port wins over it; 22 when neither).
+    pub port: Option<u16>,
+}
+
+/// The `exec` callback of [`resolve_with_exec`]: runs a `Match exec`
+/// command; `Ok(true)` when it exited 0. An error (the command could not
+/// be run at all) is reported at the `Match` line.
+pub type ExecFn<'a> = dyn FnMut(&MatchExec<'_>) -> Result<bool, String> + 'a;
+
+/// [`resolve_canonical`], with `Match exec` commands run by `exec`. As in
+/// ssh, a command runs only when every criterion before it on its line
+/// matched, in order, and again in the second pass.
+pub fn resolve_with_exec(
+    files: &[ConfigFile],
+    ctx: &MatchContext,
+    include: &mut IncludeFn<'_>,
+    lookup: &mut dyn FnMut(&str) -> bool,
+    exec: &mut ExecFn<'_>,
+) -> Result<HostConfig, ConfigError> {
+    resolve_evaluating(files, ctx, include, lookup, Some(exec))
+}
+
+fn resolve_evaluating(
+    files: &[ConfigFile],
+    ctx: &MatchContext,
+    include: &mut IncludeFn<'_>,
+    lookup: &mut dyn FnMut(&str) -> bool,
+    exec: Option<&mut ExecFn<'_>>,
+) -> Result<HostConfig, ConfigError> {
     let mut r = Resolver {
         ctx,
         include,
+        exec,
         cfg: HostConfig::default(),
         ignore_unknown: None,
         tag: None,
@@ -1545,9 +1617,11 @@ pub fn resolve_canonical(
     Ok(r.cfg)
 }
 
-struct Resolver<'a, 'b> {
+struct Resolver<'a, 'b, 'c> {
     ctx: &'a MatchContext,
     include: &'a mut IncludeFn<'b>,
+    /// Runs `Match exec` commands; without it they never match.
+    exec: Option<&'a mut ExecFn<'c>>,
     cfg: HostConfig,
     /// Lowercased `IgnoreUnknown` pattern list.
     ignore_unknown: Option<String>,
@@ -1558,7 +1632,7 @@ struct Resolver<'a, 'b> {
     host_line_target: String,
 }
 
-impl Resolver<'_, '_> {
+impl Resolver<'_, '_, '_> {
     /// `active`: whether lines before the first `Host`/`Match` apply.
     /// `never_match`: the file was included from a block that does not apply,
     /// so nothing in it may apply.
@@ -1578,7 +1652,7 @@ impl Resolver<'_, '_> {
                             == ListMatch::Positive;
                 }
                 Directive::Match(criteria) => {
-                    active = self.eval_match(criteria, never_match, file, line.line);
+                    active = self.eval_match(criteria, never_match, file, line.line)?;
                 }
                 Directive::Include(args) => {
                     if depth >= MAX_INCLUDE_DEPTH {
@@ -1636,7 +1710,7 @@ impl Resolver<'_, '_> {
         never_match: bool,
         file: &ConfigFile,
         line: usize,
-    ) -> bool {
+    ) -> Result<bool, ConfigError> {
         let mut result = true;
         for c in criteria {
             if c.kind == CriterionKind::Final {
@@ -1665,6 +1739,40 @@ impl Resolver<'_, '_> {
                 CriterionKind::Tagged(pats) => {
                     list_matches(pats, self.tag.as_deref().unwrap_or(""))
                 }
+                CriterionKind::Exec(command) => {
+                    // Run only when everything before it matched, as ssh
+                    // does: a command may be slow, or have effects.
+                    if !result || never_match {
+                        continue;
+                    }
+                    let Some(exec) = self.exec.as_mut() else {
+                        let loc = format!("{}:{}", file.label, line);
+                        push_ignored(&mut self.cfg.ignored, "Match exec", loc);
+                        result = false;
+                        continue;
+                    };
+                    let user = self
+                        .ctx
+                        .remote_user
+                        .as_deref()
+                        .or(self.cfg.user.as_deref())
+                        .unwrap_or(&self.ctx.local_user);
+                    let host = self.cfg.hostname.as_deref().unwrap_or(&self.ctx.host);
+                    let probe = MatchExec {
+                        command,
+                        host,
+                        original_host: &self.ctx.original_host,
+                        user,
+                        port: self.cfg.port,
+                    };
+                    exec(&probe).map_err(|e| {
+                        ConfigError::new(
+                            &file.label,
+                            line,
+                            format!("Match exec \"{command}\": {e}"),
+                        )
+                    })?
+                }
                 CriterionKind::Unevaluable(what) => {
                     // ssh would only run it if everything before it matched.
                     if result && !never_match {
@@ -1679,7 +1787,7 @@ impl Resolver<'_, '_> {
                 result = false;
             }
         }
-        result && !never_match
+        Ok(result && !never_match)
     }
 
     fn apply(&mut self, directive: &Directive, file: &ConfigFile, line: usize) {
@@ -1758,6 +1866,8 @@ impl Resolver<'_, '_> {
             }
             Directive::RequestTty(v) => first(&mut cfg.request_tty, v),
             Directive::RemoteCommand(v) => first(&mut cfg.remote_command, v),
+            Directive::LocalCommand(v) => first(&mut cfg.local_command, v),
+            Directive::PermitLocalCommand(v) => first(&mut cfg.permit_local_command, v),
             Directive::StdinNull(v) => first(&mut cfg.stdin_null, v),
             Directive::SessionType(v) => first(&mut cfg.session_type, v),
             Directive::LogLevel(v) => first(&mut cfg.log_level, v),
@@ -1886,6 +1996,50 @@ pub fn expand_tokens_keeping(s: &str, ctx: &TokenContext, kept: &str) -> Result<
         }
     }
     Ok(out)
+}
+
+/// Whether a host or user name given on the command line may be put into
+/// a shell command through a `%`-token (`Match exec`, `LocalCommand`): not
+/// with a quote, `$`, `` ` ``, `\`, `;`, `&`, `|`, `<`, `>`, parentheses,
+/// braces, whitespace or a control character, nor with a leading `-`. ssh
+/// refuses such names on its command line for the same reason.
+pub fn shell_safe_name(name: &str) -> bool {
+    !name.starts_with('-')
+        && !name.chars().any(|c| {
+            c.is_whitespace()
+                || c.is_control()
+                || matches!(
+                    c,
+                    '\'' | '"'
+                        | '`'
+                        | '$'
+                        | '\\'
+                        | ';'
+                        | '&'
+                        | '|'
+                        | '<'
+                        | '>'
+                        | '('
+                        | ')'
+                        | '{'
+                        | '}'
+                )
+        })
+}
+
+/// `%C`: the hex SHA-1 of `%l%h%p%r%j` (local host name, remote host,
+/// port, remote user, `ProxyJump`), as ssh computes it.
+pub fn connection_hash(
+    local_hostname: &str,
+    host: &str,
+    port: u16,
+    user: &str,
+    jump: &str,
+) -> String {
+    use sha1::Digest;
+    let mut h = sha1::Sha1::new();
+    h.update(format!("{local_hostname}{host}{port}{user}{jump}").as_bytes());
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The second pass after [`expand_tokens_keeping`]: `%X` for each
@@ -3182,5 +3336,179 @@ mod tests {
         let mut t = tctx();
         t.host = "%p".to_owned();
         assert_eq!(expand_tokens("%h", &t).unwrap(), "%p");
+    }
+}
+
+/// `Match exec` through a fake runner, and `LocalCommand`/`PermitLocalCommand`.
+#[cfg(test)]
+mod match_exec_tests {
+    use super::*;
+
+    fn ctx(host: &str) -> MatchContext {
+        MatchContext {
+            original_host: host.into(),
+            host: host.into(),
+            remote_user: None,
+            local_user: "alice".into(),
+        }
+    }
+
+    /// Resolves `text` for `host` with a runner that records each command
+    /// (with its token values) and answers from `answer`.
+    fn run(
+        text: &str,
+        host: &str,
+        answer: &dyn Fn(&str) -> Result<bool, String>,
+    ) -> (Result<HostConfig, ConfigError>, Vec<String>) {
+        let file = parse("cfg", text).unwrap();
+        let mut ran = Vec::new();
+        let result = resolve_with_exec(
+            &[file],
+            &ctx(host),
+            &mut |_, _| Ok(Vec::new()),
+            &mut |_| false,
+            &mut |probe: &MatchExec<'_>| {
+                ran.push(format!(
+                    "{} [{} {} {} {:?}]",
+                    probe.command, probe.host, probe.original_host, probe.user, probe.port
+                ));
+                answer(probe.command)
+            },
+        );
+        (result, ran)
+    }
+
+    #[test]
+    fn exec_matches_on_success_and_sees_what_is_settled_so_far() {
+        let text = "Host web\n  HostName web.example\n  Port 2200\n  User bob\n\
+                    Match exec \"test -e %h\"\n  IdentityFile yes-key\n\
+                    Match exec false\n  IdentityFile no-key\n";
+        let (cfg, ran) = run(text, "web", &|c| Ok(c.starts_with("test")));
+        let cfg = cfg.unwrap();
+        assert_eq!(cfg.identity_files, vec!["yes-key".to_string()]);
+        assert_eq!(
+            ran,
+            vec![
+                "test -e %h [web.example web bob Some(2200)]".to_string(),
+                "false [web.example web bob Some(2200)]".to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn exec_runs_only_when_what_comes_before_it_matched() {
+        let text = "Match host other exec one\n  Port 1\n\
+                    Match exec two host other\n  Port 2\n\
+                    Match !exec three\n  User notthree\n";
+        let (cfg, ran) = run(text, "web", &|_| Ok(true));
+        let cfg = cfg.unwrap();
+        // `one` is skipped (host did not match); `two` runs, then host
+        // fails; `three` runs and, negated, does not match.
+        assert_eq!(ran.len(), 2, "{ran:?}");
+        assert!(ran[0].starts_with("two ") && ran[1].starts_with("three "));
+        assert_eq!((cfg.port, cfg.user), (None, None));
+        let (cfg, _) = run("Match !exec fails\n  User negated\n", "web", &|_| Ok(false));
+        assert_eq!(cfg.unwrap().user.as_deref(), Some("negated"));
+    }
+
+    #[test]
+    fn exec_in_a_block_that_cannot_apply_is_not_run() {
+        let text = "Host elsewhere\n  Include x\nMatch exec ok\n  Port 7\n";
+        let (cfg, ran) = run(text, "web", &|_| Ok(true));
+        assert_eq!(cfg.unwrap().port, Some(7));
+        assert_eq!(ran.len(), 1);
+    }
+
+    #[test]
+    fn exec_failing_to_run_is_an_error_at_its_line() {
+        let (cfg, _) = run("Host *\n  Port 3\nMatch exec boom\n", "web", &|_| {
+            Err("cannot start /bin/sh".into())
+        });
+        assert_eq!(
+            cfg.unwrap_err().to_string(),
+            "cfg:3: Match exec \"boom\": cannot start /bin/sh"
+        );
+    }
+
+    #[test]
+    fn exec_runs_again_in_the_final_pass() {
+        let text = "Match final exec check\n  Port 9\n";
+        let (cfg, ran) = run(text, "web", &|_| Ok(true));
+        assert_eq!(cfg.unwrap().port, Some(9));
+        assert_eq!(ran.len(), 1, "only the final pass gets past `final`");
+        let (cfg, ran) = run("Match exec check\n  Port 8\nMatch final\n", "web", &|_| {
+            Ok(true)
+        });
+        assert_eq!(cfg.unwrap().port, Some(8));
+        assert_eq!(ran.len(), 2, "{ran:?}");
+    }
+
+    #[test]
+    fn without_a_runner_exec_never_matches_and_is_reported() {
+        let file = parse("cfg", "Match exec true\n  Port 1\n").unwrap();
+        let cfg = resolve(&[file], &ctx("web"), &mut |_, _| Ok(Vec::new())).unwrap();
+        assert_eq!(cfg.port, None);
+        assert_eq!(
+            cfg.ignored,
+            vec![("Match exec".to_string(), "cfg:1".to_string())]
+        );
+    }
+
+    #[test]
+    fn exec_keeps_its_command_whole() {
+        let (_, ran) = run("Match exec \"a,b c\"\n", "web", &|_| Ok(false));
+        assert!(ran[0].starts_with("a,b c ["), "{ran:?}");
+        let (_, ran) = run("Match exec=true\n", "web", &|_| Ok(false));
+        assert!(ran[0].starts_with("true ["), "{ran:?}");
+    }
+
+    #[test]
+    fn local_command_is_kept_as_written_and_permit_is_a_flag() {
+        let text = "Host *\n  LocalCommand echo %h  > \"/tmp/x y\"\n  PermitLocalCommand yes\n";
+        let file = parse("cfg", text).unwrap();
+        let cfg = resolve(&[file], &ctx("web"), &mut |_, _| Ok(Vec::new())).unwrap();
+        assert_eq!(
+            cfg.local_command.as_deref(),
+            Some("echo %h  > \"/tmp/x y\"")
+        );
+        assert_eq!(cfg.permit_local_command, Some(true));
+        assert!(cfg.ignored.is_empty(), "{:?}", cfg.ignored);
+        let opts = parse_options(&["PermitLocalCommand=no".to_string()]).unwrap();
+        let cfg = resolve(&[opts], &ctx("web"), &mut |_, _| Ok(Vec::new())).unwrap();
+        assert_eq!(cfg.permit_local_command, Some(false));
+        assert!(parse("cfg", "PermitLocalCommand maybe\n").is_err());
+    }
+}
+
+#[cfg(test)]
+mod connection_hash_tests {
+    #[test]
+    fn names_with_shell_syntax_are_not_shell_safe() {
+        for ok in [
+            "web01",
+            "db.example.org",
+            "u@h",
+            "[::1]",
+            "deploy_user",
+            "a+b",
+            "a-b",
+        ] {
+            assert!(super::shell_safe_name(ok), "{ok}");
+        }
+        for bad in [
+            "a;b", "a$(id)", "a`id`", "a b", "a|b", "a&b", "a>b", "x'y", "x\"y", "a\\b", "-oProxy",
+            "a\nb", "{a,b}",
+        ] {
+            assert!(!super::shell_safe_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn connection_hash_is_sha1_of_the_joined_fields() {
+        // As `ssh -G -o ControlPath=%C bob@example.com` prints it on host "vm".
+        assert_eq!(
+            super::connection_hash("vm", "example.com", 22, "bob", ""),
+            "6e8198ae26a6d7ef13abfa783129eb54d6d6bb13"
+        );
     }
 }

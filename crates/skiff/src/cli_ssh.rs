@@ -14,13 +14,13 @@ use skiff_proto::ssh_config::SessionType;
 
 use crate::cli_connect::ConnectArgs;
 use crate::remote_command::{self, Invocation};
-use crate::ssh_args::{self, SshCommandLine};
+use crate::ssh_args::{self, ControlCommand, SshCommandLine};
 
 mod describe;
 
 const USAGE: &str =
     "usage: skiff ssh [-46qnsTtvV] [-b bind_address] [-B bind_interface] [-c ciphers] [-F config] [-i identity] [-J jump] \
-[-l user] [-m macs] [-o option] [-p port] [-Q query] [-W host:port] [-L [bind:]port:host:hostport] \
+[-l user] [-m macs] [-O ctl_cmd] [-o option] [-p port] [-Q query] [-W host:port] [-L [bind:]port:host:hostport] \
 [-R [bind:]port:host:hostport] [-D [bind:]port] [-fgGN] destination [command [argument ...]]";
 
 /// Runs ssh's command line `args` (without the program name); returns the
@@ -52,6 +52,9 @@ pub fn main(args: Vec<OsString>) -> i32 {
     }
     if line.print_config {
         return print_config(line);
+    }
+    if let Some(command) = line.control {
+        return control(line, command);
     }
     let (forward, warnings) = (line.forward_stdio.clone(), line.warnings.clone());
     let (mut forwards, no_command) = (line.forwards.clone(), line.no_command);
@@ -158,6 +161,7 @@ fn forwarding_session(
         for f in &failures {
             eprintln!("skiff: warning: {f}");
         }
+        remote_command::run_local_command(&settings).await;
         if let Some(signal) = ready {
             signal.ready();
         }
@@ -269,6 +273,53 @@ fn print_query(query: &str) -> i32 {
         }
         None => {
             eprintln!("skiff ssh: Unsupported query \"{query}\"");
+            255
+        }
+    }
+}
+
+/// `-O check|stop|exit`: asked of the agent, which holds the warm
+/// connections a control master would (and decides which of them are the
+/// destination's). The answers and exit statuses are ssh's: 0 with a
+/// connection to check or stop, 255 without one.
+fn control(line: SshCommandLine, command: ControlCommand) -> i32 {
+    use skiff_agent::client::Controlled;
+    use skiff_proto::agent_wire::ControlAction;
+    let inv = invocation(line);
+    crate::logging::init(inv.conn.verbose, inv.conn.log_file.as_deref());
+    let target = &inv.destination;
+    if !inv.conn.agent_enabled() {
+        eprintln!("skiff: no agent to ask about {target}: the agent is turned off (SKIFF_AGENT)");
+        return 255;
+    }
+    let action = match command {
+        ControlCommand::Check => ControlAction::Check,
+        ControlCommand::Stop | ControlCommand::Exit => ControlAction::Stop,
+    };
+    let wire = crate::route::agent_destination(&remote_command::destination(&inv));
+    match skiff_agent::client::control(wire, action) {
+        Controlled::Answered { live: 0, .. } => {
+            eprintln!("skiff: the agent holds no connection to {target}");
+            255
+        }
+        Controlled::Answered { pid, .. } => {
+            eprintln!(
+                "{}",
+                match command {
+                    ControlCommand::Check => format!("Master running (pid={pid})"),
+                    ControlCommand::Stop => "Stop listening request sent.".to_string(),
+                    ControlCommand::Exit => "Exit request sent.".to_string(),
+                }
+            );
+            0
+        }
+        Controlled::NoAgent(why) => {
+            tracing::debug!("no agent: {why}");
+            eprintln!("skiff: no agent is running, so no connection to {target}");
+            255
+        }
+        Controlled::Failed(why) => {
+            eprintln!("skiff: {}", skiff_proto::terminal_text::one_line(&why));
             255
         }
     }

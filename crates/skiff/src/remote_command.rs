@@ -61,8 +61,12 @@ pub fn run_resolved(mut args: Invocation, settings: skiff_engine::ConnectSetting
         return 255;
     }
     let pty = pty_request(&args, &settings);
-    if let Some(code) = via_agent(&args, &dest, &settings, pty.clone()) {
-        return code;
+    // A LocalCommand runs once this session's connection is up, which
+    // only a connection of its own can tell.
+    if settings.local_command.is_none() {
+        if let Some(code) = via_agent(&args, &dest, &settings, pty.clone()) {
+            return code;
+        }
     }
     on_one_thread(exec_main(args, settings, pty))
 }
@@ -120,7 +124,16 @@ async fn exec_main(
     for notice in &conn.notices {
         eprintln!("{}", skiff_proto::terminal_text::lines(notice));
     }
+    run_local_command(&settings).await;
     exec_on(&conn, args, &settings, pty).await
+}
+
+/// `LocalCommand` (under `PermitLocalCommand yes`), once the session's
+/// connection is up and before its command starts, as ssh runs it.
+pub async fn run_local_command(settings: &skiff_engine::ConnectSettings) {
+    if let Some(command) = &settings.local_command {
+        skiff_engine::local_command::run_local_command(command).await;
+    }
 }
 
 /// Runs the command (or login shell, or subsystem) of `args` on an open

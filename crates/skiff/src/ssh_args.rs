@@ -28,6 +28,15 @@ pub enum TtyFlag {
     Request(u8),
 }
 
+/// `-O ctl_cmd`: what ssh would ask of a control master, asked of skiff's
+/// agent instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlCommand {
+    Check,
+    Stop,
+    Exit,
+}
+
 /// A parsed `ssh` command line.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SshCommandLine {
@@ -64,6 +73,8 @@ pub struct SshCommandLine {
     pub version: bool,
     /// `-Q QUERY`: list the algorithms supported for `QUERY` and exit.
     pub query: Option<String>,
+    /// `-O ctl_cmd`.
+    pub control: Option<ControlCommand>,
     /// The command's words (empty: a login shell).
     pub command: Vec<String>,
     /// Accepted options skiff cannot honour, for one warning each
@@ -94,6 +105,8 @@ pub enum SshArgsError {
     BadForwardSpec(String),
     #[error("-N cannot be used with a command")]
     NoCommandWithCommand,
+    #[error("invalid control command {0:?} (expected check, stop or exit)")]
+    BadControlCommand(String),
 }
 
 /// Options that take a value (OpenSSH 9's set).
@@ -232,7 +245,19 @@ fn apply_value(out: &mut SshCommandLine, flag: char, value: String) -> Result<()
         ),
         'w' => return unsupported("tunnel devices"),
         'I' => return unsupported("PKCS#11"),
-        'O' => return unsupported("control commands; skiff's agent shares connections"),
+        'O' => {
+            out.control = Some(match value.as_str() {
+                "check" => ControlCommand::Check,
+                "stop" => ControlCommand::Stop,
+                "exit" => ControlCommand::Exit,
+                "forward" | "cancel" | "proxy" => {
+                    return unsupported(
+                        "forward, cancel and proxy control commands; skiff's agent shares connections without a control master",
+                    )
+                }
+                _ => return Err(SshArgsError::BadControlCommand(value)),
+            })
+        }
         'Q' => out.query = Some(value),
         // `-S none` turns connection sharing off, which is all it can mean here.
         'S' if value == "none" => {}
@@ -487,11 +512,29 @@ mod tests {
     }
 
     #[test]
+    fn control_commands_are_parsed_with_the_destination_as_usual() {
+        let c = p("-O check -p 2222 -l bob h").unwrap();
+        assert_eq!(c.control, Some(ControlCommand::Check));
+        assert_eq!(
+            (c.destination.as_str(), c.port, c.login.as_deref()),
+            ("h", Some(2222), Some("bob"))
+        );
+        assert_eq!(p("-Ostop u@h").unwrap().control, Some(ControlCommand::Stop));
+        assert_eq!(p("h -O exit").unwrap().control, Some(ControlCommand::Exit));
+        assert_eq!(
+            p("-O nope h"),
+            Err(SshArgsError::BadControlCommand("nope".into()))
+        );
+        assert_eq!(p("h").unwrap().control, None);
+    }
+
+    #[test]
     fn unsupported_features_are_errors_and_harmless_ones_pass() {
         for (line, flag) in [
             ("-M h", 'M'),
             ("-S /tmp/ctl h", 'S'),
-            ("-O exit h", 'O'),
+            ("-O forward h", 'O'),
+            ("-O proxy h", 'O'),
             ("-1 h", '1'),
         ] {
             match p(line) {

@@ -17,8 +17,7 @@
 //! host-based authentication), `gssapikexalgorithms` (no GSSAPI key
 //! exchange), `securitykeyprovider` and `pkcs11provider` (no security keys or
 //! PKCS#11 tokens but through an agent), `syslogfacility` (skiff never
-//! logs to syslog), `controlpath` (no control sockets) and `localcommand`
-//! (never run).
+//! logs to syslog) and `controlpath` (no control sockets).
 
 use std::fmt::Display;
 use std::path::Path;
@@ -94,6 +93,7 @@ const ORDER: &[&str] = &[
     "identityagent",
     "kexalgorithms",
     "casignaturealgorithms",
+    "localcommand",
     "remotecommand",
     "loglevel",
     "macs",
@@ -175,7 +175,6 @@ const NOT_IMPLEMENTED: &[(&str, &str, &str)] = &[
         "no",
         "skiff signs in with keys only",
     ),
-    ("permitlocalcommand", "no", "LocalCommand is never run"),
     (
         "proxyusefdpass",
         "no",
@@ -362,6 +361,12 @@ pub fn describe(s: &ConnectSettings, cfg: &HostConfig, line: &SshCommandLine) ->
     out.put_some("identityagent", identity_agent(s, cfg));
     out.put("kexalgorithms", a.kex.join(","));
     out.put("casignaturealgorithms", a.ca_signature.join(","));
+    out.put(
+        "permitlocalcommand",
+        yes_no(cfg.permit_local_command.unwrap_or(false)),
+    );
+    // As written, as ssh prints it.
+    out.put_some("localcommand", cfg.local_command.as_ref());
     out.put_some("remotecommand", s.remote_command.as_ref());
     out.put("loglevel", log_level(cfg, line.verbose));
     out.put("macs", a.macs.join(","));
