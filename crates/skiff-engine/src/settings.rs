@@ -783,14 +783,18 @@ impl Resolver {
                 None => None,
             },
             proxy: match &cfg.proxy {
-                Some(ProxySpec::Command(command)) => Some(Proxy::Command(
+                Some(ProxySpec::Command(command)) => Some(Proxy::Command({
+                    // Its tokens reach a shell, as LocalCommand's do.
+                    check_shell_safe(dest).map_err(|e| {
+                        SkiffError::new(ErrorKind::Config, format!("ProxyCommand: {e}"))
+                    })?;
                     ssh_config::expand_tokens(command, &tokens).map_err(|e| {
                         SkiffError::new(
                             ErrorKind::Config,
                             format!("bad ProxyCommand {command:?}: {e}"),
                         )
-                    })?,
-                )),
+                    })?
+                })),
                 // Jump hosts are resolved by the caller, which has the files.
                 _ => None,
             },
@@ -975,5 +979,14 @@ mod tests {
         // -J on the command line wins over the file.
         let s = resolve(&dest("web", vec!["ProxyJump=inner".into()])).unwrap();
         assert!(matches!(&s.proxy, Some(Proxy::Jump(j)) if j.hostname == "inner"));
+        // A name that would be shell syntax in the command is refused.
+        let mut d = dest("web", vec!["ProxyCommand=nc %h %p".into()]);
+        d.host = "web;touch /tmp/x".into();
+        let err = resolve(&d).unwrap_err().to_string();
+        assert!(err.contains("ProxyCommand: the host name"), "{err}");
+        let mut d = dest("web", vec![]);
+        d.user = Some("$(id)".into());
+        let err = resolve(&d).unwrap_err().to_string();
+        assert!(err.contains("ProxyCommand: the user name"), "{err}");
     }
 }
