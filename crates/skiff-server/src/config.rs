@@ -134,6 +134,8 @@ pub struct Settings {
     pub banner: Option<PathBuf>,
     /// `RequiredRSASize`: the fewest bits an RSA user key may have.
     pub required_rsa_size: u32,
+    /// `AuthenticationMethods`: the methods a login must complete.
+    pub authentication_methods: crate::auth_methods::AuthMethods,
     /// `Match` blocks, in file order.
     pub matches: Vec<MatchBlock>,
 }
@@ -283,6 +285,7 @@ impl Default for Settings {
             chroot_directory: None,
             banner: None,
             required_rsa_size: 1024,
+            authentication_methods: Default::default(),
             matches: Vec::new(),
             kex_algorithms: algorithms::SERVER_KEX.defaults(),
             host_key_algorithms: algorithms::SERVER_HOST_KEY.defaults(),
@@ -696,6 +699,10 @@ fn apply_line(
         }
         "permituserenvironment" => {
             settings.permit_user_environment = parse_yes_no(one()?).map_err(err)?
+        }
+        "authenticationmethods" => {
+            settings.authentication_methods =
+                crate::auth_methods::AuthMethods::parse(&args).map_err(|e| err(e.to_string()))?
         }
         "strictmodes" => settings.strict_modes = parse_yes_no(one()?).map_err(err)?,
         "persourcemaxstartups" => {

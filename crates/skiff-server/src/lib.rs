@@ -23,7 +23,8 @@
 //! authorized_keys, principals and key lists (regular files only, bounded,
 //! mode-checked, off the async workers); `account_fs` connects to and makes
 //! Unix sockets with an account's rights; `sshd_only` rules on sshd
-//! keywords skiffd accepts without acting on. [`queue_budget`] counts the
+//! keywords skiffd accepts without acting on; [`auth_methods`] is the
+//! `AuthenticationMethods` policy. [`queue_budget`] counts the
 //! memory held for peers (`MaxConnectionQueue`, `MaxServerQueue`) and
 //! `channel_io` moves channel bytes with it counted. [`startups`] counts
 //! connections that have not authenticated (data-plane streams until their
@@ -36,6 +37,7 @@ mod account_files;
 mod account_fs;
 pub mod account_policy;
 mod auth_info;
+pub mod auth_methods;
 mod channel_io;
 pub mod chroot;
 pub mod config;

@@ -19,6 +19,7 @@ pub const ALLOWED_IN_MATCH: &[&str] = &[
     "allowstreamlocalforwarding",
     "allowtcpforwarding",
     "allowusers",
+    "authenticationmethods",
     "authorizedkeysfile",
     "authorizedprincipalsfile",
     "chrootdirectory",

@@ -35,7 +35,7 @@ use russh::server::{Auth, ChannelOpenHandle, Msg, PublicKeyOffer, Session, Verif
 use russh::{Channel, ChannelId, Pty, Sig};
 use skiff_proto::authorized_keys::AuthorizedKey;
 
-use auth::{Authenticated, UserKeys};
+use auth::{AuthSteps, Authenticated, UserKeys};
 use session::SessionChannel;
 
 use crate::config::Settings;
@@ -56,6 +56,8 @@ pub struct ConnectionHandler {
     /// The last `AuthorizedKeysCommand` answer: user, key blob, entries.
     command_answer: Option<(String, Vec<u8>, Vec<AuthorizedKey>)>,
     auth: Option<Authenticated>,
+    /// `AuthenticationMethods` steps done so far (after a partial success).
+    auth_steps: Option<AuthSteps>,
     channels: HashMap<ChannelId, SessionChannel>,
     /// A second handle on the socket, for the kernel's RTT estimate.
     socket: Option<std::os::fd::OwnedFd>,
@@ -101,6 +103,7 @@ impl ConnectionHandler {
             candidate: None,
             command_answer: None,
             auth: None,
+            auth_steps: None,
             channels: HashMap::new(),
             socket: None,
             windows: skiff_proto::window::WindowGrowth::new(state.settings.max_channel_window),
