@@ -249,7 +249,7 @@ mod tests {
             Method::parse("keyboard-interactive:bsdauth"),
             Some(KeyboardInteractive)
         );
-        assert_eq!(Method::parse("publickey:x"), None);
+        assert!(Method::parse("publickey:x").is_none());
     }
 
     #[test]

@@ -136,6 +136,8 @@ pub struct Settings {
     pub required_rsa_size: u32,
     /// `AuthenticationMethods`: the methods a login must complete.
     pub authentication_methods: crate::auth_methods::AuthMethods,
+    /// `RekeyLimit`: when skiffd starts a new key exchange.
+    pub rekey_limit: crate::rekey_limit::RekeyLimit,
     /// `Match` blocks, in file order.
     pub matches: Vec<MatchBlock>,
 }
@@ -286,6 +288,7 @@ impl Default for Settings {
             banner: None,
             required_rsa_size: 1024,
             authentication_methods: Default::default(),
+            rekey_limit: Default::default(),
             matches: Vec::new(),
             kex_algorithms: algorithms::SERVER_KEX.defaults(),
             host_key_algorithms: algorithms::SERVER_HOST_KEY.defaults(),
@@ -699,6 +702,10 @@ fn apply_line(
         }
         "permituserenvironment" => {
             settings.permit_user_environment = parse_yes_no(one()?).map_err(err)?
+        }
+        "rekeylimit" => {
+            settings.rekey_limit =
+                crate::rekey_limit::RekeyLimit::parse(&args, settings.rekey_limit).map_err(err)?
         }
         "authenticationmethods" => {
             settings.authentication_methods =

@@ -54,6 +54,7 @@ mod peer_hangup;
 mod process;
 mod pty_owner;
 pub mod queue_budget;
+pub mod rekey_limit;
 mod server_state;
 pub mod session_env;
 pub mod sftp;

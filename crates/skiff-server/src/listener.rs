@@ -23,6 +23,9 @@ use crate::server_state::ServerState;
 use crate::startups::{Pending, Refusal, Startups};
 use crate::stream_relay::{FirstBytes, Sniffed};
 
+/// `RekeyLimit ... none`: a time no connection lives to see.
+const NO_REKEY_TIME: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// The russh server configuration for these settings and host keys.
 ///
 /// Algorithms: `KexAlgorithms`, `HostKeyAlgorithms`, `Ciphers` and `MACs`
@@ -81,6 +84,13 @@ pub fn russh_config(settings: &Settings, host: HostIdentity) -> russh::server::C
         // Large packets cost fewer messages per byte (russh warns above
         // 65535); the queue budget closes connections that send larger.
         maximum_packet_size: crate::queue_budget::MAX_PACKET,
+        // RekeyLimit: russh starts a key exchange once either direction
+        // has carried `data` bytes, or once `time` has passed.
+        limits: russh::Limits::new(
+            settings.rekey_limit.data,
+            settings.rekey_limit.data,
+            settings.rekey_limit.time.unwrap_or(NO_REKEY_TIME),
+        ),
         keepalive_interval: settings.client_alive_interval,
         keepalive_max: settings.client_alive_count_max,
         nodelay: true,

@@ -40,6 +40,7 @@ pub const ALLOWED_IN_MATCH: &[&str] = &[
     "permituserenvironment",
     "pubkeyacceptedalgorithms",
     "pubkeyacceptedkeytypes",
+    "rekeylimit",
     "revokedkeys",
     "setenv",
     "trustedusercakeys",

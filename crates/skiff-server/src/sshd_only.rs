@@ -31,7 +31,6 @@ const COSMETIC: &[&str] = &[
     "printlastlog",
     "printmotd",
     "protocol",
-    "rekeylimit",
     "syslogfacility",
     "tcpkeepalive",
     "usedns",
