@@ -65,4 +65,8 @@ mod stream_relay;
 pub mod transfer_process;
 
 pub use handler::authorized_keys_path;
+
+/// skiffd's software version as its identification string carries it
+/// (`SSH-2.0-skiffd_X.Y.Z`), and as `Match version` matches it.
+pub const SOFTWARE_VERSION: &str = concat!("skiffd_", env!("CARGO_PKG_VERSION"));
 pub use listener::{russh_config, serve, serve_listeners};

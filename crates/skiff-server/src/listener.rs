@@ -60,10 +60,7 @@ pub fn russh_config(settings: &Settings, host: HostIdentity) -> russh::server::C
         ..Preferred::default()
     };
     russh::server::Config {
-        server_id: SshId::Standard(Cow::Owned(format!(
-            "SSH-2.0-skiffd_{}",
-            env!("CARGO_PKG_VERSION")
-        ))),
+        server_id: SshId::Standard(Cow::Owned(format!("SSH-2.0-{}", crate::SOFTWARE_VERSION))),
         methods: {
             let mut m = russh::MethodSet::empty();
             m.push(russh::MethodKind::PublicKey);

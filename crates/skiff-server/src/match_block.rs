@@ -1,5 +1,5 @@
 //! sshd_config's `Match` blocks for skiffd: the criteria (`User`, `Group`,
-//! `Address`, `LocalAddress`, `LocalPort`, `Host`, `All`, each negatable
+//! `Address`, `LocalAddress`, `LocalPort`, `Host`, `Version`, `All`, each negatable
 //! with `!`), their evaluation for one login, and which keywords a block
 //! may set. Pure: the configuration parser collects the blocks
 //! ([`crate::config`]), the handler supplies who is logging in from where.
@@ -69,6 +69,9 @@ enum Criterion {
     /// skiffd does no reverse lookups: `Host` is matched against the
     /// client's address, as sshd does with `UseDNS no`.
     Host(Vec<String>),
+    /// Patterns for skiffd's own version, [`crate::SOFTWARE_VERSION`]
+    /// (sshd's, OpenSSH 10.0 on, match `OpenSSH_10.0` and the like).
+    Version(Vec<String>),
 }
 
 /// One `Match` line and the lines under it.
@@ -136,10 +139,11 @@ impl MatchBlock {
                     Criterion::LocalPort(list)
                 }
                 "host" => Criterion::Host(list),
+                "version" => Criterion::Version(list),
                 _ => {
                     return Err(format!(
                         "unsupported Match criterion {word:?} (skiffd knows User, Group, Address, \
-                         LocalAddress, LocalPort, Host and All)"
+                         LocalAddress, LocalPort, Host, Version and All)"
                     ))
                 }
             });
@@ -171,6 +175,7 @@ impl MatchBlock {
             Criterion::Address(list) | Criterion::Host(list) => from_allows(list, ctx.peer, None),
             Criterion::LocalAddress(list) => from_allows(list, ctx.local, None),
             Criterion::LocalPort(list) => list_hit(list, &ctx.local_port.to_string()),
+            Criterion::Version(list) => list_hit(list, crate::SOFTWARE_VERSION),
         })
     }
 }
@@ -236,6 +241,18 @@ mod tests {
         assert!(block("all").matches(&ctx("x", &none, "::1")));
         let b = block("LocalAddress 127.0.0.1");
         assert!(b.matches(&ctx("x", &none, "::1")));
+    }
+
+    #[test]
+    fn version_matches_skiffds_own() {
+        let none: Vec<String> = Vec::new();
+        let c = ctx("x", &none, "10.0.0.1");
+        assert!(crate::SOFTWARE_VERSION.starts_with("skiffd_"));
+        assert!(block("Version skiffd_*").matches(&c));
+        assert!(block(&format!("Version {}", crate::SOFTWARE_VERSION)).matches(&c));
+        assert!(!block("Version OpenSSH_*").matches(&c));
+        assert!(!block("Version !skiffd_*,*").matches(&c));
+        assert!(!block("User x Version OpenSSH_10.*").matches(&c));
     }
 
     #[test]
