@@ -28,7 +28,8 @@
 //! memory held for peers (`MaxConnectionQueue`, `MaxServerQueue`) and
 //! `channel_io` moves channel bytes with it counted. [`startups`] counts
 //! connections that have not authenticated (data-plane streams until their
-//! token checks out); [`fd_budget`] keeps descriptors spare for work
+//! token checks out), [`penalties`] the sources refused for a while after
+//! misbehaving (`PerSourcePenalties`); [`fd_budget`] keeps descriptors spare for work
 //! already taken on, which `descriptors` measures.
 
 pub mod access;
@@ -51,6 +52,7 @@ mod listener;
 pub mod lookup_command;
 pub mod match_block;
 mod peer_hangup;
+pub mod penalties;
 mod process;
 mod pty_owner;
 pub mod queue_budget;
