@@ -175,11 +175,6 @@ impl Progress {
         self.next_methods().contains(&method)
     }
 
-    /// Whether some method has already succeeded on this connection.
-    pub fn started(&self, policy: &AuthMethods) -> bool {
-        *self != policy.start()
-    }
-
     /// Records that `method` succeeded: it is done in every list where it
     /// came next; lists where it did not come next stay as they were.
     pub fn record(&mut self, method: Method) -> Step {
@@ -256,7 +251,6 @@ mod tests {
     fn any_completes_at_once() {
         let mut p = AuthMethods::Any.start();
         assert_eq!(p.next_methods(), vec![PublicKey]);
-        assert!(!p.started(&AuthMethods::Any));
         assert_eq!(p.record(PublicKey), Step::Complete);
     }
 
@@ -266,7 +260,6 @@ mod tests {
         let mut p = policy.start();
         assert!(p.allows(PublicKey));
         assert_eq!(p.record(PublicKey), Step::Partial(vec![PublicKey]));
-        assert!(p.started(&policy));
         assert_eq!(p.record(PublicKey), Step::Complete);
     }
 

@@ -117,7 +117,7 @@ mod tests {
         assert_eq!(parse("1G 0").unwrap().time, None);
         // Above russh's bound: the bound.
         assert_eq!(parse("4G").unwrap().data, RekeyLimit::MAX_DATA);
-        assert_eq!(parse("99999999999999G").unwrap_err().contains("size"), true);
+        assert!(parse("99999999999999G").unwrap_err().contains("size"));
         for bad in ["", "15", "1X", "M", "-1M", "1M 1y", "1M 1h extra"] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
