@@ -91,6 +91,10 @@ pub struct Settings {
     pub per_source_max_startups: Option<usize>,
     /// `PerSourceNetBlockSize`: which source addresses make one network.
     pub per_source_net_block: crate::startups::NetBlock,
+    /// `PerSourcePenalties`: `None` (the default, see docs) is off.
+    pub per_source_penalties: Option<crate::penalties::PenaltyPolicy>,
+    /// `PerSourcePenaltyExemptList`: address patterns never penalised.
+    pub per_source_penalty_exempt: Vec<String>,
     pub max_sessions: usize,
     /// Interval of server keepalives to detect dead clients; `None` disables them.
     pub client_alive_interval: Option<Duration>,
@@ -139,6 +143,10 @@ pub struct Settings {
     pub banner: Option<PathBuf>,
     /// `RequiredRSASize`: the fewest bits an RSA user key may have.
     pub required_rsa_size: u32,
+    /// `AuthenticationMethods`: the methods a login must complete.
+    pub authentication_methods: crate::auth_methods::AuthMethods,
+    /// `RekeyLimit`: when skiffd starts a new key exchange.
+    pub rekey_limit: crate::rekey_limit::RekeyLimit,
     /// `Match` blocks, in file order.
     pub matches: Vec<MatchBlock>,
 }
@@ -275,6 +283,8 @@ impl Default for Settings {
             early_drop: None,
             per_source_max_startups: None,
             per_source_net_block: Default::default(),
+            per_source_penalties: None,
+            per_source_penalty_exempt: Vec::new(),
             max_sessions: 256,
             client_alive_interval: Some(Duration::from_secs(60)),
             client_alive_count_max: 3,
@@ -293,6 +303,8 @@ impl Default for Settings {
             chroot_directory: None,
             banner: None,
             required_rsa_size: 1024,
+            authentication_methods: Default::default(),
+            rekey_limit: Default::default(),
             matches: Vec::new(),
             kex_algorithms: algorithms::SERVER_KEX.defaults(),
             host_key_algorithms: algorithms::SERVER_HOST_KEY.defaults(),
@@ -659,7 +671,9 @@ fn apply_line(
             settings.host_key_algorithms =
                 algorithm_list(&algorithms::SERVER_HOST_KEY, one()?, settings)?
         }
-        "ciphers" => settings.ciphers = algorithm_list(&algorithms::SERVER_CIPHERS, one()?, settings)?,
+        "ciphers" => {
+            settings.ciphers = algorithm_list(&algorithms::SERVER_CIPHERS, one()?, settings)?
+        }
         "macs" => settings.macs = algorithm_list(&algorithms::SERVER_MACS, one()?, settings)?,
         "pubkeyacceptedalgorithms" | "pubkeyacceptedkeytypes" => {
             settings.pubkey_algorithms =
@@ -776,6 +790,14 @@ fn apply_line(
         "permituserenvironment" => {
             settings.permit_user_environment = parse_yes_no(one()?).map_err(err)?
         }
+        "rekeylimit" => {
+            settings.rekey_limit =
+                crate::rekey_limit::RekeyLimit::parse(&args, settings.rekey_limit).map_err(err)?
+        }
+        "authenticationmethods" => {
+            settings.authentication_methods =
+                crate::auth_methods::AuthMethods::parse(&args).map_err(|e| err(e.to_string()))?
+        }
         "strictmodes" => settings.strict_modes = parse_yes_no(one()?).map_err(err)?,
         "persourcemaxstartups" => {
             settings.per_source_max_startups = match one()? {
@@ -787,16 +809,14 @@ fn apply_line(
             settings.per_source_net_block =
                 crate::startups::NetBlock::parse(one()?).map_err(err)?;
         }
-        // Penalties are not implemented; only turning them off is accepted,
-        // so that a configuration never suggests a protection that is absent.
-        "persourcepenalties" => match one()? {
-            v if v.eq_ignore_ascii_case("no") => {}
-            v => {
-                return Err(err(format!(
-                    "PerSourcePenalties {v:?}: skiffd does not implement penalties; only \"no\" is accepted (PerSourceMaxStartups and MaxStartups limit unauthenticated connections)"
-                )))
-            }
-        },
+        "persourcepenalties" => {
+            settings.per_source_penalties =
+                crate::penalties::PenaltyPolicy::parse(&args).map_err(err)?
+        }
+        "persourcepenaltyexemptlist" => {
+            settings.per_source_penalty_exempt =
+                crate::penalties::parse_exempt_list(one()?).map_err(err)?
+        }
         "logingracetime" => settings.login_grace_time = parse_duration(one()?).map_err(err)?,
         "maxauthtries" => settings.max_auth_tries = parse_count(one()?).map_err(err)?,
         "maxstartups" => {
@@ -1350,8 +1370,8 @@ mod tests {
             "PerSourceMaxStartups lots",
             "PerSourceNetBlockSize 33",
             "PerSourceNetBlockSize 24:200",
-            "PerSourcePenalties yes",
-            "PerSourcePenalties authfail:5s",
+            "PerSourcePenalties authfail:5x",
+            "PerSourcePenaltyExemptList 10.0.0.0/40",
         ] {
             let e = apply_config_text(&mut Settings::default(), "f", bad).unwrap_err();
             assert!(e.to_string().contains("f:1"), "{bad}: {e}");

@@ -18,6 +18,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use crate::access::RootLogin;
+use crate::auth_methods::AuthMethods;
 use crate::config::{AddressFamily, Settings, UnencryptedPolicy};
 use crate::forward_policy::GatewayPorts;
 use crate::match_block::PartialContext;
@@ -131,6 +132,31 @@ fn yes_no(b: bool) -> &'static str {
 
 fn seconds(d: Duration) -> String {
     d.as_secs().to_string()
+}
+
+/// `PerSourcePenalties` as sshd prints it: every parameter, times in
+/// seconds.
+fn penalties(p: &crate::penalties::PenaltyPolicy) -> String {
+    use crate::penalties::Overflow;
+    let overflow = |o: Overflow| match o {
+        Overflow::DenyAll => "deny-all",
+        Overflow::Permissive => "permissive",
+    };
+    format!(
+        "crash:{} authfail:{} noauth:{} grace-exceeded:{} refuseconnection:{} max:{} min:{} \
+         max-sources4:{} max-sources6:{} overflow:{} overflow6:{}",
+        p.crash.as_secs(),
+        p.authfail.as_secs(),
+        p.noauth.as_secs(),
+        p.grace_exceeded.as_secs(),
+        p.refuse_connection.as_secs(),
+        p.max.as_secs(),
+        p.min.as_secs(),
+        p.max_sources4,
+        p.max_sources6,
+        overflow(p.overflow4),
+        overflow(p.overflow6),
+    )
 }
 
 fn or_none<T: ToString>(value: Option<T>) -> String {
@@ -336,6 +362,39 @@ pub fn render(s: &Settings) -> String {
     line(
         "persourcenetblocksize",
         &format!("{}:{}", block.v4_bits, block.v6_bits),
+    );
+    line(
+        "persourcepenalties",
+        &match &s.per_source_penalties {
+            None => "no".to_string(),
+            Some(p) => penalties(p),
+        },
+    );
+    line(
+        "persourcepenaltyexemptlist",
+        &match s.per_source_penalty_exempt.as_slice() {
+            [] => "none".to_string(),
+            list => list.join(","),
+        },
+    );
+    line(
+        "authenticationmethods",
+        &match &s.authentication_methods {
+            AuthMethods::Any => "any".to_string(),
+            AuthMethods::Lists(lists) => lists
+                .iter()
+                .map(|l| l.iter().map(|m| m.name()).collect::<Vec<_>>().join(","))
+                .collect::<Vec<_>>()
+                .join(" "),
+        },
+    );
+    line(
+        "rekeylimit",
+        &format!(
+            "{} {}",
+            s.rekey_limit.data,
+            s.rekey_limit.time.map_or(0, |t| t.as_secs())
+        ),
     );
     line("permittunnel", never_offered("permittunnel"));
     line("permitopen", &f.permit_open.to_string());

@@ -26,11 +26,13 @@
 //! authorized_keys, principals and key lists (regular files only, bounded,
 //! mode-checked, off the async workers); `account_fs` connects to and makes
 //! Unix sockets with an account's rights; `sshd_only` rules on sshd
-//! keywords skiffd accepts without acting on. [`queue_budget`] counts the
+//! keywords skiffd accepts without acting on; [`auth_methods`] is the
+//! `AuthenticationMethods` policy. [`queue_budget`] counts the
 //! memory held for peers (`MaxConnectionQueue`, `MaxServerQueue`) and
 //! `channel_io` moves channel bytes with it counted. [`startups`] counts
 //! connections that have not authenticated (data-plane streams until their
-//! token checks out); [`fd_budget`] keeps descriptors spare for work
+//! token checks out), [`penalties`] the sources refused for a while after
+//! misbehaving (`PerSourcePenalties`); [`fd_budget`] keeps descriptors spare for work
 //! already taken on, which `descriptors` measures.
 
 pub mod access;
@@ -39,6 +41,7 @@ mod account_files;
 mod account_fs;
 pub mod account_policy;
 mod auth_info;
+pub mod auth_methods;
 mod channel_io;
 pub mod chroot;
 pub mod config;
@@ -54,9 +57,11 @@ pub mod log_file;
 pub mod lookup_command;
 pub mod match_block;
 mod peer_hangup;
+pub mod penalties;
 mod process;
 mod pty_owner;
 pub mod queue_budget;
+pub mod rekey_limit;
 mod server_state;
 pub mod session_env;
 pub mod sftp;
@@ -68,4 +73,8 @@ mod stream_relay;
 pub mod transfer_process;
 
 pub use handler::authorized_keys_path;
+
+/// skiffd's software version as its identification string carries it
+/// (`SSH-2.0-skiffd_X.Y.Z`), and as `Match version` matches it.
+pub const SOFTWARE_VERSION: &str = concat!("skiffd_", env!("CARGO_PKG_VERSION"));
 pub use listener::{russh_config, serve, serve_listeners};

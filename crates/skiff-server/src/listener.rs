@@ -19,9 +19,13 @@ use crate::config::Settings;
 use crate::descriptors::Descriptors;
 use crate::handler::ConnectionHandler;
 use crate::hostkey::HostIdentity;
+use crate::penalties::{Admission, Offence, Penalties};
 use crate::server_state::ServerState;
 use crate::startups::{Pending, Refusal, Startups};
 use crate::stream_relay::{FirstBytes, Sniffed};
+
+/// `RekeyLimit ... none`: a time no connection lives to see.
+const NO_REKEY_TIME: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// The russh server configuration for these settings and host keys.
 ///
@@ -57,10 +61,7 @@ pub fn russh_config(settings: &Settings, host: HostIdentity) -> russh::server::C
         ..Preferred::default()
     };
     russh::server::Config {
-        server_id: SshId::Standard(Cow::Owned(format!(
-            "SSH-2.0-skiffd_{}",
-            env!("CARGO_PKG_VERSION")
-        ))),
+        server_id: SshId::Standard(Cow::Owned(format!("SSH-2.0-{}", crate::SOFTWARE_VERSION))),
         methods: {
             let mut m = russh::MethodSet::empty();
             m.push(russh::MethodKind::PublicKey);
@@ -81,6 +82,13 @@ pub fn russh_config(settings: &Settings, host: HostIdentity) -> russh::server::C
         // Large packets cost fewer messages per byte (russh warns above
         // 65535); the queue budget closes connections that send larger.
         maximum_packet_size: crate::queue_budget::MAX_PACKET,
+        // RekeyLimit: russh starts a key exchange once either direction
+        // has carried `data` bytes, or once `time` has passed.
+        limits: russh::Limits::new(
+            settings.rekey_limit.data,
+            settings.rekey_limit.data,
+            settings.rekey_limit.time.unwrap_or(NO_REKEY_TIME),
+        ),
         keepalive_interval: settings.client_alive_interval,
         keepalive_max: settings.client_alive_count_max,
         nodelay: true,
@@ -146,6 +154,13 @@ pub async fn serve_listeners(
         settings.authorized_principals_command_user.as_ref(),
     )
     .map_err(anyhow::Error::msg)?;
+    let penalties = settings.per_source_penalties.clone().map(|policy| {
+        Arc::new(std::sync::Mutex::new(Penalties::new(
+            policy,
+            settings.per_source_net_block,
+            settings.per_source_penalty_exempt.clone(),
+        )))
+    });
     let state = Arc::new(ServerState {
         keys_command,
         principals_command,
@@ -159,8 +174,15 @@ pub async fn serve_listeners(
     for listener in listeners {
         tracing::info!("listening on {}", listener.local_addr()?);
         let (config, state, startups) = (config.clone(), state.clone(), startups.clone());
-        let descriptors = descriptors.clone();
-        loops.spawn(accept_loop(listener, config, state, startups, descriptors));
+        let (descriptors, penalties) = (descriptors.clone(), penalties.clone());
+        loops.spawn(accept_loop(
+            listener,
+            config,
+            state,
+            startups,
+            descriptors,
+            penalties,
+        ));
     }
     match loops.join_next().await {
         Some(Ok(r)) => r,
@@ -198,6 +220,7 @@ async fn accept_loop(
     state: Arc<ServerState>,
     startups: Arc<Startups>,
     descriptors: Arc<Descriptors>,
+    penalties: Option<SharedPenalties>,
 ) -> Result<()> {
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -209,6 +232,26 @@ async fn accept_loop(
                 continue;
             }
         };
+        // A penalised source is turned away before anything else: the
+        // socket is closed unanswered.
+        if let Some(p) = &penalties {
+            let admission = lock(p).admit(peer.ip(), std::time::Instant::now());
+            match admission {
+                Admission::Admit => {}
+                Admission::Penalised { network, left, log } => {
+                    if log {
+                        tracing::warn!(%peer, "refusing connections from {network} for {}s (PerSourcePenalties)", left.as_secs() + 1);
+                    }
+                    continue;
+                }
+                Admission::Overflow { log } => {
+                    if log {
+                        tracing::warn!(%peer, "refusing new connections: the PerSourcePenalties table is full (overflow deny-all)");
+                    }
+                    continue;
+                }
+            }
+        }
         let settings = &state.settings;
         let admitted = startups.admit(
             peer.ip(),
@@ -244,11 +287,66 @@ async fn accept_loop(
             continue;
         }
         let (config, state) = (config.clone(), state.clone());
-        tokio::spawn(async move {
-            if let Err(e) = handle_connection(stream, peer, config, state, pending).await {
+        let served = tokio::spawn(async move {
+            let failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let mut outcome = Outcome::Ended;
+            let served = handle_connection(
+                stream,
+                peer,
+                config,
+                state,
+                pending,
+                &mut outcome,
+                failures.clone(),
+            );
+            if let Err(e) = served.await {
                 tracing::info!(%peer, "connection ended: {e}");
             }
+            outcome.offence(failures.load(std::sync::atomic::Ordering::Relaxed) > 0)
         });
+        if let Some(p) = penalties.clone() {
+            // Judged once the connection is over, a panic included.
+            tokio::spawn(async move {
+                let offence = match served.await {
+                    Ok(offence) => offence,
+                    Err(e) if e.is_panic() => Some(Offence::Crash),
+                    Err(_) => None,
+                };
+                if let Some(offence) = offence {
+                    lock(&p).penalise(peer.ip(), offence, std::time::Instant::now());
+                }
+            });
+        }
+    }
+}
+
+/// The penalty table all listeners share.
+type SharedPenalties = Arc<std::sync::Mutex<Penalties>>;
+
+fn lock(p: &SharedPenalties) -> std::sync::MutexGuard<'_, Penalties> {
+    p.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// How a connection's unauthenticated part ended, for `PerSourcePenalties`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// It ended before authenticating.
+    Ended,
+    /// `LoginGraceTime` ran out first.
+    GraceExceeded,
+    /// It authenticated (or is a data-plane stream, judged by its token).
+    NotPenalised,
+}
+
+impl Outcome {
+    /// The penalty it earns; `failed`: an authentication request was refused.
+    fn offence(self, failed: bool) -> Option<Offence> {
+        match self {
+            Outcome::NotPenalised => None,
+            Outcome::GraceExceeded => Some(Offence::GraceExceeded),
+            Outcome::Ended if failed => Some(Offence::AuthFail),
+            Outcome::Ended => Some(Offence::NoAuth),
+        }
     }
 }
 
@@ -270,6 +368,8 @@ async fn handle_connection(
     config: Arc<russh::server::Config>,
     state: Arc<ServerState>,
     mut guard: Pending,
+    outcome: &mut Outcome,
+    auth_failures: Arc<std::sync::atomic::AtomicUsize>,
 ) -> Result<()> {
     stream.set_nodelay(true)?;
     let local = stream.local_addr()?;
@@ -280,7 +380,8 @@ async fn handle_connection(
     let deadline = tokio::time::Instant::now() + grace;
     let (auth_tx, mut auth_rx) = tokio::sync::watch::channel(false);
     let handler = ConnectionHandler::new(state.clone(), peer, local, auth_tx)
-        .with_socket(socket.try_clone()?);
+        .with_socket(socket.try_clone()?)
+        .with_auth_failures(auth_failures);
     // Data-plane streams share the port: the sniffer sees their magic
     // before SSH would, and the socket is then served from `socket`.
     let first_bytes = FirstBytes::default();
@@ -290,7 +391,10 @@ async fn handle_connection(
         russh::server::run_stream(config, sniffed, handler),
     )
     .await
-    .map_err(|_| anyhow::anyhow!("no SSH identification within LoginGraceTime"))?;
+    .map_err(|_| {
+        *outcome = Outcome::GraceExceeded;
+        anyhow::anyhow!("no SSH identification within LoginGraceTime")
+    })?;
     let session = match started {
         Ok(session) => session,
         Err(_) if first_bytes.get() == Some(Sniff::NotSsh) => {
@@ -303,6 +407,7 @@ async fn handle_connection(
         }
         Err(_) if first_bytes.get() == Some(Sniff::DataPlane) => {
             // Still unauthenticated: it counts until its token checks out.
+            *outcome = Outcome::NotPenalised;
             let stream = taken_over(socket)?;
             crate::stream_relay::accept_stream(&state.registry, stream, peer, guard).await;
             return Ok(());
@@ -313,13 +418,22 @@ async fn handle_connection(
     // Ok(true): authenticated. Ok(false): the connection ended first. Err: grace expired.
     let authed = tokio::select! {
         biased;
-        result = &mut session => return result.map_err(Into::into),
+        result = &mut session => {
+            if *auth_rx.borrow() {
+                *outcome = Outcome::NotPenalised;
+            }
+            return result.map_err(Into::into);
+        }
         authed = tokio::time::timeout_at(deadline, async { auth_rx.wait_for(|a| *a).await.is_ok() }) => authed,
     };
     match authed {
-        Ok(true) => guard.release(),
+        Ok(true) => {
+            *outcome = Outcome::NotPenalised;
+            guard.release()
+        }
         Ok(false) => {}
         Err(_) => {
+            *outcome = Outcome::GraceExceeded;
             tracing::info!(%peer, "login grace time ({}s) expired before authentication", grace.as_secs());
             // Wherever the handshake stands (even mid key exchange), end it now.
             let _ = nix::sys::socket::shutdown(

@@ -1,5 +1,5 @@
 //! sshd_config's `Match` blocks for skiffd: the criteria (`User`, `Group`,
-//! `Address`, `LocalAddress`, `LocalPort`, `Host`, `All`, each negatable
+//! `Address`, `LocalAddress`, `LocalPort`, `Host`, `Version`, `All`, each negatable
 //! with `!`), their evaluation for one login, and which keywords a block
 //! may set. Pure: the configuration parser collects the blocks
 //! ([`crate::config`]), the handler supplies who is logging in from where.
@@ -19,6 +19,7 @@ pub const ALLOWED_IN_MATCH: &[&str] = &[
     "allowstreamlocalforwarding",
     "allowtcpforwarding",
     "allowusers",
+    "authenticationmethods",
     "authorizedkeysfile",
     "authorizedprincipalsfile",
     "chrootdirectory",
@@ -39,6 +40,7 @@ pub const ALLOWED_IN_MATCH: &[&str] = &[
     "permituserenvironment",
     "pubkeyacceptedalgorithms",
     "pubkeyacceptedkeytypes",
+    "rekeylimit",
     "revokedkeys",
     "setenv",
     "trustedusercakeys",
@@ -79,6 +81,9 @@ enum Criterion {
     /// skiffd does no reverse lookups: `Host` is matched against the
     /// client's address, as sshd does with `UseDNS no`.
     Host(Vec<String>),
+    /// Patterns for skiffd's own version, [`crate::SOFTWARE_VERSION`]
+    /// (sshd's, OpenSSH 10.0 on, match `OpenSSH_10.0` and the like).
+    Version(Vec<String>),
 }
 
 /// One `Match` line and the lines under it.
@@ -146,10 +151,11 @@ impl MatchBlock {
                     Criterion::LocalPort(list)
                 }
                 "host" => Criterion::Host(list),
+                "version" => Criterion::Version(list),
                 _ => {
                     return Err(format!(
                         "unsupported Match criterion {word:?} (skiffd knows User, Group, Address, \
-                         LocalAddress, LocalPort, Host and All)"
+                         LocalAddress, LocalPort, Host, Version and All)"
                     ))
                 }
             });
@@ -215,6 +221,7 @@ impl MatchBlock {
             Criterion::LocalPort(list) => {
                 local_port.is_some_and(|p| list_hit(list, &p.to_string()))
             }
+            Criterion::Version(list) => list_hit(list, crate::SOFTWARE_VERSION),
         })
     }
 }
@@ -298,6 +305,18 @@ mod tests {
         let nobody = PartialContext::default();
         assert!(!block("User !root").matches_partial(&nobody));
         assert!(!block("Host *").matches_partial(&nobody));
+    }
+
+    #[test]
+    fn version_matches_skiffds_own() {
+        let none: Vec<String> = Vec::new();
+        let c = ctx("x", &none, "10.0.0.1");
+        assert!(crate::SOFTWARE_VERSION.starts_with("skiffd_"));
+        assert!(block("Version skiffd_*").matches(&c));
+        assert!(block(&format!("Version {}", crate::SOFTWARE_VERSION)).matches(&c));
+        assert!(!block("Version OpenSSH_*").matches(&c));
+        assert!(!block("Version !skiffd_*,*").matches(&c));
+        assert!(!block("User x Version OpenSSH_10.*").matches(&c));
     }
 
     #[test]

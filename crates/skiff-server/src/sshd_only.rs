@@ -4,8 +4,9 @@
 //! is. Each is accepted only where ignoring it can never widen access:
 //! cosmetic and logging settings, and features skiffd never offers
 //! (passwords, X11, tunnels), whatever their value. Anything that would
-//! narrow access if honoured, such as `AuthenticationMethods` with a second
-//! factor or `PubkeyAuthentication no`, stays an error. Pure: no I/O.
+//! narrow access if honoured, such as `PubkeyAuthentication no`, stays an
+//! error (`AuthenticationMethods` is skiffd's own: [`crate::auth_methods`]).
+//! Pure: no I/O.
 
 /// What skiffd makes of a keyword it does not implement.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,7 +31,6 @@ const COSMETIC: &[&str] = &[
     "printlastlog",
     "printmotd",
     "protocol",
-    "rekeylimit",
     "syslogfacility",
     "tcpkeepalive",
     "usedns",
@@ -105,21 +105,6 @@ pub fn verdict(keyword: &str, args: &[&str]) -> Option<Verdict> {
         "pubkeyauthentication" => Verdict::Refused(
             "PubkeyAuthentication no: skiffd authenticates with public keys only".into(),
         ),
-        "authenticationmethods" => {
-            let only_keys = args.iter().all(|list| {
-                list.split(',').all(|m| m == "publickey" || m == "any")
-                    && !list.contains(",publickey")
-            });
-            if only_keys {
-                Verdict::Fine
-            } else {
-                Verdict::Refused(format!(
-                    "AuthenticationMethods {}: skiffd offers public-key authentication only, \
-                     once, and cannot require more",
-                    args.join(" ")
-                ))
-            }
-        }
         _ => return None,
     })
 }
@@ -155,26 +140,6 @@ mod tests {
             verdict("pubkeyauthentication", &["yes"]),
             Some(Verdict::Fine)
         );
-        for ok in [&["publickey"][..], &["any"], &["publickey", "any"]] {
-            assert_eq!(
-                verdict("authenticationmethods", ok),
-                Some(Verdict::Fine),
-                "{ok:?}"
-            );
-        }
-        for two_factor in [
-            &["publickey,keyboard-interactive"][..],
-            &["publickey,publickey"],
-            &["password"],
-        ] {
-            assert!(
-                matches!(
-                    verdict("authenticationmethods", two_factor),
-                    Some(Verdict::Refused(_))
-                ),
-                "{two_factor:?}"
-            );
-        }
         assert_eq!(verdict("pubkeyacceptedalgorithms", &["ssh-ed25519"]), None);
         assert_eq!(verdict("nosuchkeyword", &[]), None);
     }

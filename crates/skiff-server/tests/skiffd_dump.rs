@@ -74,6 +74,7 @@ const DIFFERENT_DEFAULTS: &[(&str, &str)] = &[
     ("passwordauthentication", "skiffd never offers passwords"),
     ("kbdinteractiveauthentication", "skiffd never offers keyboard-interactive"),
     ("permituserrc", "skiffd never runs ~/.ssh/rc"),
+    ("rekeylimit", "skiffd re-keys after 1 GiB or an hour by default; sshd after a cipher-dependent amount, with no time limit"),
 ];
 
 /// What a configuration (on top of the defaults') sets to what skiffd does
@@ -174,6 +175,8 @@ fn a_debian_style_configuration_prints_as_sshd_prints_it() {
          PermitRootLogin prohibit-password\n\
          LoginGraceTime 30\n\
          MaxSessions 4\n\
+         RekeyLimit 512M 30m\n\
+         AuthenticationMethods publickey,publickey publickey\n\
          ClientAliveInterval 300\n\
          ClientAliveCountMax 2\n\
          MaxStartups 10:30:60\n\

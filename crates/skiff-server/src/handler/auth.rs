@@ -30,6 +30,7 @@ use skiff_proto::user_cert;
 
 use super::ConnectionHandler;
 use crate::account::{self, Account};
+use crate::auth_methods::{Method, Progress, Step};
 use crate::config::Settings;
 
 /// The outcome of a successful authentication.
@@ -47,6 +48,21 @@ pub(super) struct Authenticated {
 
 /// A usable account and the keys its authorized_keys file admits.
 pub(super) type UserKeys = (Account, Vec<AuthorizedKey>);
+
+/// A login part-way through `AuthenticationMethods` (a method has
+/// succeeded, the lists want more): who, how far, and what the steps so
+/// far hold.
+pub(super) struct AuthSteps {
+    user: String,
+    progress: Progress,
+    /// The public keys used so far (a certificate counts as its key): as
+    /// in sshd, none may serve again.
+    used_keys: Vec<Vec<u8>>,
+    /// The key options of the steps so far, merged ([`merge_options`]).
+    options: KeyOptions,
+    /// Their `ExposeAuthInfo` lines.
+    credentials: String,
+}
 
 impl ConnectionHandler {
     /// The account `user` names, if it may log in at all from this peer
@@ -281,10 +297,84 @@ impl ConnectionHandler {
         Some((acct.clone(), opts.clone()))
     }
 
-    /// Records a successful login (a key or a certificate) as `account`,
-    /// whose sessions run under `options`.
-    fn logged_in(&mut self, account: Account, mut options: KeyOptions, credential: String) -> Auth {
+    /// Why `user` may not use the key `blob` at this stage of
+    /// `AuthenticationMethods`: after a partial success the user name may
+    /// not change, a key already used does not count again, and public
+    /// keys must come next in some list.
+    fn step_refusal(&self, user: &str, blob: &[u8]) -> Option<&'static str> {
+        match &self.auth_steps {
+            Some(steps) if steps.user != user => {
+                Some("the user name changed after a partial authentication")
+            }
+            Some(steps) if steps.used_keys.iter().any(|k| k == blob) => {
+                Some("this key has already been used (AuthenticationMethods)")
+            }
+            Some(steps) if !steps.progress.allows(Method::PublicKey) => {
+                Some("public-key authentication does not come next (AuthenticationMethods)")
+            }
+            _ => None,
+        }
+    }
+
+    /// Records a successful public-key step (a key or a certificate, whose
+    /// key is `key_blob`) as `account`, whose sessions run under `options`:
+    /// a partial success while `AuthenticationMethods` wants more, else the
+    /// login.
+    fn logged_in(
+        &mut self,
+        account: Account,
+        options: KeyOptions,
+        credential: String,
+        key_blob: Vec<u8>,
+    ) -> Auth {
         self.enter_login_settings(&account);
+        if let Some(why) = self.step_refusal(&account.name, &key_blob) {
+            tracing::info!(peer = %self.peer, user = %account.name, "key refused: {why}");
+            return publickey_only();
+        }
+        // Worked on a copy: a refusal below leaves the steps as they were.
+        let (mut progress, earlier) = match &self.auth_steps {
+            Some(steps) => (
+                steps.progress.clone(),
+                Some((steps.options.clone(), steps.credentials.clone())),
+            ),
+            None => (self.settings().authentication_methods.start(), None),
+        };
+        let step = progress.record(Method::PublicKey);
+        let (mut options, credential) = match earlier {
+            None => (options, credential),
+            Some((before, lines)) => match merge_options(before, options) {
+                Ok(merged) => (merged, lines + &credential),
+                Err(why) => {
+                    tracing::info!(peer = %self.peer, user = %account.name, "key refused: {why}");
+                    return publickey_only();
+                }
+            },
+        };
+        match step {
+            Step::Complete => {}
+            Step::NotAllowed => return publickey_only(),
+            Step::Partial(next) => {
+                tracing::info!(peer = %self.peer, user = %account.name,
+                    "partial authentication: publickey accepted, {} to follow (AuthenticationMethods)",
+                    next.iter().map(|m| m.name()).collect::<Vec<_>>().join(" or "));
+                let steps = self.auth_steps.get_or_insert_with(|| AuthSteps {
+                    user: account.name.clone(),
+                    progress: progress.clone(),
+                    used_keys: Vec::new(),
+                    options: KeyOptions::default(),
+                    credentials: String::new(),
+                });
+                steps.progress = progress;
+                steps.used_keys.push(key_blob);
+                steps.options = options;
+                steps.credentials = credential;
+                return Auth::Reject {
+                    proceed_with_methods: Some(method_set(&next)),
+                    partial_success: true,
+                };
+            }
+        }
         if account.uid == 0
             && self.settings().access.root_login == crate::access::RootLogin::ForcedCommandsOnly
             && options.command.is_none()
@@ -293,6 +383,7 @@ impl ConnectionHandler {
                 "refusing login: PermitRootLogin forced-commands-only, and the key forces no command");
             return publickey_only();
         }
+        self.auth_steps = None;
         if crate::account_policy::nologin_applies(account.uid) {
             let path = std::path::Path::new(crate::account_policy::NOLOGIN_FILE);
             if let Some(notice) = crate::account_policy::read_nologin(path) {
@@ -409,6 +500,15 @@ impl ConnectionHandler {
     ) -> Result<Auth, russh::Error> {
         self.prepare_candidate(user).await;
         if let Some(why) = self.algorithm_refusal(user, &[offer.algorithm.as_str()]) {
+            tracing::info!(peer = %self.peer, user, "refusing the key: {why}");
+            return Ok(publickey_only());
+        }
+        if let Some(why) = offer
+            .public_key
+            .to_bytes()
+            .ok()
+            .and_then(|blob| self.step_refusal(user, &blob))
+        {
             tracing::info!(peer = %self.peer, user, "refusing the key: {why}");
             return Ok(publickey_only());
         }
@@ -539,7 +639,7 @@ impl ConnectionHandler {
                     via = ?authority, "accepted certificate");
                 let account = account.clone();
                 let credential = credential_line(certificate.to_openssh());
-                Ok(self.logged_in(account, options, credential))
+                Ok(self.logged_in(account, options, credential, key_blob))
             }
             Err(why) => {
                 tracing::info!(%peer, user, "certificate refused: {why}");
@@ -568,7 +668,8 @@ impl ConnectionHandler {
                 tracing::info!(peer = %self.peer, user, key = %key.public_key.fingerprint(Default::default()),
                     "accepted publickey");
                 let credential = credential_line(key.public_key.to_openssh());
-                Ok(self.logged_in(account, options, credential))
+                let key_blob = key.public_key.to_bytes().unwrap_or_default();
+                Ok(self.logged_in(account, options, credential, key_blob))
             }
             None => Ok(publickey_only()),
         }
@@ -607,6 +708,75 @@ pub(super) fn publickey_only() -> Auth {
         proceed_with_methods: Some(methods),
         partial_success: false,
     }
+}
+
+/// The methods a client may try next, as russh sends them.
+fn method_set(methods: &[Method]) -> russh::MethodSet {
+    let mut set = russh::MethodSet::empty();
+    for m in methods {
+        set.push(match m {
+            Method::PublicKey => russh::MethodKind::PublicKey,
+            Method::Password => russh::MethodKind::Password,
+            Method::KeyboardInteractive => russh::MethodKind::KeyboardInteractive,
+            Method::HostBased => russh::MethodKind::HostBased,
+            Method::GssapiWithMic => russh::MethodKind::GssapiWithMic,
+            Method::None => russh::MethodKind::None,
+        });
+    }
+    set
+}
+
+/// The options a login authenticated by two keys runs under: whatever
+/// either restricts stays restricted (`no-*` flags; `permitopen` and
+/// `permitlisten` lists, where both have one, only what both allow); a
+/// forced command may come from one key only, or the same from both;
+/// `environment=` keeps the first value of each name.
+fn merge_options(first: KeyOptions, next: KeyOptions) -> Result<KeyOptions, String> {
+    let command = match (first.command, next.command) {
+        (Some(a), Some(b)) if a != b => {
+            return Err("the keys force different commands (command=)".into())
+        }
+        (a, b) => a.or(b),
+    };
+    let both = |a: Vec<String>, b: Vec<String>| match (a.is_empty(), b.is_empty()) {
+        (true, _) => b,
+        (_, true) => a,
+        _ => a.into_iter().filter(|x| b.contains(x)).collect(),
+    };
+    // Both lists non-empty with nothing in common: nothing is allowed,
+    // which an empty list would not say.
+    let no_common = |a: &[String], b: &[String]| {
+        !a.is_empty() && !b.is_empty() && !a.iter().any(|x| b.contains(x))
+    };
+    let no_open = no_common(&first.permit_open, &next.permit_open);
+    let no_listen = no_common(&first.permit_listen, &next.permit_listen);
+    let mut environment = first.environment;
+    for (name, value) in next.environment {
+        if !environment.iter().any(|(n, _)| *n == name) {
+            environment.push((name, value));
+        }
+    }
+    Ok(KeyOptions {
+        command,
+        from: first.from.or(next.from),
+        environment,
+        expiry_time: first.expiry_time.or(next.expiry_time),
+        no_pty: first.no_pty || next.no_pty,
+        no_port_forwarding: first.no_port_forwarding
+            || next.no_port_forwarding
+            || no_open
+            || no_listen,
+        no_agent_forwarding: first.no_agent_forwarding || next.no_agent_forwarding,
+        no_x11_forwarding: first.no_x11_forwarding || next.no_x11_forwarding,
+        no_user_rc: first.no_user_rc || next.no_user_rc,
+        permit_open: both(first.permit_open, next.permit_open),
+        permit_listen: both(first.permit_listen, next.permit_listen),
+        principals: first.principals.or(next.principals),
+        cert_authority: false,
+        no_touch_required: first.no_touch_required && next.no_touch_required,
+        verify_required: first.verify_required || next.verify_required,
+        tunnel: first.tunnel.or(next.tunnel),
+    })
 }
 
 /// Expands `%h`, `%u` and `%%` in the authorized_keys path template.

@@ -35,7 +35,7 @@ use russh::server::{Auth, ChannelOpenHandle, Msg, PublicKeyOffer, Session, Verif
 use russh::{Channel, ChannelId, Pty, Sig};
 use skiff_proto::authorized_keys::AuthorizedKey;
 
-use auth::{Authenticated, UserKeys};
+use auth::{AuthSteps, Authenticated, UserKeys};
 use session::SessionChannel;
 
 use crate::config::Settings;
@@ -56,6 +56,12 @@ pub struct ConnectionHandler {
     /// The last `AuthorizedKeysCommand` answer: user, key blob, entries.
     command_answer: Option<(String, Vec<u8>, Vec<AuthorizedKey>)>,
     auth: Option<Authenticated>,
+    /// `AuthenticationMethods` steps done so far (after a partial success).
+    auth_steps: Option<AuthSteps>,
+    /// Authentication requests refused on this connection (shared with
+    /// the listener, which penalises a source whose connection ends after
+    /// one: `PerSourcePenalties authfail`).
+    auth_failures: Arc<std::sync::atomic::AtomicUsize>,
     channels: HashMap<ChannelId, SessionChannel>,
     /// A second handle on the socket, for the kernel's RTT estimate.
     socket: Option<std::os::fd::OwnedFd>,
@@ -101,6 +107,8 @@ impl ConnectionHandler {
             candidate: None,
             command_answer: None,
             auth: None,
+            auth_steps: None,
+            auth_failures: Default::default(),
             channels: HashMap::new(),
             socket: None,
             windows: skiff_proto::window::WindowGrowth::new(state.settings.max_channel_window),
@@ -115,6 +123,27 @@ impl ConnectionHandler {
             env_refusals: std::cell::Cell::new(0),
             state,
         }
+    }
+
+    /// Counts refused authentication requests in `counter`.
+    pub fn with_auth_failures(mut self, counter: Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        self.auth_failures = counter;
+        self
+    }
+
+    /// `auth`, counted when it refuses (a partial success is no failure).
+    fn counted(&self, auth: Auth) -> Auth {
+        if matches!(
+            auth,
+            Auth::Reject {
+                partial_success: false,
+                ..
+            }
+        ) {
+            self.auth_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        auth
     }
 
     /// Lets channel windows grow with the connection's round-trip time.
@@ -153,7 +182,8 @@ impl russh::server::Handler for ConnectionHandler {
         user: &str,
         offer: PublicKeyOffer<'_>,
     ) -> Result<Auth, Self::Error> {
-        self.key_offered(user, offer).await
+        let auth = self.key_offered(user, offer).await?;
+        Ok(self.counted(auth))
     }
 
     async fn auth_openssh_certificate(
@@ -161,7 +191,8 @@ impl russh::server::Handler for ConnectionHandler {
         user: &str,
         certificate: &Certificate,
     ) -> Result<Auth, Self::Error> {
-        self.certificate_login(user, certificate).await
+        let auth = self.certificate_login(user, certificate).await?;
+        Ok(self.counted(auth))
     }
 
     async fn auth_publickey(
@@ -169,7 +200,8 @@ impl russh::server::Handler for ConnectionHandler {
         user: &str,
         key: VerifiedPublicKey<'_>,
     ) -> Result<Auth, Self::Error> {
-        self.key_login(user, key).await
+        let auth = self.key_login(user, key).await?;
+        Ok(self.counted(auth))
     }
 
     async fn channel_open_session(
