@@ -23,6 +23,12 @@ pub const DEFAULT_AUTHORIZED_KEYS: &str = "%h/.ssh/authorized_keys";
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub listen: Vec<SocketAddr>,
+    /// `ChannelTimeout`: how long each kind of channel (or, `global`, all
+    /// of a connection's) may go without traffic before it is closed.
+    pub channel_timeouts: crate::channel_timeout::ChannelTimeouts,
+    /// `UnusedConnectionTimeout`: how long an authenticated connection may
+    /// have no open channel before it is closed (`None`: no limit).
+    pub unused_connection_timeout: Option<Duration>,
     /// What skiffd does instead of sshd keywords it accepts without acting
     /// on (`file:line: keyword: note`), for the log.
     pub config_notes: Vec<String>,
@@ -243,6 +249,8 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             listen: Vec::new(),
+            channel_timeouts: Default::default(),
+            unused_connection_timeout: None,
             config_notes: Vec::new(),
             host_keys: Vec::new(),
             host_certificates: Vec::new(),
@@ -755,6 +763,16 @@ fn apply_line(
         "clientaliveinterval" => {
             let d = parse_duration(one()?).map_err(err)?;
             settings.client_alive_interval = (!d.is_zero()).then_some(d);
+        }
+        "channeltimeout" => {
+            settings.channel_timeouts =
+                crate::channel_timeout::ChannelTimeouts::parse(&args).map_err(|e| err(e.to_string()))?
+        }
+        "unusedconnectiontimeout" => {
+            settings.unused_connection_timeout = match one()? {
+                v if v.eq_ignore_ascii_case("none") => None,
+                v => Some(parse_duration(v).map_err(err)?).filter(|d| !d.is_zero()),
+            }
         }
         "clientalivecountmax" => {
             settings.client_alive_count_max = parse_count(one()?).map_err(err)?

@@ -25,7 +25,10 @@
 //! Unix sockets with an account's rights; `sshd_only` rules on sshd
 //! keywords skiffd accepts without acting on. [`queue_budget`] counts the
 //! memory held for peers (`MaxConnectionQueue`, `MaxServerQueue`) and
-//! `channel_io` moves channel bytes with it counted. [`startups`] counts
+//! `channel_io` moves channel bytes with it counted. [`channel_timeout`]
+//! says how long a channel may go without traffic (`ChannelTimeout`), and
+//! `channel_idle` keeps the time and closes idle channels and unused
+//! connections (`UnusedConnectionTimeout`). [`startups`] counts
 //! connections that have not authenticated (data-plane streams until their
 //! token checks out); [`fd_budget`] keeps descriptors spare for work
 //! already taken on, which `descriptors` measures.
@@ -36,7 +39,9 @@ mod account_files;
 mod account_fs;
 pub mod account_policy;
 mod auth_info;
+mod channel_idle;
 mod channel_io;
+pub mod channel_timeout;
 pub mod chroot;
 pub mod config;
 mod descriptors;
@@ -62,4 +67,4 @@ mod stream_relay;
 pub mod transfer_process;
 
 pub use handler::authorized_keys_path;
-pub use listener::{russh_config, serve, serve_listeners};
+pub use listener::{russh_config, serve, serve_inetd, serve_listeners};

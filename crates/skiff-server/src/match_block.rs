@@ -21,6 +21,7 @@ pub const ALLOWED_IN_MATCH: &[&str] = &[
     "allowusers",
     "authorizedkeysfile",
     "authorizedprincipalsfile",
+    "channeltimeout",
     "chrootdirectory",
     "dataplane",
     "dataplaneunencrypted",
@@ -42,6 +43,7 @@ pub const ALLOWED_IN_MATCH: &[&str] = &[
     "revokedkeys",
     "setenv",
     "trustedusercakeys",
+    "unusedconnectiontimeout",
 ];
 
 /// What a block's criteria are matched against.

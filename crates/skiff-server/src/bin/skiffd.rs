@@ -3,6 +3,7 @@
 //! Options given on the command line override the `--config` file; see
 //! docs/skiffd-config.md for the file format.
 
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -32,6 +33,10 @@ struct Args {
     /// listened on).
     #[arg(short = 't', long = "test")]
     test: bool,
+    /// inetd mode: serve one connection on stdin/stdout, then exit (for
+    /// inetd, systemd socket activation with Accept=yes, or ProxyCommand).
+    #[arg(short = 'i', conflicts_with = "listen")]
+    inetd: bool,
     /// More logging (-v: debug, -vv: trace). Logs go to stderr.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -82,11 +87,31 @@ fn main() {
         }
         return;
     }
-    init_logging(args.verbose);
+    // inetd hands the connection over as stderr too: a log line there
+    // would be bytes in the SSH stream.
+    if !(args.inetd && stderr_is_stdin()) {
+        init_logging(args.verbose);
+    }
     if let Err(e) = run(args) {
         eprintln!("skiffd: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// Whether stderr is the same file as stdin (inetd's socket on all three).
+fn stderr_is_stdin() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let same = |a: &std::fs::File, b: &std::fs::File| match (a.metadata(), b.metadata()) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    };
+    let (Ok(stdin), Ok(stderr)) = (
+        std::io::stdin().as_fd().try_clone_to_owned(),
+        std::io::stderr().as_fd().try_clone_to_owned(),
+    ) else {
+        return false;
+    };
+    same(&stdin.into(), &stderr.into())
 }
 
 fn init_logging(verbose: u8) {
@@ -168,5 +193,11 @@ fn run(args: Args) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    if args.inetd {
+        let served = runtime.block_on(skiff_server::serve_inetd(settings, host));
+        // A read of stdin may still wait in a blocking thread: not for it.
+        runtime.shutdown_background();
+        return served;
+    }
     runtime.block_on(skiff_server::serve(settings, host))
 }
