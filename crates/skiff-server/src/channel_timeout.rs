@@ -218,6 +218,49 @@ mod tests {
         assert!(ChannelTimeouts::default().is_none());
     }
 
+    /// In a configuration file: the first line wins, as in sshd, and both
+    /// keywords may be set per login in a `Match` block.
+    #[test]
+    fn in_the_configuration_file() {
+        use crate::config::{apply_config_text, Settings};
+        use crate::match_block::MatchContext;
+        let mut s = Settings::default();
+        let text = "ChannelTimeout session=5 direct-tcpip=1m\n\
+                    ChannelTimeout session=9\n\
+                    UnusedConnectionTimeout none\n\
+                    Match User alice\n  ChannelTimeout *=30s\n  UnusedConnectionTimeout 2m\n";
+        apply_config_text(&mut s, "f", text).unwrap();
+        let secs = Duration::from_secs;
+        assert_eq!(
+            s.channel_timeouts.for_kind(ChannelKind::Session),
+            Some(secs(5))
+        );
+        assert_eq!(
+            s.channel_timeouts.for_kind(ChannelKind::DirectTcpip),
+            Some(secs(60))
+        );
+        assert_eq!(s.unused_connection_timeout, None);
+        let groups = Vec::new();
+        let ctx = |user| MatchContext {
+            user,
+            groups: &groups,
+            peer: "127.0.0.1".parse().unwrap(),
+            local: "127.0.0.1".parse().unwrap(),
+            local_port: 22,
+        };
+        let alice = s.for_login(&ctx("alice")).unwrap();
+        assert_eq!(
+            alice.channel_timeouts.for_kind(ChannelKind::ForwardedTcpip),
+            Some(secs(30))
+        );
+        assert_eq!(alice.unused_connection_timeout, Some(secs(120)));
+        assert!(Settings::default().channel_timeouts.is_none());
+        assert_eq!(Settings::default().unused_connection_timeout, None);
+        let err = apply_config_text(&mut Settings::default(), "f", "\nChannelTimeout session\n")
+            .unwrap_err();
+        assert_eq!(err.line, 2);
+    }
+
     #[test]
     fn bad_lines_are_refused() {
         let err = |line: &str| {

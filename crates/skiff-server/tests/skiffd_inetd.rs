@@ -98,6 +98,37 @@ fn a_key_restricted_by_from_is_refused_when_the_peer_is_unknown() {
     );
 }
 
+/// An inetd for one connection on a fresh port: the accepted socket
+/// becomes skiffd's stdin and stdout, and its stderr too when `log` is
+/// `None` (as inetd does). Returns the port and the thread that hands
+/// over skiffd's process once it is started.
+fn inetd_once(
+    fx: &Fixture,
+    config: &Path,
+    log: Option<File>,
+) -> (u16, std::thread::JoinHandle<Child>) {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let command = inetd_command(fx, config);
+    let inetd = std::thread::spawn(move || -> Child {
+        let (socket, _) = listener.accept().expect("accept");
+        let socket = OwnedFd::from(socket);
+        let out = socket.try_clone().expect("dup");
+        let err = match log {
+            Some(file) => Stdio::from(file),
+            None => Stdio::from(socket.try_clone().expect("dup")),
+        };
+        Command::new(&command[0])
+            .args(&command[1..])
+            .stdin(Stdio::from(socket))
+            .stdout(Stdio::from(out))
+            .stderr(err)
+            .spawn()
+            .expect("spawn skiffd -i")
+    });
+    (port, inetd)
+}
+
 #[test]
 fn a_socket_on_stdin_shows_the_real_peer_and_skiffd_exits_after_it() {
     if !require_openssh() {
@@ -107,24 +138,8 @@ fn a_socket_on_stdin_shows_the_real_peer_and_skiffd_exits_after_it() {
     let config = fx.path().join("skiffd.conf");
     write_file(&config, "LoginGraceTime 30\n", 0o644);
     let log_path = fx.path().join("skiffd.log");
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    // The accept loop of an inetd, for one connection: the accepted socket
-    // becomes skiffd's stdin and stdout.
-    let command = inetd_command(&fx, &config);
     let log = File::create(&log_path).expect("log file");
-    let inetd = std::thread::spawn(move || -> Child {
-        let (socket, _) = listener.accept().expect("accept");
-        let socket = OwnedFd::from(socket);
-        let out = socket.try_clone().expect("dup");
-        Command::new(&command[0])
-            .args(&command[1..])
-            .stdin(Stdio::from(socket))
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("spawn skiffd -i")
-    });
+    let (port, inetd) = inetd_once(&fx, &config, Some(log));
     let out = ssh(port, user(), &fx.client_key)
         .args(&["echo $SSH_CONNECTION; id -un"])
         .run();
@@ -156,6 +171,27 @@ fn a_socket_on_stdin_shows_the_real_peer_and_skiffd_exits_after_it() {
         log().contains(&format!("127.0.0.1:{}", conn[1])),
         "the log names the peer: {}",
         log()
+    );
+}
+
+#[test]
+fn nothing_is_logged_into_the_connection_when_stderr_is_the_socket() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let config = fx.path().join("skiffd.conf");
+    write_file(&config, "LoginGraceTime 30\n", 0o644);
+    // skiffd runs with -v: a single log line would break the SSH stream.
+    let (port, inetd) = inetd_once(&fx, &config, None);
+    let out = ssh(port, user(), &fx.client_key).args(&["id -un"]).run();
+    let context = format!("skiffd -i -v with stderr on the socket: {}", out.stderr);
+    out.expect_code(0, &context)
+        .expect_stdout(&format!("{}\n", user()), &context);
+    let child = inetd.join().expect("inetd thread");
+    assert!(
+        exits_within(child, Duration::from_secs(20)).is_some(),
+        "{context}"
     );
 }
 
