@@ -25,6 +25,7 @@ use russh::{ChannelMsg, ChannelReadHalf};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
+use crate::channel_idle::ChannelClock;
 use crate::queue_budget::ChannelQueue;
 
 /// An input chunk and the receipt that counts it.
@@ -51,14 +52,17 @@ impl Drop for InputReceipt {
 
 /// Drains the channel's messages as they come and hands its data to
 /// `feed` (which writes it on and drops each receipt once written). End of
-/// input ends the queue; the client's close (or the connection's end) ends
-/// the task, which returns once `feed` has returned too. Extended data, and
+/// input ends the queue; the client's close, the connection's end, or the
+/// channel's idle timeout (`clock`) ends the task, which returns once
+/// `feed` has returned too. Extended data, and
 /// data after `feed` stopped taking it, are dropped at once. `consumed`
-/// counts the bytes `feed` wrote (a session's input reports).
+/// counts the bytes `feed` wrote (a session's input reports). Every
+/// packet counts as traffic on `clock`.
 pub fn spawn_input<F, Fut>(
     mut reader: ChannelReadHalf,
     queue: Arc<ChannelQueue>,
     consumed: Option<Arc<watch::Sender<u64>>>,
+    clock: Arc<ChannelClock>,
     feed: F,
 ) -> tokio::task::JoinHandle<()>
 where
@@ -69,7 +73,20 @@ where
     let writer = tokio::spawn(feed(rx));
     tokio::spawn(async move {
         let mut tx = Some(tx);
-        while let Some(msg) = reader.wait().await {
+        let expired = clock.expired();
+        tokio::pin!(expired);
+        loop {
+            let msg = tokio::select! {
+                msg = reader.wait() => msg,
+                () = &mut expired => None,
+            };
+            let Some(msg) = msg else { break };
+            if matches!(
+                msg,
+                ChannelMsg::Data { .. } | ChannelMsg::ExtendedData { .. }
+            ) {
+                clock.touch();
+            }
             match msg {
                 ChannelMsg::Data { data } => {
                     let receipt = InputReceipt {
@@ -152,41 +169,53 @@ pub const OUTPUT_CHUNK: usize = 32 * 1024;
 /// `pause-output@skiff`: the command then blocks on its full pipe, as it
 /// would writing to a slow local reader). The buffer exists, counted in
 /// `queue`, only from the moment there is something to read until a read
-/// no longer fills it.
+/// no longer fills it. Every write counts as traffic on `clock`; the
+/// copy stops when the channel is closed for idleness.
 pub async fn forward_output<R, W>(
     from: &mut R,
     to: &mut W,
     mut paused: Option<watch::Receiver<bool>>,
     queue: &Arc<ChannelQueue>,
+    clock: &ChannelClock,
 ) where
     R: OutputSource,
     W: AsyncWrite + Unpin,
 {
     let mut buffer: Option<(Vec<u8>, crate::queue_budget::Held)> = None;
-    loop {
-        if let Some(paused) = paused.as_mut() {
-            // An error means the sender is gone, and then nothing pauses.
-            let _ = paused.wait_for(|p| !*p).await;
-        }
-        if buffer.is_none() {
-            if from.ready().await.is_err() {
-                break;
+    let copy = async {
+        loop {
+            if let Some(paused) = paused.as_mut() {
+                // An error means the sender is gone, and then nothing pauses.
+                let _ = paused.wait_for(|p| !*p).await;
             }
-            buffer = Some((vec![0u8; OUTPUT_CHUNK], queue.hold(OUTPUT_CHUNK)));
-        }
-        let (buf, _) = buffer.as_mut().expect("just made");
-        match from.read_some(buf).await {
-            Ok(n @ 1..) => {
-                if to.write_all(&buf[..n]).await.is_err() {
+            if buffer.is_none() {
+                if from.ready().await.is_err() {
                     break;
                 }
-                if n < buf.len() {
-                    // Probably drained: give the buffer back until more comes.
-                    buffer = None;
-                }
+                buffer = Some((vec![0u8; OUTPUT_CHUNK], queue.hold(OUTPUT_CHUNK)));
             }
-            _ => break,
+            let (buf, _) = buffer.as_mut().expect("just made");
+            match from.read_some(buf).await {
+                Ok(n @ 1..) => {
+                    clock.touch();
+                    if to.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    clock.touch();
+                    if n < buf.len() {
+                        // Probably drained: give the buffer back until more comes.
+                        buffer = None;
+                    }
+                }
+                _ => break,
+            }
         }
+    };
+    // A channel closed for idleness reads no more: the source sees its
+    // reader gone, as when sshd closes a timed-out channel's descriptors.
+    tokio::select! {
+        () = copy => {}
+        () = clock.expired() => {}
     }
     drop(buffer);
     let _ = to.flush().await;

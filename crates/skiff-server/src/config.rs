@@ -25,6 +25,12 @@ pub struct Settings {
     pub listen: Vec<SocketAddr>,
     /// `AddressFamily`, as read (it has made `listen` already).
     pub address_family: AddressFamily,
+    /// `ChannelTimeout`: how long each kind of channel (or, `global`, all
+    /// of a connection's) may go without traffic before it is closed.
+    pub channel_timeouts: crate::channel_timeout::ChannelTimeouts,
+    /// `UnusedConnectionTimeout`: how long an authenticated connection may
+    /// have no open channel before it is closed (`None`: no limit).
+    pub unused_connection_timeout: Option<Duration>,
     /// What skiffd does instead of sshd keywords it accepts without acting
     /// on (`file:line: keyword: note`), for the log.
     pub config_notes: Vec<String>,
@@ -260,6 +266,8 @@ impl Default for Settings {
         Settings {
             listen: Vec::new(),
             address_family: AddressFamily::Any,
+            channel_timeouts: Default::default(),
+            unused_connection_timeout: None,
             config_notes: Vec::new(),
             host_keys: Vec::new(),
             host_certificates: Vec::new(),
@@ -854,6 +862,16 @@ fn apply_line(
         "clientaliveinterval" => {
             let d = parse_duration(one()?).map_err(err)?;
             settings.client_alive_interval = (!d.is_zero()).then_some(d);
+        }
+        "channeltimeout" => {
+            settings.channel_timeouts = crate::channel_timeout::ChannelTimeouts::parse(&args)
+                .map_err(|e| err(e.to_string()))?
+        }
+        "unusedconnectiontimeout" => {
+            settings.unused_connection_timeout = match one()? {
+                v if v.eq_ignore_ascii_case("none") => None,
+                v => Some(parse_duration(v).map_err(err)?).filter(|d| !d.is_zero()),
+            }
         }
         "clientalivecountmax" => {
             settings.client_alive_count_max = parse_count(one()?).map_err(err)?

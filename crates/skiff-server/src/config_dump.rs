@@ -389,6 +389,15 @@ pub fn render(s: &Settings) -> String {
         },
     );
     line(
+        "unusedconnectiontimeout",
+        &s.unused_connection_timeout
+            .map_or("none".to_string(), |t| t.as_secs().to_string()),
+    );
+    // As sshd 9.2: printed only when set.
+    if !s.channel_timeouts.is_none() {
+        line("channeltimeout", &s.channel_timeouts.words().join(" "));
+    }
+    line(
         "rekeylimit",
         &format!(
             "{} {}",

@@ -27,10 +27,16 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::account_fs::{self, Identity, MadeSocket};
+use crate::channel_idle::{ChannelClock, ConnectionClocks};
 use crate::channel_io::{self, OutputSource};
+use crate::channel_timeout::ChannelKind;
 use crate::forward_policy::BindTo;
 use crate::queue_budget::{ChannelQueue, ConnectionQueue};
 use std::sync::Arc;
+
+/// What a relay's channel is counted in: the connection's queue and its
+/// channel clocks.
+type Books = (Arc<ConnectionQueue>, Arc<ConnectionClocks>);
 
 /// How long a `direct-tcpip` connection attempt may take, per address.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -47,6 +53,8 @@ pub struct Forwards {
     agent: Option<AgentSocket>,
     /// The connection's queue, which every relay's bytes count in.
     queue: Arc<ConnectionQueue>,
+    /// The connection's channel clocks, which every relay's traffic touches.
+    clocks: Arc<ConnectionClocks>,
 }
 
 /// A forwarded agent's socket: removed, with its directory, when the
@@ -84,8 +92,9 @@ impl Drop for SocketListener {
 
 impl Forwards {
     /// No forwardings yet, on a connection counted in `queue`.
-    pub fn new(queue: Arc<ConnectionQueue>) -> Self {
+    pub fn new(queue: Arc<ConnectionQueue>, clocks: Arc<ConnectionClocks>) -> Self {
         Forwards {
+            clocks,
             alive: watch::channel(()).0,
             listeners: HashMap::new(),
             sockets: HashMap::new(),
@@ -129,12 +138,14 @@ impl Forwards {
         who: String,
     ) {
         let queue = self.queue.channel(channel.id().into());
+        let clocks = self.clocks.clone();
         spawn_watched(self.alive.subscribe(), async move {
             match connect(&host, port).await {
                 Ok(tcp) => {
                     tracing::info!("{who}: forwarding to {host} port {port}");
                     reply.accept().await;
-                    relay(channel, tcp, queue).await;
+                    let clock = clocks.channel(ChannelKind::DirectTcpip, channel.id());
+                    relay(channel, tcp, queue, clock).await;
                 }
                 Err(e) => {
                     tracing::info!("{who}: forwarding to {host} port {port} failed: {e}");
@@ -156,12 +167,14 @@ impl Forwards {
         who: String,
     ) {
         let queue = self.queue.channel(channel.id().into());
+        let clocks = self.clocks.clone();
         spawn_watched(self.alive.subscribe(), async move {
             match account_fs::connect(owner, path.clone().into()).await {
                 Ok(stream) => {
                     tracing::info!("{who}: forwarding to socket {path:?}");
                     reply.accept().await;
-                    relay(channel, stream, queue).await;
+                    let clock = clocks.channel(ChannelKind::DirectStreamlocal, channel.id());
+                    relay(channel, stream, queue, clock).await;
                 }
                 Err(e) => {
                     tracing::info!("{who}: forwarding to socket {path:?} failed: {e}");
@@ -190,8 +203,8 @@ impl Forwards {
             .await
             .map_err(|e| format!("cannot listen on {path}: {e}"))?;
         let alive = self.alive.subscribe();
-        let queue = self.queue.clone();
-        let work = socket_accept_loop(listener, handle, path.to_string(), alive.clone(), queue);
+        let books = (self.queue.clone(), self.clocks.clone());
+        let work = socket_accept_loop(listener, handle, path.to_string(), alive.clone(), books);
         let task = spawn_watched(alive, work);
         self.sockets.insert(
             path.to_string(),
@@ -242,7 +255,7 @@ impl Forwards {
                     host.to_string(),
                     bound,
                     alive.clone(),
-                    self.queue.clone(),
+                    (self.queue.clone(), self.clocks.clone()),
                 );
                 spawn_watched(alive, work)
             })
@@ -291,7 +304,8 @@ impl Forwards {
             }
         };
         let alive = self.alive.subscribe();
-        let work = agent_accept_loop(listener, handle, alive.clone(), self.queue.clone());
+        let books = (self.queue.clone(), self.clocks.clone());
+        let work = agent_accept_loop(listener, handle, alive.clone(), books);
         let task = spawn_watched(alive, work);
         self.agent = Some(AgentSocket {
             dir,
@@ -389,7 +403,7 @@ async fn accept_loop(
     host: String,
     port: u16,
     alive: watch::Receiver<()>,
-    queue: Arc<ConnectionQueue>,
+    (queue, clocks): Books,
 ) {
     loop {
         let (tcp, from) = match listener.accept().await {
@@ -404,7 +418,7 @@ async fn accept_loop(
         let _ = tcp.set_nodelay(true);
         let handle = handle.clone();
         let host = host.clone();
-        let queue = queue.clone();
+        let (queue, clocks) = (queue.clone(), clocks.clone());
         // Each relay is its own task, so a slow one holds up no other; it
         // ends with its peer or the connection, and outlives a cancel.
         spawn_watched(alive.clone(), async move {
@@ -419,7 +433,8 @@ async fn accept_loop(
             match opened {
                 Ok(channel) => {
                     let queue = queue.channel(channel.id().into());
-                    relay(channel, tcp, queue).await
+                    let clock = clocks.channel(ChannelKind::ForwardedTcpip, channel.id());
+                    relay(channel, tcp, queue, clock).await
                 }
                 Err(e) => tracing::info!(
                     "remote forwarding {host}:{port}: the client refused a connection from {from}: {e}"
@@ -435,7 +450,8 @@ async fn unix_accept_loop<O, F>(
     listener: tokio::net::UnixListener,
     what: String,
     alive: watch::Receiver<()>,
-    queue: Arc<ConnectionQueue>,
+    (queue, clocks): Books,
+    kind: ChannelKind,
     open: O,
 ) where
     O: Fn() -> F,
@@ -452,12 +468,13 @@ async fn unix_accept_loop<O, F>(
         };
         let opening = open();
         let what = what.clone();
-        let queue = queue.clone();
+        let (queue, clocks) = (queue.clone(), clocks.clone());
         spawn_watched(alive.clone(), async move {
             match opening.await {
                 Ok(channel) => {
                     let queue = queue.channel(channel.id().into());
-                    relay(channel, stream, queue).await
+                    let clock = clocks.channel(kind, channel.id());
+                    relay(channel, stream, queue, clock).await
                 }
                 Err(e) => tracing::info!("{what}: the client refused a connection: {e}"),
             }
@@ -471,10 +488,11 @@ async fn socket_accept_loop(
     handle: Handle,
     path: String,
     alive: watch::Receiver<()>,
-    queue: Arc<ConnectionQueue>,
+    books: Books,
 ) {
     let what = format!("remote forwarding {path}");
-    unix_accept_loop(listener, what, alive, queue, move || {
+    let kind = ChannelKind::ForwardedStreamlocal;
+    unix_accept_loop(listener, what, alive, books, kind, move || {
         let (handle, path) = (handle.clone(), path.clone());
         async move { handle.channel_open_forwarded_streamlocal(path).await }
     })
@@ -486,13 +504,14 @@ async fn agent_accept_loop(
     listener: tokio::net::UnixListener,
     handle: Handle,
     alive: watch::Receiver<()>,
-    queue: Arc<ConnectionQueue>,
+    books: Books,
 ) {
     unix_accept_loop(
         listener,
         "forwarded agent".into(),
         alive,
-        queue,
+        books,
+        ChannelKind::AgentConnection,
         move || {
             let handle = handle.clone();
             async move { handle.channel_open_agent().await }
@@ -527,27 +546,39 @@ impl Peer for tokio::net::UnixStream {
 /// Copies both ways until both sides have ended (each end-of-file is passed
 /// on as one) or the client closes the channel; then closes the channel.
 /// What waits on the way counts in `queue`.
-async fn relay<P: Peer>(channel: Channel<Msg>, peer: P, queue: Arc<ChannelQueue>) {
+async fn relay<P: Peer>(
+    channel: Channel<Msg>,
+    peer: P,
+    queue: Arc<ChannelQueue>,
+    clock: Arc<ChannelClock>,
+) {
     use tokio::io::AsyncWriteExt;
     let (mut from_peer, mut to_peer) = peer.into_halves();
     let (reader, writer) = channel.split();
     let (fed, mut inbound_done) = tokio::sync::oneshot::channel::<()>();
     // Client to peer; the peer's write side shut once the client's input ends.
-    let mut inbound = channel_io::spawn_input(reader, queue.clone(), None, |mut rx| async move {
-        while let Some((data, receipt)) = rx.recv().await {
-            if let Err(e) = to_peer.write_all(&data).await {
-                tracing::debug!("forwarded connection: writing to its far end: {e}");
-                break;
+    let input_clock = clock.clone();
+    let mut inbound = channel_io::spawn_input(
+        reader,
+        queue.clone(),
+        None,
+        input_clock,
+        |mut rx| async move {
+            while let Some((data, receipt)) = rx.recv().await {
+                if let Err(e) = to_peer.write_all(&data).await {
+                    tracing::debug!("forwarded connection: writing to its far end: {e}");
+                    break;
+                }
+                drop(receipt);
             }
-            drop(receipt);
-        }
-        let _ = to_peer.shutdown().await;
-        let _ = fed.send(());
-    });
+            let _ = to_peer.shutdown().await;
+            let _ = fed.send(());
+        },
+    );
     // Peer to client; the channel's end of file once the peer's data ends.
     let outbound = async {
         let mut to_client = writer.make_writer();
-        channel_io::forward_output(&mut from_peer, &mut to_client, None, &queue).await;
+        channel_io::forward_output(&mut from_peer, &mut to_client, None, &queue, &clock).await;
         let _ = writer.eof().await;
     };
     tokio::pin!(outbound);

@@ -29,7 +29,10 @@
 //! keywords skiffd accepts without acting on; [`auth_methods`] is the
 //! `AuthenticationMethods` policy. [`queue_budget`] counts the
 //! memory held for peers (`MaxConnectionQueue`, `MaxServerQueue`) and
-//! `channel_io` moves channel bytes with it counted. [`startups`] counts
+//! `channel_io` moves channel bytes with it counted. [`channel_timeout`]
+//! says how long a channel may go without traffic (`ChannelTimeout`), and
+//! `channel_idle` keeps the time and closes idle channels and unused
+//! connections (`UnusedConnectionTimeout`). [`startups`] counts
 //! connections that have not authenticated (data-plane streams until their
 //! token checks out), [`penalties`] the sources refused for a while after
 //! misbehaving (`PerSourcePenalties`); [`fd_budget`] keeps descriptors spare for work
@@ -42,7 +45,9 @@ mod account_fs;
 pub mod account_policy;
 mod auth_info;
 pub mod auth_methods;
+mod channel_idle;
 mod channel_io;
+pub mod channel_timeout;
 pub mod chroot;
 pub mod config;
 pub mod config_dump;
@@ -77,4 +82,4 @@ pub use handler::authorized_keys_path;
 /// skiffd's software version as its identification string carries it
 /// (`SSH-2.0-skiffd_X.Y.Z`), and as `Match version` matches it.
 pub const SOFTWARE_VERSION: &str = concat!("skiffd_", env!("CARGO_PKG_VERSION"));
-pub use listener::{russh_config, serve, serve_listeners};
+pub use listener::{russh_config, serve, serve_inetd, serve_listeners};

@@ -2,7 +2,8 @@
 //! spare (a connection is turned away at accept when few are left, see
 //! `crate::fd_budget`), a cap on connections that have not authenticated
 //! yet (MaxStartups; a data-plane stream counts until its token checks
-//! out), and a login grace timer.
+//! out), and a login grace timer. Also the one connection of inetd mode
+//! (`skiffd -i`, [`serve_inetd`]), served by the same code.
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -138,35 +139,14 @@ pub async fn serve_listeners(
     settings: Settings,
     host: impl Into<HostIdentity>,
 ) -> Result<()> {
-    let host = host.into();
-    anyhow::ensure!(!host.keys.is_empty(), "no host key");
-    let config = Arc::new(russh_config(&settings, host));
-    use crate::lookup_command::LookupCommand;
-    let keys_command = LookupCommand::new(
-        "AuthorizedKeysCommand",
-        settings.authorized_keys_command.as_ref(),
-        settings.authorized_keys_command_user.as_ref(),
-    )
-    .map_err(anyhow::Error::msg)?;
-    let principals_command = LookupCommand::new(
-        "AuthorizedPrincipalsCommand",
-        settings.authorized_principals_command.as_ref(),
-        settings.authorized_principals_command_user.as_ref(),
-    )
-    .map_err(anyhow::Error::msg)?;
+    let (config, state) = prepare(settings, host.into())?;
+    let settings = &state.settings;
     let penalties = settings.per_source_penalties.clone().map(|policy| {
         Arc::new(std::sync::Mutex::new(Penalties::new(
             policy,
             settings.per_source_net_block,
             settings.per_source_penalty_exempt.clone(),
         )))
-    });
-    let state = Arc::new(ServerState {
-        keys_command,
-        principals_command,
-        queues: crate::queue_budget::ServerQueue::new(settings.queue_limits),
-        settings,
-        registry: Default::default(),
     });
     let startups = Arc::new(Startups::default());
     let descriptors = Arc::new(open_file_headroom()?);
@@ -188,6 +168,149 @@ pub async fn serve_listeners(
         Some(Ok(r)) => r,
         Some(Err(e)) => Err(e.into()),
         None => Ok(()),
+    }
+}
+
+/// The russh configuration and the state all connections share.
+fn prepare(
+    settings: Settings,
+    host: HostIdentity,
+) -> Result<(Arc<russh::server::Config>, Arc<ServerState>)> {
+    anyhow::ensure!(!host.keys.is_empty(), "no host key");
+    let config = Arc::new(russh_config(&settings, host));
+    use crate::lookup_command::LookupCommand;
+    let keys_command = LookupCommand::new(
+        "AuthorizedKeysCommand",
+        settings.authorized_keys_command.as_ref(),
+        settings.authorized_keys_command_user.as_ref(),
+    )
+    .map_err(anyhow::Error::msg)?;
+    let principals_command = LookupCommand::new(
+        "AuthorizedPrincipalsCommand",
+        settings.authorized_principals_command.as_ref(),
+        settings.authorized_principals_command_user.as_ref(),
+    )
+    .map_err(anyhow::Error::msg)?;
+    let state = Arc::new(ServerState {
+        keys_command,
+        principals_command,
+        queues: crate::queue_budget::ServerQueue::new(settings.queue_limits),
+        settings,
+        registry: Default::default(),
+    });
+    Ok((config, state))
+}
+
+/// Serves the one connection that stdin and stdout are, then returns
+/// (`skiffd -i`, for inetd or socket activation with `Accept=yes`). When
+/// stdin is a TCP socket it is the connection, both ways, and its peer is
+/// the client; otherwise (pipes, as from `ProxyCommand`) stdin is read and
+/// stdout written, and the client is unknown, as sshd reports it
+/// (`SSH_CONNECTION` is `UNKNOWN 65535 UNKNOWN 65535`). LoginGraceTime
+/// applies as on a listener.
+pub async fn serve_inetd(settings: Settings, host: HostIdentity) -> Result<()> {
+    use std::os::fd::AsFd;
+    let (config, state) = prepare(settings, host)?;
+    let startups = Arc::new(Startups::default());
+    let stdin = std::io::stdin().as_fd().try_clone_to_owned()?;
+    let peer = socket2::SockRef::from(&stdin)
+        .peer_addr()
+        .ok()
+        .and_then(|a| a.as_socket());
+    let admit = |ip: std::net::IpAddr| {
+        let settings = &state.settings;
+        startups
+            .admit(ip, settings.per_source_net_block, None, |_| false)
+            .map_err(|_| anyhow::anyhow!("cannot count the connection"))
+    };
+    match peer {
+        Some(peer) => {
+            let pending = admit(peer.ip())?;
+            let stream = taken_over(stdin)?;
+            tracing::info!(%peer, "inetd mode: serving the connection on stdin");
+            // One connection per process: no penalty outlives it.
+            let mut outcome = Outcome::Ended;
+            handle_connection(
+                stream,
+                peer,
+                config,
+                state.clone(),
+                pending,
+                &mut outcome,
+                Default::default(),
+            )
+            .await
+        }
+        None => {
+            drop(stdin);
+            let unknown = SocketAddr::from(([0, 0, 0, 0], 65535));
+            let pending = admit(unknown.ip())?;
+            tracing::info!("inetd mode: serving the connection on stdin and stdout (peer unknown)");
+            let stdio = tokio::io::join(tokio::io::stdin(), tokio::io::stdout());
+            let grace = state.settings.login_grace_time;
+            let deadline = tokio::time::Instant::now() + grace;
+            let (auth_tx, auth_rx) = tokio::sync::watch::channel(false);
+            let handler = ConnectionHandler::new(state.clone(), unknown, unknown, auth_tx)
+                .with_unknown_peer();
+            let session = tokio::time::timeout_at(
+                deadline,
+                russh::server::run_stream(config, stdio, handler),
+            )
+            .await
+            .map_err(|_| anyhow::anyhow!("no SSH identification within LoginGraceTime"))??;
+            match until_authenticated(session, auth_rx, deadline, pending).await {
+                Login::Goes(session, _) => session.await.map_err(Into::into),
+                Login::Ended(result, _) => result.map_err(Into::into),
+                Login::GraceExpired => {
+                    // The connection ends with the process.
+                    tracing::info!(
+                        "login grace time ({}s) expired before authentication",
+                        grace.as_secs()
+                    );
+                    Ok(())
+                }
+            }
+        }
+    }
+}
+
+/// How the pre-authentication part of a connection ended.
+enum Login<S> {
+    /// Authenticated (`true`: its place among the unauthenticated given
+    /// back), or the handler is gone: the session goes on to its end.
+    Goes(std::pin::Pin<Box<S>>, bool),
+    /// The connection ended first, with this outcome (`true`: after
+    /// authenticating).
+    Ended(Result<(), russh::Error>, bool),
+    /// LoginGraceTime ran out first.
+    GraceExpired,
+}
+
+/// Waits for the client to authenticate, or the connection to end, until
+/// `deadline` (LoginGraceTime).
+async fn until_authenticated<S>(
+    session: S,
+    mut auth_rx: tokio::sync::watch::Receiver<bool>,
+    deadline: tokio::time::Instant,
+    mut guard: Pending,
+) -> Login<S>
+where
+    S: std::future::Future<Output = Result<(), russh::Error>>,
+{
+    let mut session = Box::pin(session);
+    // Ok(true): authenticated. Ok(false): the connection ended first. Err: grace expired.
+    let authed = tokio::select! {
+        biased;
+        result = &mut session => return Login::Ended(result, *auth_rx.borrow()),
+        authed = tokio::time::timeout_at(deadline, async { auth_rx.wait_for(|a| *a).await.is_ok() }) => authed,
+    };
+    match authed {
+        Ok(true) => {
+            guard.release();
+            Login::Goes(session, true)
+        }
+        Ok(false) => Login::Goes(session, false),
+        Err(_) => Login::GraceExpired,
     }
 }
 
@@ -367,7 +490,7 @@ async fn handle_connection(
     peer: SocketAddr,
     config: Arc<russh::server::Config>,
     state: Arc<ServerState>,
-    mut guard: Pending,
+    guard: Pending,
     outcome: &mut Outcome,
     auth_failures: Arc<std::sync::atomic::AtomicUsize>,
 ) -> Result<()> {
@@ -378,7 +501,7 @@ async fn handle_connection(
     let socket = std::os::fd::AsFd::as_fd(&stream).try_clone_to_owned()?;
     let grace = state.settings.login_grace_time;
     let deadline = tokio::time::Instant::now() + grace;
-    let (auth_tx, mut auth_rx) = tokio::sync::watch::channel(false);
+    let (auth_tx, auth_rx) = tokio::sync::watch::channel(false);
     let handler = ConnectionHandler::new(state.clone(), peer, local, auth_tx)
         .with_socket(socket.try_clone()?)
         .with_auth_failures(auth_failures);
@@ -414,25 +537,20 @@ async fn handle_connection(
         }
         Err(e) => return Err(e.into()),
     };
-    tokio::pin!(session);
-    // Ok(true): authenticated. Ok(false): the connection ended first. Err: grace expired.
-    let authed = tokio::select! {
-        biased;
-        result = &mut session => {
-            if *auth_rx.borrow() {
+    let session = match until_authenticated(session, auth_rx, deadline, guard).await {
+        Login::Goes(session, authenticated) => {
+            if authenticated {
+                *outcome = Outcome::NotPenalised;
+            }
+            session
+        }
+        Login::Ended(result, authenticated) => {
+            if authenticated {
                 *outcome = Outcome::NotPenalised;
             }
             return result.map_err(Into::into);
         }
-        authed = tokio::time::timeout_at(deadline, async { auth_rx.wait_for(|a| *a).await.is_ok() }) => authed,
-    };
-    match authed {
-        Ok(true) => {
-            *outcome = Outcome::NotPenalised;
-            guard.release()
-        }
-        Ok(false) => {}
-        Err(_) => {
+        Login::GraceExpired => {
             *outcome = Outcome::GraceExceeded;
             tracing::info!(%peer, "login grace time ({}s) expired before authentication", grace.as_secs());
             // Wherever the handshake stands (even mid key exchange), end it now.
@@ -440,8 +558,9 @@ async fn handle_connection(
                 std::os::fd::AsRawFd::as_raw_fd(&socket),
                 nix::sys::socket::Shutdown::Both,
             );
+            return Ok(());
         }
-    }
+    };
     drop(socket);
     session.await.map_err(Into::into)
 }

@@ -22,6 +22,7 @@ pub const ALLOWED_IN_MATCH: &[&str] = &[
     "authenticationmethods",
     "authorizedkeysfile",
     "authorizedprincipalsfile",
+    "channeltimeout",
     "chrootdirectory",
     "dataplane",
     "dataplaneunencrypted",
@@ -44,6 +45,7 @@ pub const ALLOWED_IN_MATCH: &[&str] = &[
     "revokedkeys",
     "setenv",
     "trustedusercakeys",
+    "unusedconnectiontimeout",
 ];
 
 /// What a block's criteria are matched against.

@@ -176,6 +176,7 @@ fn a_debian_style_configuration_prints_as_sshd_prints_it() {
          LoginGraceTime 30\n\
          MaxSessions 4\n\
          RekeyLimit 512M 30m\n\
+         UnusedConnectionTimeout 10m\n\
          AuthenticationMethods publickey,publickey publickey\n\
          ClientAliveInterval 300\n\
          ClientAliveCountMax 2\n\

@@ -3,6 +3,7 @@
 //! Options given on the command line override the `--config` file; see
 //! docs/skiffd-config.md for the file format.
 
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
@@ -78,6 +79,10 @@ struct Args {
     /// (repeatable).
     #[arg(short = 'C', value_name = "SPEC")]
     connection: Vec<String>,
+    /// inetd mode: serve one connection on stdin/stdout, then exit (for
+    /// inetd, systemd socket activation with Accept=yes, or ProxyCommand).
+    #[arg(short = 'i', conflicts_with_all = ["listen", "ports", "test", "dump", "dump_unchecked"])]
+    inetd: bool,
     /// More logging (-v: debug, -vv: trace).
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -100,9 +105,6 @@ struct Args {
     /// names, so it changes nothing (accepted for sshd's sake).
     #[arg(short = 'u', value_name = "LEN", hide = true)]
     utmp_len: Option<u32>,
-    /// sshd's inetd mode: not supported.
-    #[arg(short = 'i', hide = true)]
-    inetd: bool,
     /// sshd's "no re-exec": not supported.
     #[arg(short = 'r', hide = true)]
     no_reexec: bool,
@@ -190,7 +192,13 @@ fn main() {
         }
         return;
     }
-    if let Err(e) = refuse_unsupported(&args).and_then(|()| init_logging(&args)) {
+    // inetd hands the connection over as stderr too: a log line there
+    // would be bytes in the SSH stream.
+    let logging = match args.inetd && args.log_file.is_none() && stderr_is_stdin() {
+        true => Ok(()),
+        false => init_logging(&args),
+    };
+    if let Err(e) = refuse_unsupported(&args).and(logging) {
         eprintln!("skiffd: {e:#}");
         std::process::exit(1);
     }
@@ -203,9 +211,6 @@ fn main() {
 /// sshd options skiffd does not have: a clear error rather than a quiet
 /// difference.
 fn refuse_unsupported(args: &Args) -> Result<()> {
-    if args.inetd {
-        bail!("-i (sshd's inetd mode) is not supported: run skiffd as a daemon");
-    }
     if args.no_reexec {
         bail!("-r (sshd's no re-execution mode) is not supported");
     }
@@ -217,6 +222,22 @@ fn refuse_unsupported(args: &Args) -> Result<()> {
         bail!("-C needs -T or -G");
     }
     Ok(())
+}
+
+/// Whether stderr is the same file as stdin (inetd's socket on all three).
+fn stderr_is_stdin() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let same = |a: &std::fs::File, b: &std::fs::File| match (a.metadata(), b.metadata()) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    };
+    let (Ok(stdin), Ok(stderr)) = (
+        std::io::stdin().as_fd().try_clone_to_owned(),
+        std::io::stderr().as_fd().try_clone_to_owned(),
+    ) else {
+        return false;
+    };
+    same(&stdin.into(), &stderr.into())
 }
 
 /// Logging to stderr, or appended to the -E file, at the level -v/-d
@@ -360,6 +381,12 @@ fn run(args: Args) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    if args.inetd {
+        let served = runtime.block_on(skiff_server::serve_inetd(settings, host));
+        // A read of stdin may still wait in a blocking thread: not for it.
+        runtime.shutdown_background();
+        return served;
+    }
     runtime.block_on(skiff_server::serve(settings, host))
 }
 

@@ -285,6 +285,16 @@ impl ConnectionHandler {
             .or_else(|| authorized_keys::find(command_keys, &key_type, &blob))?;
         let opts = &entry.options;
         if let Some(from) = &opts.from {
+            // A client of unknown address (inetd mode on pipes) meets no
+            // from= restriction.
+            if self.peer_unknown {
+                tracing::info!(
+                    user,
+                    line = entry.line,
+                    "key refused: from= and the client's address is unknown"
+                );
+                return None;
+            }
             if !authorized_keys::from_allows(from, peer_ip, None) {
                 tracing::info!(%peer, user, line = entry.line, "key refused: from= does not allow {peer_ip}");
                 return None;

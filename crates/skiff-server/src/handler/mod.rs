@@ -49,6 +49,9 @@ pub struct ConnectionHandler {
     state: Arc<ServerState>,
     peer: SocketAddr,
     local: SocketAddr,
+    /// Neither address is known (inetd mode on pipes): `peer` and `local`
+    /// are placeholders, and sessions are told `UNKNOWN`.
+    peer_unknown: bool,
     /// Set once authentication succeeds; read by the login-grace timer.
     authenticated_flag: tokio::sync::watch::Sender<bool>,
     /// authorized_keys of the user being authenticated (cached across offers).
@@ -77,6 +80,9 @@ pub struct ConnectionHandler {
     /// between (a jump host, say); it also holds the client's signing time,
     /// which only makes windows grow sooner.
     session_rtt: Option<std::time::Duration>,
+    /// When each open channel last carried data (`ChannelTimeout`,
+    /// `UnusedConnectionTimeout`).
+    clocks: Arc<crate::channel_idle::ConnectionClocks>,
     /// TCP forwardings (`direct-tcpip` relays, `tcpip-forward` listeners).
     forwards: crate::forward_relay::Forwards,
     /// The `ExposeAuthInfo` file, made at the first session.
@@ -100,9 +106,11 @@ impl ConnectionHandler {
         authenticated_flag: tokio::sync::watch::Sender<bool>,
     ) -> Self {
         let queue = crate::queue_budget::ConnectionQueue::new(state.queues.clone());
+        let clocks = crate::channel_idle::ConnectionClocks::new(peer);
         ConnectionHandler {
             peer,
             local,
+            peer_unknown: false,
             authenticated_flag,
             candidate: None,
             command_answer: None,
@@ -115,7 +123,8 @@ impl ConnectionHandler {
             desired_window: skiff_proto::window::INITIAL_WINDOW,
             probe_answered: None,
             session_rtt: None,
-            forwards: crate::forward_relay::Forwards::new(queue.clone()),
+            forwards: crate::forward_relay::Forwards::new(queue.clone(), clocks.clone()),
+            clocks,
             queue,
             auth_info: None,
             effective: None,
@@ -146,6 +155,13 @@ impl ConnectionHandler {
         auth
     }
 
+    /// The connection is not a socket (inetd mode on pipes): the addresses
+    /// given are placeholders, and sessions see `UNKNOWN` for both ends.
+    pub fn with_unknown_peer(mut self) -> Self {
+        self.peer_unknown = true;
+        self
+    }
+
     /// Lets channel windows grow with the connection's round-trip time.
     pub fn with_socket(mut self, socket: std::os::fd::OwnedFd) -> Self {
         self.socket = Some(socket);
@@ -170,6 +186,13 @@ impl russh::server::Handler for ConnectionHandler {
     }
 
     async fn auth_succeeded(&mut self, session: &mut Session) -> Result<(), Self::Error> {
+        // The login's own settings (after `Match`) time its channels.
+        let settings = self.settings();
+        self.clocks.start(
+            settings.channel_timeouts.clone(),
+            settings.unused_connection_timeout,
+            session.handle(),
+        );
         self.disconnect_if_nologin(session)
     }
 

@@ -23,6 +23,7 @@ use super::auth::Authenticated;
 use super::session_io::{run_session_io, Control};
 use super::ConnectionHandler;
 use crate::account::Account;
+use crate::channel_timeout::ChannelKind;
 use crate::process::{self, ChildIo, PtySpec, SpawnRequest};
 use crate::session_env::Source;
 
@@ -38,6 +39,8 @@ pub(super) struct SessionChannel {
     /// The channel's count in the connection's queue; moved into the I/O
     /// tasks with the channel.
     queue: Option<Arc<crate::queue_budget::ChannelQueue>>,
+    /// The channel's idle clock (`ChannelTimeout`), moved likewise.
+    clock: Option<Arc<crate::channel_idle::ChannelClock>>,
 }
 
 struct Running {
@@ -54,6 +57,25 @@ struct Running {
 const REFUSALS_LOGGED: u32 = 8;
 
 impl ConnectionHandler {
+    /// `SSH_CONNECTION`: client address and port, server address and port
+    /// (`UNKNOWN 65535` for each when the connection is not a socket).
+    fn ssh_connection(&self) -> String {
+        if self.peer_unknown {
+            return "UNKNOWN 65535 UNKNOWN 65535".into();
+        }
+        let (p, l) = (self.peer, self.local);
+        format!("{} {} {} {}", p.ip(), p.port(), l.ip(), l.port())
+    }
+
+    /// `SSH_CLIENT`: client address and port, server port.
+    fn ssh_client(&self) -> String {
+        if self.peer_unknown {
+            return "UNKNOWN 65535 65535".into();
+        }
+        let (p, l) = (self.peer, self.local);
+        format!("{} {} {}", p.ip(), p.port(), l.port())
+    }
+
     /// The `ChrootDirectory` of `account`'s login, expanded and checked;
     /// `None` when there is none. Jailing needs root.
     fn jail_for(&self, account: &Account) -> Result<Option<std::path::PathBuf>, String> {
@@ -96,25 +118,8 @@ impl ConnectionHandler {
             ("HOME", acct.home.to_string_lossy().into_owned()),
             ("SHELL", acct.shell.to_string_lossy().into_owned()),
             ("PATH", path.to_string()),
-            (
-                "SSH_CONNECTION",
-                format!(
-                    "{} {} {} {}",
-                    self.peer.ip(),
-                    self.peer.port(),
-                    self.local.ip(),
-                    self.local.port()
-                ),
-            ),
-            (
-                "SSH_CLIENT",
-                format!(
-                    "{} {} {}",
-                    self.peer.ip(),
-                    self.peer.port(),
-                    self.local.port()
-                ),
-            ),
+            ("SSH_CONNECTION", self.ssh_connection()),
+            ("SSH_CLIENT", self.ssh_client()),
         ];
         for (k, v) in fixed {
             set_var(&mut env, k, v);
@@ -300,6 +305,10 @@ impl ConnectionHandler {
             .queue
             .take()
             .unwrap_or_else(|| self.queue.channel(id.into()));
+        let clock = chan
+            .clock
+            .take()
+            .unwrap_or_else(|| self.clocks.channel(ChannelKind::Session, id));
         let pty = match &spawned.io {
             ChildIo::Pty(m) => Some(m.clone()),
             ChildIo::Pipes { .. } => None,
@@ -312,6 +321,7 @@ impl ConnectionHandler {
             session.handle(),
             control_rx,
             queue,
+            clock,
         ));
         chan.running = Some(Running { control, task, pty });
         Ok(())
@@ -390,6 +400,7 @@ impl ConnectionHandler {
             return Ok(());
         }
         let queue = self.queue.channel(channel.id().into());
+        let clock = self.clocks.channel(ChannelKind::Session, channel.id());
         self.channels.insert(
             channel.id(),
             SessionChannel {
@@ -399,6 +410,7 @@ impl ConnectionHandler {
                 agent: None,
                 running: None,
                 queue: Some(queue),
+                clock: Some(clock),
             },
         );
         reply.accept().await;

@@ -104,6 +104,7 @@ pub(super) async fn run_session_io(
     handle: russh::server::Handle,
     mut control: tokio::sync::mpsc::UnboundedReceiver<Control>,
     queue: Arc<crate::queue_budget::ChannelQueue>,
+    clock: Arc<crate::channel_idle::ChannelClock>,
 ) {
     use crate::channel_io::{forward_output, spawn_input};
     let id = channel.id();
@@ -122,6 +123,7 @@ pub(super) async fn run_session_io(
         reports: Some((handle.clone(), id, consumed_rx)),
         reporter: None,
     };
+    let (input_clock, output_clock) = (clock.clone(), clock.clone());
     let (input, output): (
         _,
         std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
@@ -132,22 +134,40 @@ pub(super) async fn run_session_io(
             mut stderr,
         } => {
             let reports = Some(consumed.clone());
-            let input = spawn_input(reader, queue.clone(), reports, move |mut rx| async move {
-                let mut stdin = stdin;
-                // Dropping the pipe is what delivers EOF to the command.
-                while let Some((data, permit)) = rx.recv().await {
-                    if stdin.write_all(&data).await.is_err() {
-                        break;
+            let input = spawn_input(
+                reader,
+                queue.clone(),
+                reports,
+                input_clock,
+                move |mut rx| async move {
+                    let mut stdin = stdin;
+                    // Dropping the pipe is what delivers EOF to the command.
+                    while let Some((data, permit)) = rx.recv().await {
+                        if stdin.write_all(&data).await.is_err() {
+                            break;
+                        }
+                        drop(permit);
                     }
-                    drop(permit);
-                }
-            });
+                },
+            );
             let mut out_writer = writer.make_writer();
             let mut err_writer = writer.make_writer_ext(Some(1));
             let output = async move {
                 tokio::join!(
-                    forward_output(&mut stdout, &mut out_writer, Some(paused.clone()), &queue),
-                    forward_output(&mut stderr, &mut err_writer, Some(paused), &queue),
+                    forward_output(
+                        &mut stdout,
+                        &mut out_writer,
+                        Some(paused.clone()),
+                        &queue,
+                        &output_clock
+                    ),
+                    forward_output(
+                        &mut stderr,
+                        &mut err_writer,
+                        Some(paused),
+                        &queue,
+                        &output_clock
+                    ),
                 );
             };
             (input, Box::pin(output))
@@ -155,22 +175,35 @@ pub(super) async fn run_session_io(
         ChildIo::Pty(mut master) => {
             let input_master = master.clone();
             let reports = Some(consumed.clone());
-            let input = spawn_input(reader, queue.clone(), reports, move |mut rx| async move {
-                while let Some((data, permit)) = rx.recv().await {
-                    if input_master.write_all(&data).await.is_err() {
-                        break;
+            let input = spawn_input(
+                reader,
+                queue.clone(),
+                reports,
+                input_clock,
+                move |mut rx| async move {
+                    while let Some((data, permit)) = rx.recv().await {
+                        if input_master.write_all(&data).await.is_err() {
+                            break;
+                        }
+                        drop(permit);
                     }
-                    drop(permit);
-                }
-            });
+                },
+            );
             let mut out_writer = writer.make_writer();
             let output = async move {
-                forward_output(&mut master, &mut out_writer, Some(paused), &queue).await;
+                forward_output(
+                    &mut master,
+                    &mut out_writer,
+                    Some(paused),
+                    &queue,
+                    &output_clock,
+                )
+                .await;
             };
             (input, Box::pin(output))
         }
     };
-    let status = supervise(&mut child, output, &mut control, &mut flow, pty).await;
+    let status = supervise(&mut child, output, &mut control, &mut flow, pty, &clock).await;
     // The session is over: its terminal goes back to whoever had it, as
     // with sshd, before the client hears the exit status.
     if let Some(terminal) = terminal {
@@ -244,15 +277,19 @@ async fn send_input_reports(
 }
 
 /// Waits for the output to end and the process to exit, delivering signals
-/// meanwhile. When the connection lets go of the session (channel closed or
-/// connection gone) while the process runs, its process group gets SIGHUP.
+/// meanwhile. When the connection lets go of the session (channel closed,
+/// also for idleness, or connection gone) while the process runs, its
+/// process group gets SIGHUP.
 async fn supervise(
     child: &mut crate::spawn::ChildProcess,
     output: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
     control: &mut tokio::sync::mpsc::UnboundedReceiver<Control>,
     flow: &mut SessionFlow,
     pty: bool,
+    clock: &crate::channel_idle::ChannelClock,
 ) -> std::io::Result<std::process::ExitStatus> {
+    let expired = clock.expired();
+    tokio::pin!(expired);
     let mut output = output;
     let mut output_done = false;
     let mut status = None;
@@ -277,6 +314,10 @@ async fn supervise(
             _ = async { tokio::time::sleep_until(drain_until.expect("guarded")).await }, if drain_until.is_some() && !output_done => {
                 output_done = true;
             }
+            () = &mut expired, if connected => {
+                connected = false;
+                hang_up(child, flow);
+            }
             msg = control.recv(), if connected => {
                 // Signals reach only our own, not yet reaped, child (or the
                 // process group it leads): a reused pid is never signalled.
@@ -287,15 +328,20 @@ async fn supervise(
                     }
                     Some(Control::InputAcks) => flow.start_reports(),
                     None => {
-                        // Nobody is left to resume a paused output.
-                        flow.pause.send_replace(false);
                         connected = false;
-                        child.signal(libc::SIGHUP, true);
+                        hang_up(child, flow);
                     }
                 }
             }
         }
     }
+}
+
+/// The session has lost its channel: its process group gets SIGHUP.
+fn hang_up(child: &mut crate::spawn::ChildProcess, flow: &mut SessionFlow) {
+    // Nobody is left to resume a paused output.
+    flow.pause.send_replace(false);
+    child.signal(libc::SIGHUP, true);
 }
 
 async fn finish(
