@@ -352,7 +352,7 @@ impl client::Handler for ClientHandler {
         }
         // Whether the key earns UpdateHostKeys: known in a user file before
         // this verification (which may record it), and not a certificate.
-        if self.settings.update_host_keys != skiff_proto::ssh_config::UpdateHostKeys::No
+        if self.settings.update_host_keys == skiff_proto::ssh_config::UpdateHostKeys::Yes
             && untrusted_certificate.is_none()
         {
             let known = self.known_hosts.known_in_user_file(&self.settings, &public);

@@ -247,17 +247,25 @@ fn acceptable(settings: &ConnectSettings, keys: &[PublicKey]) -> (Vec<Vec<u8>>, 
     (blobs, wanted)
 }
 
+/// The text of `path` and its stamp from before it was read (so a change
+/// while reading shows as a changed stamp); `None` when there is no such
+/// file or it cannot be read.
 fn read_with_stamp(path: &Path) -> Option<(String, FileStamp)> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-        Err(e) => {
-            tracing::debug!("cannot read {}: {e}", path.display());
-            return None;
-        }
+    let read = || -> std::io::Result<(String, FileStamp)> {
+        let mut file = std::fs::File::open(path)?;
+        let stamp = FileStamp::of(&file.metadata()?);
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut file, &mut text)?;
+        Ok((text, stamp))
     };
-    let stamp = FileStamp::of(&std::fs::metadata(path).ok()?);
-    Some((text, stamp))
+    match read() {
+        Ok(read) => Some(read),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            tracing::warn!("UpdateHostKeys: cannot read {}: {e}", path.display());
+            None
+        }
+    }
 }
 
 /// Checks the proof `reply` (one signature per key of `new`, over

@@ -163,10 +163,10 @@ pub fn plan<F: Borrow<KnownHostsFile>>(
             });
         }
     }
-    for i in 0..user_files.len() {
+    for (i, file) in user_files.iter().enumerate() {
         if let Some(e) = others(i).find(|e| deprecated.contains(&e.key_blob)) {
             return Err(Skip::OldKeyUnderOtherName {
-                file: user_files[i].borrow().label.clone(),
+                file: file.borrow().label.clone(),
                 line: e.line,
             });
         }
@@ -428,7 +428,7 @@ mod tests {
         assert_eq!(p.new, vec![1]);
         assert_eq!(p.deprecated, vec![old.clone()]);
         assert!(!p.is_empty());
-        let p = plan_for(&line("host", &ed), "host", &[ed.clone()]).unwrap();
+        let p = plan_for(&line("host", &ed), "host", std::slice::from_ref(&ed)).unwrap();
         assert!(p.is_empty());
     }
 
@@ -459,7 +459,12 @@ mod tests {
             })
         );
         // Two names (ssh's host,address) and hashed names are fine.
-        assert!(plan_for(&line("host,10.0.0.1", &ed), "host", &[ed.clone()]).is_ok());
+        assert!(plan_for(
+            &line("host,10.0.0.1", &ed),
+            "host",
+            std::slice::from_ref(&ed)
+        )
+        .is_ok());
         let hashed = hash_name("host", &[7; 20]);
         let p = plan_for(&line(&hashed, &ed), "host", &[ed.clone(), ec.clone()]).unwrap();
         assert_eq!(p.new, vec![1]);
@@ -487,7 +492,7 @@ mod tests {
             line("alias", &old)
         );
         assert_eq!(
-            plan_for(&text, "host", &[ed.clone()]),
+            plan_for(&text, "host", std::slice::from_ref(&ed)),
             Err(Skip::OldKeyUnderOtherName {
                 file: "kh".into(),
                 line: 3
@@ -532,7 +537,7 @@ mod tests {
             &text,
             "host",
             &[ed.clone(), ec.clone()],
-            &[ec.clone()],
+            std::slice::from_ref(&ec),
             &[],
         )
         .unwrap()
@@ -553,7 +558,7 @@ mod tests {
                 &r.text,
                 "host",
                 &[ed.clone(), ec.clone()],
-                &[ec.clone()],
+                std::slice::from_ref(&ec),
                 &[]
             ),
             Ok(None)
@@ -564,9 +569,16 @@ mod tests {
     fn rewrite_hashes_names_when_given_salts() {
         let ec = key("ecdsa-sha2-nistp256", 2);
         let name = host_port_name("host", 2222);
-        let r = rewrite("kh", "", &name, &[ec.clone()], &[ec.clone()], &[[5; 20]])
-            .unwrap()
-            .unwrap();
+        let r = rewrite(
+            "kh",
+            "",
+            &name,
+            std::slice::from_ref(&ec),
+            std::slice::from_ref(&ec),
+            &[[5; 20]],
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(r.text, line(&hash_name(&name, &[5; 20]), &ec));
         let (file, warnings) = parse("kh", &r.text);
         assert!(warnings.is_empty());
@@ -578,7 +590,14 @@ mod tests {
         let (ed, ec) = (key("ssh-ed25519", 1), key("ecdsa-sha2-nistp256", 2));
         let text = format!("{}{}", line("host", &ed), line("*", &ec));
         assert_eq!(
-            rewrite("kh", &text, "host", &[ed.clone()], &[ec.clone()], &[]),
+            rewrite(
+                "kh",
+                &text,
+                "host",
+                std::slice::from_ref(&ed),
+                std::slice::from_ref(&ec),
+                &[]
+            ),
             Err(Skip::ComplexLine {
                 file: "kh".into(),
                 line: 2
@@ -657,8 +676,8 @@ mod tests {
         proptest!(|(text in texts, reply in proptest::collection::vec(any::<u8>(), 0..40))| {
             let _ = split_proof(&reply, 2);
             let _ = signature_algorithm(&reply);
-            let _ = plan_for(&text, "host", &[ed.clone()]);
-            if let Ok(Some(r)) = rewrite("kh", &text, "host", &[ed.clone()], &[ed.clone()], &[]) {
+            let _ = plan_for(&text, "host", std::slice::from_ref(&ed));
+            if let Ok(Some(r)) = rewrite("kh", &text, "host", std::slice::from_ref(&ed), std::slice::from_ref(&ed), &[]) {
                 let kept: String = text
                     .split_inclusive('\n')
                     .enumerate()
