@@ -47,6 +47,8 @@ pub struct Connection {
     pub(crate) remote_forwards: Arc<RemoteForwards>,
     /// How the connection ended, once it has.
     ending: EndWatch,
+    /// Whether an `UpdateHostKeys` update is in flight.
+    host_keys: crate::host_key_update::Settled,
 }
 
 /// Whether a connection has ended, as its handler saw it.
@@ -75,6 +77,14 @@ impl Connection {
                 format!("cannot start a new key exchange: {e}"),
             )
         })
+    }
+
+    /// Returns once no `UpdateHostKeys` update of known_hosts is in flight
+    /// on this connection (the server's proof awaited, the file written),
+    /// or after [`crate::host_key_update::SETTLE_WAIT`]: a command that
+    /// ends quickly does not cut short what its connection learnt.
+    pub async fn host_keys_settled(&self) {
+        self.host_keys.wait().await;
     }
 
     /// Returns once the connection has ended (the server closed it, or
@@ -142,6 +152,8 @@ pub struct ClientHandler {
     remote_forwards: Arc<RemoteForwards>,
     /// Told when the connection ends (see [`EndWatch::described`]).
     ending: tokio::sync::watch::Sender<Ending>,
+    /// `UpdateHostKeys`: the server's announced host keys.
+    update: crate::host_key_update::Updater,
 }
 
 impl client::Handler for ClientHandler {
@@ -165,6 +177,16 @@ impl client::Handler for ClientHandler {
                 Err(e)
             }
         }
+    }
+
+    async fn openssh_ext_host_keys_announced(
+        &mut self,
+        keys: Vec<russh::keys::PublicKey>,
+        session: &mut client::Session,
+    ) -> Result<(), Self::Error> {
+        self.update
+            .announced(&self.settings, &self.known_hosts, keys, session);
+        Ok(())
     }
 
     async fn auth_banner(
@@ -328,6 +350,14 @@ impl client::Handler for ClientHandler {
                 return Ok(false);
             }
         }
+        // Whether the key earns UpdateHostKeys: known in a user file before
+        // this verification (which may record it), and not a certificate.
+        if self.settings.update_host_keys == skiff_proto::ssh_config::UpdateHostKeys::Yes
+            && untrusted_certificate.is_none()
+        {
+            let known = self.known_hosts.known_in_user_file(&self.settings, &public);
+            self.update.host_key_checked(known);
+        }
         // Usually a lookup and perhaps a one-line append: cheap enough to run
         // here. Only the `ask` policy may block on the terminal, and then the
         // user is the bottleneck anyway.
@@ -456,6 +486,7 @@ struct Handshake {
     server_id: ServerId,
     remote_forwards: Arc<RemoteForwards>,
     ending: EndWatch,
+    host_keys: crate::host_key_update::Settled,
 }
 
 /// Capacity of the read buffer under russh, in bytes: every handshake
@@ -488,7 +519,9 @@ async fn handshake(
     let order_again = Arc::new(AtomicBool::new(false));
     let remote_forwards = Arc::new(RemoteForwards::default());
     let (ending_tx, ending) = tokio::sync::watch::channel(Ending::Open);
+    let (update, host_keys, session_id) = crate::host_key_update::updater();
     let handler = ClientHandler {
+        update,
         settings: settings.without_identity_cache(),
         known_hosts: known_hosts.clone(),
         refusal: refusal.clone(),
@@ -503,13 +536,20 @@ async fn handshake(
     let result =
         tokio::time::timeout(kex_budget, client::connect_stream(config, stream, handler)).await;
     match result {
-        Ok(Ok(handle)) => Ok(Some(Handshake {
-            handle,
-            peer_addr,
-            server_id,
-            remote_forwards,
-            ending: EndWatch(ending),
-        })),
+        Ok(Ok(handle)) => {
+            // What a host key's proof is signed over (UpdateHostKeys).
+            if let Some(binding) = handle.agent_session_binding() {
+                let _ = session_id.set(binding.session_id().to_vec());
+            }
+            Ok(Some(Handshake {
+                handle,
+                peer_addr,
+                server_id,
+                remote_forwards,
+                ending: EndWatch(ending),
+                host_keys,
+            }))
+        }
         Ok(Err(_)) if order_again.load(Ordering::Relaxed) => Ok(None),
         Ok(Err(e)) => {
             if let Some(refused) = refusal.lock().expect("not poisoned").take() {
@@ -613,6 +653,7 @@ async fn authenticated(settings: &ConnectSettings) -> Result<Connection, SkiffEr
         server_id,
         remote_forwards,
         ending,
+        host_keys,
     } = match first {
         Some(done) => done,
         None => {
@@ -691,6 +732,7 @@ async fn authenticated(settings: &ConnectSettings) -> Result<Connection, SkiffEr
         server_id,
         remote_forwards,
         ending,
+        host_keys,
     })
 }
 

@@ -139,7 +139,11 @@ where
     E: AsyncWrite + Unpin,
 {
     let session = open_session(conn).await?;
-    run_session(session, req, stdin, stdout, stderr, resize).await
+    let outcome = run_session(session, req, stdin, stdout, stderr, resize).await;
+    // A command that ends at once must not cut short what the connection
+    // is learning about the server's host keys.
+    conn.host_keys_settled().await;
+    outcome
 }
 
 /// Runs `req` on an opened session channel (see [`exec`]).

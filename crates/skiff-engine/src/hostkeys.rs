@@ -240,10 +240,21 @@ fn append_and_note(path: &Path, line: &str, written_for: &str) -> std::io::Resul
     Ok(())
 }
 
+/// Runs `f` (which replaces `path` by a rename, say) with this process's
+/// appends to `path` held off, so that none lands in the file being
+/// replaced and is lost.
+pub(crate) fn holding_appends<R>(path: &Path, f: impl FnOnce() -> R) -> R {
+    let slot = slot(path);
+    let _current = lock(&slot.current);
+    f()
+}
+
 /// The known_hosts files for one connection attempt: shared, cached
 /// readings (see the module documentation).
 pub struct KnownHosts {
     files: Vec<Arc<CachedFile>>,
+    /// How many of `files`, at the front, are user files.
+    user_files: usize,
     /// Where new keys are recorded: the first user file.
     record_to: Option<PathBuf>,
     /// `KnownHostsCommand`, key tokens still to expand.
@@ -277,14 +288,21 @@ impl KnownHosts {
     /// count as empty; malformed lines are skipped with a warning naming
     /// file:line, when the file is read.
     pub fn load(settings: &ConnectSettings) -> Self {
-        let files = settings
+        let mut files: Vec<_> = settings
             .user_known_hosts
             .iter()
-            .chain(&settings.global_known_hosts)
             .filter_map(|path| cached(path))
             .collect();
+        let user_files = files.len();
+        files.extend(
+            settings
+                .global_known_hosts
+                .iter()
+                .filter_map(|path| cached(path)),
+        );
         KnownHosts {
             files,
+            user_files,
             record_to: settings.user_known_hosts.first().cloned(),
             command: settings.known_hosts_command.clone(),
             notices: std::sync::Mutex::new(Vec::new()),
@@ -403,6 +421,29 @@ impl KnownHosts {
             std::borrow::Cow::Owned(escaped) => escaped,
         };
         self.notices.lock().expect("not poisoned").push(text);
+    }
+
+    /// Whether `key` is recorded for this host, as a plain host key, in a
+    /// user known_hosts file: the only way a key earns `UpdateHostKeys` (not
+    /// through the global files, `KnownHostsCommand`, a certificate, or a
+    /// first use accepted now).
+    pub fn known_in_user_file(&self, settings: &ConnectSettings, key: &PublicKey) -> bool {
+        let Ok(blob) = key.to_bytes() else {
+            return false;
+        };
+        let key_type = key.algorithm().as_str().to_string();
+        let (host, port) = settings.host_key_name();
+        self.with_user_files(|user| {
+            matches!(
+                known_hosts::check(user, host, port, &key_type, &blob),
+                HostKeyStatus::Known(_)
+            )
+        })
+    }
+
+    /// [`Self::with_files`] for the user files only.
+    pub(crate) fn with_user_files<R>(&self, f: impl FnOnce(&[&KnownHostsFile]) -> R) -> R {
+        self.with_files(|files| f(&files[..self.user_files.min(files.len())]))
     }
 
     /// Key types already recorded for this host, most trusted first, so the

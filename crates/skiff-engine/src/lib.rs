@@ -14,6 +14,7 @@ pub mod copy;
 pub mod error;
 pub mod exec;
 pub mod fanout;
+pub mod host_key_update;
 pub mod hostkeys;
 mod identity;
 mod identity_cache;

@@ -537,7 +537,11 @@ impl Pool {
             let _ = stderr.write_all(text.as_bytes()).await;
             let _ = stderr.flush().await;
         }
-        run_session(session, req, stdin, stdout, stderr, resize).await
+        let outcome = run_session(session, req, stdin, stdout, stderr, resize).await;
+        // As a direct `exec` does: what the connection is learning about the
+        // server's host keys is written before the command is reported done.
+        member.conn.host_keys_settled().await;
+        outcome
     }
 
     /// `ssh -W host:port` on a pooled connection (see

@@ -62,6 +62,11 @@ pub struct ConnectSettings {
     pub global_known_hosts: Vec<PathBuf>,
     pub strict_host_key_checking: StrictHostKeyChecking,
     pub hash_known_hosts: bool,
+    /// `UpdateHostKeys`: learn the host keys the server announces after
+    /// login (see [`crate::host_key_update`]). Default, as ssh: `Yes`
+    /// unless `UserKnownHostsFile` is set (skiff never verifies host keys
+    /// through DNS, ssh's other reason to default to `No`).
+    pub update_host_keys: skiff_proto::ssh_config::UpdateHostKeys,
     /// `HostKeyAlias`: the name host keys are looked up and recorded under.
     pub host_key_alias: Option<String>,
     /// `RevokedHostKeys`: files of host keys and host certificates refused
@@ -750,6 +755,12 @@ impl Resolver {
                 .strict_host_key_checking
                 .unwrap_or(StrictHostKeyChecking::AcceptNew),
             hash_known_hosts: cfg.hash_known_hosts.unwrap_or(false),
+            update_host_keys: cfg
+                .update_host_keys
+                .unwrap_or(match cfg.user_known_hosts_files {
+                    None => skiff_proto::ssh_config::UpdateHostKeys::Yes,
+                    Some(_) => skiff_proto::ssh_config::UpdateHostKeys::No,
+                }),
             host_key_alias: cfg.host_key_alias.clone(),
             revoked_host_keys: match cfg.revoked_host_keys.as_deref() {
                 None => Vec::new(),

@@ -45,6 +45,7 @@ use crate::pattern::{has_wildcard, match_list, ListMatch};
 #[allow(unsafe_code)] // SIMD intrinsics, after CPU feature detection
 mod hashed_lines;
 pub mod host_cert;
+pub mod update;
 
 use hashed_lines::{sha1_words, HashedLines, KeyedSha1, PaddedName};
 

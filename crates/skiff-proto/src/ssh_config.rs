@@ -106,6 +106,28 @@ impl ConfigError {
 /// `StrictHostKeyChecking` values (shared with the known_hosts policy).
 pub use crate::known_hosts::StrictHostKeyChecking;
 
+/// `UpdateHostKeys`: whether to learn the host keys a server announces
+/// after authentication (OpenSSH's `hostkeys-00@openssh.com`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpdateHostKeys {
+    Yes,
+    No,
+    /// Ask before changing known_hosts; skiff never asks in the middle of
+    /// a session, so this acts as `No` (see README.md).
+    Ask,
+}
+
+impl UpdateHostKeys {
+    /// The value as `ssh -G` prints it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpdateHostKeys::Yes => "true",
+            UpdateHostKeys::No => "false",
+            UpdateHostKeys::Ask => "ask",
+        }
+    }
+}
+
 /// `AddKeysToAgent`: what to do with a key read from a file once it has
 /// signed in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -293,6 +315,7 @@ enum Directive {
     GlobalKnownHostsFile(Vec<String>),
     StrictHostKeyChecking(StrictHostKeyChecking),
     HashKnownHosts(bool),
+    UpdateHostKeys(UpdateHostKeys),
     HostKeyAlias(String),
     /// `RevokedHostKeys`: its files, unexpanded.
     RevokedHostKeys(Vec<String>),
@@ -395,6 +418,7 @@ enum Kw {
     GlobalKnownHostsFile,
     StrictHostKeyChecking,
     HashKnownHosts,
+    UpdateHostKeys,
     HostKeyAlias,
     RevokedHostKeys,
     KexAlgorithms,
@@ -460,6 +484,7 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("GlobalKnownHostsFile", Kw::GlobalKnownHostsFile),
     ("StrictHostKeyChecking", Kw::StrictHostKeyChecking),
     ("HashKnownHosts", Kw::HashKnownHosts),
+    ("UpdateHostKeys", Kw::UpdateHostKeys),
     ("HostKeyAlias", Kw::HostKeyAlias),
     ("RevokedHostKeys", Kw::RevokedHostKeys),
     ("KexAlgorithms", Kw::KexAlgorithms),
@@ -572,7 +597,6 @@ const IGNORED: &[&str] = &[
     "TCPKeepAlive",
     "Tunnel",
     "TunnelDevice",
-    "UpdateHostKeys",
     "UseBlacklistedKeys",
     "UseKeychain",
     "UsePrivilegedPort",
@@ -960,6 +984,15 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
             })
         }
         Kw::HashKnownHosts => Directive::HashKnownHosts(parse_flag(name, &single(name, args)?)?),
+        Kw::UpdateHostKeys => {
+            let v = single(name, args)?;
+            Directive::UpdateHostKeys(match v.to_ascii_lowercase().as_str() {
+                "yes" | "true" => UpdateHostKeys::Yes,
+                "no" | "false" => UpdateHostKeys::No,
+                "ask" => UpdateHostKeys::Ask,
+                _ => return Err(format!("{name}: expected yes, no or ask, got \"{v}\"")),
+            })
+        }
         // parse_line keeps the command as written; this is the same
         // command rebuilt from its words.
         Kw::ProxyCommand => Directive::Proxy(ProxySpec::Command(args.join(" "))),
@@ -1378,6 +1411,8 @@ pub struct HostConfig {
     pub global_known_hosts_files: Option<Vec<String>>,
     pub strict_host_key_checking: Option<StrictHostKeyChecking>,
     pub hash_known_hosts: Option<bool>,
+    /// `UpdateHostKeys`; unset means ssh's default (see the engine's settings).
+    pub update_host_keys: Option<UpdateHostKeys>,
     /// `HostKeyAlias`, lowercased: the name host keys are looked up and
     /// recorded under instead of the host name (and without a port).
     pub host_key_alias: Option<String>,
@@ -1823,6 +1858,7 @@ impl Resolver<'_, '_, '_> {
             Directive::GlobalKnownHostsFile(v) => first(&mut cfg.global_known_hosts_files, v),
             Directive::StrictHostKeyChecking(v) => first(&mut cfg.strict_host_key_checking, v),
             Directive::HashKnownHosts(v) => first(&mut cfg.hash_known_hosts, v),
+            Directive::UpdateHostKeys(v) => first(&mut cfg.update_host_keys, v),
             Directive::HostKeyAlias(v) => first(&mut cfg.host_key_alias, v),
             Directive::RevokedHostKeys(v) => first(&mut cfg.revoked_host_keys, v),
             Directive::KexAlgorithms(v) => first(&mut cfg.kex_algorithms, v),
@@ -2348,6 +2384,21 @@ mod tests {
         assert_eq!(cp("10m"), Some(ControlPersist::Duration(600)));
         assert_eq!(cp("30"), Some(ControlPersist::Duration(30)));
         assert!(parse_err("ControlPersist forever\n").starts_with("cfg:1: ControlPersist:"));
+    }
+
+    #[test]
+    fn update_host_keys() {
+        let u = |v: &str| res(&format!("UpdateHostKeys {v}\n"), "x").update_host_keys;
+        assert_eq!(u("yes"), Some(UpdateHostKeys::Yes));
+        assert_eq!(u("True"), Some(UpdateHostKeys::Yes));
+        assert_eq!(u("no"), Some(UpdateHostKeys::No));
+        assert_eq!(u("false"), Some(UpdateHostKeys::No));
+        assert_eq!(u("ask"), Some(UpdateHostKeys::Ask));
+        assert_eq!(res("Port 2\n", "x").update_host_keys, None);
+        assert_eq!(
+            parse_err("UpdateHostKeys sometimes\n"),
+            "cfg:1: UpdateHostKeys: expected yes, no or ask, got \"sometimes\""
+        );
     }
 
     #[test]

@@ -89,11 +89,6 @@ const ALWAYS: &[Differs] = &[
         why: "skiff sets no SO_KEEPALIVE; ServerAliveInterval notices a dead peer",
     },
     Differs {
-        keyword: "updatehostkeys",
-        skiff: "false",
-        why: "skiff does not record the host keys a server announces after login",
-    },
-    Differs {
         keyword: "ipqos",
         skiff: "none none",
         why: "skiff leaves the system's type of service alone",

@@ -189,11 +189,6 @@ const NOT_IMPLEMENTED: &[(&str, &str, &str)] = &[
     ("verifyhostkeydns", "false", "no SSHFP lookups"),
     ("visualhostkey", "no", "no key art"),
     (
-        "updatehostkeys",
-        "false",
-        "the keys a server announces after login are not recorded",
-    ),
-    (
         "enableescapecommandline",
         "no",
         "there is no `~C` command line",
@@ -316,6 +311,7 @@ pub fn describe(s: &ConnectSettings, cfg: &HostConfig, line: &SshCommandLine) ->
     );
     out.put("gatewayports", yes_no(s.gateway_ports));
     out.put("hashknownhosts", yes_no(s.hash_known_hosts));
+    out.put("updatehostkeys", s.update_host_keys.as_str());
     out.put("identitiesonly", yes_no(s.identities_only));
     out.put(
         "pubkeyauthentication",
