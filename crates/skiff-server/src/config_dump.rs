@@ -10,7 +10,7 @@
 //! Keywords of features skiffd never offers (password, keyboard-interactive,
 //! host-based, GSSAPI and Kerberos authentication, X11, tunnels,
 //! `~/.ssh/rc`, PAM) are printed as what skiffd does, off, whatever the file
-//! says. Other keywords skiffd accepts without acting on (`LogLevel`,
+//! says. Other keywords skiffd accepts without acting on (`SyslogFacility`,
 //! `UseDNS`, ...) are left out, as are sshd's that skiffd has no setting for.
 
 use std::fmt::Write as _;
