@@ -29,7 +29,7 @@ pub enum Event {
     Subsystem { user: String, name: String },
     /// A forwarding channel was opened, or a listener set up.
     Forward(ForwardRecord),
-    /// A data-plane transfer ended.
+    /// A skiff client was granted data-plane streams for a transfer.
     Transfer(TransferRecord),
     /// The connection ended.
     Disconnect {
@@ -122,15 +122,18 @@ pub struct ForwardRecord {
     pub target: String,
 }
 
+/// A data-plane transfer as the server process sees it: the files and
+/// their bytes go between the client and the transfer process that runs
+/// as the account, so only its mode and streams are known here (its
+/// duration and control bytes are in the `session` record of its
+/// `transfer@skiff` subsystem).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TransferRecord {
     pub user: String,
-    /// `upload` or `download`.
-    pub direction: String,
-    pub files: u64,
-    pub bytes: u64,
     /// The data plane's mode: `aead`, `integrity` or `none`.
     pub mode: String,
+    /// The streams granted.
+    pub streams: u32,
 }
 
 /// One line of the audit log.
@@ -389,5 +392,21 @@ mod tests {
             .encode(),
         );
         assert_eq!(v["name"], "sftp");
+        let v = parse(
+            &Entry::new(
+                at(0, 0),
+                "c",
+                peer,
+                Event::Transfer(TransferRecord {
+                    user: "u".into(),
+                    mode: "aead".into(),
+                    streams: 4,
+                }),
+            )
+            .encode(),
+        );
+        assert_eq!(v["event"], "transfer");
+        assert_eq!(v["mode"], "aead");
+        assert_eq!(v["streams"], 4);
     }
 }

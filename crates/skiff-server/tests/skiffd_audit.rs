@@ -375,3 +375,44 @@ fn certificate_logins_read_as_sshds_and_are_audited() {
         ca_fingerprint.as_str()
     );
 }
+
+#[test]
+fn a_data_plane_copy_leaves_a_transfer_record() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let dir = tempdir();
+    let audit = dir.path().join("audit.jsonl");
+    let mut config = transfer_subsystem_config().unwrap_or_default();
+    config.push_str(&format!("AuditLog {}\n", audit.display()));
+    let d =
+        Skiffd::start_with(SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&config));
+    let local = dir.path().join("payload");
+    random_file(&local, 300_000);
+    let rdir = account_dir();
+    let target = format!("{}@127.0.0.1:{}", user(), rdir.path().display());
+    skiff_cp(
+        d.port(),
+        &fx.client_key,
+        &[
+            "--cipher",
+            "integrity",
+            &local.display().to_string(),
+            &target,
+        ],
+    )
+    .expect_code(0, &ctx(&d, "skiff cp"));
+    let all = records(&audit, 1, &d);
+    let transfer: Vec<&Value> = all.iter().filter(|r| r["event"] == "transfer").collect();
+    assert_eq!(transfer.len(), 1, "{all:#?}");
+    assert_eq!(transfer[0]["mode"], "integrity");
+    assert_eq!(transfer[0]["user"], user());
+    assert!(transfer[0]["streams"].as_u64().is_some_and(|n| n >= 1));
+    let session = all
+        .iter()
+        .find(|r| r["event"] == "session")
+        .expect("session record");
+    assert_eq!(session["kind"], "subsystem");
+    assert_eq!(session["requested"], "transfer@skiff");
+}

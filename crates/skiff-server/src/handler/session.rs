@@ -412,7 +412,22 @@ impl ConnectionHandler {
         drop(theirs);
         if self.channels.get(&id).is_some_and(|c| c.running.is_some()) {
             let registry = self.state.registry.clone();
-            crate::stream_relay::spawn_relay(policy, registry, ours, self.peer, self.local);
+            let log = self.log.clone();
+            let user = self.auth.as_ref().map(|a| a.account.name.clone());
+            let granted = move |mode: skiff_proto::dataplane::Mode, streams: u32| {
+                if log.auditing() {
+                    log.record(crate::audit::Event::Transfer(
+                        crate::audit::TransferRecord {
+                            user: user.unwrap_or_default(),
+                            mode: mode.to_string(),
+                            streams,
+                        },
+                    ));
+                }
+            };
+            crate::stream_relay::spawn_relay(
+                policy, registry, ours, self.peer, self.local, granted,
+            );
         }
         Ok(())
     }
