@@ -197,6 +197,20 @@ impl LogLevel {
         })
     }
 
+    /// The name `sshd -T` prints for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogLevel::Quiet => "QUIET",
+            LogLevel::Fatal => "FATAL",
+            LogLevel::Error => "ERROR",
+            LogLevel::Info => "INFO",
+            LogLevel::Verbose => "VERBOSE",
+            LogLevel::Debug1 => "DEBUG",
+            LogLevel::Debug2 => "DEBUG2",
+            LogLevel::Debug3 => "DEBUG3",
+        }
+    }
+
     /// The `tracing` level skiffd logs at. skiffd has no level between
     /// info and debug: its info lines already say what sshd adds at
     /// VERBOSE (failed keys, refusal reasons).

