@@ -157,7 +157,7 @@ impl ConnectionLog {
     }
 
     /// The connection is over: sshd's line for it ("Connection closed by
-    /// ... [preauth]", "Disconnected from user ...") and the `disconnect`
+    /// ... `[preauth]`", "Disconnected from user ...") and the `disconnect`
     /// record, if it ever spoke SSH.
     pub fn ended(&self, reason: &str) {
         let state = self.lock();

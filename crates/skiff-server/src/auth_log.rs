@@ -127,7 +127,7 @@ pub enum Who {
 }
 
 /// The line for a connection that ended: "Connection closed by
-/// authenticating user USER ADDR port N [preauth]" (or "invalid user",
+/// authenticating user USER ADDR port N `[preauth]`" (or "invalid user",
 /// or no user at all), "Disconnected from user USER ADDR port N" after a
 /// login.
 pub fn closed(who: &Who, peer: Option<SocketAddr>) -> String {

@@ -3,7 +3,10 @@
 //! `crate::fd_budget`), a cap on connections that have not authenticated
 //! yet (MaxStartups; a data-plane stream counts until its token checks
 //! out), and a login grace timer. Also the one connection of inetd mode
-//! (`skiffd -i`, [`serve_inetd`]), served by the same code.
+//! (`skiffd -i`, [`serve_inetd`]), served by the same code. The listener
+//! says when a connection that speaks SSH opened and when it ended
+//! ([`crate::audit_writer::ConnectionLog`]: sshd's closing line and the
+//! `AuditLog`'s `connect` and `disconnect` records).
 
 use std::borrow::Cow;
 use std::net::SocketAddr;

@@ -11,7 +11,8 @@
 //! key before any entry is looked at. A login that succeeds is recorded as
 //! [`Authenticated`], with `ForceCommand` and `PermitTTY` applied to its
 //! options once; `PermitRootLogin forced-commands-only` and `/etc/nologin`
-//! can still refuse it.
+//! can still refuse it. Each judged request is logged in sshd's words
+//! ([`crate::auth_log`]) and recorded in the `AuditLog`.
 //!
 //! Not here: the file formats and the certificate rules
 //! (`skiff_proto::authorized_keys`, `skiff_proto::user_cert`), running the

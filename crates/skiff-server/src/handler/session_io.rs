@@ -3,7 +3,8 @@
 //! delivered by the task that owns (and reaps) the process, a skiff
 //! client's flow control (pausing output, reporting input read, see
 //! `skiff_proto::flow`), and the exit status or signal reported before the
-//! channel closes. On the connection's side: counting what arrives against
+//! channel closes, with the session's `AuditLog` record (its bytes each
+//! way counted here). On the connection's side: counting what arrives against
 //! the queues (`received`), holding off reading while they are full, the
 //! window each channel is topped up to, and forgetting a closed channel.
 //!
