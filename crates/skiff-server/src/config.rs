@@ -155,6 +155,74 @@ pub struct Settings {
     pub rekey_limit: crate::rekey_limit::RekeyLimit,
     /// `Match` blocks, in file order.
     pub matches: Vec<MatchBlock>,
+    /// `LogLevel`: how much skiffd logs (`None`: not set, INFO; the
+    /// command line's -d, -v and -q win over it).
+    pub log_level: Option<LogLevel>,
+    /// `AuditLog`: the file audit records are appended to (see
+    /// [`crate::audit`]); global only.
+    pub audit_log: Option<PathBuf>,
+}
+
+/// `LogLevel`, as sshd spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Quiet,
+    Fatal,
+    Error,
+    Info,
+    Verbose,
+    Debug1,
+    Debug2,
+    Debug3,
+}
+
+impl LogLevel {
+    /// Reads sshd's names (any case; `DEBUG` is `DEBUG1`).
+    pub fn parse(value: &str) -> Result<LogLevel, String> {
+        Ok(match value.to_ascii_uppercase().as_str() {
+            "QUIET" => LogLevel::Quiet,
+            "FATAL" => LogLevel::Fatal,
+            "ERROR" => LogLevel::Error,
+            "INFO" => LogLevel::Info,
+            "VERBOSE" => LogLevel::Verbose,
+            "DEBUG" | "DEBUG1" => LogLevel::Debug1,
+            "DEBUG2" => LogLevel::Debug2,
+            "DEBUG3" => LogLevel::Debug3,
+            _ => {
+                return Err(format!(
+                    "LogLevel must be QUIET, FATAL, ERROR, INFO, VERBOSE, DEBUG, DEBUG1, DEBUG2 \
+                     or DEBUG3, not {value:?}"
+                ))
+            }
+        })
+    }
+
+    /// The name `sshd -T` prints for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogLevel::Quiet => "QUIET",
+            LogLevel::Fatal => "FATAL",
+            LogLevel::Error => "ERROR",
+            LogLevel::Info => "INFO",
+            LogLevel::Verbose => "VERBOSE",
+            LogLevel::Debug1 => "DEBUG",
+            LogLevel::Debug2 => "DEBUG2",
+            LogLevel::Debug3 => "DEBUG3",
+        }
+    }
+
+    /// The `tracing` level skiffd logs at. skiffd has no level between
+    /// info and debug: its info lines already say what sshd adds at
+    /// VERBOSE (failed keys, refusal reasons).
+    pub fn tracing_level(self) -> &'static str {
+        match self {
+            LogLevel::Quiet => "off",
+            LogLevel::Fatal | LogLevel::Error => "error",
+            LogLevel::Info | LogLevel::Verbose => "info",
+            LogLevel::Debug1 => "debug",
+            LogLevel::Debug2 | LogLevel::Debug3 => "trace",
+        }
+    }
 }
 
 /// `AddressFamily`.
@@ -314,6 +382,8 @@ impl Default for Settings {
             authentication_methods: Default::default(),
             rekey_limit: Default::default(),
             matches: Vec::new(),
+            log_level: None,
+            audit_log: None,
             kex_algorithms: algorithms::SERVER_KEX.defaults(),
             host_key_algorithms: algorithms::SERVER_HOST_KEY.defaults(),
             ciphers: algorithms::SERVER_CIPHERS.defaults(),
@@ -1028,6 +1098,18 @@ fn apply_line(
                 })?;
         }
         "dataplane" => settings.data_plane = parse_yes_no(one()?).map_err(err)?,
+        "loglevel" => settings.log_level = Some(LogLevel::parse(one()?).map_err(err)?),
+        "auditlog" => {
+            settings.audit_log = match one()? {
+                "none" => None,
+                path if path.starts_with('/') => Some(PathBuf::from(path)),
+                path => {
+                    return Err(err(format!(
+                        "AuditLog must be an absolute path (or none), not {path:?}"
+                    )))
+                }
+            }
+        }
         "dataplaneunencrypted" => {
             settings.unencrypted_data_plane = match one()?.to_ascii_lowercase().as_str() {
                 "loopback" => UnencryptedPolicy::Loopback,

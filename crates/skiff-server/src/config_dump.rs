@@ -10,7 +10,7 @@
 //! Keywords of features skiffd never offers (password, keyboard-interactive,
 //! host-based, GSSAPI and Kerberos authentication, X11, tunnels,
 //! `~/.ssh/rc`, PAM) are printed as what skiffd does, off, whatever the file
-//! says. Other keywords skiffd accepts without acting on (`LogLevel`,
+//! says. Other keywords skiffd accepts without acting on (`SyslogFacility`,
 //! `UseDNS`, ...) are left out, as are sshd's that skiffd has no setting for.
 
 use std::fmt::Write as _;
@@ -318,6 +318,10 @@ pub fn render(s: &Settings) -> String {
     );
     line("hostkeyalgorithms", &s.host_key_algorithms.join(","));
     line("pubkeyacceptedalgorithms", &s.pubkey_algorithms.join(","));
+    line(
+        "loglevel",
+        s.log_level.unwrap_or(crate::config::LogLevel::Info).name(),
+    );
     line("authorizedkeysfile", &s.authorized_keys);
     for key in &s.host_keys {
         line("hostkey", &key.display().to_string());
@@ -422,6 +426,10 @@ pub fn render(s: &Settings) -> String {
     line("maxchannelwindow", &size(u64::from(s.max_channel_window)));
     line("maxconnectionqueue", &size(s.queue_limits.per_connection));
     line("maxserverqueue", &size(s.queue_limits.total));
+    line(
+        "auditlog",
+        &or_none(s.audit_log.as_ref().map(|p| p.display())),
+    );
     out
 }
 

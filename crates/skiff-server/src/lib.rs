@@ -36,14 +36,19 @@
 //! connections that have not authenticated (data-plane streams until their
 //! token checks out), [`penalties`] the sources refused for a while after
 //! misbehaving (`PerSourcePenalties`); [`fd_budget`] keeps descriptors spare for work
-//! already taken on, which `descriptors` measures.
+//! already taken on, which `descriptors` measures. [`auth_log`] words the
+//! login lines as sshd does; [`audit`] holds the records of the `AuditLog`
+//! and [`audit_writer`] appends them.
 
 pub mod access;
 pub mod account;
 mod account_files;
 mod account_fs;
 pub mod account_policy;
+pub mod audit;
+pub mod audit_writer;
 mod auth_info;
+pub mod auth_log;
 pub mod auth_methods;
 mod channel_idle;
 mod channel_io;

@@ -3,7 +3,10 @@
 //! `crate::fd_budget`), a cap on connections that have not authenticated
 //! yet (MaxStartups; a data-plane stream counts until its token checks
 //! out), and a login grace timer. Also the one connection of inetd mode
-//! (`skiffd -i`, [`serve_inetd`]), served by the same code.
+//! (`skiffd -i`, [`serve_inetd`]), served by the same code. The listener
+//! says when a connection that speaks SSH opened and when it ended
+//! ([`crate::audit_writer::ConnectionLog`]: sshd's closing line and the
+//! `AuditLog`'s `connect` and `disconnect` records).
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -16,6 +19,7 @@ use russh::{cipher, kex, mac, Preferred, SshId};
 use skiff_proto::dataplane::Sniff;
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::audit_writer::ConnectionLog;
 use crate::config::Settings;
 use crate::descriptors::Descriptors;
 use crate::handler::ConnectionHandler;
@@ -191,7 +195,12 @@ fn prepare(
         settings.authorized_principals_command_user.as_ref(),
     )
     .map_err(anyhow::Error::msg)?;
+    let audit = match &settings.audit_log {
+        Some(path) => Some(crate::audit_writer::AuditLog::open(path)?),
+        None => None,
+    };
     let state = Arc::new(ServerState {
+        audit,
         keys_command,
         principals_command,
         queues: crate::queue_budget::ServerQueue::new(settings.queue_limits),
@@ -230,16 +239,23 @@ pub async fn serve_inetd(settings: Settings, host: HostIdentity) -> Result<()> {
             tracing::info!(%peer, "inetd mode: serving the connection on stdin");
             // One connection per process: no penalty outlives it.
             let mut outcome = Outcome::Ended;
-            handle_connection(
+            let log =
+                ConnectionLog::new(state.audit.as_ref(), Some(peer), stream.local_addr().ok());
+            let result = handle_connection(
                 stream,
                 peer,
                 config,
                 state.clone(),
                 pending,
                 &mut outcome,
-                Default::default(),
+                Watch {
+                    auth_failures: Default::default(),
+                    log: log.clone(),
+                },
             )
-            .await
+            .await;
+            log.ended(&end_reason(&result, outcome));
+            result
         }
         None => {
             drop(stdin);
@@ -250,18 +266,26 @@ pub async fn serve_inetd(settings: Settings, host: HostIdentity) -> Result<()> {
             let grace = state.settings.login_grace_time;
             let deadline = tokio::time::Instant::now() + grace;
             let (auth_tx, auth_rx) = tokio::sync::watch::channel(false);
+            let log = ConnectionLog::new(state.audit.as_ref(), None, None);
             let handler = ConnectionHandler::new(state.clone(), unknown, unknown, auth_tx)
-                .with_unknown_peer();
+                .with_unknown_peer()
+                .with_log(log.clone());
             let session = tokio::time::timeout_at(
                 deadline,
                 russh::server::run_stream(config, stdio, handler),
             )
             .await
             .map_err(|_| anyhow::anyhow!("no SSH identification within LoginGraceTime"))??;
+            log.opened();
+            let ended = |result: Result<()>, outcome| {
+                log.ended(&end_reason(&result, outcome));
+                result
+            };
             match until_authenticated(session, auth_rx, deadline, pending).await {
-                Login::Goes(session, _) => session.await.map_err(Into::into),
-                Login::Ended(result, _) => result.map_err(Into::into),
+                Login::Goes(session, _) => ended(session.await.map_err(Into::into), Outcome::Ended),
+                Login::Ended(result, _) => ended(result.map_err(Into::into), Outcome::Ended),
                 Login::GraceExpired => {
+                    log.ended(&end_reason(&Ok(()), Outcome::GraceExceeded));
                     // The connection ends with the process.
                     tracing::info!(
                         "login grace time ({}s) expired before authentication",
@@ -413,6 +437,8 @@ async fn accept_loop(
         let served = tokio::spawn(async move {
             let failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
             let mut outcome = Outcome::Ended;
+            let log =
+                ConnectionLog::new(state.audit.as_ref(), Some(peer), stream.local_addr().ok());
             let served = handle_connection(
                 stream,
                 peer,
@@ -420,11 +446,16 @@ async fn accept_loop(
                 state,
                 pending,
                 &mut outcome,
-                failures.clone(),
+                Watch {
+                    auth_failures: failures.clone(),
+                    log: log.clone(),
+                },
             );
-            if let Err(e) = served.await {
+            let result = served.await;
+            if let Err(e) = &result {
                 tracing::info!(%peer, "connection ended: {e}");
             }
+            log.ended(&end_reason(&result, outcome));
             outcome.offence(failures.load(std::sync::atomic::Ordering::Relaxed) > 0)
         });
         if let Some(p) = penalties.clone() {
@@ -473,6 +504,23 @@ impl Outcome {
     }
 }
 
+/// What the listener keeps of a connection its handler serves: the
+/// authentication requests refused (`PerSourcePenalties authfail`) and its
+/// log, which says when it opened and ended.
+struct Watch {
+    auth_failures: Arc<std::sync::atomic::AtomicUsize>,
+    log: Arc<ConnectionLog>,
+}
+
+/// Why a connection ended, for its `disconnect` audit record.
+fn end_reason(result: &Result<()>, outcome: Outcome) -> String {
+    match (result, outcome) {
+        (_, Outcome::GraceExceeded) => "LoginGraceTime expired".into(),
+        (Ok(()), _) => "connection closed".into(),
+        (Err(e), _) => format!("{e:#}"),
+    }
+}
+
 /// What a connection that does not begin with an SSH identification line
 /// is told before it is closed (sshd's words).
 const INVALID_IDENTIFICATION: &[u8] = b"Invalid SSH identification string.\r\n";
@@ -492,8 +540,9 @@ async fn handle_connection(
     state: Arc<ServerState>,
     guard: Pending,
     outcome: &mut Outcome,
-    auth_failures: Arc<std::sync::atomic::AtomicUsize>,
+    watch: Watch,
 ) -> Result<()> {
+    let Watch { auth_failures, log } = watch;
     stream.set_nodelay(true)?;
     let local = stream.local_addr()?;
     // A second handle on the socket, so the connection can be shut down from
@@ -504,7 +553,8 @@ async fn handle_connection(
     let (auth_tx, auth_rx) = tokio::sync::watch::channel(false);
     let handler = ConnectionHandler::new(state.clone(), peer, local, auth_tx)
         .with_socket(socket.try_clone()?)
-        .with_auth_failures(auth_failures);
+        .with_auth_failures(auth_failures)
+        .with_log(log.clone());
     // Data-plane streams share the port: the sniffer sees their magic
     // before SSH would, and the socket is then served from `socket`.
     let first_bytes = FirstBytes::default();
@@ -519,7 +569,10 @@ async fn handle_connection(
         anyhow::anyhow!("no SSH identification within LoginGraceTime")
     })?;
     let session = match started {
-        Ok(session) => session,
+        Ok(session) => {
+            log.opened();
+            session
+        }
         Err(_) if first_bytes.get() == Some(Sniff::NotSsh) => {
             // As sshd: say so after the identification line, and close.
             tracing::info!(%peer, "not an SSH client: invalid identification string");

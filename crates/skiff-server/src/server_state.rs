@@ -24,4 +24,6 @@ pub struct ServerState {
     pub registry: Arc<crate::stream_relay::Registry>,
     /// What all connections hold for their peers (`MaxServerQueue`).
     pub queues: Arc<crate::queue_budget::ServerQueue>,
+    /// The `AuditLog`, when one is set.
+    pub audit: Option<Arc<crate::audit_writer::AuditLog>>,
 }

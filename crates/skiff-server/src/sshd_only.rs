@@ -20,6 +20,8 @@ pub enum Verdict {
 }
 
 /// Keywords with no bearing on who gets in or what they may do.
+/// (`LogLevel` is read by the configuration; listed here, it is also
+/// accepted inside `Match`, where it changes nothing.)
 const COSMETIC: &[&str] = &[
     "compression",
     "debianbanner",

@@ -141,7 +141,9 @@ pub fn spawn_relay(
     ours: OwnedFd,
     peer: SocketAddr,
     local: SocketAddr,
+    granted: impl FnOnce(dp::Mode, u32) + Send + 'static,
 ) {
+    let mut granted = Some(granted);
     tokio::spawn(async move {
         // SAFETY: the AsyncFd owns the descriptor for as long as it is registered.
         let relay = match unsafe { AsyncFd::register(ours) } {
@@ -207,6 +209,9 @@ pub fn spawn_relay(
                         }
                     } else {
                         tracing::debug!(%peer, "data plane: {streams} streams, mode {mode}");
+                        if let Some(granted) = granted.take() {
+                            granted(mode, streams);
+                        }
                         RelayMsg::Granted {
                             tokens: registry.issue(streams, peer.ip(), &relay),
                         }

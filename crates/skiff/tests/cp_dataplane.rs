@@ -809,7 +809,7 @@ fn copies_go_through_the_agents_warm_connection() {
         assert_eq!(ah.agent_pids().len(), 1, "{c}: an agent carried the copies");
         let log = d.log();
         assert_eq!(
-            log.matches("accepted publickey").count(),
+            log.matches("Accepted publickey for").count(),
             1,
             "{}",
             ctx(&d, &format!("{c}: one authentication for both copies"))

@@ -255,7 +255,7 @@ fn skiffd_admits_certificates_from_trusted_cas() {
             .args(&["echo", "ssh-cert"])
             .run();
         out.expect_code(0, &c).expect_stdout("ssh-cert\n", &c);
-        assert!(skiffd.log().contains("accepted certificate"), "{c}");
+        assert!(skiffd.log().contains("ssh2: ED25519-CERT SHA256:"), "{c}");
 
         // And skiff.
         let out = run_as(&home, port, &alice.private, "echo skiff-cert");

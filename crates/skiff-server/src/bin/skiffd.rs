@@ -195,14 +195,17 @@ fn main() {
     // inetd hands the connection over as stderr too: a log line there
     // would be bytes in the SSH stream.
     let logging = match args.inetd && args.log_file.is_none() && stderr_is_stdin() {
-        true => Ok(()),
+        true => Ok(None),
         false => init_logging(&args),
     };
-    if let Err(e) = refuse_unsupported(&args).and(logging) {
-        eprintln!("skiffd: {e:#}");
-        std::process::exit(1);
-    }
-    if let Err(e) = run(args) {
+    let set_level = match refuse_unsupported(&args).and(logging) {
+        Ok(set_level) => set_level,
+        Err(e) => {
+            eprintln!("skiffd: {e:#}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = run(args, set_level) {
         eprintln!("skiffd: {e:#}");
         std::process::exit(1);
     }
@@ -240,34 +243,56 @@ fn stderr_is_stdin() -> bool {
     same(&stdin.into(), &stderr.into())
 }
 
+/// Changes the level logged at, once the configuration's `LogLevel` is
+/// known.
+type SetLevel = Box<dyn Fn(&str) -> Result<()>>;
+
+/// The filter that logs skiffd's own lines at `level`.
+fn level_filter(level: &str) -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::new(format!(
+        "skiffd={level},skiff_server={level},skiff_dataplane={level},russh=warn"
+    ))
+}
+
 /// Logging to stderr, or appended to the -E file, at the level -v/-d
-/// (more) or -q (errors only) ask for; `SKIFF_LOG` overrides it.
-fn init_logging(args: &Args) -> Result<()> {
-    let level = match (args.quiet, args.verbose.saturating_add(args.debug)) {
+/// (more) or -q (errors only) ask for; `SKIFF_LOG` overrides it. Without
+/// either, the configuration's `LogLevel` may change it later: the
+/// [`SetLevel`] returned does.
+fn init_logging(args: &Args) -> Result<Option<SetLevel>> {
+    let more = args.verbose.saturating_add(args.debug);
+    let level = match (args.quiet, more) {
         (true, _) => "error",
         (false, 0) => "info",
         (false, 1) => "debug",
         _ => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SKIFF_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!(
-            "skiffd={level},skiff_server={level},skiff_dataplane={level},russh=warn"
-        ))
-    });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false);
-    match &args.log_file {
+    let from_env = tracing_subscriber::EnvFilter::try_from_env("SKIFF_LOG").ok();
+    let settable = !args.quiet && more == 0 && from_env.is_none();
+    let filter = from_env.unwrap_or_else(|| level_filter(level));
+    let writer = match &args.log_file {
         Some(path) => {
             let file = skiff_server::log_file::open_append(path)?;
-            builder
-                .with_writer(std::sync::Mutex::new(file))
-                .with_ansi(false)
-                .init()
+            tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::sync::Mutex::new(file))
         }
-        None => builder.with_writer(std::io::stderr).init(),
+        None => tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::stderr),
+    };
+    let mut builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_writer(writer);
+    if args.log_file.is_some() {
+        builder = builder.with_ansi(false);
     }
-    Ok(())
+    let builder = builder.with_filter_reloading();
+    let handle = builder.reload_handle();
+    builder.init();
+    Ok(settable.then(|| {
+        Box::new(move |level: &str| {
+            handle
+                .reload(level_filter(level))
+                .context("cannot change the log level")
+        }) as SetLevel
+    }))
 }
 
 /// The command line's settings lines: the options that stand for a
@@ -290,7 +315,7 @@ fn command_line(args: &Args) -> CommandLine {
     }
 }
 
-fn run(args: Args) -> Result<()> {
+fn run(args: Args, set_level: Option<SetLevel>) -> Result<()> {
     let mut settings = Settings::default();
     // The sftp subsystem runs this executable as the account, unless the
     // config file names another command (`Subsystem sftp ...`).
@@ -327,6 +352,10 @@ fn run(args: Args) -> Result<()> {
             .map(|(label, text)| (label.as_str(), text.as_str())),
         &mut read_included,
     )?;
+    // The command line's -d, -v, -q (and SKIFF_LOG) win over LogLevel.
+    if let (Some(level), Some(set_level)) = (settings.log_level, &set_level) {
+        set_level(level.tracing_level())?;
+    }
     for note in std::mem::take(&mut settings.config_notes) {
         tracing::warn!("{note}");
     }

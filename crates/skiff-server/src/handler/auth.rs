@@ -11,7 +11,8 @@
 //! key before any entry is looked at. A login that succeeds is recorded as
 //! [`Authenticated`], with `ForceCommand` and `PermitTTY` applied to its
 //! options once; `PermitRootLogin forced-commands-only` and `/etc/nologin`
-//! can still refuse it.
+//! can still refuse it. Each judged request is logged in sshd's words
+//! ([`crate::auth_log`]) and recorded in the `AuditLog`.
 //!
 //! Not here: the file formats and the certificate rules
 //! (`skiff_proto::authorized_keys`, `skiff_proto::user_cert`), running the
@@ -30,6 +31,8 @@ use skiff_proto::user_cert;
 
 use super::ConnectionHandler;
 use crate::account::{self, Account};
+use crate::audit::AuthResult as AuditResult;
+use crate::auth_log;
 use crate::auth_methods::{Method, Progress, Step};
 use crate::config::Settings;
 
@@ -44,6 +47,13 @@ pub(super) struct Authenticated {
     /// server runs directly, not through the account's shell, with these
     /// options.
     pub(super) forced_internal_sftp: Option<crate::sftp_options::SftpOptions>,
+}
+
+/// Why an account may not log in: it does not exist (sshd's "Invalid
+/// user"), or another reason.
+enum CandidateRefusal {
+    NoSuchUser,
+    Other(String),
 }
 
 /// A usable account and the keys its authorized_keys file admits.
@@ -67,8 +77,11 @@ pub(super) struct AuthSteps {
 impl ConnectionHandler {
     /// The account `user` names, if it may log in at all from this peer
     /// (see [`account::lookup`] and [`crate::access`]).
-    fn admissible_account(&mut self, user: &str) -> Result<Account, String> {
-        let acct = account::lookup(user).map_err(|r| r.to_string())?;
+    fn admissible_account(&mut self, user: &str) -> Result<Account, CandidateRefusal> {
+        let acct = account::lookup(user).map_err(|r| match r {
+            account::Refusal::NoSuchUser => CandidateRefusal::NoSuchUser,
+            other => CandidateRefusal::Other(other.to_string()),
+        })?;
         self.enter_login_settings(&acct);
         let access = &self.settings().access;
         let groups = if access.allow_groups.is_empty() && access.deny_groups.is_empty() {
@@ -77,7 +90,7 @@ impl ConnectionHandler {
             group_names(&acct)
         };
         match access.refusal(user, acct.uid, &groups, self.peer.ip()) {
-            Some(why) => Err(why),
+            Some(why) => Err(CandidateRefusal::Other(why)),
             None => Ok(acct),
         }
     }
@@ -153,10 +166,21 @@ impl ConnectionHandler {
                 Some((acct, keys))
             }
             Err(why) => {
-                tracing::info!(peer = %self.peer, user, "refusing login: {why}");
+                match why {
+                    CandidateRefusal::NoSuchUser => {
+                        tracing::info!("{}", auth_log::invalid_user(user, self.log.peer()))
+                    }
+                    CandidateRefusal::Other(why) => {
+                        tracing::info!(peer = %self.peer, user, "refusing login: {why}")
+                    }
+                }
                 None
             }
         };
+        self.log.set_who(auth_log::Who::Authenticating {
+            user: user.to_string(),
+            valid: loaded.is_some(),
+        });
         self.candidate = Some((user.to_string(), loaded));
     }
 
@@ -536,12 +560,65 @@ impl ConnectionHandler {
             self.probe_answered = Some(std::time::Instant::now());
             Auth::Accept
         } else {
+            let credential = key_credential(offer.public_key);
+            self.judged(user, &credential, &publickey_only());
             publickey_only()
         })
     }
 
+    /// Logs the outcome of a public-key request (`auth`) for `user` with
+    /// `credential` as sshd does, and records it in the audit log.
+    fn judged(&self, user: &str, credential: &auth_log::Credential, auth: &Auth) {
+        let peer = self.log.peer();
+        let result = match auth {
+            Auth::Accept => {
+                tracing::info!("{}", auth_log::accepted(user, peer, credential));
+                self.log.set_who(auth_log::Who::LoggedIn(user.to_string()));
+                AuditResult::Success
+            }
+            Auth::Reject {
+                partial_success: true,
+                ..
+            } => {
+                tracing::info!("{}", auth_log::partial(user, peer, credential));
+                AuditResult::Partial
+            }
+            _ => {
+                // The account's candidacy (valid or not) was settled by
+                // prepare_candidate for this user name.
+                let valid = self
+                    .candidate
+                    .as_ref()
+                    .is_none_or(|(u, c)| u != user || c.is_some());
+                tracing::info!("{}", auth_log::failed(user, valid, peer, credential));
+                AuditResult::Failure
+            }
+        };
+        if self.log.auditing() {
+            self.log
+                .record(crate::audit::Event::Auth(crate::audit::AuthRecord {
+                    user: user.to_string(),
+                    method: "publickey".into(),
+                    key_type: Some(credential.key_type.clone()),
+                    fingerprint: Some(credential.fingerprint.clone()),
+                    certificate: credential.certificate.clone(),
+                    result,
+                }));
+        }
+    }
+
     /// Judges a signed request with a user certificate.
     pub(super) async fn certificate_login(
+        &mut self,
+        user: &str,
+        certificate: &Certificate,
+    ) -> Result<Auth, russh::Error> {
+        let auth = self.judge_certificate(user, certificate).await?;
+        self.judged(user, &certificate_credential(certificate), &auth);
+        Ok(auth)
+    }
+
+    async fn judge_certificate(
         &mut self,
         user: &str,
         certificate: &Certificate,
@@ -644,9 +721,7 @@ impl ConnectionHandler {
             local_utc_offset(),
         ) {
             Ok((options, authority)) => {
-                tracing::info!(%peer, user, id = certificate.key_id(), serial = certificate.serial(),
-                    ca = %certificate.signature_key().fingerprint(Default::default()),
-                    via = ?authority, "accepted certificate");
+                tracing::debug!(%peer, user, id = certificate.key_id(), via = ?authority, "certificate admitted");
                 let account = account.clone();
                 let credential = credential_line(certificate.to_openssh());
                 Ok(self.logged_in(account, options, credential, key_blob))
@@ -664,6 +739,17 @@ impl ConnectionHandler {
         user: &str,
         key: VerifiedPublicKey<'_>,
     ) -> Result<Auth, russh::Error> {
+        let credential = key_credential(key.public_key);
+        let auth = self.judge_key(user, key).await?;
+        self.judged(user, &credential, &auth);
+        Ok(auth)
+    }
+
+    async fn judge_key(
+        &mut self,
+        user: &str,
+        key: VerifiedPublicKey<'_>,
+    ) -> Result<Auth, russh::Error> {
         self.prepare_candidate(user).await;
         if let Some(why) = self.algorithm_refusal(user, &[key.algorithm.as_str()]) {
             tracing::info!(peer = %self.peer, user, "refusing the key: {why}");
@@ -675,14 +761,39 @@ impl ConnectionHandler {
             .await
         {
             Some((account, options)) => {
-                tracing::info!(peer = %self.peer, user, key = %key.public_key.fingerprint(Default::default()),
-                    "accepted publickey");
                 let credential = credential_line(key.public_key.to_openssh());
                 let key_blob = key.public_key.to_bytes().unwrap_or_default();
                 Ok(self.logged_in(account, options, credential, key_blob))
             }
             None => Ok(publickey_only()),
         }
+    }
+}
+
+/// How a plain key appears in sshd's log lines and the audit log.
+fn key_credential(key: &PublicKey) -> auth_log::Credential {
+    auth_log::Credential {
+        key_type: auth_log::key_type(key.algorithm().as_str()),
+        fingerprint: key.fingerprint(russh::keys::HashAlg::Sha256).to_string(),
+        certificate: None,
+    }
+}
+
+/// How a certificate appears there: its key's type and fingerprint, its
+/// ID, serial and CA.
+fn certificate_credential(certificate: &Certificate) -> auth_log::Credential {
+    let key = PublicKey::from(certificate.public_key().clone());
+    let ca = PublicKey::from(certificate.signature_key().clone());
+    let sha256 = russh::keys::HashAlg::Sha256;
+    auth_log::Credential {
+        key_type: format!("{}-CERT", auth_log::key_type(key.algorithm().as_str())),
+        fingerprint: key.fingerprint(sha256).to_string(),
+        certificate: Some(crate::audit::CertificateInfo {
+            key_id: certificate.key_id().to_string(),
+            serial: certificate.serial(),
+            ca_type: auth_log::key_type(ca.algorithm().as_str()),
+            ca_fingerprint: ca.fingerprint(sha256).to_string(),
+        }),
     }
 }
 

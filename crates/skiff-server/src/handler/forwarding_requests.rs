@@ -30,6 +30,19 @@ impl ConnectionHandler {
         Some((auth, format!("{} from {}", auth.account.name, self.peer)))
     }
 
+    /// Records a forwarding of `kind` to (or listening on) `target` that
+    /// the rules let through.
+    fn audit_forward(&self, user: &str, kind: &str, target: String) {
+        if self.log.auditing() {
+            self.log
+                .record(crate::audit::Event::Forward(crate::audit::ForwardRecord {
+                    user: user.to_string(),
+                    kind: kind.to_string(),
+                    target,
+                }));
+        }
+    }
+
     /// A `direct-tcpip` channel: a connection to `host_to_connect`.
     pub(super) async fn open_direct_tcpip(
         &mut self,
@@ -48,6 +61,8 @@ impl ConnectionHandler {
         let refusal = rules.open_refusal(&auth.options, host_to_connect, port_to_connect);
         match (refusal, u16::try_from(port_to_connect)) {
             (None, Ok(port)) => {
+                let target = format!("{host_to_connect}:{port}");
+                self.audit_forward(&auth.account.name, "direct-tcpip", target);
                 self.forwards
                     .open(channel, reply, host_to_connect.to_string(), port, who)
             }
@@ -79,13 +94,17 @@ impl ConnectionHandler {
                 .forwarding
                 .socket_open_refusal(&auth.options),
         ) {
-            None => self.forwards.open_socket(
-                channel,
-                reply,
-                socket_path.to_string(),
-                crate::account_fs::Identity::of(&auth.account),
-                who,
-            ),
+            None => {
+                let target = socket_path.to_string();
+                self.audit_forward(&auth.account.name, "direct-streamlocal", target);
+                self.forwards.open_socket(
+                    channel,
+                    reply,
+                    socket_path.to_string(),
+                    crate::account_fs::Identity::of(&auth.account),
+                    who,
+                )
+            }
             Some(why) => {
                 let what = format!("socket {socket_path:?}");
                 refuse_open(reply, &who, &what, &why).await;
@@ -116,6 +135,9 @@ impl ConnectionHandler {
         };
         if let Ok(bound) = listened {
             *port = bound;
+            let user = self.auth.as_ref().map(|a| a.account.name.clone());
+            let target = format!("{address}:{bound}");
+            self.audit_forward(&user.unwrap_or_default(), "tcpip-forward", target);
         }
         Ok(ruled(&who, &format!("{address:?} port {port}"), listened))
     }
@@ -141,6 +163,11 @@ impl ConnectionHandler {
             }
             Some(refusal) => Err(refusal),
         };
+        if listened.is_ok() {
+            let user = self.auth.as_ref().map(|a| a.account.name.clone());
+            let target = socket_path.to_string();
+            self.audit_forward(&user.unwrap_or_default(), "streamlocal-forward", target);
+        }
         Ok(ruled(&who, &format!("socket {socket_path:?}"), listened))
     }
 }

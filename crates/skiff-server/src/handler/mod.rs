@@ -96,6 +96,9 @@ pub struct ConnectionHandler {
     /// Refused environment variables logged on this connection so far
     /// (see `session::REFUSALS_LOGGED`).
     env_refusals: std::cell::Cell<u32>,
+    /// Its audit records and who it is, for the line sshd logs when a
+    /// connection ends ([`crate::audit_writer::ConnectionLog`]).
+    log: Arc<crate::audit_writer::ConnectionLog>,
 }
 
 impl ConnectionHandler {
@@ -107,7 +110,10 @@ impl ConnectionHandler {
     ) -> Self {
         let queue = crate::queue_budget::ConnectionQueue::new(state.queues.clone());
         let clocks = crate::channel_idle::ConnectionClocks::new(peer);
+        let log =
+            crate::audit_writer::ConnectionLog::new(state.audit.as_ref(), Some(peer), Some(local));
         ConnectionHandler {
+            log,
             peer,
             local,
             peer_unknown: false,
@@ -132,6 +138,13 @@ impl ConnectionHandler {
             env_refusals: std::cell::Cell::new(0),
             state,
         }
+    }
+
+    /// Logs through `log` (the listener's, which says when the connection
+    /// opened and ended).
+    pub fn with_log(mut self, log: Arc<crate::audit_writer::ConnectionLog>) -> Self {
+        self.log = log;
+        self
     }
 
     /// Counts refused authentication requests in `counter`.

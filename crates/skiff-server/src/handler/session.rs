@@ -20,6 +20,7 @@ use russh::{Channel, ChannelId, ChannelOpenFailure, Sig};
 use skiff_proto::pattern;
 
 use super::auth::Authenticated;
+use super::session_io::SessionAudit;
 use super::session_io::{run_session_io, Control};
 use super::ConnectionHandler;
 use crate::account::Account;
@@ -41,6 +42,10 @@ pub(super) struct SessionChannel {
     queue: Option<Arc<crate::queue_budget::ChannelQueue>>,
     /// The channel's idle clock (`ChannelTimeout`), moved likewise.
     clock: Option<Arc<crate::channel_idle::ChannelClock>>,
+    /// The subsystem asked for, when the channel serves one.
+    subsystem: Option<String>,
+    /// Bytes the client has sent on the channel (for the audit log).
+    pub(super) bytes_in: Arc<std::sync::atomic::AtomicU64>,
 }
 
 struct Running {
@@ -299,6 +304,7 @@ impl ConnectionHandler {
         };
         tracing::info!(peer = %self.peer, user = %auth.account.name, pid = spawned.pid,
             "session started{}", if command.is_some() { " (exec)" } else { " (shell)" });
+        let audit = self.session_audit(id, requested);
         let chan = self.channels.get_mut(&id).expect("checked above");
         let channel = chan.channel.take().expect("checked above");
         let queue = chan
@@ -322,9 +328,43 @@ impl ConnectionHandler {
             control_rx,
             queue,
             clock,
+            audit,
         ));
         chan.running = Some(Running { control, task, pty });
         Ok(())
+    }
+
+    /// What the audit log will say of the session starting on `id`
+    /// (`requested`: what the client asked to run): its `subsystem` record
+    /// now, and what its `session` record needs once it ends.
+    fn session_audit(&self, id: ChannelId, requested: Option<String>) -> Option<SessionAudit> {
+        if !self.log.auditing() {
+            return None;
+        }
+        let auth = self.auth.as_ref()?;
+        let chan = self.channels.get(&id)?;
+        let user = auth.account.name.clone();
+        let (kind, requested) = match &chan.subsystem {
+            Some(name) => {
+                self.log.record(crate::audit::Event::Subsystem {
+                    user: user.clone(),
+                    name: name.clone(),
+                });
+                (crate::audit::SessionKind::Subsystem, Some(name.clone()))
+            }
+            None if requested.is_some() => (crate::audit::SessionKind::Exec, requested),
+            None => (crate::audit::SessionKind::Shell, None),
+        };
+        Some(SessionAudit {
+            log: self.log.clone(),
+            user,
+            kind,
+            requested,
+            forced: auth.options.command.clone(),
+            pty: chan.pty.is_some(),
+            started: std::time::Instant::now(),
+            bytes_in: chan.bytes_in.clone(),
+        })
     }
 
     /// Starts the transfer process for the skiff data plane: skiffd's own
@@ -372,7 +412,22 @@ impl ConnectionHandler {
         drop(theirs);
         if self.channels.get(&id).is_some_and(|c| c.running.is_some()) {
             let registry = self.state.registry.clone();
-            crate::stream_relay::spawn_relay(policy, registry, ours, self.peer, self.local);
+            let log = self.log.clone();
+            let user = self.auth.as_ref().map(|a| a.account.name.clone());
+            let granted = move |mode: skiff_proto::dataplane::Mode, streams: u32| {
+                if log.auditing() {
+                    log.record(crate::audit::Event::Transfer(
+                        crate::audit::TransferRecord {
+                            user: user.unwrap_or_default(),
+                            mode: mode.to_string(),
+                            streams,
+                        },
+                    ));
+                }
+            };
+            crate::stream_relay::spawn_relay(
+                policy, registry, ours, self.peer, self.local, granted,
+            );
         }
         Ok(())
     }
@@ -411,6 +466,8 @@ impl ConnectionHandler {
                 running: None,
                 queue: Some(queue),
                 clock: Some(clock),
+                subsystem: None,
+                bytes_in: Default::default(),
             },
         );
         reply.accept().await;
@@ -514,6 +571,9 @@ impl ConnectionHandler {
         // Like sshd, a subsystem is a command run as the account (the SFTP
         // server never runs inside skiffd); a forced command replaces it and
         // sees it in SSH_ORIGINAL_COMMAND.
+        if let Some(chan) = self.channels.get_mut(&channel) {
+            chan.subsystem = Some(name.to_string());
+        }
         match (name, &self.settings().sftp_command) {
             ("sftp", Some(command)) => {
                 tracing::debug!(peer = %self.peer, "subsystem sftp: {command}");

@@ -3,7 +3,8 @@
 //! delivered by the task that owns (and reaps) the process, a skiff
 //! client's flow control (pausing output, reporting input read, see
 //! `skiff_proto::flow`), and the exit status or signal reported before the
-//! channel closes. On the connection's side: counting what arrives against
+//! channel closes, with the session's `AuditLog` record (its bytes each
+//! way counted here). On the connection's side: counting what arrives against
 //! the queues (`received`), holding off reading while they are full, the
 //! window each channel is topped up to, and forgetting a closed channel.
 //!
@@ -11,11 +12,14 @@
 //! itself ([`crate::queue_budget`]) and the pumps that move channel bytes
 //! with it counted (`crate::channel_io`).
 
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use russh::server::{Msg, Session};
 use russh::{Channel, ChannelId};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::ConnectionHandler;
 use crate::process::{self, ChildIo};
@@ -44,6 +48,10 @@ impl ConnectionHandler {
         session: &mut Session,
     ) -> Result<(), russh::Error> {
         use crate::queue_budget::Reading;
+        if let Some(chan) = self.channels.get(&channel) {
+            chan.bytes_in
+                .fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+        }
         let window = u32::try_from(session.sender_window_size(channel)).unwrap_or(u32::MAX);
         let initial = session.config().window_size;
         match self.queue.receive(channel.into(), len, window, initial) {
@@ -105,8 +113,10 @@ pub(super) async fn run_session_io(
     mut control: tokio::sync::mpsc::UnboundedReceiver<Control>,
     queue: Arc<crate::queue_budget::ChannelQueue>,
     clock: Arc<crate::channel_idle::ChannelClock>,
+    audit: Option<SessionAudit>,
 ) {
     use crate::channel_io::{forward_output, spawn_input};
+    let bytes_out = Arc::new(AtomicU64::new(0));
     let id = channel.id();
     let (reader, writer) = channel.split();
     let mut child = spawned.child;
@@ -150,8 +160,8 @@ pub(super) async fn run_session_io(
                     }
                 },
             );
-            let mut out_writer = writer.make_writer();
-            let mut err_writer = writer.make_writer_ext(Some(1));
+            let mut out_writer = Counted::new(writer.make_writer(), &bytes_out);
+            let mut err_writer = Counted::new(writer.make_writer_ext(Some(1)), &bytes_out);
             let output = async move {
                 tokio::join!(
                     forward_output(
@@ -189,7 +199,7 @@ pub(super) async fn run_session_io(
                     }
                 },
             );
-            let mut out_writer = writer.make_writer();
+            let mut out_writer = Counted::new(writer.make_writer(), &bytes_out);
             let output = async move {
                 forward_output(
                     &mut master,
@@ -210,6 +220,9 @@ pub(super) async fn run_session_io(
         terminal.give_back();
     }
     drop(flow);
+    if let Some(audit) = audit {
+        audit.ended(&status, bytes_out.load(Ordering::Relaxed));
+    }
     finish(&writer, &handle, id, status).await;
     input.abort();
 }
@@ -374,4 +387,83 @@ async fn finish(
         }
     }
     let _ = writer.close().await;
+}
+
+/// What a session's `session` audit record says besides how it ended
+/// (see `ConnectionHandler::session_audit`).
+pub(super) struct SessionAudit {
+    pub(super) log: Arc<crate::audit_writer::ConnectionLog>,
+    pub(super) user: String,
+    pub(super) kind: crate::audit::SessionKind,
+    pub(super) requested: Option<String>,
+    pub(super) forced: Option<String>,
+    pub(super) pty: bool,
+    pub(super) started: std::time::Instant,
+    pub(super) bytes_in: Arc<AtomicU64>,
+}
+
+impl SessionAudit {
+    /// Records the session, which ended with `status` having sent
+    /// `bytes_out` bytes.
+    fn ended(self, status: &std::io::Result<std::process::ExitStatus>, bytes_out: u64) {
+        use crate::audit::Ending;
+        use std::os::unix::process::ExitStatusExt;
+        let ending = match status {
+            Ok(st) => match (st.code(), st.signal()) {
+                (Some(code), _) => Ending::Exit(code),
+                (None, Some(sig)) => Ending::Signal(sig),
+                (None, None) => Ending::StatusUnknown(true),
+            },
+            Err(_) => Ending::StatusUnknown(true),
+        };
+        self.log
+            .record(crate::audit::Event::Session(crate::audit::SessionRecord {
+                user: self.user,
+                kind: self.kind,
+                requested: self.requested,
+                forced: self.forced,
+                pty: self.pty,
+                ending,
+                duration_ms: crate::audit::millis(self.started.elapsed()),
+                bytes_in: self.bytes_in.load(Ordering::Relaxed),
+                bytes_out,
+            }));
+    }
+}
+
+/// A writer that counts the bytes written through it.
+struct Counted<W> {
+    inner: W,
+    count: Arc<AtomicU64>,
+}
+
+impl<W> Counted<W> {
+    fn new(inner: W, count: &Arc<AtomicU64>) -> Self {
+        Counted {
+            inner,
+            count: count.clone(),
+        }
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for Counted<W> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = &polled {
+            self.count.fetch_add(*n as u64, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
