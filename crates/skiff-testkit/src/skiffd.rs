@@ -225,6 +225,9 @@ impl Launch for Skiffd {
             }));
         let mut cmd = Command::new(program.next().expect("a program"));
         cmd.args(program);
+        // The log level is the test's choice (-v, LogLevel), not the
+        // developer's environment's.
+        cmd.env_remove("SKIFF_LOG");
         if let Some(args) = &self.opts.command_line {
             let port = self.core.port.to_string();
             cmd.args(args.iter().map(|a| a.replace("{port}", &port)));
