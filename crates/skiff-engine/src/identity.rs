@@ -221,6 +221,9 @@ fn why_not_tried(method: &str, settings: &ConnectSettings, asking: Asking) -> Op
         if let Some(why) = asking.why_not() {
             return Some(format!("{method}: {why}"));
         }
+        if settings.number_of_password_prompts == 0 {
+            return Some(format!("{method}: NumberOfPasswordPrompts is 0"));
+        }
     }
     None
 }
@@ -284,10 +287,16 @@ pub async fn authenticate<H: Handler>(
         if !attempts.server_takes(method) {
             continue;
         }
-        if method != AuthMethod::PublicKey && asking != Asking::Person {
-            needs_person |= asking == Asking::BatchMode;
-            continue;
+        if method != AuthMethod::PublicKey {
+            if asking != Asking::Person {
+                needs_person |= asking == Asking::BatchMode;
+                continue;
+            }
+            if settings.number_of_password_prompts == 0 {
+                continue;
+            }
         }
+        tracing::debug!("{}: trying {}", settings.hostname, method.name());
         attempts.trying(method);
         let outcome = match method {
             AuthMethod::PublicKey => {

@@ -230,6 +230,13 @@ fn nobody_is_asked_under_batch_mode_or_with_password_authentication_off() {
         .fails_with(&["PasswordAuthentication is off"], &c);
     assert!(questions(&marker).is_empty(), "askpass was run\n{c}");
 
+    let (exec, marker) = w.exec(PASSWORD);
+    let c = w.ctx("NumberOfPasswordPrompts=0");
+    exec.opt("NumberOfPasswordPrompts=0")
+        .run()
+        .fails_with(&["password: NumberOfPasswordPrompts is 0"], &c);
+    assert!(questions(&marker).is_empty(), "askpass was run\n{c}");
+
     // Left out of PreferredAuthentications: not asked either.
     let (exec, marker) = w.exec(PASSWORD);
     let c = w.ctx("PreferredAuthentications=publickey");
