@@ -194,16 +194,11 @@ impl Attempts {
     }
 }
 
-/// Why `method`, which the server takes, was not tried, given the
-/// settings and who may be asked; `None` if nothing kept skiff from it.
-fn why_not_tried(method: &str, settings: &ConnectSettings, asking: Asking) -> Option<String> {
-    let Some(m) = password_auth::method_order(Some(&[method.to_string()]))
-        .first()
-        .copied()
-    else {
-        return Some(format!("{method}: skiff does not do this method"));
-    };
-    let (enabled, keyword) = match m {
+/// Why skiff passes over a method of `PreferredAuthentications`, whatever
+/// the server says: the one place that decides it, for trying and for the
+/// error.
+fn passed_over(method: AuthMethod, settings: &ConnectSettings, asking: Asking) -> Option<String> {
+    let (enabled, keyword) = match method {
         AuthMethod::PublicKey => (settings.pubkey_authentication, "PubkeyAuthentication"),
         AuthMethod::KeyboardInteractive => (
             settings.kbd_interactive_authentication,
@@ -212,20 +207,31 @@ fn why_not_tried(method: &str, settings: &ConnectSettings, asking: Asking) -> Op
         AuthMethod::Password => (settings.password_authentication, "PasswordAuthentication"),
     };
     if !enabled {
-        return Some(format!("{method}: {keyword} is off for this host"));
+        return Some(format!("{keyword} is off for this host"));
     }
-    if !settings.preferred_authentications.contains(&m) {
-        return Some(format!("{method}: not in PreferredAuthentications"));
+    if method == AuthMethod::PublicKey {
+        return None;
     }
-    if m != AuthMethod::PublicKey {
-        if let Some(why) = asking.why_not() {
-            return Some(format!("{method}: {why}"));
-        }
-        if settings.number_of_password_prompts == 0 {
-            return Some(format!("{method}: NumberOfPasswordPrompts is 0"));
-        }
+    if let Some(why) = asking.why_not() {
+        return Some(why.to_string());
     }
-    None
+    (settings.number_of_password_prompts == 0).then(|| "NumberOfPasswordPrompts is 0".to_string())
+}
+
+/// Why `name`, a method the server takes, was not tried; `None` if
+/// nothing kept skiff from it.
+fn why_not_tried(name: &str, settings: &ConnectSettings, asking: Asking) -> Option<String> {
+    let Some(method) = password_auth::method_order(Some(&[name.to_string()]))
+        .first()
+        .copied()
+    else {
+        return Some(format!("{name}: skiff does not do this method"));
+    };
+    if let Some(why) = passed_over(method, settings, asking) {
+        return Some(format!("{name}: {why}"));
+    }
+    (!settings.preferred_authentications.contains(&method))
+        .then(|| format!("{name}: not in PreferredAuthentications"))
 }
 
 /// Asks the server which methods it takes (the `none` method, as ssh
@@ -254,14 +260,6 @@ async fn ask_what_the_server_takes<H: Handler>(
     }
 }
 
-fn method_enabled(settings: &ConnectSettings, method: AuthMethod) -> bool {
-    match method {
-        AuthMethod::PublicKey => settings.pubkey_authentication,
-        AuthMethod::KeyboardInteractive => settings.kbd_interactive_authentication,
-        AuthMethod::Password => settings.password_authentication,
-    }
-}
-
 /// Authenticates `handle` as `settings.user` with the methods of
 /// `PreferredAuthentications` in order, each while the server takes it,
 /// or explains what was tried.
@@ -275,7 +273,7 @@ pub async fn authenticate<H: Handler>(
     // Set when a method was passed over only because nobody may answer.
     let mut needs_person = false;
     for &method in &settings.preferred_authentications {
-        if !method_enabled(settings, method) {
+        if passed_over(method, settings, asking).is_some() {
             continue;
         }
         if method != AuthMethod::PublicKey && attempts.remaining.is_none() {
@@ -286,15 +284,6 @@ pub async fn authenticate<H: Handler>(
         }
         if !attempts.server_takes(method) {
             continue;
-        }
-        if method != AuthMethod::PublicKey {
-            if asking != Asking::Person {
-                needs_person |= asking == Asking::BatchMode;
-                continue;
-            }
-            if settings.number_of_password_prompts == 0 {
-                continue;
-            }
         }
         tracing::debug!("{}: trying {}", settings.hostname, method.name());
         attempts.trying(method);
@@ -340,6 +329,15 @@ pub async fn authenticate<H: Handler>(
         .filter(|name| !attempts.methods.iter().any(|m| m.name() == *name))
         .filter_map(|name| why_not_tried(name, settings, asking))
         .collect();
+    if asking == Asking::BatchMode && attempts.remaining.is_some() {
+        // A method the server takes that only BatchMode passed over: a
+        // person could answer it (the agent hands such a login back).
+        needs_person |= settings.preferred_authentications.iter().any(|&m| {
+            m != AuthMethod::PublicKey
+                && attempts.server_takes(m)
+                && passed_over(m, settings, Asking::Person).is_none()
+        });
+    }
     let tried: Vec<&str> = attempts.methods.iter().map(|m| m.name()).collect();
     let mut msg = if tried.is_empty() {
         format!(
