@@ -214,15 +214,10 @@ fn shown_request(
     (text, prompts)
 }
 
-/// Shows `text`, already escaped, where questions are asked: the terminal,
-/// else stderr.
+/// Shows `shown`, already escaped, on stderr (as ssh shows it), beside
+/// the questions that follow.
 fn show_server_text(shown: &str) {
-    match std::fs::OpenOptions::new().write(true).open("/dev/tty") {
-        Ok(mut tty) => {
-            let _ = writeln!(tty, "{shown}");
-        }
-        Err(_) => eprintln!("{shown}"),
-    }
+    eprintln!("{shown}");
 }
 
 /// How one method's run ended.

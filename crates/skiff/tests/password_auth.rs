@@ -11,9 +11,13 @@
 //! BatchMode and `PasswordAuthentication no` never ask; sshd's
 //! `AuthenticationMethods publickey,password` needs both;
 //! `PreferredAuthentications` puts a password before a working key;
-//! keyboard-interactive through sshd's PAM (`UsePAM yes`).
+//! keyboard-interactive through sshd's PAM (`UsePAM yes`); skiff's agent
+//! hands a password login back to the command; a fan-out asks nobody (not
+//! yet). A hostile server's keyboard-interactive text is shown escaped
+//! (`tests/peers/hostile_kbd.rs`).
 //!
-//! These need root, as CI has: elsewhere they skip with a notice.
+//! Those against sshd need root, as CI has: elsewhere they skip with a
+//! notice.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -441,4 +445,64 @@ fn a_fan_out_asks_for_no_password_yet() {
         "{c}\n{out}"
     );
     assert!(questions(&marker).is_empty(), "askpass was run\n{c}");
+}
+
+/// A server's keyboard-interactive name, instruction and prompts reach the
+/// person escaped: a hostile server (`tests/peers/hostile_kbd.rs`, run as
+/// the ProxyCommand) cannot move the cursor, erase lines or write the
+/// clipboard through them. Needs neither root nor sshd.
+#[test]
+fn a_servers_questions_are_shown_escaped() {
+    if !require_tool("ssh-keygen", "openssh-client") {
+        return;
+    }
+    let home = ClientHome::new();
+    let dir = tempdir();
+    let host_key = keygen(dir.path(), "host", KeyType::Ed25519, None);
+    let port = 2222;
+    home.trust(port, &host_key);
+    let peer = test_peer(env!("CARGO_MANIFEST_DIR"), "skiff", "hostile_kbd");
+    let marker = dir.path().join("questions");
+    // printf, not echo: sh's echo would turn the escaped `\r` back into a
+    // carriage return in the log.
+    let script = dir.path().join("askpass.sh");
+    write_file(
+        &script,
+        format!(
+            "#!/bin/sh\nprintf 'askpass called: %s\\n' \"$*\" >> '{}'\necho answer\n",
+            marker.display()
+        ),
+        0o755,
+    );
+    let out = skiff_exec(&home, port, "someone", None)
+        .interactive()
+        .askpass(&script)
+        .opt(&format!(
+            "ProxyCommand={} {}",
+            peer.display(),
+            host_key.private.display()
+        ))
+        .opt("NumberOfPasswordPrompts=1")
+        .cmd("true")
+        .run();
+    let c = "hostile keyboard-interactive server";
+    out.expect_code(255, c);
+    assert!(
+        out.stderr.contains("keyboard-interactive refused once"),
+        "{c}\n{out}"
+    );
+    assert!(out.stderr.contains("Hostile\\u{1b}[1A"), "{c}\n{out}");
+    assert!(
+        out.stderr
+            .contains("Read this\\u{1b}]52;c;aGk=\\u{7} now\\u{1b}[2K\\rfake line"),
+        "{c}\n{out}"
+    );
+    for raw in ['\u{1b}', '\u{7}', '\r'] {
+        assert!(!out.stderr.contains(raw), "{c}: {raw:?} shown\n{out}");
+    }
+    // The prompt as the askpass program got it, escaped.
+    let asked = questions(&marker);
+    assert_eq!(asked, ["askpass called: Code\\u{1b}[2K\\r: "], "{c}\n{out}");
+    let log = std::fs::read_to_string(&marker).unwrap_or_default();
+    assert!(!log.contains(['\u{1b}', '\r']), "{c}: {log:?}");
 }
