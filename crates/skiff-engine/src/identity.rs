@@ -1,4 +1,8 @@
-//! Public-key user authentication: identities from ssh-agent and key files,
+//! User authentication: the methods in `PreferredAuthentications` order
+//! (public keys, then keyboard-interactive and password from
+//! [`crate::password_auth`]), and the error saying what was tried.
+//!
+//! Public keys: identities from ssh-agent and key files,
 //! tried in OpenSSH's order, with passphrases read from the terminal or
 //! SSH_ASKPASS (never under BatchMode), and only for a key the server has
 //! accepted (a key file is offered by its public half). A key's user
@@ -23,13 +27,19 @@ use russh::{MethodKind, MethodSet};
 
 use crate::error::{ErrorKind, SkiffError};
 use crate::identity_cache::Unusable;
+use crate::password_auth::{self, Asking, AuthMethod};
 use crate::settings::ConnectSettings;
 
-/// What was offered and what the server answered, for the error that
-/// ends authentication when no key completes it.
+/// What was tried and what the server answered, for the error that ends
+/// authentication when no method completes it.
 #[derive(Default)]
 struct Attempts {
-    /// What was offered, in order.
+    /// The methods tried, in order.
+    methods: Vec<AuthMethod>,
+    /// What each method other than public keys came to ("password refused
+    /// 3 times"), in order.
+    outcomes: Vec<String>,
+    /// The keys offered, in order.
     tried: Vec<String>,
     /// What the server accepted as one step of several (`partial success`:
     /// for instance `AuthenticationMethods publickey,publickey`).
@@ -39,6 +49,37 @@ struct Attempts {
 }
 
 impl Attempts {
+    fn trying(&mut self, method: AuthMethod) {
+        if !self.methods.contains(&method) {
+            self.methods.push(method);
+        }
+    }
+
+    /// Whether the server takes `method` now (not known yet: it may).
+    fn server_takes(&self, method: AuthMethod) -> bool {
+        self.remaining
+            .as_ref()
+            .is_none_or(|m| m.contains(&method.kind()))
+    }
+
+    /// What a password or keyboard-interactive run came to.
+    fn other_answered(
+        &mut self,
+        method: AuthMethod,
+        answer: Option<(MethodSet, bool)>,
+        note: String,
+    ) {
+        if let Some((remaining, partial)) = answer {
+            self.remaining = Some(remaining);
+            if partial {
+                self.partial.push(method.name().to_string());
+            }
+        }
+        if !note.is_empty() {
+            self.outcomes.push(note);
+        }
+    }
+
     fn offering(&mut self, what: String) {
         self.tried.push(what);
     }
@@ -61,15 +102,15 @@ impl Attempts {
             .is_none_or(|m| m.contains(&MethodKind::PublicKey))
     }
 
-    /// The error's text after "authentication failed (publickey): ".
-    fn describe(&self) -> String {
-        let remaining = self.remaining.as_ref().map(|m| {
-            m.iter()
-                .map(<&'static str>::from)
-                .collect::<Vec<_>>()
-                .join(",")
-        });
-        if !self.partial.is_empty() {
+    /// What became of the keys offered.
+    fn describe_keys(&self) -> String {
+        let remaining = self.remaining_names();
+        let keys_partial: Vec<&String> = self
+            .partial
+            .iter()
+            .filter(|p| self.tried.contains(p))
+            .collect();
+        if !keys_partial.is_empty() {
             let others: Vec<&str> = self
                 .tried
                 .iter()
@@ -78,24 +119,28 @@ impl Attempts {
                 .collect();
             let mut msg = format!(
                 "the server accepted {} as one step but requires more (it goes on with: {})",
-                self.partial.join(", "),
+                keys_partial
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 remaining.as_deref().unwrap_or("nothing")
             );
-            if !self.keys_may_go_on() {
-                msg.push_str(", and skiff authenticates with public keys only");
-            } else if others.is_empty() {
-                msg.push_str(", and skiff had no other key to offer");
-            } else {
-                msg.push_str(&format!(
-                    ", and accepted none of the other keys: {}",
-                    others.join(", ")
-                ));
+            if self.keys_may_go_on() {
+                if others.is_empty() {
+                    msg.push_str(", and skiff had no other key to offer");
+                } else {
+                    msg.push_str(&format!(
+                        ", and accepted none of the other keys: {}",
+                        others.join(", ")
+                    ));
+                }
             }
             return msg;
         }
         if !self.keys_may_go_on() {
             return format!(
-                "the server takes only {} here, and skiff authenticates with public keys",
+                "the server takes no public key here (it takes: {})",
                 remaining.as_deref().unwrap_or("other methods")
             );
         }
@@ -105,6 +150,222 @@ impl Attempts {
             format!("the server accepted none of: {}", self.tried.join(", "))
         }
     }
+
+    /// The methods the server last said may go on, comma-separated.
+    fn remaining_names(&self) -> Option<String> {
+        self.remaining.as_ref().map(|m| {
+            m.iter()
+                .map(<&'static str>::from)
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+    }
+
+    /// The error's text after "authentication failed (METHODS): ": what
+    /// each method tried came to, then why each other method the server
+    /// takes was not tried (`untried`).
+    fn describe(&self, untried: &[String]) -> String {
+        let mut parts = Vec::new();
+        if self.methods.contains(&AuthMethod::PublicKey) {
+            parts.push(self.describe_keys());
+        }
+        let others_partial: Vec<&str> = self
+            .partial
+            .iter()
+            .filter(|p| !self.tried.contains(p))
+            .map(String::as_str)
+            .collect();
+        if !others_partial.is_empty() {
+            parts.push(format!(
+                "the server accepted {} as one step but requires more (it goes on with: {})",
+                others_partial.join(", "),
+                self.remaining_names().as_deref().unwrap_or("nothing")
+            ));
+        }
+        parts.extend(self.outcomes.iter().cloned());
+        if self.methods.is_empty() {
+            parts.push(match self.remaining_names() {
+                Some(r) => format!("nothing to try (the server takes: {r})"),
+                None => "nothing to try".to_string(),
+            });
+        }
+        parts.extend(untried.iter().cloned());
+        parts.join("; ")
+    }
+}
+
+/// Why skiff passes over a method of `PreferredAuthentications`, whatever
+/// the server says: the one place that decides it, for trying and for the
+/// error.
+fn passed_over(method: AuthMethod, settings: &ConnectSettings, asking: Asking) -> Option<String> {
+    let (enabled, keyword) = match method {
+        AuthMethod::PublicKey => (settings.pubkey_authentication, "PubkeyAuthentication"),
+        AuthMethod::KeyboardInteractive => (
+            settings.kbd_interactive_authentication,
+            "KbdInteractiveAuthentication",
+        ),
+        AuthMethod::Password => (settings.password_authentication, "PasswordAuthentication"),
+    };
+    if !enabled {
+        return Some(format!("{keyword} is off for this host"));
+    }
+    if method == AuthMethod::PublicKey {
+        return None;
+    }
+    if let Some(why) = asking.why_not() {
+        return Some(why.to_string());
+    }
+    (settings.number_of_password_prompts == 0).then(|| "NumberOfPasswordPrompts is 0".to_string())
+}
+
+/// Why `name`, a method the server takes, was not tried; `None` if
+/// nothing kept skiff from it.
+fn why_not_tried(name: &str, settings: &ConnectSettings, asking: Asking) -> Option<String> {
+    let Some(method) = password_auth::method_order(Some(&[name.to_string()]))
+        .first()
+        .copied()
+    else {
+        return Some(format!("{name}: skiff does not do this method"));
+    };
+    if let Some(why) = passed_over(method, settings, asking) {
+        return Some(format!("{name}: {why}"));
+    }
+    (!settings.preferred_authentications.contains(&method))
+        .then(|| format!("{name}: not in PreferredAuthentications"))
+}
+
+/// Asks the server which methods it takes (the `none` method, as ssh
+/// starts with), into `attempts`. `Ok(true)`: it takes none at all, and
+/// the user is in.
+async fn ask_what_the_server_takes<H: Handler>(
+    handle: &mut Handle<H>,
+    settings: &ConnectSettings,
+    attempts: &mut Attempts,
+) -> Result<bool, SkiffError> {
+    match handle.authenticate_none(&settings.user).await {
+        Ok(AuthResult::Success) => Ok(true),
+        Ok(AuthResult::Failure {
+            remaining_methods, ..
+        }) => {
+            attempts.remaining = Some(remaining_methods);
+            Ok(false)
+        }
+        Err(e) => Err(SkiffError::new(
+            ErrorKind::Connect,
+            format!(
+                "{}: connection lost during authentication: {e}",
+                settings.hostname
+            ),
+        )),
+    }
+}
+
+/// Authenticates `handle` as `settings.user` with the methods of
+/// `PreferredAuthentications` in order, each while the server takes it,
+/// or explains what was tried.
+pub async fn authenticate<H: Handler>(
+    handle: &mut Handle<H>,
+    settings: &ConnectSettings,
+) -> Result<(), SkiffError> {
+    let asking = password_auth::asking(settings.batch_mode, settings.fan_out);
+    let mut attempts = Attempts::default();
+    let mut notes = Vec::new();
+    // Set when a method was passed over only because nobody may answer.
+    let mut needs_person = false;
+    for &method in &settings.preferred_authentications {
+        if passed_over(method, settings, asking).is_some() {
+            continue;
+        }
+        if method != AuthMethod::PublicKey && attempts.remaining.is_none() {
+            // Asks the server what it takes before asking a person anything.
+            if ask_what_the_server_takes(handle, settings, &mut attempts).await? {
+                return Ok(());
+            }
+        }
+        if !attempts.server_takes(method) {
+            continue;
+        }
+        tracing::debug!("{}: trying {}", settings.hostname, method.name());
+        attempts.trying(method);
+        let outcome = match method {
+            AuthMethod::PublicKey => {
+                if publickey(
+                    handle,
+                    settings,
+                    &mut attempts,
+                    &mut notes,
+                    &mut needs_person,
+                )
+                .await?
+                {
+                    return Ok(());
+                }
+                continue;
+            }
+            AuthMethod::Password => password_auth::password(handle, settings).await?,
+            AuthMethod::KeyboardInteractive => {
+                password_auth::keyboard_interactive(handle, settings).await?
+            }
+        };
+        match outcome {
+            password_auth::Outcome::Success => return Ok(()),
+            password_auth::Outcome::Failed { answer, note } => {
+                attempts.other_answered(method, answer, note)
+            }
+        }
+    }
+    if attempts.remaining.is_none()
+        && !handle.is_closed()
+        && ask_what_the_server_takes(handle, settings, &mut attempts).await?
+    {
+        // No method was tried (no key at all), and the server wants none.
+        return Ok(());
+    }
+    let untried: Vec<String> = attempts
+        .remaining
+        .iter()
+        .flat_map(|m| m.iter())
+        .map(<&'static str>::from)
+        .filter(|name| !attempts.methods.iter().any(|m| m.name() == *name))
+        .filter_map(|name| why_not_tried(name, settings, asking))
+        .collect();
+    if asking == Asking::BatchMode && attempts.remaining.is_some() {
+        // A method the server takes that only BatchMode passed over: a
+        // person could answer it (the agent hands such a login back).
+        needs_person |= settings.preferred_authentications.iter().any(|&m| {
+            m != AuthMethod::PublicKey
+                && attempts.server_takes(m)
+                && passed_over(m, settings, Asking::Person).is_none()
+        });
+    }
+    let tried: Vec<&str> = attempts.methods.iter().map(|m| m.name()).collect();
+    let mut msg = if tried.is_empty() {
+        format!(
+            "{}@{}: authentication failed: ",
+            settings.user, settings.hostname
+        )
+    } else {
+        format!(
+            "{}@{}: authentication failed ({}): ",
+            settings.user,
+            settings.hostname,
+            tried.join(",")
+        )
+    };
+    msg.push_str(&attempts.describe(&untried));
+    for n in &notes {
+        msg.push_str("; ");
+        msg.push_str(n);
+    }
+    if attempts.methods == [AuthMethod::PublicKey] {
+        msg.push_str("; check the key is in the account's authorized_keys, or pass -i KEY");
+    }
+    let err = SkiffError::new(ErrorKind::Auth, msg);
+    Err(if needs_person {
+        err.needing_person()
+    } else {
+        err
+    })
 }
 
 /// One thing to try, in order.
@@ -373,21 +634,17 @@ where
     }
 }
 
-/// Authenticates `handle` as `settings.user`, or explains what was tried.
-pub async fn authenticate<H: Handler>(
+/// Public-key authentication as `settings.user`: `Ok(true)` once logged
+/// in; `Ok(false)` when no key did it, with what was offered in `attempts`
+/// and `notes`, and `needs_person` set when a key was skipped only because
+/// nobody may type its passphrase.
+async fn publickey<H: Handler>(
     handle: &mut Handle<H>,
     settings: &ConnectSettings,
-) -> Result<(), SkiffError> {
-    if !settings.pubkey_authentication {
-        // No key is offered: a server the configuration distrusts learns none.
-        return Err(SkiffError::new(
-            ErrorKind::Auth,
-            format!(
-                "{}: PubkeyAuthentication is off for this host, and public keys are the only way skiff authenticates",
-                settings.original_host
-            ),
-        ));
-    }
+    attempts: &mut Attempts,
+    notes: &mut Vec<String>,
+    needs_person: &mut bool,
+) -> Result<bool, SkiffError> {
     let mut agent = match &settings.identity_agent {
         Some(sock) => match AgentClient::connect_uds(sock).await {
             Ok(a) => Some(a),
@@ -406,7 +663,6 @@ pub async fn authenticate<H: Handler>(
     // Certificates configured, then those the agent holds: offered with
     // the key they certify, after that key's own `KEY-cert.pub`.
     let mut certificates = Vec::new();
-    let mut notes = Vec::new();
     for path in &settings.certificate_files {
         match certificate(path, settings).await {
             Ok(Some(cert)) => certificates.push(UserCertificate {
@@ -467,9 +723,6 @@ pub async fn authenticate<H: Handler>(
     // Learnt on the first RSA key only: asking waits for the server's
     // extension info, a round trip that other keys do not need.
     let mut rsa_hash = None;
-    let mut attempts = Attempts::default();
-    // Set when a key was skipped only because nobody may type its passphrase.
-    let mut needs_person = false;
     for cand in candidates {
         if !attempts.keys_may_go_on() {
             break;
@@ -500,24 +753,16 @@ pub async fn authenticate<H: Handler>(
                     let offered = match cert.in_agent {
                         // The agent holds the certificate: it signs by it.
                         true => {
-                            offer_certificate(handle, settings, cert, hash, agent, &mut attempts)
-                                .await
+                            offer_certificate(handle, settings, cert, hash, agent, attempts).await
                         }
                         false => {
                             let mut signer = CertifiedKeySigner(&mut *agent);
-                            offer_certificate(
-                                handle,
-                                settings,
-                                cert,
-                                hash,
-                                &mut signer,
-                                &mut attempts,
-                            )
-                            .await
+                            offer_certificate(handle, settings, cert, hash, &mut signer, attempts)
+                                .await
                         }
                     };
                     match offered {
-                        Ok(true) => return Ok(()),
+                        Ok(true) => return Ok(true),
                         Ok(false) => {}
                         Err(note) => notes.push(note),
                     }
@@ -530,7 +775,7 @@ pub async fn authenticate<H: Handler>(
                     .authenticate_publickey_with(&settings.user, key.clone(), hash, agent)
                     .await
                 {
-                    Ok(AuthResult::Success) => return Ok(()),
+                    Ok(AuthResult::Success) => return Ok(true),
                     Ok(AuthResult::Failure {
                         remaining_methods,
                         partial_success,
@@ -549,7 +794,7 @@ pub async fn authenticate<H: Handler>(
                         Ok(Some(k)) => (k.public_key().clone(), Some(k)),
                         Ok(None) => continue,
                         Err(unusable) => {
-                            needs_person |= unusable.needs_person;
+                            *needs_person |= unusable.needs_person;
                             notes.push(unusable.note);
                             continue;
                         }
@@ -591,17 +836,10 @@ pub async fn authenticate<H: Handler>(
                     .filter(|c| c.cert.public_key() == &offered)
                     .chain(certificates_for(&certificates, &offered))
                 {
-                    match offer_certificate(
-                        handle,
-                        settings,
-                        cert,
-                        hash,
-                        &mut signer,
-                        &mut attempts,
-                    )
-                    .await
+                    match offer_certificate(handle, settings, cert, hash, &mut signer, attempts)
+                        .await
                     {
-                        Ok(true) => return Ok(()),
+                        Ok(true) => return Ok(true),
                         Ok(false) => {}
                         Err(note) => notes.push(note),
                     }
@@ -618,7 +856,7 @@ pub async fn authenticate<H: Handler>(
                         if let Some(key) = &signer.loaded {
                             add_to_agent(settings, agent.as_mut(), key, &path).await;
                         }
-                        return Ok(());
+                        return Ok(true);
                     }
                     Ok(AuthResult::Failure {
                         remaining_methods,
@@ -636,27 +874,12 @@ pub async fn authenticate<H: Handler>(
                     Err(e) => notes.push(format!("{}: {e}", path.display())),
                 }
                 if let Some(unusable) = &signer.unusable {
-                    needs_person |= unusable.needs_person;
+                    *needs_person |= unusable.needs_person;
                 }
             }
         }
     }
-    let mut msg = format!(
-        "{}@{}: authentication failed (publickey): ",
-        settings.user, settings.hostname
-    );
-    msg.push_str(&attempts.describe());
-    for n in &notes {
-        msg.push_str("; ");
-        msg.push_str(n);
-    }
-    msg.push_str("; check the key is in the account's authorized_keys, or pass -i KEY");
-    let err = SkiffError::new(ErrorKind::Auth, msg);
-    Err(if needs_person {
-        err.needing_person()
-    } else {
-        err
-    })
+    Ok(false)
 }
 
 /// `AddKeysToAgent`: hands `key`, read from `path`, to ssh-agent once it
@@ -804,7 +1027,7 @@ fn ask_and_decode(path: &Path, text: &str) -> Result<Option<Arc<PrivateKey>>, Un
             // An empty answer skips the key, as ssh does.
             return Ok(None);
         }
-        match crate::private_key::decode(text, Some(&pass)) {
+        match crate::private_key::decode(text, Some(pass.as_str())) {
             Ok(k) => return Ok(Some(Arc::new(k))),
             Err(_) => eprintln!("Bad passphrase, try again for {}", path.display()),
         }
@@ -829,42 +1052,10 @@ fn is_default_identity(path: &Path) -> bool {
         .contains(&name)
 }
 
-/// Reads a passphrase: SSH_ASKPASS when SSH_ASKPASS_REQUIRE says so (or when
-/// there is no terminal but a display and askpass exist), else the terminal.
-fn read_passphrase(prompt: &str) -> std::io::Result<String> {
-    let askpass = std::env::var_os("SSH_ASKPASS").filter(|v| !v.is_empty());
-    let require = std::env::var("SSH_ASKPASS_REQUIRE").unwrap_or_default();
-    let has_tty = std::fs::File::open("/dev/tty").is_ok();
-    let use_askpass = match require.as_str() {
-        "never" => false,
-        "force" => askpass.is_some(),
-        _ => {
-            askpass.is_some()
-                && (!has_tty && std::env::var_os("DISPLAY").is_some() || require == "prefer")
-        }
-    };
-    if use_askpass {
-        let program = askpass.expect("checked above");
-        let out = std::process::Command::new(&program)
-            .arg(prompt)
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit())
-            .output()?;
-        if !out.status.success() {
-            return Err(std::io::Error::other(
-                "askpass program failed or was cancelled",
-            ));
-        }
-        let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
-        while s.ends_with('\n') || s.ends_with('\r') {
-            s.pop();
-        }
-        return Ok(s);
-    }
-    if !has_tty {
-        return Err(std::io::Error::other("no terminal and no SSH_ASKPASS"));
-    }
-    rpassword::prompt_password(prompt)
+/// Reads a passphrase, on the terminal or through SSH_ASKPASS as
+/// [`password_auth::ask`] decides.
+fn read_passphrase(prompt: &str) -> std::io::Result<zeroize::Zeroizing<String>> {
+    password_auth::ask(prompt, false)
 }
 
 #[cfg(test)]
@@ -896,46 +1087,69 @@ mod tests {
     #[test]
     fn attempts_say_what_the_server_answered() {
         let mut a = Attempts::default();
+        a.trying(AuthMethod::PublicKey);
         assert_eq!(
-            a.describe(),
+            a.describe(&[]),
             "no usable key (no ssh-agent keys, no readable identity files)"
         );
         a.offering("k1".into());
         a.answered(methods(&[MethodKind::PublicKey]), false);
-        assert_eq!(a.describe(), "the server accepted none of: k1");
+        assert_eq!(a.describe(&[]), "the server accepted none of: k1");
 
         // A first step accepted, nothing else to offer.
         let mut a = Attempts::default();
+        a.trying(AuthMethod::PublicKey);
         a.offering("k1".into());
         a.answered(methods(&[MethodKind::PublicKey]), true);
         assert!(a.keys_may_go_on());
         assert_eq!(
-            a.describe(),
+            a.describe(&[]),
             "the server accepted k1 as one step but requires more (it goes on with: publickey), and skiff had no other key to offer"
         );
         a.offering("k2".into());
         a.answered(methods(&[MethodKind::PublicKey]), false);
         assert!(a
-            .describe()
+            .describe(&[])
             .ends_with("accepted none of the other keys: k2"));
 
-        // A first step accepted, the next one a method skiff lacks: no
-        // point offering more keys.
+        // A first step accepted, the next one a password refused.
         let mut a = Attempts::default();
+        a.trying(AuthMethod::PublicKey);
         a.offering("k1".into());
-        a.answered(methods(&[MethodKind::KeyboardInteractive]), true);
+        a.answered(methods(&[MethodKind::Password]), true);
         assert!(!a.keys_may_go_on());
-        assert!(a
-            .describe()
-            .ends_with("(it goes on with: keyboard-interactive), and skiff authenticates with public keys only"));
+        assert!(a.server_takes(AuthMethod::Password));
+        assert!(!a.server_takes(AuthMethod::KeyboardInteractive));
+        a.trying(AuthMethod::Password);
+        a.other_answered(
+            AuthMethod::Password,
+            Some((methods(&[MethodKind::Password]), false)),
+            "password refused 3 times".into(),
+        );
+        assert_eq!(
+            a.describe(&[]),
+            "the server accepted k1 as one step but requires more (it goes on with: password); password refused 3 times"
+        );
 
-        // A server that takes no keys at all.
+        // A server that takes no keys at all, and a password nobody was
+        // asked for.
         let mut a = Attempts::default();
+        a.trying(AuthMethod::PublicKey);
         a.offering("k1".into());
         a.answered(methods(&[MethodKind::Password]), false);
         assert_eq!(
-            a.describe(),
-            "the server takes only password here, and skiff authenticates with public keys"
+            a.describe(&["password: BatchMode is on".into()]),
+            "the server takes no public key here (it takes: password); password: BatchMode is on"
+        );
+
+        // Nothing tried at all.
+        let a = Attempts {
+            remaining: Some(methods(&[MethodKind::PublicKey])),
+            ..Default::default()
+        };
+        assert_eq!(
+            a.describe(&["publickey: PubkeyAuthentication is off for this host".into()]),
+            "nothing to try (the server takes: publickey); publickey: PubkeyAuthentication is off for this host"
         );
     }
 }

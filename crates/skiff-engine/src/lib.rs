@@ -19,6 +19,7 @@ pub mod hostkeys;
 mod identity;
 mod identity_cache;
 pub mod local_command;
+pub mod password_auth;
 pub mod pool;
 pub mod port_forward;
 mod private_key;

@@ -97,9 +97,18 @@ pub struct ConnectSettings {
     /// passphrase may still be asked for, once for all hosts, with the time
     /// spent typing it left out of the authentication deadline.
     pub fan_out: bool,
-    /// `PubkeyAuthentication` (default yes). skiff only authenticates with
-    /// keys, so `no` leaves it nothing to offer.
+    /// `PubkeyAuthentication` (default yes).
     pub pubkey_authentication: bool,
+    /// `PasswordAuthentication` (default yes, as ssh).
+    pub password_authentication: bool,
+    /// `KbdInteractiveAuthentication` (default yes, as ssh).
+    pub kbd_interactive_authentication: bool,
+    /// `PreferredAuthentications`: the methods in the order tried (default
+    /// publickey, keyboard-interactive, password).
+    pub preferred_authentications: Vec<crate::password_auth::AuthMethod>,
+    /// `NumberOfPasswordPrompts` (default 3): tries of a password or of
+    /// keyboard-interactive answers.
+    pub number_of_password_prompts: u32,
     /// Where `RefuseConnection yes` was set for this host: connecting is
     /// then an error.
     pub refused_by: Option<String>,
@@ -823,6 +832,12 @@ impl Resolver {
             compression: cfg.compression.unwrap_or(false),
             fan_out: self.fan_out,
             pubkey_authentication: cfg.pubkey_authentication.unwrap_or(true),
+            password_authentication: cfg.password_authentication.unwrap_or(true),
+            kbd_interactive_authentication: cfg.kbd_interactive_authentication.unwrap_or(true),
+            preferred_authentications: crate::password_auth::method_order(
+                cfg.preferred_authentications.as_deref(),
+            ),
+            number_of_password_prompts: cfg.number_of_password_prompts.unwrap_or(3),
             refused_by: cfg
                 .refuse_connection
                 .clone()

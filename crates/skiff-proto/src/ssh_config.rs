@@ -341,6 +341,15 @@ enum Directive {
     /// `Compression`: ask for `zlib@openssh.com` first.
     Compression(bool),
     PubkeyAuthentication(bool),
+    /// `PasswordAuthentication`.
+    PasswordAuthentication(bool),
+    /// `KbdInteractiveAuthentication` (and its old name
+    /// `ChallengeResponseAuthentication`).
+    KbdInteractiveAuthentication(bool),
+    /// `PreferredAuthentications`: method names in order, as written.
+    PreferredAuthentications(Vec<String>),
+    /// `NumberOfPasswordPrompts`.
+    NumberOfPasswordPrompts(u32),
     RefuseConnection(bool),
     ControlPersist(ControlPersist),
     SendEnv(Vec<String>),
@@ -438,6 +447,10 @@ enum Kw {
     BatchMode,
     Compression,
     PubkeyAuthentication,
+    PasswordAuthentication,
+    KbdInteractiveAuthentication,
+    PreferredAuthentications,
+    NumberOfPasswordPrompts,
     RefuseConnection,
     ControlPersist,
     SendEnv,
@@ -504,6 +517,18 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("BatchMode", Kw::BatchMode),
     ("Compression", Kw::Compression),
     ("PubkeyAuthentication", Kw::PubkeyAuthentication),
+    ("PasswordAuthentication", Kw::PasswordAuthentication),
+    (
+        "KbdInteractiveAuthentication",
+        Kw::KbdInteractiveAuthentication,
+    ),
+    // ssh's older name for the same setting.
+    (
+        "ChallengeResponseAuthentication",
+        Kw::KbdInteractiveAuthentication,
+    ),
+    ("PreferredAuthentications", Kw::PreferredAuthentications),
+    ("NumberOfPasswordPrompts", Kw::NumberOfPasswordPrompts),
     ("RefuseConnection", Kw::RefuseConnection),
     ("ControlPersist", Kw::ControlPersist),
     ("SendEnv", Kw::SendEnv),
@@ -540,7 +565,6 @@ const SUPPORTED: &[(&str, Kw)] = &[
 const IGNORED: &[&str] = &[
     "AFSTokenPassing",
     "CanonicalizePermittedCNAMEs",
-    "ChallengeResponseAuthentication",
     "ChannelTimeout",
     "CheckHostIP",
     "Cipher",
@@ -570,19 +594,15 @@ const IGNORED: &[&str] = &[
     "HostbasedAuthentication",
     "HostbasedKeyTypes",
     "IPQoS",
-    "KbdInteractiveAuthentication",
     "KbdInteractiveDevices",
     "KeepAlive",
     "KerberosAuthentication",
     "KerberosTGTPassing",
     "LogVerbose",
     "NoHostAuthenticationForLocalhost",
-    "NumberOfPasswordPrompts",
     "ObscureKeystrokeTiming",
-    "PasswordAuthentication",
     "PermitRemoteOpen",
     "PKCS11Provider",
-    "PreferredAuthentications",
     "Protocol",
     "ProxyUseFdpass",
     "PubkeyAcceptedAlgorithms",
@@ -1104,6 +1124,23 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
                 _ => parse_flag(name, &v)?,
             })
         }
+        Kw::PasswordAuthentication => {
+            Directive::PasswordAuthentication(parse_flag(name, &single(name, args)?)?)
+        }
+        Kw::KbdInteractiveAuthentication => {
+            Directive::KbdInteractiveAuthentication(parse_flag(name, &single(name, args)?)?)
+        }
+        Kw::PreferredAuthentications => {
+            let v = single(name, args)?;
+            let methods: Vec<String> = v.split(',').map(str::to_string).collect();
+            if methods.iter().any(String::is_empty) {
+                return Err(format!("{name}: empty method name in \"{v}\""));
+            }
+            Directive::PreferredAuthentications(methods)
+        }
+        Kw::NumberOfPasswordPrompts => {
+            Directive::NumberOfPasswordPrompts(parse_u32(name, &single(name, args)?)?)
+        }
         Kw::RefuseConnection => {
             Directive::RefuseConnection(parse_flag(name, &single(name, args)?)?)
         }
@@ -1443,6 +1480,11 @@ pub struct HostConfig {
     /// `Compression` (ssh's `-C`).
     pub compression: Option<bool>,
     pub pubkey_authentication: Option<bool>,
+    pub password_authentication: Option<bool>,
+    pub kbd_interactive_authentication: Option<bool>,
+    /// `PreferredAuthentications`: method names in order, as written.
+    pub preferred_authentications: Option<Vec<String>>,
+    pub number_of_password_prompts: Option<u32>,
     /// `RefuseConnection yes`: connecting is an error (with where it was set).
     pub refuse_connection: Option<(bool, String)>,
     pub control_persist: Option<ControlPersist>,
@@ -1879,6 +1921,12 @@ impl Resolver<'_, '_, '_> {
             Directive::BatchMode(v) => first(&mut cfg.batch_mode, v),
             Directive::Compression(v) => first(&mut cfg.compression, v),
             Directive::PubkeyAuthentication(v) => first(&mut cfg.pubkey_authentication, v),
+            Directive::PasswordAuthentication(v) => first(&mut cfg.password_authentication, v),
+            Directive::KbdInteractiveAuthentication(v) => {
+                first(&mut cfg.kbd_interactive_authentication, v)
+            }
+            Directive::PreferredAuthentications(v) => first(&mut cfg.preferred_authentications, v),
+            Directive::NumberOfPasswordPrompts(v) => first(&mut cfg.number_of_password_prompts, v),
             Directive::RefuseConnection(v) => {
                 let at = format!("{}:{}", file.label, line);
                 first(&mut cfg.refuse_connection, &(*v, at))
@@ -2562,6 +2610,31 @@ mod tests {
         .starts_with("cfg:4:"));
         // Negated pattern.
         assert!(res_err("IgnoreUnknown *,!frobnicate\nFrobnicate 1\n", "x").starts_with("cfg:2:"));
+    }
+
+    #[test]
+    fn password_and_keyboard_interactive_settings_are_read() {
+        let c = res(
+            "PasswordAuthentication no\nChallengeResponseAuthentication no\n\
+             KbdInteractiveAuthentication yes\nPreferredAuthentications password,publickey\n\
+             NumberOfPasswordPrompts 1\n",
+            "x",
+        );
+        assert_eq!(c.password_authentication, Some(false));
+        // The old name and the new set one thing: the first value wins.
+        assert_eq!(c.kbd_interactive_authentication, Some(false));
+        assert_eq!(
+            c.preferred_authentications,
+            Some(vec!["password".to_string(), "publickey".to_string()])
+        );
+        assert_eq!(c.number_of_password_prompts, Some(1));
+        assert!(c.ignored.is_empty());
+        assert_eq!(
+            parse_err("NumberOfPasswordPrompts three\n"),
+            "cfg:1: NumberOfPasswordPrompts: invalid number \"three\""
+        );
+        assert!(parse_err("PreferredAuthentications password,,publickey\n").starts_with("cfg:1:"));
+        assert!(parse_err("PasswordAuthentication maybe\n").starts_with("cfg:1:"));
     }
 
     #[test]

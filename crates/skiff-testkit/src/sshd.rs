@@ -21,7 +21,9 @@ pub struct Sshd {
 
 impl Sshd {
     /// Starts sshd with one host key, an AuthorizedKeysFile and extra
-    /// sshd_config lines (e.g. `"AcceptEnv LC_*"`).
+    /// sshd_config lines (e.g. `"AcceptEnv LC_*"`). The harness's `UsePAM
+    /// no`, `PasswordAuthentication no` and `KbdInteractiveAuthentication
+    /// no` give way to an `extra` line setting the same keyword.
     pub fn start(host_key: &Key, authorized_keys: &Path, extra: &[&str]) -> Sshd {
         let mut sshd = Sshd {
             core: DaemonCore::new("sshd"),
@@ -55,12 +57,23 @@ impl Launch for Sshd {
     fn launch(&mut self) -> Result<(), String> {
         let port = self.core.port;
         let mut cfg = format!(
-            "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nUsePAM no\nStrictModes no\n\
-             AuthorizedKeysFile {}\nPidFile none\nLogLevel VERBOSE\n\
-             PasswordAuthentication no\nKbdInteractiveAuthentication no\n",
+            "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nStrictModes no\n\
+             AuthorizedKeysFile {}\nPidFile none\nLogLevel VERBOSE\n",
             self.host_key.display(),
             self.authorized_keys.display()
         );
+        // Defaults a test may replace with a line of its own in `extra`
+        // (sshd takes a keyword's first value, so the test's must come first).
+        for default in [
+            "UsePAM no",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+        ] {
+            if !replaced_by(default, &self.extra) {
+                cfg.push_str(default);
+                cfg.push('\n');
+            }
+        }
         for l in &self.extra {
             cfg.push_str(l);
             cfg.push('\n');
@@ -72,6 +85,23 @@ impl Launch for Sshd {
         let marker = format!("Server listening on 127.0.0.1 port {port}.");
         self.core.spawn(cmd, Some(&marker))
     }
+}
+
+/// Whether the global part of `extra` (before any `Match`) sets the
+/// keyword of the sshd_config line `default`.
+fn replaced_by(default: &str, extra: &[String]) -> bool {
+    let keyword = |line: &str| {
+        line.split_whitespace()
+            .next()
+            .unwrap_or("")
+            .to_ascii_lowercase()
+    };
+    let wanted = keyword(default);
+    extra
+        .iter()
+        .flat_map(|l| l.lines())
+        .take_while(|l| keyword(l) != "match")
+        .any(|l| keyword(l) == wanted)
 }
 
 /// Makes sshd's privilege separation directory, which a root sshd wants

@@ -74,16 +74,6 @@ const ALWAYS: &[Differs] = &[
         why: "skiff forwards no X11 at all (Debian's ssh defaults to yes, OpenSSH to no)",
     },
     Differs {
-        keyword: "kbdinteractiveauthentication",
-        skiff: "no",
-        why: "skiff signs in with keys only",
-    },
-    Differs {
-        keyword: "passwordauthentication",
-        skiff: "no",
-        why: "skiff signs in with keys only",
-    },
-    Differs {
         keyword: "tcpkeepalive",
         skiff: "no",
         why: "skiff sets no SO_KEEPALIVE; ServerAliveInterval notices a dead peer",
@@ -300,7 +290,9 @@ fn print_config_matches_openssh() {
                  IdentityAgent none\n  ForwardAgent yes\n  AddKeysToAgent confirm 1h\n  \
                  ControlPersist 10m\n  LogLevel ERROR\n  CanonicalDomains example.com\n  \
                  CanonicalizeMaxDots 2\n  StdinNull yes\n  SessionType subsystem\n  \
-                 PubkeyAuthentication no\n\
+                 PubkeyAuthentication no\n  PasswordAuthentication no\n  \
+                 KbdInteractiveAuthentication no\n  NumberOfPasswordPrompts 1\n  \
+                 PreferredAuthentications keyboard-interactive,password,publickey\n\
                  Host *\n  {known}"
             ),
             args: words("web"),
@@ -314,7 +306,8 @@ fn print_config_matches_openssh() {
                  AddKeysToAgent 1h\n  ControlPersist no\n  EscapeChar none\n  \
                  RequestTTY no\n  SessionType none\n  ConnectTimeout 0\n  \
                  ServerAliveInterval 0\n  LogLevel DEBUG1\n  CanonicalizeHostname always\n  \
-                 ClearAllForwardings yes\n  LocalForward 1 h:2\n  {known}"
+                 ClearAllForwardings yes\n  LocalForward 1 h:2\n  \
+                 ChallengeResponseAuthentication no\n  {known}"
             ),
             args: words("pc"),
             differs: &[Differs {

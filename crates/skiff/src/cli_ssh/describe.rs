@@ -9,8 +9,7 @@
 //!
 //! Every value is what skiff does. Keywords skiff takes and does not act
 //! on are printed as what skiff does instead ([`NOT_IMPLEMENTED`], each
-//! with why): `passwordauthentication no` (skiff signs in with keys
-//! only), `controlmaster false`, `forwardx11 no`, and so on. A few keywords ssh
+//! with why): `controlmaster false`, `forwardx11 no`, and so on. A few keywords ssh
 //! prints only tune a feature skiff does not have, and are left out:
 //! `forwardx11timeout`, `xauthlocation` (no X11 forwarding),
 //! `tunneldevice` (no tunnel devices), `hostbasedacceptedalgorithms` (no
@@ -97,6 +96,7 @@ const ORDER: &[&str] = &[
     "remotecommand",
     "loglevel",
     "macs",
+    "preferredauthentications",
     "pubkeyacceptedalgorithms",
     "revokedhostkeys",
     "knownhostscommand",
@@ -161,19 +161,9 @@ const NOT_IMPLEMENTED: &[(&str, &str, &str)] = &[
         "skiff signs in with keys only",
     ),
     (
-        "kbdinteractiveauthentication",
-        "no",
-        "skiff signs in with keys only",
-    ),
-    (
         "nohostauthenticationforlocalhost",
         "no",
         "localhost's key is checked like any other",
-    ),
-    (
-        "passwordauthentication",
-        "no",
-        "skiff signs in with keys only",
     ),
     (
         "proxyusefdpass",
@@ -194,11 +184,6 @@ const NOT_IMPLEMENTED: &[(&str, &str, &str)] = &[
         "there is no `~C` command line",
     ),
     ("connectionattempts", "1", "each address is tried once"),
-    (
-        "numberofpasswordprompts",
-        "3",
-        "no passwords; a key's passphrase is asked for up to three times",
-    ),
     ("logverbose", "none", "no LogVerbose"),
     (
         "permitremoteopen",
@@ -320,6 +305,17 @@ pub fn describe(s: &ConnectSettings, cfg: &HostConfig, line: &SshCommandLine) ->
         } else {
             "false"
         },
+    );
+    out.put(
+        "kbdinteractiveauthentication",
+        yes_no(s.kbd_interactive_authentication),
+    );
+    out.put("passwordauthentication", yes_no(s.password_authentication));
+    out.put("numberofpasswordprompts", s.number_of_password_prompts);
+    // As ssh: only when set, as written.
+    out.put_some(
+        "preferredauthentications",
+        cfg.preferred_authentications.as_ref().map(|m| m.join(",")),
     );
     out.put("requesttty", request_tty(s.request_tty, line.tty, stdio));
     out.put("sessiontype", session_type(s.session_type, line, stdio));
@@ -655,7 +651,9 @@ mod tests {
             ("controlpersist", "600"),
             ("loglevel", "SILENT"),
             ("setenv", "A=1"),
-            ("passwordauthentication", "no"),
+            ("passwordauthentication", "yes"),
+            ("kbdinteractiveauthentication", "yes"),
+            ("numberofpasswordprompts", "3"),
             ("controlmaster", "false"),
             ("pubkeyauthentication", "true"),
             ("canonicaldomains", "none"),

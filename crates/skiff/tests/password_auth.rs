@@ -1,0 +1,508 @@
+//! skiff's password and keyboard-interactive authentication against real
+//! OpenSSH sshd, as root: each test makes a throwaway account (unique name,
+//! removed afterwards) with a known password set through `chpasswd`, and
+//! gives skiff the password through an SSH_ASKPASS script
+//! (`SSH_ASKPASS_REQUIRE=force`) that writes each question it is asked to
+//! a marker file, so that a test can tell whether and how often skiff
+//! asked.
+//!
+//! Covered: the right password logs in, a wrong one is refused after
+//! `NumberOfPasswordPrompts` tries with an error naming the methods tried;
+//! BatchMode and `PasswordAuthentication no` never ask; sshd's
+//! `AuthenticationMethods publickey,password` needs both;
+//! `PreferredAuthentications` puts a password before a working key;
+//! keyboard-interactive through sshd's PAM (`UsePAM yes`); skiff's agent
+//! hands a password login back to the command; a fan-out asks nobody (not
+//! yet). A hostile server's keyboard-interactive text is shown escaped
+//! (`tests/peers/hostile_kbd.rs`).
+//!
+//! Those against sshd need root, as CI has: elsewhere they skip with a
+//! notice.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
+
+/// The password of the test accounts (shell-safe, as `askpass_script`
+/// wants).
+const PASSWORD: &str = "Corr3ctHorseBattery";
+const WRONG: &str = "wrongPassword";
+
+/// Whether the test can run: root (to make accounts and set a password)
+/// and OpenSSH. Under CI a missing piece is a failure.
+fn can_run() -> bool {
+    if !is_root() {
+        let msg = "making test accounts needs root";
+        assert!(!in_ci(), "{msg}; CI=true so this test refuses to skip");
+        eprintln!("NOTICE: skipping test: {msg}");
+        return false;
+    }
+    require_openssh() && require_tool("chpasswd", "passwd")
+}
+
+/// A throwaway account whose password is [`PASSWORD`].
+fn account_with_password() -> TempAccount {
+    let acct = TempAccount::create("pw", "/bin/sh");
+    let before = shadow_fields(acct.name()).and_then(|f| f.get(1).cloned());
+    let line = format!("{}:{PASSWORD}\n", acct.name());
+    // chpasswd takes the lock on /etc/shadow: retried while another test
+    // process holds it, until the password field has changed.
+    acct.admin(&["true"], || {
+        let mut child = Command::new("chpasswd")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run chpasswd");
+        use std::io::Write;
+        let _ = child
+            .stdin
+            .take()
+            .expect("chpasswd stdin")
+            .write_all(line.as_bytes());
+        let _ = child.wait();
+        shadow_fields(acct.name()).and_then(|f| f.get(1).cloned()) != before
+    });
+    acct
+}
+
+/// One test's world: an sshd with `extra` config lines, a client HOME that
+/// trusts its host key, and an account with a password.
+struct World {
+    fx: Fixture,
+    sshd: Sshd,
+    home: ClientHome,
+    acct: TempAccount,
+}
+
+impl World {
+    fn new(extra: &[&str]) -> World {
+        let acct = account_with_password();
+        let (fx, sshd) = sshd_setup(extra).expect("OpenSSH was checked");
+        let home = ClientHome::new();
+        home.trust(sshd.port(), &fx.host_key);
+        World {
+            fx,
+            sshd,
+            home,
+            acct,
+        }
+    }
+
+    /// An askpass script answering `answer`, and the marker file it logs
+    /// its questions to.
+    fn askpass(&self, answer: &str) -> (PathBuf, PathBuf) {
+        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = self.home.path().join(format!("askpass-{n}"));
+        std::fs::create_dir_all(&dir).expect("mkdir askpass dir");
+        let marker = dir.join("questions");
+        (askpass_script(&dir, answer, &marker), marker)
+    }
+
+    /// `skiff exec` as the account, no key, not in BatchMode, with the
+    /// password from an askpass program answering `answer`.
+    fn exec(&self, answer: &str) -> (SkiffExec, PathBuf) {
+        let (script, marker) = self.askpass(answer);
+        let exec = skiff_exec(&self.home, self.sshd.port(), self.acct.name(), None)
+            .interactive()
+            .askpass(&script)
+            .cmd("id -un");
+        (exec, marker)
+    }
+
+    fn ctx(&self, what: &str) -> String {
+        ctx(&self.sshd, what)
+    }
+}
+
+/// skiff failed (255, nothing on stdout) with an error, its last stderr
+/// line, naming every needle (after any "Permission denied, please try
+/// again." between tries).
+trait FailsWith {
+    fn fails_with(&self, needles: &[&str], context: &str) -> &Self;
+}
+
+impl FailsWith for CmdOutput {
+    fn fails_with(&self, needles: &[&str], context: &str) -> &Self {
+        self.expect_code(255, context);
+        assert!(self.stdout.is_empty(), "{context}: stdout\n{self}");
+        let lines = self.stderr_lines();
+        let last = lines.last().copied().unwrap_or("");
+        assert!(last.starts_with("skiff: "), "{context}\n{self}");
+        for l in &lines[..lines.len().saturating_sub(1)] {
+            assert_eq!(
+                *l, "Permission denied, please try again.",
+                "{context}\n{self}"
+            );
+        }
+        for n in needles {
+            assert!(
+                last.contains(n),
+                "{context}: the error should say {n:?}\n{self}"
+            );
+        }
+        self
+    }
+}
+
+/// The questions the askpass program was asked, one a line (none when it
+/// was never run).
+fn questions(marker: &Path) -> Vec<String> {
+    std::fs::read_to_string(marker)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_right_password_logs_in_and_a_wrong_one_is_refused_after_the_prompts() {
+    if !can_run() {
+        return;
+    }
+    let w = World::new(&["PasswordAuthentication yes"]);
+    let name = w.acct.name();
+
+    let (exec, marker) = w.exec(PASSWORD);
+    let c = w.ctx("right password");
+    exec.run()
+        .expect_code(0, &c)
+        .expect_stdout(&format!("{name}\n"), &c);
+    assert_eq!(
+        questions(&marker),
+        [format!("askpass called: {name}@127.0.0.1's password: ")],
+        "{c}"
+    );
+
+    // Wrong: asked NumberOfPasswordPrompts times (default 3), then a
+    // clear error naming what was tried.
+    let (exec, marker) = w.exec(WRONG);
+    let c = w.ctx("wrong password");
+    let out = exec.run();
+    out.fails_with(
+        &[
+            "authentication failed (publickey,password)",
+            "password refused 3 times",
+        ],
+        &c,
+    );
+    assert_eq!(questions(&marker).len(), 3, "{c}\n{out}");
+    assert!(
+        out.stderr.contains("Permission denied, please try again."),
+        "{c}\n{out}"
+    );
+    assert!(
+        !out.stderr.contains(WRONG),
+        "the password is never shown\n{out}"
+    );
+
+    let (exec, marker) = w.exec(WRONG);
+    let c = w.ctx("wrong password, one prompt");
+    exec.opt("NumberOfPasswordPrompts=1")
+        .run()
+        .expect_code(255, &c)
+        .fails_with(&["password refused once"], &c);
+    assert_eq!(questions(&marker).len(), 1, "{c}");
+}
+
+#[test]
+fn nobody_is_asked_under_batch_mode_or_with_password_authentication_off() {
+    if !can_run() {
+        return;
+    }
+    let w = World::new(&["PasswordAuthentication yes"]);
+
+    let (script, marker) = w.askpass(PASSWORD);
+    let c = w.ctx("BatchMode=yes");
+    // SkiffExec passes BatchMode=yes unless told otherwise.
+    skiff_exec(&w.home, w.sshd.port(), w.acct.name(), None)
+        .askpass(&script)
+        .cmd("true")
+        .run()
+        .expect_code(255, &c)
+        .fails_with(&["authentication failed", "password", "BatchMode"], &c);
+    assert!(questions(&marker).is_empty(), "askpass was run\n{c}");
+
+    let (exec, marker) = w.exec(PASSWORD);
+    let c = w.ctx("PasswordAuthentication=no");
+    exec.opt("PasswordAuthentication=no")
+        .run()
+        .expect_code(255, &c)
+        .fails_with(&["PasswordAuthentication is off"], &c);
+    assert!(questions(&marker).is_empty(), "askpass was run\n{c}");
+
+    let (exec, marker) = w.exec(PASSWORD);
+    let c = w.ctx("NumberOfPasswordPrompts=0");
+    exec.opt("NumberOfPasswordPrompts=0")
+        .run()
+        .fails_with(&["password: NumberOfPasswordPrompts is 0"], &c);
+    assert!(questions(&marker).is_empty(), "askpass was run\n{c}");
+
+    // Left out of PreferredAuthentications: not asked either.
+    let (exec, marker) = w.exec(PASSWORD);
+    let c = w.ctx("PreferredAuthentications=publickey");
+    exec.opt("PreferredAuthentications=publickey")
+        .run()
+        .expect_code(255, &c)
+        .fails_with(&["not in PreferredAuthentications"], &c);
+    assert!(questions(&marker).is_empty(), "askpass was run\n{c}");
+}
+
+#[test]
+fn authentication_methods_publickey_then_password_needs_both() {
+    if !can_run() {
+        return;
+    }
+    let w = World::new(&[
+        "PasswordAuthentication yes",
+        "AuthenticationMethods publickey,password",
+    ]);
+    let name = w.acct.name();
+
+    let (exec, marker) = w.exec(PASSWORD);
+    let c = w.ctx("key and password");
+    exec.key(&w.fx.client_key.private)
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout(&format!("{name}\n"), &c);
+    assert_eq!(questions(&marker).len(), 1, "{c}");
+
+    // The key alone is one step: a wrong password ends it.
+    let (exec, marker) = w.exec(WRONG);
+    let c = w.ctx("key and a wrong password");
+    exec.key(&w.fx.client_key.private)
+        .opt("NumberOfPasswordPrompts=2")
+        .run()
+        .expect_code(255, &c)
+        .fails_with(
+            &[
+                "authentication failed (publickey,password)",
+                "as one step but requires more",
+                "password refused 2 times",
+            ],
+            &c,
+        );
+    assert_eq!(questions(&marker).len(), 2, "{c}");
+
+    // No key the server takes: the password is never asked for, since
+    // sshd wants a key first.
+    let (exec, marker) = w.exec(PASSWORD);
+    let c = w.ctx("password alone");
+    exec.key(&w.fx.stranger_key.private)
+        .run()
+        .expect_code(255, &c)
+        .fails_with(&["authentication failed (publickey)"], &c);
+    assert!(questions(&marker).is_empty(), "askpass was run\n{c}");
+}
+
+#[test]
+fn preferred_authentications_puts_the_password_before_a_working_key() {
+    if !can_run() {
+        return;
+    }
+    let w = World::new(&["PasswordAuthentication yes"]);
+    let name = w.acct.name();
+
+    // Default order: the key logs in and nobody is asked.
+    let (exec, marker) = w.exec(PASSWORD);
+    let c = w.ctx("key first");
+    exec.key(&w.fx.client_key.private)
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout(&format!("{name}\n"), &c);
+    assert!(questions(&marker).is_empty(), "askpass was run\n{c}");
+
+    let (exec, marker) = w.exec(PASSWORD);
+    let c = w.ctx("password first");
+    exec.key(&w.fx.client_key.private)
+        .opt("PreferredAuthentications=password,publickey")
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout(&format!("{name}\n"), &c);
+    assert_eq!(questions(&marker).len(), 1, "{c}");
+    assert!(
+        w.sshd
+            .log()
+            .contains(&format!("Accepted password for {name}")),
+        "{c}"
+    );
+}
+
+#[test]
+fn keyboard_interactive_through_sshd_pam() {
+    if !can_run() {
+        return;
+    }
+    let w = World::new(&["UsePAM yes", "KbdInteractiveAuthentication yes"]);
+    let name = w.acct.name();
+
+    let (exec, marker) = w.exec(PASSWORD);
+    let c = w.ctx("keyboard-interactive, right answer");
+    exec.run()
+        .expect_code(0, &c)
+        .expect_stdout(&format!("{name}\n"), &c);
+    // PAM's own prompt, as the server sent it.
+    assert_eq!(questions(&marker), ["askpass called: Password: "], "{c}");
+    assert!(
+        w.sshd
+            .log()
+            .contains(&format!("Accepted keyboard-interactive/pam for {name}")),
+        "{c}"
+    );
+
+    let (exec, marker) = w.exec(WRONG);
+    let c = w.ctx("keyboard-interactive, wrong answer");
+    exec.opt("NumberOfPasswordPrompts=2")
+        .run()
+        .expect_code(255, &c)
+        .fails_with(
+            &[
+                "authentication failed (publickey,keyboard-interactive)",
+                "keyboard-interactive refused 2 times",
+            ],
+            &c,
+        );
+    assert_eq!(questions(&marker).len(), 2, "{c}");
+
+    // KbdInteractiveAuthentication no (or its old name): never asked.
+    let (exec, marker) = w.exec(PASSWORD);
+    let c = w.ctx("ChallengeResponseAuthentication=no");
+    exec.opt("ChallengeResponseAuthentication=no")
+        .run()
+        .expect_code(255, &c)
+        .fails_with(&["KbdInteractiveAuthentication is off"], &c);
+    assert!(questions(&marker).is_empty(), "askpass was run\n{c}");
+}
+
+/// skiff's agent never asks (it runs under BatchMode): it hands the login
+/// back, and the command connects directly and asks once.
+#[test]
+fn the_agent_hands_a_password_login_back_to_the_command() {
+    if !can_run() {
+        return;
+    }
+    let w = World::new(&["PasswordAuthentication yes"]);
+    let name = w.acct.name();
+    let ah = AgentHome::new();
+    ah.home.trust(w.sshd.port(), &w.fx.host_key);
+    let (script, marker) = w.askpass(PASSWORD);
+    let c = w.ctx("through the agent");
+    skiff_exec(&ah.home, w.sshd.port(), name, None)
+        .env("SKIFF_AGENT", "on")
+        .env("XDG_RUNTIME_DIR", ah.runtime.path())
+        .env("XDG_STATE_HOME", ah.home.path().join("state"))
+        .interactive()
+        .askpass(&script)
+        .cmd("id -un")
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout(&format!("{name}\n"), &c);
+    assert_eq!(questions(&marker).len(), 1, "asked once\n{c}");
+    assert!(
+        !ah.agent_pids().is_empty(),
+        "the command went to the agent first\n{c}"
+    );
+}
+
+/// A fan-out (`skiff run`) does not ask for passwords yet: the host fails
+/// with an error saying so, and nobody is asked.
+#[test]
+fn a_fan_out_asks_for_no_password_yet() {
+    if !can_run() {
+        return;
+    }
+    let w = World::new(&["PasswordAuthentication yes"]);
+    let config = w.home.path().join("ssh_config");
+    write_file(
+        &config,
+        format!(
+            "Host pw1\n  HostName 127.0.0.1\n  Port {}\n  User {}\n",
+            w.sshd.port(),
+            w.acct.name()
+        ),
+        0o644,
+    );
+    let (script, marker) = w.askpass(PASSWORD);
+    let c = w.ctx("skiff run");
+    let out = Run::new(skiff_bin())
+        .env("SKIFF_AGENT", "off")
+        .env_remove("SSH_AUTH_SOCK")
+        .env("HOME", w.home.path())
+        .env("XDG_CONFIG_HOME", w.home.path().join("config"))
+        .env("SSH_ASKPASS", &script)
+        .env("SSH_ASKPASS_REQUIRE", "force")
+        .arg("run")
+        .arg("-F")
+        .arg(&config)
+        .args(["pw1", "true"])
+        .run();
+    assert_ne!(out.code, 0, "{c}\n{out}");
+    assert!(
+        out.stderr.contains("do not ask for passwords yet"),
+        "{c}\n{out}"
+    );
+    assert!(questions(&marker).is_empty(), "askpass was run\n{c}");
+}
+
+/// A server's keyboard-interactive name, instruction and prompts reach the
+/// person escaped: a hostile server (`tests/peers/hostile_kbd.rs`, run as
+/// the ProxyCommand) cannot move the cursor, erase lines or write the
+/// clipboard through them. Needs neither root nor sshd.
+#[test]
+fn a_servers_questions_are_shown_escaped() {
+    if !require_tool("ssh-keygen", "openssh-client") {
+        return;
+    }
+    let home = ClientHome::new();
+    let dir = tempdir();
+    let host_key = keygen(dir.path(), "host", KeyType::Ed25519, None);
+    let port = 2222;
+    home.trust(port, &host_key);
+    let peer = test_peer(env!("CARGO_MANIFEST_DIR"), "skiff", "hostile_kbd");
+    let marker = dir.path().join("questions");
+    // printf, not echo: sh's echo would turn the escaped `\r` back into a
+    // carriage return in the log.
+    let script = dir.path().join("askpass.sh");
+    write_file(
+        &script,
+        format!(
+            "#!/bin/sh\nprintf 'askpass called: %s\\n' \"$*\" >> '{}'\necho answer\n",
+            marker.display()
+        ),
+        0o755,
+    );
+    let out = skiff_exec(&home, port, "someone", None)
+        .interactive()
+        .askpass(&script)
+        .opt(&format!(
+            "ProxyCommand={} {}",
+            peer.display(),
+            host_key.private.display()
+        ))
+        .opt("NumberOfPasswordPrompts=1")
+        .cmd("true")
+        .run();
+    let c = "hostile keyboard-interactive server";
+    out.expect_code(255, c);
+    assert!(
+        out.stderr.contains("keyboard-interactive refused once"),
+        "{c}\n{out}"
+    );
+    assert!(out.stderr.contains("Hostile\\u{1b}[1A"), "{c}\n{out}");
+    assert!(
+        out.stderr
+            .contains("Read this\\u{1b}]52;c;aGk=\\u{7} now\\u{1b}[2K\\rfake line"),
+        "{c}\n{out}"
+    );
+    for raw in ['\u{1b}', '\u{7}', '\r'] {
+        assert!(!out.stderr.contains(raw), "{c}: {raw:?} shown\n{out}");
+    }
+    // The prompt as the askpass program got it, escaped.
+    let asked = questions(&marker);
+    assert_eq!(asked, ["askpass called: Code\\u{1b}[2K\\r: "], "{c}\n{out}");
+    let log = std::fs::read_to_string(&marker).unwrap_or_default();
+    assert!(!log.contains(['\u{1b}', '\r']), "{c}: {log:?}");
+}
