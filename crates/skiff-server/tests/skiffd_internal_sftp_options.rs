@@ -461,3 +461,45 @@ fn the_server_lists_its_request_names() {
         assert_eq!(ours, theirs.stdout_str(), "the names differ from OpenSSH's");
     }
 }
+
+/// A key's `command="internal-sftp -R -d DIR"` is skiffd's own server with
+/// those options, as in sshd; a key's internal-sftp with an option the
+/// server does not take serves nothing (it is no looser server).
+#[test]
+fn a_keys_command_internal_sftp_is_the_internal_server() {
+    let remote = account_files();
+    let r = remote.path();
+    let Some((fx, d)) = skiffd_with("") else {
+        return;
+    };
+    let [read_only, bad] = fx.keys_with_options([
+        (
+            "read_only",
+            &format!("command=\"internal-sftp -R -d {}\"", r.display()),
+        ),
+        ("bad", "command=\"internal-sftp -Z\""),
+    ]);
+    let c = ctx(&d, "authorized_keys command=\"internal-sftp -R -d DIR\"");
+    let batch = tempdir();
+    let file = batch.path().join("batch");
+    let local = tempdir();
+    let (got, sent) = (local.path().join("got"), local.path().join("sent"));
+    write_file(&sent, "uploaded\n", 0o644);
+    write_file(
+        &file,
+        format!("pwd\nget pub.txt {}\n", got.display()),
+        0o644,
+    );
+    let out = stock_sftp_batch(d.port(), &read_only, &file);
+    out.expect_code(0, &c);
+    assert_eq!(remote_pwd(&out).as_deref(), r.to_str(), "{c}\n{out}");
+    assert_eq!(std::fs::read_to_string(&got).unwrap(), "public\n");
+    write_file(&file, format!("put {} up.txt\n", sent.display()), 0o644);
+    assert_refused(&stock_sftp_batch(d.port(), &read_only, &file), &c);
+    assert!(!r.join("up.txt").exists(), "{c}: the upload went through");
+
+    let c = ctx(&d, "authorized_keys command=\"internal-sftp -Z\"");
+    write_file(&file, "pwd\n", 0o644);
+    let out = stock_sftp_batch(d.port(), &bad, &file);
+    assert_ne!(out.code, 0, "{c}: served\n{out}");
+}

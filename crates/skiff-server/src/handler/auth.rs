@@ -433,19 +433,30 @@ impl ConnectionHandler {
         // The server's ForceCommand wins over the key's command=, and
         // PermitTTY no over its pty permission, as in sshd.
         let settings = self.settings();
-        // ForceCommand internal-sftp [OPTIONS]: skiffd's own SFTP server
-        // (its options were checked when the configuration was read).
-        let forced_internal_sftp = settings
+        // `internal-sftp [OPTIONS]` forced by ForceCommand (its options
+        // were checked when the configuration was read) or by the key's
+        // `command=`, as sshd: skiffd's own SFTP server. A key's command
+        // with options the server does not take stays a shell command
+        // (which fails) rather than a server with fewer restrictions.
+        let forced = settings
             .force_command
+            .clone()
+            .or_else(|| options.command.clone());
+        let forced_internal_sftp = forced
             .as_deref()
             .and_then(crate::sftp_options::internal_sftp_command)
-            .and_then(Result::ok);
-        if let Some(forced) = &settings.force_command {
+            .and_then(|parsed| {
+                parsed
+                    .map_err(|e| {
+                        tracing::info!(peer = %self.peer, user = %account.name,
+                            "forced internal-sftp refused: {e}")
+                    })
+                    .ok()
+            });
+        if let Some(forced) = forced {
             options.command = Some(match &forced_internal_sftp {
-                Some(_) => settings
-                    .internal_sftp_command()
-                    .unwrap_or_else(|| forced.clone()),
-                None => forced.clone(),
+                Some(_) => settings.internal_sftp_command().unwrap_or(forced),
+                None => forced,
             });
         }
         options.no_pty |= !settings.permit_tty;
