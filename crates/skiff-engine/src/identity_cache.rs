@@ -7,6 +7,9 @@
 //! settings, so it lives as long as those settings. An established
 //! connection keeps none (see [`crate::settings::ConnectSettings`]).
 //!
+//! A fan-out's password is asked for once too, per user name, and tried on
+//! every host that asks for one (as `pssh -A` does).
+//!
 //! It also keeps a [`PersonClock`]: how long its connections have waited
 //! for someone to type a passphrase, which a fan-out leaves out of its
 //! authentication deadlines.
@@ -61,8 +64,13 @@ pub struct FileCache<K, C, P> {
     keys: Cells<(PathBuf, bool), K>,
     certificates: Cells<PathBuf, C>,
     public_keys: Cells<PathBuf, P>,
+    /// By user name: the password a fan-out asked for once.
+    passwords: Cells<String, SharedPassword>,
     person: PersonClock,
 }
+
+/// A password asked for once, or why none could be read.
+pub(crate) type SharedPassword = Result<Arc<zeroize::Zeroizing<String>>, String>;
 
 impl<K, C, P> Default for FileCache<K, C, P> {
     fn default() -> Self {
@@ -70,6 +78,7 @@ impl<K, C, P> Default for FileCache<K, C, P> {
             keys: Mutex::new(HashMap::new()),
             certificates: Mutex::new(HashMap::new()),
             public_keys: Mutex::new(HashMap::new()),
+            passwords: Mutex::new(HashMap::new()),
             person: PersonClock::default(),
         }
     }
@@ -151,6 +160,17 @@ impl<K: Clone, C: Clone, P: Clone> FileCache<K, C, P> {
     ) -> K {
         let cell = cell(&self.keys, (path.to_path_buf(), batch_mode));
         cell.get_or_init(load).await.clone()
+    }
+
+    /// The password for `user`, asked for by the first connection that
+    /// needs one (`ask`); the others wait for that answer and reuse it.
+    pub(crate) async fn password<F: Future<Output = SharedPassword>>(
+        &self,
+        user: &str,
+        ask: impl FnOnce() -> F,
+    ) -> SharedPassword {
+        let cell = cell(&self.passwords, user.to_string());
+        cell.get_or_init(ask).await.clone()
     }
 
     /// The time this cache's connections have waited for a person.

@@ -90,8 +90,10 @@ pub(crate) enum Asking {
     Person,
     /// Nobody: BatchMode (skiff's agent always runs so).
     BatchMode,
-    /// Nobody: a fan-out (`skiff run`, `skiff cp` to many hosts) does not
-    /// ask for passwords yet.
+    /// A person, once for all the hosts of a fan-out (`skiff run`, `skiff
+    /// cp` to many hosts): one password per user name, tried on every host
+    /// that asks for one; a keyboard-interactive request other than one
+    /// hidden prompt fails that host.
     FanOut,
 }
 
@@ -109,11 +111,8 @@ impl Asking {
     /// Why nobody was asked, for the error.
     pub(crate) fn why_not(self) -> Option<&'static str> {
         match self {
-            Asking::Person => None,
+            Asking::Person | Asking::FanOut => None,
             Asking::BatchMode => Some("BatchMode is on, so nobody is asked for a password"),
-            Asking::FanOut => {
-                Some("skiff run and skiff cp to several hosts do not ask for passwords yet")
-            }
         }
     }
 }
@@ -256,6 +255,45 @@ async fn ask_blocking(prompt: String, echo: bool) -> std::io::Result<Zeroizing<S
         .unwrap_or_else(|e| Err(std::io::Error::other(format!("asking failed: {e}"))))
 }
 
+/// In a fan-out, the password asked for once for every host (by the first
+/// connection that needs it, its waiting kept off the fan-out's deadlines);
+/// `None` for a connection of its own.
+async fn fan_out_password(
+    settings: &ConnectSettings,
+) -> Option<Result<std::sync::Arc<Zeroizing<String>>, SkiffError>> {
+    let cache = settings
+        .identity_cache
+        .as_ref()
+        .filter(|_| settings.fan_out)?;
+    let prompt = skiff_proto::terminal_text::one_line(&format!(
+        "{}'s password (asked once, for every host that asks): ",
+        settings.user
+    ))
+    .into_owned();
+    let clock = cache.clone();
+    let shared = cache
+        .password(&settings.user, || async move {
+            tokio::task::spawn_blocking(move || {
+                let _waiting = clock.person().waiting();
+                one_question_at_a_time(|| ask(&prompt, false))
+            })
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(format!("asking failed: {e}"))))
+            .map(std::sync::Arc::new)
+            .map_err(|e| e.to_string())
+        })
+        .await;
+    Some(shared.map_err(|e| {
+        SkiffError::new(
+            ErrorKind::Auth,
+            format!(
+                "{}@{}: a password is needed and none could be read: {e}",
+                settings.user, settings.hostname
+            ),
+        )
+    }))
+}
+
 /// `password` authentication: asks "USER@HOST's password: " up to
 /// `NumberOfPasswordPrompts` times while the server still takes passwords.
 pub(crate) async fn password<H: Handler>(
@@ -267,6 +305,26 @@ pub(crate) async fn password<H: Handler>(
         settings.user, settings.hostname
     ))
     .into_owned();
+    if let Some(shared) = fan_out_password(settings).await {
+        // Once per host: a host that refuses it fails, nobody is asked again.
+        let shared = shared?;
+        let result = handle
+            .authenticate_password(&settings.user, shared.as_str())
+            .await;
+        return Ok(match result.map_err(|e| lost(settings, e))? {
+            AuthResult::Success => Outcome::Success,
+            AuthResult::Failure {
+                remaining_methods,
+                partial_success,
+            } => Outcome::Failed {
+                answer: Some((remaining_methods, partial_success)),
+                note: match partial_success {
+                    true => String::new(),
+                    false => "the password given for every host was refused".to_string(),
+                },
+            },
+        });
+    }
     let mut answer = None;
     let mut refused = 0;
     for _ in 0..settings.number_of_password_prompts {
@@ -353,7 +411,9 @@ pub(crate) async fn keyboard_interactive<H: Handler>(
                         });
                     }
                     refused += 1;
-                    if !goes_on {
+                    // A fan-out's password is tried once per host.
+                    let once = settings.fan_out && settings.identity_cache.is_some();
+                    if !goes_on || once {
                         break 'attempts;
                     }
                     if rounds < settings.number_of_password_prompts {
@@ -367,7 +427,25 @@ pub(crate) async fn keyboard_interactive<H: Handler>(
                     prompts,
                 } => {
                     let mut responses = Vec::with_capacity(prompts.len());
-                    if !prompts.is_empty() {
+                    if settings.fan_out && settings.identity_cache.is_some() && !prompts.is_empty()
+                    {
+                        // A fan-out answers one hidden prompt, with the
+                        // password asked once; a host's own questions fail it.
+                        if rounds >= 1 || prompts.len() != 1 || prompts[0].echo {
+                            let (_, asked) = shown_request(&name, &instructions, &prompts);
+                            let asked: Vec<String> = asked.into_iter().map(|(p, _)| p).collect();
+                            return Ok(Outcome::Failed {
+                                answer,
+                                note: format!(
+                                    "keyboard-interactive asks {:?}, which a fan-out answers only when it is one hidden prompt, the first",
+                                    asked
+                                ),
+                            });
+                        }
+                        rounds += 1;
+                        let shared = fan_out_password(settings).await.expect("a fan-out")?;
+                        responses.push(String::clone(&shared));
+                    } else if !prompts.is_empty() {
                         if rounds >= settings.number_of_password_prompts {
                             break 'attempts;
                         }
@@ -442,12 +520,13 @@ mod tests {
     }
 
     #[test]
-    fn nobody_is_asked_under_batch_mode_or_in_a_fan_out() {
+    fn nobody_is_asked_under_batch_mode_and_a_fan_out_asks_once() {
         assert_eq!(asking(false, false), Asking::Person);
         assert_eq!(asking(true, false), Asking::BatchMode);
         assert_eq!(asking(true, true), Asking::BatchMode);
         assert_eq!(asking(false, true), Asking::FanOut);
         assert!(Asking::Person.why_not().is_none());
+        assert!(Asking::FanOut.why_not().is_none());
         assert!(Asking::BatchMode.why_not().unwrap().contains("BatchMode"));
     }
 

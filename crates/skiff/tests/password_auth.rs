@@ -407,44 +407,83 @@ fn the_agent_hands_a_password_login_back_to_the_command() {
     );
 }
 
-/// A fan-out (`skiff run`) does not ask for passwords yet: the host fails
-/// with an error saying so, and nobody is asked.
+/// A fan-out (`skiff run` to 50 names) asks for the password once and
+/// logs in to every host with it, as `pssh -A` does; with a wrong password
+/// every host fails, and it is still asked only once.
 #[test]
-fn a_fan_out_asks_for_no_password_yet() {
+fn a_fan_out_asks_for_the_password_once() {
     if !can_run() {
         return;
     }
-    let w = World::new(&["PasswordAuthentication yes"]);
+    // Fifty logins at once would meet sshd's MaxStartups early drop.
+    fan_out_asks_once(&["PasswordAuthentication yes", "MaxStartups 200"]);
+}
+
+/// The same where the server asks through keyboard-interactive (PAM's one
+/// hidden "Password:" prompt): the password asked once answers it.
+#[test]
+fn a_fan_out_answers_pams_password_prompt_with_the_password_asked_once() {
+    if !can_run() {
+        return;
+    }
+    fan_out_asks_once(&[
+        "UsePAM yes",
+        "KbdInteractiveAuthentication yes",
+        "MaxStartups 200",
+    ]);
+}
+
+fn fan_out_asks_once(sshd_config: &[&str]) {
+    let w = World::new(sshd_config);
     let config = w.home.path().join("ssh_config");
     write_file(
         &config,
         format!(
-            "Host pw1\n  HostName 127.0.0.1\n  Port {}\n  User {}\n",
+            "Host pw*\n  HostName 127.0.0.1\n  Port {}\n  User {}\n",
             w.sshd.port(),
             w.acct.name()
         ),
         0o644,
     );
-    let (script, marker) = w.askpass(PASSWORD);
-    let c = w.ctx("skiff run");
-    let out = Run::new(skiff_bin())
-        .env("SKIFF_AGENT", "off")
-        .env_remove("SSH_AUTH_SOCK")
-        .env("HOME", w.home.path())
-        .env("XDG_CONFIG_HOME", w.home.path().join("config"))
-        .env("SSH_ASKPASS", &script)
-        .env("SSH_ASKPASS_REQUIRE", "force")
-        .arg("run")
-        .arg("-F")
-        .arg(&config)
-        .args(["pw1", "true"])
-        .run();
+    let run = |answer: &str| {
+        let (script, marker) = w.askpass(answer);
+        let out = Run::new(skiff_bin())
+            .env("SKIFF_AGENT", "off")
+            .env_remove("SSH_AUTH_SOCK")
+            .env("HOME", w.home.path())
+            .env("XDG_CONFIG_HOME", w.home.path().join("config"))
+            .env("SSH_ASKPASS", &script)
+            .env("SSH_ASKPASS_REQUIRE", "force")
+            .arg("run")
+            .arg("-F")
+            .arg(&config)
+            .args(["-j", "16", "pw[1-50]", "id", "-un"])
+            .timeout(std::time::Duration::from_secs(180))
+            .run();
+        (out, questions(&marker))
+    };
+    let c = w.ctx("skiff run pw[1-50], the right password");
+    let (out, asked) = run(PASSWORD);
+    assert_eq!(out.code, 0, "{c}\n{out}");
+    let logged_in = out
+        .stdout_str()
+        .lines()
+        .filter(|l| l.ends_with(&format!(": {}", w.acct.name())))
+        .count();
+    assert_eq!(logged_in, 50, "{c}\n{out}");
+    assert!(out.stderr.contains("ok (50): pw[1-50]"), "{c}\n{out}");
+    assert_eq!(asked.len(), 1, "{c}: asked {asked:?}");
+
+    let c = w.ctx("skiff run pw[1-50], a wrong password");
+    let (out, asked) = run(WRONG);
     assert_ne!(out.code, 0, "{c}\n{out}");
     assert!(
-        out.stderr.contains("do not ask for passwords yet"),
+        out.stderr
+            .contains("the password given for every host was refused")
+            || out.stderr.contains("keyboard-interactive refused once"),
         "{c}\n{out}"
     );
-    assert!(questions(&marker).is_empty(), "askpass was run\n{c}");
+    assert_eq!(asked.len(), 1, "{c}: asked {asked:?}");
 }
 
 /// A server's keyboard-interactive name, instruction and prompts reach the
