@@ -255,16 +255,24 @@ async fn ask_blocking(prompt: String, echo: bool) -> std::io::Result<Zeroizing<S
         .unwrap_or_else(|e| Err(std::io::Error::other(format!("asking failed: {e}"))))
 }
 
+/// The cache a fan-out's connections share its one password through;
+/// `None` for a connection of its own, which asks for itself.
+fn fan_out_cache(
+    settings: &ConnectSettings,
+) -> Option<&std::sync::Arc<crate::identity_cache::IdentityCache>> {
+    settings
+        .identity_cache
+        .as_ref()
+        .filter(|_| settings.fan_out)
+}
+
 /// In a fan-out, the password asked for once for every host (by the first
 /// connection that needs it, its waiting kept off the fan-out's deadlines);
 /// `None` for a connection of its own.
 async fn fan_out_password(
     settings: &ConnectSettings,
 ) -> Option<Result<std::sync::Arc<Zeroizing<String>>, SkiffError>> {
-    let cache = settings
-        .identity_cache
-        .as_ref()
-        .filter(|_| settings.fan_out)?;
+    let cache = fan_out_cache(settings)?;
     let prompt = skiff_proto::terminal_text::one_line(&format!(
         "{}'s password (asked once, for every host that asks): ",
         settings.user
@@ -412,7 +420,7 @@ pub(crate) async fn keyboard_interactive<H: Handler>(
                     }
                     refused += 1;
                     // A fan-out's password is tried once per host.
-                    let once = settings.fan_out && settings.identity_cache.is_some();
+                    let once = fan_out_cache(settings).is_some();
                     if !goes_on || once {
                         break 'attempts;
                     }
@@ -427,8 +435,7 @@ pub(crate) async fn keyboard_interactive<H: Handler>(
                     prompts,
                 } => {
                     let mut responses = Vec::with_capacity(prompts.len());
-                    if settings.fan_out && settings.identity_cache.is_some() && !prompts.is_empty()
-                    {
+                    if fan_out_cache(settings).is_some() && !prompts.is_empty() {
                         // A fan-out answers one hidden prompt, with the
                         // password asked once; a host's own questions fail it.
                         if rounds >= 1 || prompts.len() != 1 || prompts[0].echo {
