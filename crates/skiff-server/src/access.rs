@@ -8,10 +8,13 @@ use std::net::IpAddr;
 use skiff_proto::authorized_keys::from_allows;
 use skiff_proto::pattern::wildcard_match;
 
-/// `PermitRootLogin`. skiffd only takes public keys, so `yes`,
-/// `prohibit-password` and `without-password` mean the same.
+/// `PermitRootLogin`: `prohibit-password` (and its old name
+/// `without-password`) admits root with keys only; `yes` with a password
+/// too (through PAM).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum RootLogin {
+    /// Any method.
+    Yes,
     #[default]
     Keys,
     /// Only with a key (or certificate) that forces a command.
@@ -20,9 +23,15 @@ pub enum RootLogin {
 }
 
 impl RootLogin {
+    /// Whether root may log in by password or keyboard-interactive.
+    pub fn admits_root_by_password(self) -> bool {
+        self == RootLogin::Yes
+    }
+
     pub fn parse(value: &str) -> Result<RootLogin, String> {
         match value.to_ascii_lowercase().as_str() {
-            "yes" | "prohibit-password" | "without-password" => Ok(RootLogin::Keys),
+            "yes" => Ok(RootLogin::Yes),
+            "prohibit-password" | "without-password" => Ok(RootLogin::Keys),
             "forced-commands-only" => Ok(RootLogin::ForcedCommandsOnly),
             "no" => Ok(RootLogin::No),
             _ => Err(format!(
@@ -140,6 +149,9 @@ mod tests {
 
     #[test]
     fn root_login_settings() {
+        assert_eq!(RootLogin::parse("yes"), Ok(RootLogin::Yes));
+        assert!(RootLogin::Yes.admits_root_by_password());
+        assert!(!RootLogin::Keys.admits_root_by_password());
         assert_eq!(RootLogin::parse("prohibit-password"), Ok(RootLogin::Keys));
         assert_eq!(RootLogin::parse("without-password"), Ok(RootLogin::Keys));
         assert_eq!(

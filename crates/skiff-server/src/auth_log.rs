@@ -78,37 +78,70 @@ impl fmt::Display for From {
     }
 }
 
-/// "Accepted publickey for USER from ADDR port N ssh2: CREDENTIAL".
-pub fn accepted(user: &str, peer: Option<SocketAddr>, credential: &Credential) -> String {
+/// How a login request authenticated: a key (or certificate), a password,
+/// or PAM's keyboard-interactive questions.
+#[derive(Debug, Clone, Copy)]
+pub enum How<'a> {
+    Key(&'a Credential),
+    Password,
+    KeyboardInteractive,
+}
+
+impl How<'_> {
+    /// The method as sshd's log names it.
+    pub fn method(&self) -> &'static str {
+        match self {
+            How::Key(_) => "publickey",
+            How::Password => "password",
+            How::KeyboardInteractive => "keyboard-interactive/pam",
+        }
+    }
+}
+
+/// " ssh2: CREDENTIAL" for a key, " ssh2" otherwise.
+struct Tail<'a>(How<'a>);
+
+impl fmt::Display for Tail<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            How::Key(credential) => write!(f, " ssh2: {credential}"),
+            _ => write!(f, " ssh2"),
+        }
+    }
+}
+
+/// "Accepted METHOD for USER from ADDR port N ssh2[: CREDENTIAL]".
+pub fn accepted(user: &str, peer: Option<SocketAddr>, how: How<'_>) -> String {
     format!(
-        "Accepted publickey for {} from {} ssh2: {credential}",
+        "Accepted {} for {} from {}{}",
+        how.method(),
         printable(user),
-        From(peer)
+        From(peer),
+        Tail(how)
     )
 }
 
-/// "Partial publickey for USER from ADDR port N ssh2: CREDENTIAL" (a
-/// step of `AuthenticationMethods`).
-pub fn partial(user: &str, peer: Option<SocketAddr>, credential: &Credential) -> String {
+/// "Partial METHOD for USER from ADDR port N ssh2[: CREDENTIAL]" (a step
+/// of `AuthenticationMethods`).
+pub fn partial(user: &str, peer: Option<SocketAddr>, how: How<'_>) -> String {
     format!(
-        "Partial publickey for {} from {} ssh2: {credential}",
+        "Partial {} for {} from {}{}",
+        how.method(),
         printable(user),
-        From(peer)
+        From(peer),
+        Tail(how)
     )
 }
 
-/// "Failed publickey for [invalid user ]USER from ADDR port N ssh2: CREDENTIAL".
-pub fn failed(
-    user: &str,
-    valid: bool,
-    peer: Option<SocketAddr>,
-    credential: &Credential,
-) -> String {
+/// "Failed METHOD for [invalid user ]USER from ADDR port N ssh2[: CREDENTIAL]".
+pub fn failed(user: &str, valid: bool, peer: Option<SocketAddr>, how: How<'_>) -> String {
     let invalid = if valid { "" } else { "invalid user " };
     format!(
-        "Failed publickey for {invalid}{} from {} ssh2: {credential}",
+        "Failed {} for {invalid}{} from {}{}",
+        how.method(),
         printable(user),
-        From(peer)
+        From(peer),
+        Tail(how)
     )
 }
 
@@ -178,7 +211,7 @@ mod tests {
     #[test]
     fn lines_in_sshd_words() {
         assert_eq!(
-            accepted("alice", peer(), &key()),
+            accepted("alice", peer(), How::Key(&key())),
             "Accepted publickey for alice from 127.0.0.1 port 50022 ssh2: ED25519 SHA256:abc"
         );
         let cert = Credential {
@@ -192,12 +225,24 @@ mod tests {
             }),
         };
         assert_eq!(
-            accepted("alice", peer(), &cert),
+            accepted("alice", peer(), How::Key(&cert)),
             "Accepted publickey for alice from 127.0.0.1 port 50022 ssh2: ED25519-CERT SHA256:abc ID alice-id (serial 42) CA ED25519 SHA256:ca"
         );
         assert_eq!(
-            failed("bob", false, peer(), &key()),
+            failed("bob", false, peer(), How::Key(&key())),
             "Failed publickey for invalid user bob from 127.0.0.1 port 50022 ssh2: ED25519 SHA256:abc"
+        );
+        assert_eq!(
+            accepted("alice", peer(), How::Password),
+            "Accepted password for alice from 127.0.0.1 port 50022 ssh2"
+        );
+        assert_eq!(
+            failed("bob", true, peer(), How::KeyboardInteractive),
+            "Failed keyboard-interactive/pam for bob from 127.0.0.1 port 50022 ssh2"
+        );
+        assert_eq!(
+            partial("alice", peer(), How::Password),
+            "Partial password for alice from 127.0.0.1 port 50022 ssh2"
         );
         assert_eq!(
             invalid_user("bob", peer()),

@@ -6,10 +6,11 @@
 //! `publickey,publickey`) needs two different credentials (the handler
 //! keeps the keys already used, see `handler::auth`).
 //!
-//! skiffd offers public-key authentication only, so a list naming any other
-//! method is refused when the configuration is read; the other names are
-//! known here so that adding a method is adding it to [`Method::offered`].
-//! Pure: no I/O.
+//! skiffd offers public keys, and passwords and keyboard-interactive
+//! through PAM; a list naming another method is refused when the
+//! configuration is read. Whether PAM's methods are on for a login is the
+//! handler's filter over [`Progress::next_methods`]
+//! ([`crate::pam_policy::PamSettings::offers`]). Pure: no I/O.
 
 use std::fmt;
 
@@ -52,10 +53,21 @@ impl Method {
         }
     }
 
-    /// Whether skiffd can authenticate with this method.
+    /// Whether skiffd can authenticate with this method (passwords and
+    /// keyboard-interactive only with `UsePAM yes`).
     pub fn offered(self) -> bool {
-        matches!(self, Method::PublicKey)
+        matches!(
+            self,
+            Method::PublicKey | Method::Password | Method::KeyboardInteractive
+        )
     }
+
+    /// Every method skiffd can authenticate with.
+    pub const OFFERED: [Method; 3] = [
+        Method::PublicKey,
+        Method::Password,
+        Method::KeyboardInteractive,
+    ];
 }
 
 impl fmt::Display for Method {
@@ -76,8 +88,8 @@ pub enum MethodsError {
     #[error("AuthenticationMethods: unknown method {0:?}")]
     Unknown(String),
     #[error(
-        "AuthenticationMethods {value}: skiffd offers public-key authentication only, \
-         and cannot require {method}"
+        "AuthenticationMethods {value}: skiffd offers publickey, password and \
+         keyboard-interactive, and cannot require {method}"
     )]
     NotOffered { value: String, method: Method },
 }
@@ -154,11 +166,11 @@ pub struct Progress {
 
 impl Progress {
     /// The methods that may come next (each once, in list order); with
-    /// `any`, every method skiffd offers.
+    /// `any`, every method skiffd can offer.
     pub fn next_methods(&self) -> Vec<Method> {
         let mut next = Vec::new();
         match &self.remaining {
-            None => next.push(Method::PublicKey),
+            None => next.extend(Method::OFFERED),
             Some(lists) => {
                 for m in lists.iter().filter_map(|l| l.first()) {
                     if !next.contains(m) {
@@ -229,17 +241,23 @@ mod tests {
             Err(MethodsError::Unknown("magic".into()))
         );
         for (line, method) in [
-            ("publickey,password", Password),
-            ("publickey,keyboard-interactive:pam", KeyboardInteractive),
             ("hostbased", HostBased),
+            ("publickey,gssapi-with-mic", GssapiWithMic),
         ] {
             let e = parse(line).unwrap_err();
             assert!(
                 matches!(&e, MethodsError::NotOffered { method: m, .. } if *m == method),
                 "{line}: {e:?}"
             );
-            assert!(e.to_string().contains("public-key authentication only"));
+            assert!(e.to_string().contains("cannot require"));
         }
+        assert_eq!(
+            parse("publickey,password publickey,keyboard-interactive:pam"),
+            Ok(AuthMethods::Lists(vec![
+                vec![PublicKey, Password],
+                vec![PublicKey, KeyboardInteractive]
+            ]))
+        );
         assert_eq!(
             Method::parse("keyboard-interactive:bsdauth"),
             Some(KeyboardInteractive)
@@ -250,7 +268,7 @@ mod tests {
     #[test]
     fn any_completes_at_once() {
         let mut p = AuthMethods::Any.start();
-        assert_eq!(p.next_methods(), vec![PublicKey]);
+        assert_eq!(p.next_methods(), Method::OFFERED);
         assert_eq!(p.record(PublicKey), Step::Complete);
     }
 
@@ -272,8 +290,6 @@ mod tests {
 
     #[test]
     fn lists_advance_only_where_the_method_comes_next() {
-        // Lists with methods skiffd does not offer, built directly (the
-        // parser refuses them): this is the logic issue 23 extends.
         let mut p = AuthMethods::Lists(vec![
             vec![PublicKey, Password],
             vec![Password, PublicKey],

@@ -141,6 +141,10 @@ pub struct Settings {
     pub force_command: Option<String>,
     /// `PermitTTY`.
     pub permit_tty: bool,
+    /// `UsePAM`, `PAMServiceName`, `PasswordAuthentication`,
+    /// `KbdInteractiveAuthentication` and `PermitEmptyPasswords`: see
+    /// [`crate::pam_policy`].
+    pub pam: crate::pam_policy::PamSettings,
     /// `ChrootDirectory`: the jail of a login's sessions, tokens (`%h`,
     /// `%u`, `%U`) unexpanded; see [`crate::chroot`].
     pub chroot_directory: Option<String>,
@@ -376,6 +380,7 @@ impl Default for Settings {
             forwarding: Default::default(),
             force_command: None,
             permit_tty: true,
+            pam: Default::default(),
             chroot_directory: None,
             banner: None,
             required_rsa_size: 1024,
@@ -1068,6 +1073,18 @@ fn apply_line(
             }
         }
         "permittty" => settings.permit_tty = parse_yes_no(one()?).map_err(err)?,
+        "usepam" => settings.pam.use_pam = parse_yes_no(one()?).map_err(err)?,
+        "pamservicename" => {
+            settings.pam.service = crate::pam_policy::service_name(one()?).map_err(err)?
+        }
+        "passwordauthentication" => settings.pam.password = parse_yes_no(one()?).map_err(err)?,
+        // ChallengeResponseAuthentication is its older name, as in sshd.
+        "kbdinteractiveauthentication" | "challengeresponseauthentication" => {
+            settings.pam.keyboard_interactive = parse_yes_no(one()?).map_err(err)?
+        }
+        "permitemptypasswords" => {
+            settings.pam.permit_empty_passwords = parse_yes_no(one()?).map_err(err)?
+        }
         "chrootdirectory" => {
             settings.chroot_directory = match one()? {
                 "none" => None,
@@ -1614,15 +1631,18 @@ mod tests {
             s.sftp_command.as_deref(),
             Some("/usr/lib/openssh/sftp-server")
         );
-        assert_eq!(s.config_notes.len(), 2, "{:?}", s.config_notes);
+        assert_eq!(s.config_notes.len(), 1, "{:?}", s.config_notes);
         assert!(
-            s.config_notes[0].starts_with("sshd_config:3: UsePAM:"),
+            s.config_notes[0].starts_with("sshd_config:4: X11Forwarding:"),
             "{:?}",
             s.config_notes
         );
+        // PAM as Debian's file asks: passwords through PAM, no
+        // keyboard-interactive.
+        assert!(s.pam.use_pam && s.pam.password && !s.pam.keyboard_interactive);
         for refused in [
             "PubkeyAuthentication no",
-            "AuthenticationMethods publickey,password",
+            "AuthenticationMethods publickey,hostbased",
         ] {
             let e = apply_config_text(&mut Settings::default(), "f", refused).unwrap_err();
             assert!(e.message.contains("public"), "{e}");

@@ -100,17 +100,13 @@ pub fn settings_for(settings: &Settings, spec: Option<&PartialContext>) -> Setti
 /// second). Each is one sshd_config keyword skiffd accepts without acting
 /// on (see `crate::sshd_only`).
 const NEVER_OFFERED: &[(&str, &str)] = &[
-    ("usepam", "no"),
     ("ignorerhosts", "yes"),
     ("hostbasedauthentication", "no"),
     ("pubkeyauthentication", "yes"),
     ("kerberosauthentication", "no"),
     ("gssapiauthentication", "no"),
-    ("passwordauthentication", "no"),
-    ("kbdinteractiveauthentication", "no"),
     ("x11forwarding", "no"),
     ("permituserrc", "no"),
-    ("permitemptypasswords", "no"),
     ("permittunnel", "no"),
 ];
 
@@ -209,7 +205,8 @@ pub fn render(s: &Settings) -> String {
     for addr in &s.listen {
         line("listenaddress", &addr.to_string());
     }
-    line("usepam", never_offered("usepam"));
+    line("usepam", yes_no(s.pam.use_pam));
+    line("pamservicename", &s.pam.service);
     line("logingracetime", &seconds(s.login_grace_time));
     line("maxauthtries", &s.max_auth_tries.to_string());
     line("maxsessions", &s.max_sessions.to_string());
@@ -227,6 +224,7 @@ pub fn render(s: &Settings) -> String {
         "permitrootlogin",
         // sshd prints prohibit-password by its older name.
         match s.access.root_login {
+            RootLogin::Yes => "yes",
             RootLogin::Keys => "without-password",
             RootLogin::ForcedCommandsOnly => "forced-commands-only",
             RootLogin::No => "no",
@@ -238,19 +236,19 @@ pub fn render(s: &Settings) -> String {
         "pubkeyauthentication",
         "kerberosauthentication",
         "gssapiauthentication",
-        "passwordauthentication",
-        "kbdinteractiveauthentication",
-        "x11forwarding",
     ] {
         line(keyword, never_offered(keyword));
     }
+    line("passwordauthentication", yes_no(s.pam.password));
+    line(
+        "kbdinteractiveauthentication",
+        yes_no(s.pam.keyboard_interactive),
+    );
+    line("x11forwarding", never_offered("x11forwarding"));
     line("permittty", yes_no(s.permit_tty));
     line("permituserrc", never_offered("permituserrc"));
     line("strictmodes", yes_no(s.strict_modes));
-    line(
-        "permitemptypasswords",
-        never_offered("permitemptypasswords"),
-    );
+    line("permitemptypasswords", yes_no(s.pam.permit_empty_passwords));
     let f = &s.forwarding;
     line(
         "gatewayports",
@@ -462,7 +460,6 @@ mod tests {
             ("clientaliveinterval", "60"),
             ("streamlocalbindmask", "0177"),
             ("permitrootlogin", "without-password"),
-            ("passwordauthentication", "no"),
             ("pubkeyauthentication", "yes"),
             ("gatewayports", "no"),
             ("allowtcpforwarding", "yes"),

@@ -66,6 +66,8 @@ mod listener;
 pub mod log_file;
 pub mod lookup_command;
 pub mod match_block;
+pub mod pam;
+pub mod pam_policy;
 mod peer_hangup;
 pub mod penalties;
 mod process;

@@ -67,9 +67,19 @@ pub fn russh_config(settings: &Settings, host: HostIdentity) -> russh::server::C
     };
     russh::server::Config {
         server_id: SshId::Standard(Cow::Owned(format!("SSH-2.0-{}", crate::SOFTWARE_VERSION))),
+        // The handler lists each login's own methods; these are the
+        // server's, for russh's defaults.
         methods: {
             let mut m = russh::MethodSet::empty();
-            m.push(russh::MethodKind::PublicKey);
+            for method in settings.pam.methods() {
+                m.push(match method {
+                    crate::auth_methods::Method::Password => russh::MethodKind::Password,
+                    crate::auth_methods::Method::KeyboardInteractive => {
+                        russh::MethodKind::KeyboardInteractive
+                    }
+                    _ => russh::MethodKind::PublicKey,
+                });
+            }
             m
         },
         // Rejections take a constant, short time so that an unknown account and

@@ -1,9 +1,8 @@
 //! sshd_config keywords that skiffd accepts without acting on, so that a
-//! stock sshd_config (Debian's has `UsePAM yes`, `X11Forwarding yes`,
-//! `PrintMotd no`, `KbdInteractiveAuthentication no`) can be served as it
-//! is. Each is accepted only where ignoring it can never widen access:
-//! cosmetic and logging settings, and features skiffd never offers
-//! (passwords, X11, tunnels), whatever their value. Anything that would
+//! stock sshd_config (Debian's has `X11Forwarding yes`, `PrintMotd no`)
+//! can be served as it is. Each is accepted only where ignoring it can
+//! never widen access: cosmetic and logging settings, and features skiffd
+//! never offers (X11, tunnels, GSSAPI), whatever their value. Anything that would
 //! narrow access if honoured, such as `PubkeyAuthentication no`, stays an
 //! error (`AuthenticationMethods` is skiffd's own: [`crate::auth_methods`]).
 //! Pure: no I/O.
@@ -42,10 +41,6 @@ const COSMETIC: &[&str] = &[
 
 /// Features skiffd never offers: whatever their setting, it stays off.
 const NEVER_OFFERED: &[(&str, &str)] = &[
-    (
-        "challengeresponseauthentication",
-        "keyboard-interactive authentication",
-    ),
     ("gssapiauthentication", "GSSAPI authentication"),
     ("gssapicleanupcredentials", "GSSAPI authentication"),
     ("gssapistrictacceptorcheck", "GSSAPI authentication"),
@@ -56,16 +51,10 @@ const NEVER_OFFERED: &[(&str, &str)] = &[
     ),
     ("ignorerhosts", "host-based authentication"),
     ("ignoreuserknownhosts", "host-based authentication"),
-    (
-        "kbdinteractiveauthentication",
-        "keyboard-interactive authentication",
-    ),
     ("kerberosauthentication", "Kerberos authentication"),
     ("kerberosgetafstoken", "Kerberos authentication"),
     ("kerberosorlocalpasswd", "Kerberos authentication"),
     ("kerberosticketcleanup", "Kerberos authentication"),
-    ("passwordauthentication", "password authentication"),
-    ("permitemptypasswords", "password authentication"),
     ("permittunnel", "tun device forwarding"),
     ("permituserrc", "~/.ssh/rc files"),
     ("x11displayoffset", "X11 forwarding"),
@@ -97,12 +86,6 @@ pub fn verdict(keyword: &str, args: &[&str]) -> Option<Verdict> {
         });
     }
     Some(match keyword {
-        "usepam" if enables(first) => Verdict::Noted(
-            "skiffd does not use PAM: its own checks (locked accounts, shells, AllowUsers and \
-             the like) apply, PAM's account and session modules do not run"
-                .into(),
-        ),
-        "usepam" => Verdict::Fine,
         "pubkeyauthentication" if enables(first) => Verdict::Fine,
         "pubkeyauthentication" => Verdict::Refused(
             "PubkeyAuthentication no: skiffd authenticates with public keys only".into(),
@@ -119,11 +102,8 @@ mod tests {
     fn debian_defaults_are_accepted() {
         assert_eq!(verdict("printmotd", &["no"]), Some(Verdict::Fine));
         assert_eq!(
-            verdict("kbdinteractiveauthentication", &["no"]),
+            verdict("gssapiauthentication", &["no"]),
             Some(Verdict::Fine)
-        );
-        assert!(
-            matches!(verdict("usepam", &["yes"]), Some(Verdict::Noted(n)) if n.contains("PAM"))
         );
         assert!(
             matches!(verdict("x11forwarding", &["yes"]), Some(Verdict::Noted(n)) if n.contains("X11"))

@@ -71,21 +71,13 @@ const DIFFERENT_DEFAULTS: &[(&str, &str)] = &[
     ("kexalgorithms", "skiffd has no sntrup761 nor group exchange, and leaves NIST curves out by default"),
     ("hostkeyalgorithms", "skiffd signs with plain keys (no -cert or sk- names)"),
     ("pubkeyacceptedalgorithms", "skiffd has no security-key (sk-) user keys"),
-    ("passwordauthentication", "skiffd never offers passwords"),
-    ("kbdinteractiveauthentication", "skiffd never offers keyboard-interactive"),
     ("permituserrc", "skiffd never runs ~/.ssh/rc"),
     ("rekeylimit", "skiffd re-keys after 1 GiB or an hour by default; sshd after a cipher-dependent amount, with no time limit"),
 ];
 
 /// What a configuration (on top of the defaults') sets to what skiffd does
 /// not do, and so prints as off.
-const NEVER_OFFERED: &[(&str, &str)] = &[
-    (
-        "usepam",
-        "skiffd does not use PAM (UsePAM yes is accepted, noted, and off)",
-    ),
-    ("x11forwarding", "skiffd never forwards X11"),
-];
+const NEVER_OFFERED: &[(&str, &str)] = &[("x11forwarding", "skiffd never forwards X11")];
 
 /// The keywords of `lists` (whose reasons they give).
 fn keywords<'a>(lists: &[&[(&'a str, &str)]]) -> Vec<&'a str> {

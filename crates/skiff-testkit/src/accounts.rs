@@ -169,6 +169,33 @@ impl TempAccount {
         TempAccount { account }
     }
 
+    /// A new account (as [`Self::create`]) whose password is `password`,
+    /// set through `chpasswd`.
+    pub fn with_password(tag: &str, shell: &str, password: &str) -> TempAccount {
+        let acct = TempAccount::create(tag, shell);
+        let before = shadow_fields(acct.name()).and_then(|f| f.get(1).cloned());
+        let line = format!("{}:{password}\n", acct.name());
+        // chpasswd takes the lock on /etc/shadow: retried while another
+        // test process holds it, until the password field has changed.
+        acct.admin(&["true"], || {
+            let Ok(mut child) = Command::new("chpasswd")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+            else {
+                return false;
+            };
+            use std::io::Write;
+            if let Some(mut stdin) = child.stdin.take() {
+                let _ = stdin.write_all(line.as_bytes());
+            }
+            let _ = child.wait();
+            shadow_fields(acct.name()).and_then(|f| f.get(1).cloned()) != before
+        });
+        acct
+    }
+
     pub fn name(&self) -> &str {
         &self.account.name
     }

@@ -37,6 +37,7 @@ mod daemon;
 mod environment;
 mod files;
 mod keys;
+mod pam_service;
 mod run;
 mod skiff_client;
 mod skiffd;
@@ -44,6 +45,6 @@ mod ssh_client;
 mod sshd;
 
 pub use self::{
-    accounts::*, checks::*, daemon::*, environment::*, files::*, keys::*, run::*, skiff_client::*,
-    skiffd::*, ssh_client::*, sshd::*,
+    accounts::*, checks::*, daemon::*, environment::*, files::*, keys::*, pam_service::*, run::*,
+    skiff_client::*, skiffd::*, ssh_client::*, sshd::*,
 };

@@ -32,6 +32,8 @@ pub struct Ssh {
     timeout: Duration,
     env: Vec<(OsString, OsString)>,
     log_level: String,
+    /// `BatchMode=yes` (the default: a test never waits on a question).
+    batch: bool,
 }
 
 /// An `ssh` invocation as `user` on 127.0.0.1:`port` authenticating with `key`.
@@ -47,6 +49,7 @@ pub fn ssh(port: u16, user: &str, key: &Key) -> Ssh {
         timeout: DEFAULT_TIMEOUT,
         env: Vec::new(),
         log_level: "ERROR".to_string(),
+        batch: true,
     }
 }
 
@@ -102,6 +105,21 @@ impl Ssh {
         self
     }
 
+    /// Not in BatchMode: ssh may ask for passwords (through `SSH_ASKPASS`,
+    /// see [`Self::askpass`]).
+    pub fn interactive(mut self) -> Self {
+        self.batch = false;
+        self
+    }
+
+    /// Answers ssh's questions with `program` (`SSH_ASKPASS_REQUIRE=force`),
+    /// and allows questions.
+    pub fn askpass(self, program: &Path) -> Self {
+        self.interactive()
+            .env("SSH_ASKPASS", program)
+            .env("SSH_ASKPASS_REQUIRE", "force")
+    }
+
     pub fn run(self) -> CmdOutput {
         let scratch = tempdir();
         let mut run = Run::new("ssh")
@@ -110,7 +128,11 @@ impl Ssh {
             .env_remove("SSH_ASKPASS_REQUIRE")
             .env("HOME", scratch.path())
             .args(["-F", "/dev/null"])
-            .args(["-o", "BatchMode=yes"])
+            .arg("-o")
+            .arg(format!(
+                "BatchMode={}",
+                if self.batch { "yes" } else { "no" }
+            ))
             .args(["-o", "IdentitiesOnly=yes"])
             .arg("-o")
             .arg(format!("LogLevel={}", self.log_level))

@@ -20,7 +20,6 @@
 //! notice.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use skiff_testkit::server_context as ctx;
 use skiff_testkit::*;
@@ -44,28 +43,7 @@ fn can_run() -> bool {
 
 /// A throwaway account whose password is [`PASSWORD`].
 fn account_with_password() -> TempAccount {
-    let acct = TempAccount::create("pw", "/bin/sh");
-    let before = shadow_fields(acct.name()).and_then(|f| f.get(1).cloned());
-    let line = format!("{}:{PASSWORD}\n", acct.name());
-    // chpasswd takes the lock on /etc/shadow: retried while another test
-    // process holds it, until the password field has changed.
-    acct.admin(&["true"], || {
-        let mut child = Command::new("chpasswd")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("run chpasswd");
-        use std::io::Write;
-        let _ = child
-            .stdin
-            .take()
-            .expect("chpasswd stdin")
-            .write_all(line.as_bytes());
-        let _ = child.wait();
-        shadow_fields(acct.name()).and_then(|f| f.get(1).cloned()) != before
-    });
-    acct
+    TempAccount::with_password("pw", "/bin/sh", PASSWORD)
 }
 
 /// One test's world: an sshd with `extra` config lines, a client HOME that

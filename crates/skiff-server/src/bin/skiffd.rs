@@ -359,6 +359,9 @@ fn run(args: Args, set_level: Option<SetLevel>) -> Result<()> {
     for note in std::mem::take(&mut settings.config_notes) {
         tracing::warn!("{note}");
     }
+    if let Some(note) = skiff_server::pam::missing_service_note(&settings.pam) {
+        tracing::warn!("{note}");
+    }
     if !args.listen.is_empty() {
         settings.listen = args.listen;
     }

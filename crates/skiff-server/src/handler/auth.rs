@@ -147,7 +147,7 @@ impl ConnectionHandler {
     /// Loads (once per user name) the account and its authorized keys,
     /// the files read off the async workers ([`crate::account_files`]).
     /// Every authentication request starts here.
-    async fn prepare_candidate(&mut self, user: &str) {
+    pub(super) async fn prepare_candidate(&mut self, user: &str) {
         if self.candidate.as_ref().map(|(u, _)| u.as_str()) == Some(user) {
             return;
         }
@@ -187,7 +187,7 @@ impl ConnectionHandler {
     /// The account `user` names and its authorized keys, as
     /// [`Self::prepare_candidate`] loaded them; `None` when the account may
     /// not log in (or was not prepared).
-    fn load_candidate(&self, user: &str) -> Option<&UserKeys> {
+    pub(super) fn load_candidate(&self, user: &str) -> Option<&UserKeys> {
         self.candidate
             .as_ref()
             .filter(|(u, _)| u == user)
@@ -331,40 +331,67 @@ impl ConnectionHandler {
         Some((acct.clone(), opts.clone()))
     }
 
-    /// Why `user` may not use the key `blob` at this stage of
-    /// `AuthenticationMethods`: after a partial success the user name may
-    /// not change, a key already used does not count again, and public
-    /// keys must come next in some list.
-    fn step_refusal(&self, user: &str, blob: &[u8]) -> Option<&'static str> {
+    /// Why `user` may not use `method` (with the key `blob`, for public
+    /// keys) at this stage of `AuthenticationMethods`: after a partial
+    /// success the user name may not change, a key already used does not
+    /// count again, and the method must come next in some list.
+    pub(super) fn step_refusal(
+        &self,
+        user: &str,
+        method: Method,
+        blob: Option<&[u8]>,
+    ) -> Option<String> {
         match &self.auth_steps {
             Some(steps) if steps.user != user => {
-                Some("the user name changed after a partial authentication")
+                Some("the user name changed after a partial authentication".into())
             }
-            Some(steps) if steps.used_keys.iter().any(|k| k == blob) => {
-                Some("this key has already been used (AuthenticationMethods)")
+            Some(steps) if blob.is_some_and(|b| steps.used_keys.iter().any(|k| k == b)) => {
+                Some("this key has already been used (AuthenticationMethods)".into())
             }
-            Some(steps) if !steps.progress.allows(Method::PublicKey) => {
-                Some("public-key authentication does not come next (AuthenticationMethods)")
-            }
+            Some(steps) if !steps.progress.allows(method) => Some(format!(
+                "{method} does not come next (AuthenticationMethods)"
+            )),
             _ => None,
         }
     }
 
-    /// Records a successful public-key step (a key or a certificate, whose
-    /// key is `key_blob`) as `account`, whose sessions run under `options`:
-    /// a partial success while `AuthenticationMethods` wants more, else the
-    /// login.
-    fn logged_in(
+    /// The methods a client may try now: those `AuthenticationMethods`
+    /// lets come next that the login's settings offer.
+    fn offered_next(&self) -> Vec<Method> {
+        let settings = self.settings();
+        let next = match &self.auth_steps {
+            Some(steps) => steps.progress.next_methods(),
+            None => settings.authentication_methods.start().next_methods(),
+        };
+        next.into_iter()
+            .filter(|m| settings.pam.offers(*m))
+            .collect()
+    }
+
+    /// A refusal that lists the methods left to try.
+    pub(super) fn refused(&self) -> Auth {
+        Auth::Reject {
+            proceed_with_methods: Some(method_set(&self.offered_next())),
+            partial_success: false,
+        }
+    }
+
+    /// Records a successful step by `method` (for a key or a certificate,
+    /// whose key is `key_blob`) as `account`, whose sessions run under
+    /// `options`: a partial success while `AuthenticationMethods` wants
+    /// more, else the login, once PAM's account check (`UsePAM`) agrees.
+    pub(super) async fn logged_in(
         &mut self,
         account: Account,
         options: KeyOptions,
         credential: String,
-        key_blob: Vec<u8>,
+        method: Method,
+        key_blob: Option<Vec<u8>>,
     ) -> Auth {
         self.enter_login_settings(&account);
-        if let Some(why) = self.step_refusal(&account.name, &key_blob) {
-            tracing::info!(peer = %self.peer, user = %account.name, "key refused: {why}");
-            return publickey_only();
+        if let Some(why) = self.step_refusal(&account.name, method, key_blob.as_deref()) {
+            tracing::info!(peer = %self.peer, user = %account.name, "{method} refused: {why}");
+            return self.refused();
         }
         // Worked on a copy: a refusal below leaves the steps as they were.
         let (mut progress, earlier) = match &self.auth_steps {
@@ -374,23 +401,23 @@ impl ConnectionHandler {
             ),
             None => (self.settings().authentication_methods.start(), None),
         };
-        let step = progress.record(Method::PublicKey);
+        let step = progress.record(method);
         let (mut options, credential) = match earlier {
             None => (options, credential),
             Some((before, lines)) => match merge_options(before, options) {
                 Ok(merged) => (merged, lines + &credential),
                 Err(why) => {
                     tracing::info!(peer = %self.peer, user = %account.name, "key refused: {why}");
-                    return publickey_only();
+                    return self.refused();
                 }
             },
         };
         match step {
             Step::Complete => {}
-            Step::NotAllowed => return publickey_only(),
+            Step::NotAllowed => return self.refused(),
             Step::Partial(next) => {
                 tracing::info!(peer = %self.peer, user = %account.name,
-                    "partial authentication: publickey accepted, {} to follow (AuthenticationMethods)",
+                    "partial authentication: {method} accepted, {} to follow (AuthenticationMethods)",
                     next.iter().map(|m| m.name()).collect::<Vec<_>>().join(" or "));
                 let steps = self.auth_steps.get_or_insert_with(|| AuthSteps {
                     user: account.name.clone(),
@@ -400,9 +427,14 @@ impl ConnectionHandler {
                     credentials: String::new(),
                 });
                 steps.progress = progress;
-                steps.used_keys.push(key_blob);
+                steps.used_keys.extend(key_blob);
                 steps.options = options;
                 steps.credentials = credential;
+                let settings = self.settings();
+                let next: Vec<Method> = next
+                    .into_iter()
+                    .filter(|m| settings.pam.offers(*m))
+                    .collect();
                 return Auth::Reject {
                     proceed_with_methods: Some(method_set(&next)),
                     partial_success: true,
@@ -415,7 +447,14 @@ impl ConnectionHandler {
         {
             tracing::info!(peer = %self.peer, user = %account.name,
                 "refusing login: PermitRootLogin forced-commands-only, and the key forces no command");
-            return publickey_only();
+            return self.refused();
+        }
+        if self.settings().pam.use_pam {
+            let peer = self.log.peer();
+            if let Err(e) = self.pam_for(&account.name).account().await {
+                tracing::info!("{}", crate::pam::account_refusal(&account.name, peer, &e));
+                return self.refused();
+            }
         }
         self.auth_steps = None;
         if crate::account_policy::nologin_applies(account.uid) {
@@ -546,16 +585,16 @@ impl ConnectionHandler {
         self.prepare_candidate(user).await;
         if let Some(why) = self.algorithm_refusal(user, &[offer.algorithm.as_str()]) {
             tracing::info!(peer = %self.peer, user, "refusing the key: {why}");
-            return Ok(publickey_only());
+            return Ok(self.refused());
         }
         if let Some(why) = offer
             .public_key
             .to_bytes()
             .ok()
-            .and_then(|blob| self.step_refusal(user, &blob))
+            .and_then(|blob| self.step_refusal(user, Method::PublicKey, Some(&blob)))
         {
             tracing::info!(peer = %self.peer, user, "refusing the key: {why}");
-            return Ok(publickey_only());
+            return Ok(self.refused());
         }
         let command_keys = self.command_keys(user, offer.public_key).await;
         let admitted = self
@@ -572,18 +611,23 @@ impl ConnectionHandler {
             Auth::Accept
         } else {
             let credential = key_credential(offer.public_key);
-            self.judged(user, &credential, &publickey_only());
-            publickey_only()
+            let refused = self.refused();
+            self.judged(user, auth_log::How::Key(&credential), &refused);
+            refused
         })
     }
 
     /// Logs the outcome of a public-key request (`auth`) for `user` with
     /// `credential` as sshd does, and records it in the audit log.
-    fn judged(&self, user: &str, credential: &auth_log::Credential, auth: &Auth) {
+    pub(super) fn judged(&self, user: &str, how: auth_log::How<'_>, auth: &Auth) {
         let peer = self.log.peer();
+        let key = match how {
+            auth_log::How::Key(credential) => Some(credential),
+            _ => None,
+        };
         let result = match auth {
             Auth::Accept => {
-                tracing::info!("{}", auth_log::accepted(user, peer, credential));
+                tracing::info!("{}", auth_log::accepted(user, peer, how));
                 self.log.set_who(auth_log::Who::LoggedIn(user.to_string()));
                 AuditResult::Success
             }
@@ -591,7 +635,7 @@ impl ConnectionHandler {
                 partial_success: true,
                 ..
             } => {
-                tracing::info!("{}", auth_log::partial(user, peer, credential));
+                tracing::info!("{}", auth_log::partial(user, peer, how));
                 AuditResult::Partial
             }
             _ => {
@@ -601,7 +645,7 @@ impl ConnectionHandler {
                     .candidate
                     .as_ref()
                     .is_none_or(|(u, c)| u != user || c.is_some());
-                tracing::info!("{}", auth_log::failed(user, valid, peer, credential));
+                tracing::info!("{}", auth_log::failed(user, valid, peer, how));
                 AuditResult::Failure
             }
         };
@@ -609,10 +653,15 @@ impl ConnectionHandler {
             self.log
                 .record(crate::audit::Event::Auth(crate::audit::AuthRecord {
                     user: user.to_string(),
-                    method: "publickey".into(),
-                    key_type: Some(credential.key_type.clone()),
-                    fingerprint: Some(credential.fingerprint.clone()),
-                    certificate: credential.certificate.clone(),
+                    method: match how {
+                        auth_log::How::Key(_) => "publickey",
+                        auth_log::How::Password => "password",
+                        auth_log::How::KeyboardInteractive => "keyboard-interactive",
+                    }
+                    .into(),
+                    key_type: key.map(|c| c.key_type.clone()),
+                    fingerprint: key.map(|c| c.fingerprint.clone()),
+                    certificate: key.and_then(|c| c.certificate.clone()),
                     result,
                 }));
         }
@@ -625,7 +674,11 @@ impl ConnectionHandler {
         certificate: &Certificate,
     ) -> Result<Auth, russh::Error> {
         let auth = self.judge_certificate(user, certificate).await?;
-        self.judged(user, &certificate_credential(certificate), &auth);
+        self.judged(
+            user,
+            auth_log::How::Key(&certificate_credential(certificate)),
+            &auth,
+        );
         Ok(auth)
     }
 
@@ -641,21 +694,21 @@ impl ConnectionHandler {
         // principals and revocations apply.
         self.prepare_candidate(user).await;
         if self.load_candidate(user).is_none() {
-            return Ok(publickey_only());
+            return Ok(self.refused());
         }
         let cert_algorithms = certificate_algorithms(certificate.algorithm());
         let names: Vec<&str> = cert_algorithms.iter().map(String::as_str).collect();
         if let Some(why) = self.algorithm_refusal(user, &names) {
             tracing::info!(%peer, user, id = certificate.key_id(), "certificate refused: {why}");
-            return Ok(publickey_only());
+            return Ok(self.refused());
         }
         let Ok(ca_blob) =
             russh::keys::PublicKey::from(certificate.signature_key().clone()).to_bytes()
         else {
-            return Ok(publickey_only());
+            return Ok(self.refused());
         };
         let Ok(key_blob) = PublicKey::from(certificate.public_key().clone()).to_bytes() else {
-            return Ok(publickey_only());
+            return Ok(self.refused());
         };
         let cert = skiff_proto::krl::CertificateRef {
             ca_key: &ca_blob,
@@ -664,7 +717,7 @@ impl ConnectionHandler {
         };
         if let Some(why) = self.rsa_too_small(&key_blob) {
             tracing::info!(%peer, user, id = certificate.key_id(), "certificate refused: {why}");
-            return Ok(publickey_only());
+            return Ok(self.refused());
         }
         let revoked_keys = self.settings().revoked_keys.clone();
         if let Some(why) = revoked(revoked_keys, |list| {
@@ -673,7 +726,7 @@ impl ConnectionHandler {
         .await
         {
             tracing::info!(%peer, user, id = certificate.key_id(), "certificate refused: {why}");
-            return Ok(publickey_only());
+            return Ok(self.refused());
         }
         let command_principals = self.command_principals(user, certificate).await;
         let trusted = trusted_user_cas(self.settings().trusted_user_ca_keys.clone()).await;
@@ -690,7 +743,7 @@ impl ConnectionHandler {
             _ => None,
         };
         let Some((account, keys)) = self.load_candidate(user) else {
-            return Ok(publickey_only());
+            return Ok(self.refused());
         };
         // With either set, the certificate must carry a principal one lists.
         let principals = match (principals_file, command_principals) {
@@ -735,11 +788,19 @@ impl ConnectionHandler {
                 tracing::debug!(%peer, user, id = certificate.key_id(), via = ?authority, "certificate admitted");
                 let account = account.clone();
                 let credential = credential_line(certificate.to_openssh());
-                Ok(self.logged_in(account, options, credential, key_blob))
+                Ok(self
+                    .logged_in(
+                        account,
+                        options,
+                        credential,
+                        Method::PublicKey,
+                        Some(key_blob),
+                    )
+                    .await)
             }
             Err(why) => {
                 tracing::info!(%peer, user, "certificate refused: {why}");
-                Ok(publickey_only())
+                Ok(self.refused())
             }
         }
     }
@@ -752,7 +813,7 @@ impl ConnectionHandler {
     ) -> Result<Auth, russh::Error> {
         let credential = key_credential(key.public_key);
         let auth = self.judge_key(user, key).await?;
-        self.judged(user, &credential, &auth);
+        self.judged(user, auth_log::How::Key(&credential), &auth);
         Ok(auth)
     }
 
@@ -764,7 +825,7 @@ impl ConnectionHandler {
         self.prepare_candidate(user).await;
         if let Some(why) = self.algorithm_refusal(user, &[key.algorithm.as_str()]) {
             tracing::info!(peer = %self.peer, user, "refusing the key: {why}");
-            return Ok(publickey_only());
+            return Ok(self.refused());
         }
         let command_keys = self.command_keys(user, key.public_key).await;
         match self
@@ -774,9 +835,17 @@ impl ConnectionHandler {
             Some((account, options)) => {
                 let credential = credential_line(key.public_key.to_openssh());
                 let key_blob = key.public_key.to_bytes().unwrap_or_default();
-                Ok(self.logged_in(account, options, credential, key_blob))
+                Ok(self
+                    .logged_in(
+                        account,
+                        options,
+                        credential,
+                        Method::PublicKey,
+                        Some(key_blob),
+                    )
+                    .await)
             }
-            None => Ok(publickey_only()),
+            None => Ok(self.refused()),
         }
     }
 }
@@ -830,15 +899,6 @@ fn credential_line(openssh: Result<String, russh::keys::ssh_key::Error>) -> Stri
     match (fields.next(), fields.next()) {
         (Some(kind), Some(blob)) => format!("publickey {kind} {blob}\n"),
         _ => "publickey\n".to_string(),
-    }
-}
-
-pub(super) fn publickey_only() -> Auth {
-    let mut methods = russh::MethodSet::empty();
-    methods.push(russh::MethodKind::PublicKey);
-    Auth::Reject {
-        proceed_with_methods: Some(methods),
-        partial_success: false,
     }
 }
 

@@ -23,6 +23,7 @@
 
 mod auth;
 mod forwarding_requests;
+mod pam_auth;
 mod session;
 mod session_io;
 
@@ -96,6 +97,11 @@ pub struct ConnectionHandler {
     /// Refused environment variables logged on this connection so far
     /// (see `session::REFUSALS_LOGGED`).
     env_refusals: std::cell::Cell<u32>,
+    /// The login's PAM transaction (`UsePAM yes`), started when first
+    /// needed.
+    pam: Option<crate::pam::PamLogin>,
+    /// How many questions the keyboard-interactive round in progress asked.
+    kbd_round: Option<usize>,
     /// Its audit records and who it is, for the line sshd logs when a
     /// connection ends ([`crate::audit_writer::ConnectionLog`]).
     log: Arc<crate::audit_writer::ConnectionLog>,
@@ -136,6 +142,8 @@ impl ConnectionHandler {
             effective: None,
             nologin_refusal: None,
             env_refusals: std::cell::Cell::new(0),
+            pam: None,
+            kbd_round: None,
             state,
         }
     }
@@ -209,8 +217,27 @@ impl russh::server::Handler for ConnectionHandler {
         self.disconnect_if_nologin(session)
     }
 
-    async fn auth_none(&mut self, _user: &str) -> Result<Auth, Self::Error> {
-        Ok(auth::publickey_only())
+    async fn auth_none(&mut self, user: &str) -> Result<Auth, Self::Error> {
+        // The methods listed are the login's (its Match blocks may turn
+        // passwords on or off).
+        self.prepare_candidate(user).await;
+        Ok(self.refused())
+    }
+
+    async fn auth_password(&mut self, user: &str, password: &str) -> Result<Auth, Self::Error> {
+        let auth = self.password_login(user, password).await?;
+        Ok(self.counted(auth))
+    }
+
+    async fn auth_keyboard_interactive<'a>(
+        &'a mut self,
+        user: &str,
+        _submethods: &str,
+        response: Option<russh::server::Response<'a>>,
+    ) -> Result<Auth, Self::Error> {
+        let answers = response.map(|r| r.collect::<Vec<_>>());
+        let auth = self.interactive_login(user, answers).await?;
+        Ok(self.counted(auth))
     }
 
     async fn auth_publickey_offered(

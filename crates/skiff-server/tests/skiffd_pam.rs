@@ -1,0 +1,472 @@
+//! skiffd with `UsePAM yes`, driven by stock OpenSSH `ssh` (and skiff)
+//! through the real PAM library and real modules: each test writes a PAM
+//! service of its own (`PamService`, a file in /etc/pam.d) and makes a
+//! throwaway account with a known password (`TempAccount`), as root.
+//!
+//! Covered: a password through pam_unix logs in and a wrong one is refused
+//! with sshd's log lines; keyboard-interactive relays PAM's messages and
+//! questions (pam_echo's text, pam_unix's "Password: "); PAM's account
+//! stack refuses a public-key login; `AuthenticationMethods
+//! publickey,password` needs both; an account that may not log in is
+//! refused even where PAM would let anyone in, and so is root unless
+//! `PermitRootLogin yes`; empty passwords need
+//! `PermitEmptyPasswords yes`; without `UsePAM` no password is asked; a
+//! module that hangs holds up only its own login, which `LoginGraceTime`
+//! ends.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
+
+const PASSWORD: &str = "Tr0ub4dorAnd3";
+const WRONG: &str = "notThePassword";
+
+/// pam_unix for authentication and accounts (the usual stack).
+const UNIX_STACK: &str = "auth required pam_unix.so\naccount required pam_unix.so\n";
+
+fn can_run() -> bool {
+    if !is_root() {
+        let msg = "PAM services and test accounts need root";
+        assert!(!in_ci(), "{msg}; CI=true so this test refuses to skip");
+        eprintln!("NOTICE: skipping test: {msg}");
+        return false;
+    }
+    require_openssh() && require_tool("chpasswd", "passwd")
+}
+
+/// A test's world: its PAM service, an account with [`PASSWORD`], and a
+/// skiffd using both.
+struct World {
+    fx: Fixture,
+    d: Skiffd,
+    acct: TempAccount,
+    scratch: tempfile::TempDir,
+    _service: PamService,
+}
+
+impl World {
+    fn new(stack: &str, config: &str) -> World {
+        let service = PamService::new("pam", stack);
+        let acct = TempAccount::with_password("pam", "/bin/sh", PASSWORD);
+        let fx = Fixture::new();
+        let config = format!(
+            "UsePAM yes\nPAMServiceName {}\nLogLevel VERBOSE\n{config}",
+            service.name()
+        );
+        let d = Skiffd::start_with(
+            SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&config),
+        );
+        World {
+            fx,
+            d,
+            acct,
+            scratch: tempdir(),
+            _service: service,
+        }
+    }
+
+    fn name(&self) -> &str {
+        self.acct.name()
+    }
+
+    /// An askpass program answering `answer` and the file its questions go
+    /// to.
+    fn askpass(&self, answer: &str) -> (PathBuf, PathBuf) {
+        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = self.scratch.path().join(format!("askpass-{n}"));
+        std::fs::create_dir_all(&dir).expect("mkdir askpass dir");
+        let marker = dir.join("questions");
+        (askpass_script(&dir, answer, &marker), marker)
+    }
+
+    /// Stock ssh as the account with `method` only and `answer` for its
+    /// questions (no key offered), running `id -un`. (LogLevel INFO: ssh
+    /// shows a keyboard-interactive instruction at that level.)
+    fn login(&self, method: &str, answer: &str) -> (CmdOutput, Vec<String>) {
+        let (script, marker) = self.askpass(answer);
+        let out = ssh(self.d.port(), self.name(), &self.fx.client_key)
+            .log_level("INFO")
+            .askpass(&script)
+            .opt("PubkeyAuthentication=no")
+            .opt(&format!("PreferredAuthentications={method}"))
+            .opt("NumberOfPasswordPrompts=1")
+            .args(&["id -un"])
+            .run();
+        (out, questions(&marker))
+    }
+
+    fn ctx(&self, what: &str) -> String {
+        ctx(&self.d, what)
+    }
+
+    /// Waits (bounded) until skiffd has logged a line holding every needle.
+    fn logged(&self, needles: &[&str], what: &str) {
+        let found = wait_until(Duration::from_secs(20), || {
+            self.d
+                .log()
+                .lines()
+                .any(|l| needles.iter().all(|n| l.contains(n)))
+        });
+        assert!(
+            found,
+            "{}",
+            self.ctx(&format!("{what}: no line with {needles:?}"))
+        );
+    }
+}
+
+fn questions(marker: &Path) -> Vec<String> {
+    std::fs::read_to_string(marker)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Polls `cond` every 50 ms until it holds or `limit` passes.
+fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_password_through_pam_logs_in_and_a_wrong_one_is_refused() {
+    if !can_run() {
+        return;
+    }
+    let w = World::new(UNIX_STACK, "");
+    let name = w.name().to_string();
+
+    let (out, asked) = w.login("password", PASSWORD);
+    let c = w.ctx(&format!("right password\n{out}"));
+    out.expect_code(0, &c)
+        .expect_stdout(&format!("{name}\n"), &c);
+    assert_eq!(asked.len(), 1, "{c}: asked once: {asked:?}");
+    w.logged(&["Accepted password for", &name, "ssh2"], "right password");
+
+    let (out, _) = w.login("password", WRONG);
+    let c = w.ctx(&format!("wrong password\n{out}"));
+    out.expect_code(255, &c).expect_stdout("", &c);
+    assert!(out.stderr.contains("Permission denied"), "{c}");
+    w.logged(&["Failed password for", &name], "wrong password");
+    // The refusal lists what the login may still try.
+    assert!(
+        out.stderr
+            .contains("publickey,password,keyboard-interactive"),
+        "{c}"
+    );
+}
+
+#[test]
+fn keyboard_interactive_relays_pams_messages_and_questions() {
+    if !can_run() {
+        return;
+    }
+    let banner = "Authorised use only";
+    let stack = format!("auth required pam_echo.so {banner}\n{UNIX_STACK}");
+    let w = World::new(&stack, "");
+    let name = w.name().to_string();
+
+    let (out, asked) = w.login("keyboard-interactive", PASSWORD);
+    let c = w.ctx(&format!("keyboard-interactive\n{out}"));
+    out.expect_code(0, &c)
+        .expect_stdout(&format!("{name}\n"), &c);
+    assert_eq!(asked.len(), 1, "{c}: one question: {asked:?}");
+    assert!(
+        asked[0].contains("Password"),
+        "{c}: pam_unix's question: {asked:?}"
+    );
+    assert!(
+        out.stderr.contains(banner),
+        "{c}: pam_echo's text is the instruction"
+    );
+    w.logged(
+        &["Accepted keyboard-interactive/pam for", &name],
+        "keyboard-interactive",
+    );
+
+    let (out, _) = w.login("keyboard-interactive", WRONG);
+    let c = w.ctx(&format!("keyboard-interactive, wrong answer\n{out}"));
+    out.expect_code(255, &c).expect_stdout("", &c);
+    w.logged(
+        &["Failed keyboard-interactive/pam for", &name],
+        "wrong answer",
+    );
+}
+
+#[test]
+fn skiff_answers_skiffds_keyboard_interactive_questions() {
+    if !can_run() {
+        return;
+    }
+    let w = World::new(UNIX_STACK, "PasswordAuthentication no\n");
+    let name = w.name().to_string();
+    let home = ClientHome::new();
+    home.trust(w.d.port(), &w.fx.host_key);
+    let (script, marker) = w.askpass(PASSWORD);
+    let out = skiff_exec(&home, w.d.port(), &name, None)
+        .interactive()
+        .askpass(&script)
+        .cmd("id -un")
+        .run();
+    let c = w.ctx(&format!("skiff, keyboard-interactive\n{out}"));
+    out.expect_code(0, &c)
+        .expect_stdout(&format!("{name}\n"), &c);
+    assert_eq!(questions(&marker).len(), 1, "{c}");
+    w.logged(&["Accepted keyboard-interactive/pam for", &name], "skiff");
+}
+
+#[test]
+fn pams_account_stack_refuses_a_key_login() {
+    if !can_run() {
+        return;
+    }
+    let w = World::new(
+        "auth required pam_unix.so\naccount required pam_deny.so\n",
+        "",
+    );
+    let name = w.name().to_string();
+    let out = ssh(w.d.port(), &name, &w.fx.client_key)
+        .args(&["id -un"])
+        .run();
+    let c = w.ctx(&format!("key login, PAM account denies\n{out}"));
+    out.expect_code(255, &c).expect_stdout("", &c);
+    assert!(out.stderr.contains("Permission denied"), "{c}");
+    w.logged(
+        &[
+            "Access denied for user",
+            &name,
+            "by PAM account configuration",
+        ],
+        "account denied",
+    );
+
+    // The same key and account with an account stack that agrees.
+    let w = World::new(
+        "auth required pam_unix.so\naccount required pam_permit.so\n",
+        "",
+    );
+    let name = w.name().to_string();
+    let out = ssh(w.d.port(), &name, &w.fx.client_key)
+        .args(&["id -un"])
+        .run();
+    let c = w.ctx(&format!("key login, PAM account permits\n{out}"));
+    out.expect_code(0, &c)
+        .expect_stdout(&format!("{name}\n"), &c);
+}
+
+#[test]
+fn publickey_then_password_needs_both() {
+    if !can_run() {
+        return;
+    }
+    let w = World::new(UNIX_STACK, "AuthenticationMethods publickey,password\n");
+    let name = w.name().to_string();
+
+    // A key alone is a partial success that leads nowhere in BatchMode.
+    let out = ssh(w.d.port(), &name, &w.fx.client_key)
+        .args(&["id -un"])
+        .run();
+    let c = w.ctx(&format!("key only\n{out}"));
+    out.expect_code(255, &c).expect_stdout("", &c);
+    w.logged(&["Partial publickey for", &name], "key only");
+
+    // A password alone is not offered first.
+    let (out, asked) = w.login("password", PASSWORD);
+    let c = w.ctx(&format!("password only\n{out}"));
+    out.expect_code(255, &c).expect_stdout("", &c);
+    assert!(asked.is_empty(), "{c}: nothing to ask: {asked:?}");
+
+    // Both, in order.
+    let (script, _) = w.askpass(PASSWORD);
+    let out = ssh(w.d.port(), &name, &w.fx.client_key)
+        .askpass(&script)
+        .opt("PreferredAuthentications=publickey,password")
+        .args(&["id -un"])
+        .run();
+    let c = w.ctx(&format!("key then password\n{out}"));
+    out.expect_code(0, &c)
+        .expect_stdout(&format!("{name}\n"), &c);
+    w.logged(&["Accepted password for", &name], "key then password");
+}
+
+#[test]
+fn an_account_that_may_not_log_in_is_refused_whatever_pam_says() {
+    if !can_run() {
+        return;
+    }
+    // pam_permit lets anyone in, with any password.
+    let w = World::new(
+        "auth required pam_permit.so\naccount required pam_permit.so\n",
+        "DenyUsers skt-pam-*\n",
+    );
+    let name = w.name().to_string();
+    let (out, _) = w.login("password", PASSWORD);
+    let c = w.ctx(&format!("denied account\n{out}"));
+    out.expect_code(255, &c).expect_stdout("", &c);
+    w.logged(&["Failed password for", &name], "denied account");
+
+    let ghost = "skt-nosuch-account";
+    assert!(no_such_account(ghost));
+    let (script, _) = w.askpass(PASSWORD);
+    let out = ssh(w.d.port(), ghost, &w.fx.client_key)
+        .askpass(&script)
+        .opt("PubkeyAuthentication=no")
+        .opt("PreferredAuthentications=password")
+        .opt("NumberOfPasswordPrompts=1")
+        .args(&["id -un"])
+        .run();
+    let c = w.ctx(&format!("no such account\n{out}"));
+    out.expect_code(255, &c).expect_stdout("", &c);
+    w.logged(
+        &["Failed password for invalid user", ghost],
+        "no such account",
+    );
+}
+
+#[test]
+fn root_needs_permit_root_login_yes_for_a_password() {
+    if !can_run() {
+        return;
+    }
+    // pam_permit takes any password: only PermitRootLogin stands between.
+    let stack = "auth required pam_permit.so\naccount required pam_permit.so\n";
+    for (permit, logs_in) in [("prohibit-password", false), ("yes", true)] {
+        let w = World::new(stack, &format!("PermitRootLogin {permit}\n"));
+        let (script, _) = w.askpass(WRONG);
+        let out = ssh(w.d.port(), "root", &w.fx.client_key)
+            .askpass(&script)
+            .opt("PubkeyAuthentication=no")
+            .opt("PreferredAuthentications=password")
+            .opt("NumberOfPasswordPrompts=1")
+            .args(&["id -un"])
+            .run();
+        let c = w.ctx(&format!(
+            "root by password, PermitRootLogin {permit}\n{out}"
+        ));
+        if logs_in {
+            out.expect_code(0, &c).expect_stdout("root\n", &c);
+        } else {
+            out.expect_code(255, &c).expect_stdout("", &c);
+            w.logged(&["refusing root's password"], "prohibit-password");
+        }
+    }
+}
+
+#[test]
+fn empty_passwords_need_permit_empty_passwords() {
+    if !can_run() {
+        return;
+    }
+    let stack = "auth required pam_unix.so nullok\naccount required pam_unix.so\n";
+    for (permit, logs_in) in [("no", false), ("yes", true)] {
+        let w = World::new(stack, &format!("PermitEmptyPasswords {permit}\n"));
+        let name = w.name().to_string();
+        w.acct.admin(&["passwd", "-d", &name], || {
+            shadow_fields(&name).is_some_and(|f| f.get(1).is_some_and(|p| p.is_empty()))
+        });
+        // askpass_script prints its answer: an empty line is an empty
+        // password.
+        let dir = w.scratch.path().join(format!("empty-{permit}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("askpass.sh");
+        write_file(&script, "#!/bin/sh\necho\n", 0o755);
+        let out = ssh(w.d.port(), &name, &w.fx.client_key)
+            .askpass(&script)
+            .opt("PubkeyAuthentication=no")
+            .opt("PreferredAuthentications=password")
+            .opt("NumberOfPasswordPrompts=1")
+            .args(&["id -un"])
+            .run();
+        let c = w.ctx(&format!(
+            "empty password, PermitEmptyPasswords {permit}\n{out}"
+        ));
+        if logs_in {
+            out.expect_code(0, &c)
+                .expect_stdout(&format!("{name}\n"), &c);
+        } else {
+            out.expect_code(255, &c).expect_stdout("", &c);
+        }
+    }
+}
+
+#[test]
+fn without_use_pam_no_password_is_asked() {
+    if !can_run() {
+        return;
+    }
+    let w = World::new(UNIX_STACK, "");
+    // A second skiffd on the same keys, without UsePAM.
+    let plain = Skiffd::start(&w.fx.host_key, &w.fx.authorized_keys);
+    let (script, marker) = w.askpass(PASSWORD);
+    let out = ssh(plain.port(), w.name(), &w.fx.client_key)
+        .askpass(&script)
+        .opt("PubkeyAuthentication=no")
+        .opt("PreferredAuthentications=password,keyboard-interactive")
+        .args(&["id -un"])
+        .run();
+    let c = ctx(&plain, &format!("no UsePAM\n{out}"));
+    out.expect_code(255, &c).expect_stdout("", &c);
+    assert!(out.stderr.contains("Permission denied (publickey)"), "{c}");
+    assert!(questions(&marker).is_empty(), "{c}: nothing asked");
+}
+
+#[test]
+fn a_hung_module_holds_up_only_its_own_login() {
+    if !can_run() {
+        return;
+    }
+    // pam_exec waits for its program: this login hangs in PAM until
+    // LoginGraceTime ends the connection.
+    let stack = format!("auth required pam_exec.so /bin/sleep 40\n{UNIX_STACK}");
+    let w = World::new(&stack, "LoginGraceTime 8\n");
+    let name = w.name().to_string();
+    let (script, _) = w.askpass(PASSWORD);
+    let hung = {
+        let (port, name, key) = (w.d.port(), name.clone(), w.fx.client_key.clone());
+        std::thread::spawn(move || {
+            ssh(port, &name, &key)
+                .askpass(&script)
+                .opt("PubkeyAuthentication=no")
+                .opt("PreferredAuthentications=password")
+                .args(&["id -un"])
+                .timeout(Duration::from_secs(60))
+                .run()
+        })
+    };
+    // skiffd is inside PAM for that login once pam_exec's sleep runs.
+    let sleeping = wait_until(Duration::from_secs(20), || {
+        std::process::Command::new("pgrep")
+            .args(["-f", "^/bin/sleep 40$"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    assert!(
+        sleeping,
+        "{}",
+        w.ctx("the hung login never reached pam_exec")
+    );
+    // Meanwhile a key login on another connection goes through.
+    let out = ssh(w.d.port(), &name, &w.fx.client_key)
+        .args(&["id -un"])
+        .run();
+    let c = w.ctx(&format!("key login while PAM hangs\n{out}"));
+    out.expect_code(0, &c)
+        .expect_stdout(&format!("{name}\n"), &c);
+    // The hung one ends with the grace time, long before its module.
+    let hung = hung.join().expect("the hung login's thread");
+    let c = w.ctx(&format!("hung login\n{hung}"));
+    hung.expect_code(255, &c);
+    w.logged(&["login grace time (8s) expired"], "grace time");
+}
