@@ -1,6 +1,6 @@
 //! sshd_config keywords that skiffd accepts without acting on, so that a
 //! stock sshd_config (Debian's has `UsePAM yes`, `X11Forwarding yes`,
-//! `PrintMotd no`, `KbdInteractiveAuthentication no`) can be served as it
+//! `KbdInteractiveAuthentication no`) can be served as it
 //! is. Each is accepted only where ignoring it can never widen access:
 //! cosmetic and logging settings, and features skiffd never offers
 //! (passwords, X11, tunnels), whatever their value. Anything that would
@@ -30,8 +30,6 @@ const COSMETIC: &[&str] = &[
     "logverbose",
     "modulifile",
     "pidfile",
-    "printlastlog",
-    "printmotd",
     "protocol",
     "syslogfacility",
     "tcpkeepalive",
@@ -117,7 +115,10 @@ mod tests {
 
     #[test]
     fn debian_defaults_are_accepted() {
-        assert_eq!(verdict("printmotd", &["no"]), Some(Verdict::Fine));
+        assert_eq!(verdict("usedns", &["no"]), Some(Verdict::Fine));
+        // Read by the configuration: skiffd acts on them.
+        assert_eq!(verdict("printmotd", &["no"]), None);
+        assert_eq!(verdict("printlastlog", &["no"]), None);
         assert_eq!(
             verdict("kbdinteractiveauthentication", &["no"]),
             Some(Verdict::Fine)
