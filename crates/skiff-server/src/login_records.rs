@@ -1,7 +1,8 @@
 //! Login records as sshd keeps them for a session with a terminal (its
 //! loginrec.c and session.c's login messages): what goes in each field of
-//! the utmp/wtmp entry written when the session starts and ends, the
-//! lastlog file's record (its layout, read and written), and what an
+//! the utmp/wtmp entry written when the session starts and ends, and of the
+//! btmp entry of a login as an unknown user, the lastlog file's record
+//! (its layout, read and written), and what an
 //! interactive login is shown first (`PrintLastLog`'s "Last login:" line
 //! and `PrintMotd`'s /etc/motd, both hushed by `~/.hushlogin`). Pure: the
 //! files and glibc's utmpx calls are [`crate::login_writer`]'s.
@@ -29,7 +30,12 @@ pub enum Kind {
     Login,
     /// `DEAD_PROCESS` for the same line, when it has ended.
     Logout,
+    /// `LOGIN_PROCESS` in btmp: a failed login.
+    Failed,
 }
+
+/// The line btmp entries name, as sshd's do.
+pub const FAILED_LINE: &str = "ssh:notty";
 
 /// What is known of a session with a terminal when it starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,6 +138,32 @@ pub fn fields(login: &Login, kind: Kind, time: SystemTime) -> UtmpFields {
         };
     }
     entry
+}
+
+/// The btmp entry of a login as `user` that failed, from `addr`, seen by
+/// the server process `pid`: no terminal, so the line is
+/// [`FAILED_LINE`] and the id empty.
+pub fn failed_fields(user: &str, addr: Option<IpAddr>, pid: i32, time: SystemTime) -> UtmpFields {
+    let mut entry = fields(
+        &Login {
+            tty: FAILED_LINE.into(),
+            user: user.into(),
+            addr,
+            pid,
+        },
+        Kind::Login,
+        time,
+    );
+    entry.kind = Kind::Failed;
+    entry.id = [0; ID_SIZE];
+    entry
+}
+
+/// Whether a btmp file with this owner and mode may be written: it holds
+/// what people typed as their name (sometimes a password), so, as sshd
+/// insists, it must be root's and closed to others (and not executable).
+pub fn btmp_private(owner: u32, mode: u32) -> bool {
+    owner == 0 && mode & 0o017 == 0
 }
 
 /// One lastlog record: when, on which line and from where the account
@@ -338,6 +370,27 @@ mod tests {
         assert_eq!(e.line, [b'x'; LINE_SIZE]);
         let host: [u8; HOST_SIZE] = fixed("h".repeat(300).as_bytes());
         assert_eq!(text_of(&host).len(), HOST_SIZE);
+    }
+
+    #[test]
+    fn a_failed_login_names_no_terminal_and_needs_a_private_btmp() {
+        let e = failed_fields(
+            "mallory",
+            Some(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 9))),
+            77,
+            UNIX_EPOCH + Duration::from_secs(9),
+        );
+        assert_eq!(e.kind, Kind::Failed);
+        assert_eq!(text_of(&e.line), "ssh:notty");
+        assert_eq!(e.id, [0; ID_SIZE]);
+        assert_eq!(text_of(&e.user), "mallory");
+        assert_eq!(text_of(&e.host), "192.0.2.9");
+        assert_eq!((e.pid, e.seconds), (77, 9));
+        assert!(btmp_private(0, 0o100660));
+        assert!(btmp_private(0, 0o600));
+        assert!(!btmp_private(0, 0o664), "readable by others");
+        assert!(!btmp_private(0, 0o670), "executable by the group");
+        assert!(!btmp_private(1000, 0o600), "not root's");
     }
 
     #[test]

@@ -1,13 +1,14 @@
-//! Writes the login records [`crate::login_records`] builds: utmp and wtmp
-//! through glibc's utmpx calls (`pututxline`, `updwtmpx`) and the lastlog
-//! file directly, on one thread of their own, so that a slow or locked
+//! Writes the login records [`crate::login_records`] builds: utmp, wtmp and
+//! btmp through glibc's utmpx calls (`pututxline`, `updwtmpx`) and the
+//! lastlog file directly, on one thread of their own, so that a slow or locked
 //! file never holds up a login (glibc waits up to 10 s for the lock of a
 //! utmp file, and its utmp calls share process-wide state). Records are
 //! queued in order, a session's logout after its login. Also reads what an
 //! interactive login is shown first: the account's lastlog record, its
 //! `~/.hushlogin` and `/etc/motd`.
 //!
-//! As with sshd, a missing utmp, wtmp or lastlog file is not created, and
+//! As with sshd, a missing utmp, wtmp, btmp or lastlog file is not
+//! created, a btmp file others may read is not written, and
 //! nothing written here ever fails a login: the first failure of each kind
 //! is logged as a warning, later ones at debug level.
 
@@ -26,6 +27,7 @@ use crate::login_records::{self, Kind, LastLog, LocalTime, Login, UtmpFields};
 /// lastlog file.
 const UTMP: &str = "/var/run/utmp";
 const WTMP: &str = "/var/log/wtmp";
+const BTMP: &str = "/var/log/btmp";
 const LASTLOG: &str = "/var/log/lastlog";
 const MOTD: &str = "/etc/motd";
 /// The most of /etc/motd shown: it is a notice, not a transfer.
@@ -45,12 +47,13 @@ extern "C" {
 enum Failure {
     Utmp,
     Wtmp,
+    Btmp,
     Lastlog,
     Queue,
 }
 
 fn warn_once(failure: Failure, message: std::fmt::Arguments<'_>) {
-    static WARNED: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
+    static WARNED: [AtomicBool; 5] = [const { AtomicBool::new(false) }; 5];
     if WARNED[failure as usize].swap(true, Ordering::Relaxed) {
         tracing::debug!("login records: {message}");
     } else {
@@ -70,6 +73,7 @@ enum Job {
         login: Login,
         time: SystemTime,
     },
+    Failed(Box<UtmpFields>),
 }
 
 /// The writer's queue, its thread started at the first login.
@@ -140,10 +144,28 @@ pub fn record_login(login: Login, uid: u32) -> LoggedIn {
     LoggedIn { login: Some(login) }
 }
 
+/// Records a login as `user`, from `addr`, that failed (in btmp: sshd
+/// records one for a user name with no account).
+pub fn record_failed(user: &str, addr: Option<std::net::IpAddr>) {
+    let pid = i32::try_from(std::process::id()).unwrap_or(0);
+    send(Job::Failed(Box::new(login_records::failed_fields(
+        user,
+        addr,
+        pid,
+        SystemTime::now(),
+    ))));
+}
+
 fn write(job: Job) {
     let (login, kind, time) = match &job {
         Job::Login { login, time, .. } => (login, Kind::Login, *time),
         Job::Logout { login, time } => (login, Kind::Logout, *time),
+        Job::Failed(entry) => {
+            if let Err(e) = write_btmp(entry) {
+                warn_once(Failure::Btmp, format_args!("cannot write {BTMP}: {e}"));
+            }
+            return;
+        }
     };
     let entry = login_records::fields(login, kind, time);
     if let Err(e) = write_utmp(&entry) {
@@ -180,6 +202,7 @@ fn to_utmpx(entry: &UtmpFields) -> libc::utmpx {
     ut.ut_type = match entry.kind {
         Kind::Login => libc::USER_PROCESS,
         Kind::Logout => libc::DEAD_PROCESS,
+        Kind::Failed => libc::LOGIN_PROCESS,
     };
     ut.ut_pid = entry.pid;
     let copy = |to: &mut [libc::c_char], from: &[u8]| {
@@ -226,11 +249,29 @@ fn write_utmp(entry: &UtmpFields) -> io::Result<()> {
 fn write_wtmp(entry: &UtmpFields) -> io::Result<()> {
     // updwtmpx says nothing of failure: check first what can be checked.
     nix::unistd::access(WTMP, nix::unistd::AccessFlags::W_OK).map_err(io::Error::from)?;
+    append(WTMP, entry);
+    Ok(())
+}
+
+/// Appends the entry to a wtmp-format file (glibc locks it meanwhile).
+fn append(path: &str, entry: &UtmpFields) {
     let ut = to_utmpx(entry);
-    let path = CString::new(WTMP).expect("no NUL in the path");
+    let path = CString::new(path).expect("no NUL in the path");
     // SAFETY: `path` is a NUL-terminated string and `ut` a valid utmpx,
     // both alive for the call, which only reads them.
     unsafe { updwtmpx(path.as_ptr(), &ut) };
+}
+
+/// Appends the entry to btmp, which must exist and be private.
+fn write_btmp(entry: &UtmpFields) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(BTMP)?;
+    if !meta.is_file() || !login_records::btmp_private(meta.uid(), meta.mode()) {
+        return Err(io::Error::other(
+            "not a regular file of root's closed to others; not written",
+        ));
+    }
+    append(BTMP, entry);
     Ok(())
 }
 

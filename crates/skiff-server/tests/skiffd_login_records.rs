@@ -3,13 +3,13 @@
 //! `utmpdump`) and in lastlog (`lastlog`), as sshd's are; an interactive
 //! login is shown "Last login: ..." and /etc/motd (`PrintLastLog`,
 //! `PrintMotd`), except with `~/.hushlogin`; a command without a terminal
-//! writes no record. Stock `ssh` against a root skiffd, each test with
+//! writes no record; a login as an unknown user is in btmp (`lastb`). Stock `ssh` against a root skiffd, each test with
 //! accounts of its own.
 //!
-//! These use the system's own /var/run/utmp, /var/log/wtmp and
-//! /var/log/lastlog. skiffd, like sshd, creates none of them: a fresh
+//! These use the system's own /var/run/utmp, /var/log/wtmp, /var/log/btmp
+//! and /var/log/lastlog. skiffd, like sshd, creates none of them: a fresh
 //! container may lack utmp, so [`record_files`] makes any that is missing
-//! (root:utmp, 0664), as the system would at boot. /etc/motd is only read.
+//! (root:utmp, 0664; btmp 0660), as the system would at boot. /etc/motd is only read.
 //! Records are written off the session's path, so what must appear or go
 //! is waited for (bounded), never slept on.
 
@@ -25,6 +25,7 @@ use skiff_testkit::*;
 
 const UTMP: &str = "/var/run/utmp";
 const WTMP: &str = "/var/log/wtmp";
+const BTMP: &str = "/var/log/btmp";
 const LASTLOG: &str = "/var/log/lastlog";
 /// How long a record may take to appear: wide, records are written at once.
 const RECORD_WAIT: Duration = Duration::from_secs(30);
@@ -46,9 +47,14 @@ fn can_run() -> bool {
 }
 
 /// Makes the record files a booted system has, when missing: root:utmp
-/// (root's group where there is no utmp group), mode 0664.
+/// (root's group where there is no utmp group), mode 0664 (btmp 0660).
 fn record_files() {
-    for path in [UTMP, WTMP, LASTLOG] {
+    for (path, mode) in [
+        (UTMP, 0o664),
+        (WTMP, 0o664),
+        (LASTLOG, 0o664),
+        (BTMP, 0o660),
+    ] {
         if Path::new(path).exists() {
             continue;
         }
@@ -71,7 +77,7 @@ fn record_files() {
                 };
                 let chown = Command::new("chown").args([group, path]).status();
                 assert!(chown.is_ok_and(|s| s.success()), "chown {group} {path}");
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o664))
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
                     .unwrap_or_else(|e| panic!("chmod {path}: {e}"));
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -488,4 +494,28 @@ fn only_sessions_with_a_terminal_are_recorded_and_only_shells_are_told() {
         !out.stdout_str().contains("Last login: "),
         "{c}: a command is not told of the last login\n{out}"
     );
+}
+
+#[test]
+fn a_login_as_an_unknown_user_is_in_btmp() {
+    if !can_run() {
+        return;
+    }
+    record_files();
+    let name = format!("skt-nobody-{}", std::process::id());
+    assert!(no_such_account(&name), "{name} exists");
+    let fx = Fixture::new();
+    let d = Skiffd::start(&fx.host_key, &fx.authorized_keys);
+    let c = ctx(&d, &format!("{name}, who has no account"));
+    ssh(d.port(), &name, &fx.client_key)
+        .args(&["true"])
+        .run()
+        .expect_code(255, &c);
+    let failed = wait_for(&format!("{c}: in btmp"), || {
+        dump(BTMP).into_iter().find(|e| e.user == name)
+    });
+    assert_eq!(failed.kind, 6, "{c}: LOGIN_PROCESS: {failed:?}");
+    assert_eq!(failed.line, "ssh:notty", "{c}: {failed:?}");
+    assert_eq!(failed.host, "127.0.0.1", "{c}: {failed:?}");
+    assert_eq!(failed.pid, d.pid(), "{c}: skiffd's pid: {failed:?}");
 }
