@@ -145,6 +145,10 @@ pub struct Settings {
     /// `KbdInteractiveAuthentication` and `PermitEmptyPasswords`: see
     /// [`crate::pam_policy`].
     pub pam: crate::pam_policy::PamSettings,
+    /// `PrintMotd`, `PrintLastLog`: what an interactive login is shown
+    /// first (see [`crate::login_records`]); global only, as in sshd.
+    pub print_motd: bool,
+    pub print_last_log: bool,
     /// `ChrootDirectory`: the jail of a login's sessions, tokens (`%h`,
     /// `%u`, `%U`) unexpanded; see [`crate::chroot`].
     pub chroot_directory: Option<String>,
@@ -381,6 +385,8 @@ impl Default for Settings {
             force_command: None,
             permit_tty: true,
             pam: Default::default(),
+            print_motd: true,
+            print_last_log: true,
             chroot_directory: None,
             banner: None,
             required_rsa_size: 1024,
@@ -882,6 +888,8 @@ fn apply_line(
                 crate::auth_methods::AuthMethods::parse(&args).map_err(|e| err(e.to_string()))?
         }
         "strictmodes" => settings.strict_modes = parse_yes_no(one()?).map_err(err)?,
+        "printmotd" => settings.print_motd = parse_yes_no(one()?).map_err(err)?,
+        "printlastlog" => settings.print_last_log = parse_yes_no(one()?).map_err(err)?,
         "persourcemaxstartups" => {
             settings.per_source_max_startups = match one()? {
                 v if v.eq_ignore_ascii_case("none") => None,
@@ -1753,6 +1761,27 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.line, 2, "{e}");
+    }
+
+    #[test]
+    fn login_messages_default_on_and_global_only() {
+        let mut s = Settings::default();
+        assert!(s.print_motd && s.print_last_log);
+        apply_config_text(
+            &mut s,
+            "f",
+            "PrintMotd no\nPrintLastLog no\nPrintMotd yes\n",
+        )
+        .unwrap();
+        assert!(!s.print_motd, "the first value wins");
+        assert!(!s.print_last_log);
+        assert!(apply_config_text(&mut Settings::default(), "f", "PrintLastLog often\n").is_err());
+        for keyword in ["PrintMotd", "PrintLastLog"] {
+            let text = format!("Match User alice\n{keyword} no\n");
+            let e = apply_config_text(&mut Settings::default(), "f", &text).unwrap_err();
+            assert_eq!(e.line, 2, "{e}");
+            assert!(e.message.contains("inside a Match block"), "{e}");
+        }
     }
 
     #[test]

@@ -244,6 +244,8 @@ pub fn render(s: &Settings) -> String {
         "kbdinteractiveauthentication",
         yes_no(s.pam.keyboard_interactive),
     );
+    line("printmotd", yes_no(s.print_motd));
+    line("printlastlog", yes_no(s.print_last_log));
     line("x11forwarding", never_offered("x11forwarding"));
     line("permittty", yes_no(s.permit_tty));
     line("permituserrc", never_offered("permituserrc"));
@@ -471,6 +473,8 @@ mod tests {
             ("permitopen", "any"),
             ("maxchannelwindow", "64M"),
             ("dataplaneunencrypted", "loopback"),
+            ("printmotd", "yes"),
+            ("printlastlog", "yes"),
         ] {
             assert_eq!(values(&d, keyword), [value], "{keyword}\n{d}");
         }
@@ -493,7 +497,8 @@ mod tests {
              Ciphers aes128-gcm@openssh.com,aes256-ctr\nAllowUsers alice bob@10.0.0.0/8\n\
              SetEnv A=1 \"B=two words\"\nAuthorizedKeysCommand /usr/bin/keys %u %f\n\
              Subsystem netconf /usr/bin/netconf\nSubsystem off none\nRevokedKeys /a /b\n\
-             PerSourceNetBlockSize 24:64\nMaxChannelWindow 3000000\n",
+             PerSourceNetBlockSize 24:64\nMaxChannelWindow 3000000\n\
+             PrintMotd no\nPrintLastLog no\n",
         );
         for (keyword, expected) in [
             ("port", &["2022", "2023"][..]),
@@ -517,6 +522,8 @@ mod tests {
             ("revokedkeys", &["/a /b"]),
             ("persourcenetblocksize", &["24:64"]),
             ("maxchannelwindow", &["3000000"]),
+            ("printmotd", &["no"]),
+            ("printlastlog", &["no"]),
         ] {
             assert_eq!(values(&d, keyword), expected, "{keyword}\n{d}");
         }

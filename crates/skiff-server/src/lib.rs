@@ -38,7 +38,9 @@
 //! misbehaving (`PerSourcePenalties`); [`fd_budget`] keeps descriptors spare for work
 //! already taken on, which `descriptors` measures. [`auth_log`] words the
 //! login lines as sshd does; [`audit`] holds the records of the `AuditLog`
-//! and [`audit_writer`] appends them.
+//! and [`audit_writer`] appends them. [`login_records`] builds the utmp,
+//! wtmp and lastlog records of sessions with a terminal and what an
+//! interactive login is shown first, which `login_writer` writes and reads.
 
 pub mod access;
 pub mod account;
@@ -64,6 +66,8 @@ mod handler;
 pub mod hostkey;
 mod listener;
 pub mod log_file;
+pub mod login_records;
+mod login_writer;
 pub mod lookup_command;
 pub mod match_block;
 pub mod pam;

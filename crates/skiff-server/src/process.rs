@@ -78,6 +78,8 @@ pub struct Spawned {
     pub child: ChildProcess,
     pub pid: i32,
     pub io: ChildIo,
+    /// Its terminal's path (`/dev/pts/N`), when it has one.
+    pub tty: Option<String>,
 }
 
 /// Starts the process. Must be called from within a tokio runtime.
@@ -161,11 +163,13 @@ pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
     // program that gets the session's environment.
     let tty_name = pty
         .as_ref()
-        .filter(|_| start == session_env::Start::AsAccount)
         .and_then(|(_, slave)| nix::unistd::ttyname(slave).ok())
         .map(|path| path.to_string_lossy().into_owned());
     let mut env = session_env::exec_environment(start, &req.env);
-    if let Some(name) = &tty_name {
+    if let Some(name) = tty_name
+        .as_ref()
+        .filter(|_| start == session_env::Start::AsAccount)
+    {
         env.retain(|(k, _)| *k != "SSH_TTY");
         env.push(("SSH_TTY", name));
     }
@@ -220,7 +224,12 @@ pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
         }
     };
     let pid = child.id().map(|p| p as i32).unwrap_or(-1);
-    Ok(Spawned { child, pid, io })
+    Ok(Spawned {
+        child,
+        pid,
+        io,
+        tty: tty_name,
+    })
 }
 
 fn winsize(cols: u32, rows: u32, pw: u32, ph: u32) -> Winsize {

@@ -1,8 +1,8 @@
 //! sshd_config keywords that skiffd accepts without acting on, so that a
-//! stock sshd_config (Debian's has `X11Forwarding yes`, `PrintMotd no`)
-//! can be served as it is. Each is accepted only where ignoring it can
-//! never widen access: cosmetic and logging settings, and features skiffd
-//! never offers (X11, tunnels, GSSAPI), whatever their value. Anything that would
+//! stock sshd_config (Debian's has `X11Forwarding yes`) can be served as
+//! it is. Each is accepted only where ignoring it can never widen access:
+//! cosmetic and logging settings, and features skiffd never offers (X11,
+//! tunnels, GSSAPI), whatever their value. Anything that would
 //! narrow access if honoured, such as `PubkeyAuthentication no`, stays an
 //! error (`AuthenticationMethods` is skiffd's own: [`crate::auth_methods`]).
 //! Pure: no I/O.
@@ -29,8 +29,6 @@ const COSMETIC: &[&str] = &[
     "logverbose",
     "modulifile",
     "pidfile",
-    "printlastlog",
-    "printmotd",
     "protocol",
     "syslogfacility",
     "tcpkeepalive",
@@ -100,7 +98,10 @@ mod tests {
 
     #[test]
     fn debian_defaults_are_accepted() {
-        assert_eq!(verdict("printmotd", &["no"]), Some(Verdict::Fine));
+        assert_eq!(verdict("usedns", &["no"]), Some(Verdict::Fine));
+        // Read by the configuration: skiffd acts on them.
+        assert_eq!(verdict("printmotd", &["no"]), None);
+        assert_eq!(verdict("printlastlog", &["no"]), None);
         assert_eq!(
             verdict("gssapiauthentication", &["no"]),
             Some(Verdict::Fine)

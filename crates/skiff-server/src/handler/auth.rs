@@ -168,7 +168,10 @@ impl ConnectionHandler {
             Err(why) => {
                 match why {
                     CandidateRefusal::NoSuchUser => {
-                        tracing::info!("{}", auth_log::invalid_user(user, self.log.peer()))
+                        tracing::info!("{}", auth_log::invalid_user(user, self.log.peer()));
+                        // In btmp, as sshd records one (`lastb` shows it).
+                        let addr = self.log.peer().map(|p| p.ip());
+                        crate::login_writer::record_failed(user, addr);
                     }
                     CandidateRefusal::Other(why) => {
                         tracing::info!(peer = %self.peer, user, "refusing login: {why}")

@@ -158,8 +158,14 @@ impl ConnectionHandler {
                 self.logged_in(account, KeyOptions::default(), line, method, None)
                     .await
             }
-            (_, Err(e)) => {
+            (account, Err(e)) => {
                 tracing::debug!(peer = %self.peer, user, "PAM refused {method}: {e}");
+                // A wrong password is in btmp, as sshd records it (an
+                // unknown name is recorded when it is first seen).
+                if account.is_some() {
+                    let addr = self.log.peer().map(|p| p.ip());
+                    crate::login_writer::record_failed(user, addr);
+                }
                 self.refused()
             }
             // PAM let a name in that skiffd refuses (it does not exist, or

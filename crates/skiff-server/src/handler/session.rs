@@ -304,6 +304,7 @@ impl ConnectionHandler {
         };
         tracing::info!(peer = %self.peer, user = %auth.account.name, pid = spawned.pid,
             "session started{}", if command.is_some() { " (exec)" } else { " (shell)" });
+        let (login, greeting) = self.log_in(&auth.account, &spawned, command.is_some());
         let audit = self.session_audit(id, requested);
         let chan = self.channels.get_mut(&id).expect("checked above");
         let channel = chan.channel.take().expect("checked above");
@@ -321,6 +322,10 @@ impl ConnectionHandler {
         };
         let (control, control_rx) = tokio::sync::mpsc::unbounded_channel();
         session.channel_success(id)?;
+        if !greeting.is_empty() {
+            // Before anything the session's output sends.
+            session.data(id, greeting)?;
+        }
         let task = tokio::spawn(run_session_io(
             channel,
             spawned,
@@ -329,9 +334,59 @@ impl ConnectionHandler {
             queue,
             clock,
             audit,
+            login,
         ));
         chan.running = Some(Running { control, task, pty });
         Ok(())
+    }
+
+    /// A session with a terminal is a login, as sshd records one (utmp,
+    /// wtmp, lastlog; the logout when the returned value is dropped), and
+    /// a shell on it (no `command`) is shown what `PrintLastLog` and
+    /// `PrintMotd` ask for first, unless the account has `~/.hushlogin`.
+    fn log_in(
+        &self,
+        account: &Account,
+        spawned: &process::Spawned,
+        command: bool,
+    ) -> (Option<crate::login_writer::LoggedIn>, Vec<u8>) {
+        use crate::{login_records, login_writer};
+        let Some(tty) = &spawned.tty else {
+            return (None, Vec::new());
+        };
+        let settings = self.settings();
+        let wanted = login_records::Greeting {
+            last_login: settings.print_last_log,
+            motd: settings.print_motd,
+        };
+        let greets = (wanted.last_login || wanted.motd)
+            && login_records::greets(true, command, || login_writer::hushed(&account.home));
+        // Read before this login replaces it.
+        let last = (greets && wanted.last_login)
+            .then(|| login_writer::last_login(account.uid))
+            .flatten();
+        let login = login_writer::record_login(
+            login_records::Login {
+                tty: tty.clone(),
+                user: account.name.clone(),
+                addr: (!self.peer_unknown).then(|| self.peer.ip()),
+                pid: spawned.pid,
+            },
+            account.uid,
+        );
+        if !greets {
+            return (Some(login), Vec::new());
+        }
+        let when = last
+            .as_ref()
+            .and_then(|l| login_writer::local_time(l.time).map(|t| login_records::ctime_text(&t)));
+        let motd = wanted.motd.then(login_writer::motd).flatten();
+        let text = login_records::greeting_text(
+            wanted,
+            last.as_ref().zip(when.as_deref()),
+            motd.as_deref(),
+        );
+        (Some(login), text)
     }
 
     /// What the audit log will say of the session starting on `id`

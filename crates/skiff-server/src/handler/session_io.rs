@@ -106,6 +106,7 @@ impl ConnectionHandler {
 
 /// Moves bytes between the channel and the process until both ends are done,
 /// then reports the exit status (or signal) and closes the channel.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn run_session_io(
     channel: Channel<Msg>,
     spawned: process::Spawned,
@@ -114,6 +115,7 @@ pub(super) async fn run_session_io(
     queue: Arc<crate::queue_budget::ChannelQueue>,
     clock: Arc<crate::channel_idle::ChannelClock>,
     audit: Option<SessionAudit>,
+    login: Option<crate::login_writer::LoggedIn>,
 ) {
     use crate::channel_io::{forward_output, spawn_input};
     let bytes_out = Arc::new(AtomicU64::new(0));
@@ -214,8 +216,10 @@ pub(super) async fn run_session_io(
         }
     };
     let status = supervise(&mut child, output, &mut control, &mut flow, pty, &clock).await;
-    // The session is over: its terminal goes back to whoever had it, as
-    // with sshd, before the client hears the exit status.
+    // The session is over: its logout is recorded, and its terminal goes
+    // back to whoever had it, as with sshd, before the client hears the
+    // exit status.
+    drop(login);
     if let Some(terminal) = terminal {
         terminal.give_back();
     }
