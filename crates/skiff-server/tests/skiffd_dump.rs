@@ -70,7 +70,7 @@ const DIFFERENT_DEFAULTS: &[(&str, &str)] = &[
     ("macs", "the same: no umac, no SHA-1 by default"),
     ("kexalgorithms", "skiffd has no sntrup761 nor group exchange, and leaves NIST curves out by default"),
     ("hostkeyalgorithms", "skiffd signs with plain keys (no -cert or sk- names)"),
-    ("pubkeyacceptedalgorithms", "skiffd has no security-key (sk-) user keys"),
+    ("pubkeyacceptedalgorithms", "skiffd lists each key type beside its certificate type, in another order"),
     ("passwordauthentication", "skiffd never offers passwords"),
     ("kbdinteractiveauthentication", "skiffd never offers keyboard-interactive"),
     ("permituserrc", "skiffd never runs ~/.ssh/rc"),

@@ -25,6 +25,7 @@
 //!   the [`Fixture`];
 //! * `run`: running a program, bounded, with captured output;
 //! * `ssh_client`: OpenSSH's `ssh`, `ssh-agent` and `sftp`;
+//! * `security_keys`: security keys made with a software key library;
 //! * `skiff_client`: `skiff exec`, a client HOME, a test's skiff agent;
 //! * `daemon`, `sshd`, `skiffd`: the servers the tests talk to;
 //! * `checks`: assertions on what a login sees.
@@ -38,12 +39,13 @@ mod environment;
 mod files;
 mod keys;
 mod run;
+mod security_keys;
 mod skiff_client;
 mod skiffd;
 mod ssh_client;
 mod sshd;
 
 pub use self::{
-    accounts::*, checks::*, daemon::*, environment::*, files::*, keys::*, run::*, skiff_client::*,
-    skiffd::*, ssh_client::*, sshd::*,
+    accounts::*, checks::*, daemon::*, environment::*, files::*, keys::*, run::*, security_keys::*,
+    skiff_client::*, skiffd::*, ssh_client::*, sshd::*,
 };
