@@ -8,7 +8,9 @@
 //! accepted (a key file is offered by its public half). A key's user
 //! certificates (its
 //! `KEY-cert.pub`, a `CertificateFile`, or one the agent holds) are offered
-//! just before the key itself.
+//! just before the key itself. Security keys (FIDO, `sk-`) sign only
+//! through ssh-agent: a security-key file the agent does not hold is not
+//! offered, and the error says how to load it there.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -102,8 +104,9 @@ impl Attempts {
             .is_none_or(|m| m.contains(&MethodKind::PublicKey))
     }
 
-    /// What became of the keys offered.
-    fn describe_keys(&self) -> String {
+    /// What became of the keys offered; `passed_over`: some key was
+    /// left out, with a note saying why.
+    fn describe_keys(&self, passed_over: bool) -> String {
         let remaining = self.remaining_names();
         let keys_partial: Vec<&String> = self
             .partial
@@ -144,7 +147,9 @@ impl Attempts {
                 remaining.as_deref().unwrap_or("other methods")
             );
         }
-        if self.tried.is_empty() {
+        if self.tried.is_empty() && passed_over {
+            "no usable key".to_string()
+        } else if self.tried.is_empty() {
             "no usable key (no ssh-agent keys, no readable identity files)".to_string()
         } else {
             format!("the server accepted none of: {}", self.tried.join(", "))
@@ -164,10 +169,10 @@ impl Attempts {
     /// The error's text after "authentication failed (METHODS): ": what
     /// each method tried came to, then why each other method the server
     /// takes was not tried (`untried`).
-    fn describe(&self, untried: &[String]) -> String {
+    fn describe(&self, untried: &[String], passed_over: bool) -> String {
         let mut parts = Vec::new();
         if self.methods.contains(&AuthMethod::PublicKey) {
-            parts.push(self.describe_keys());
+            parts.push(self.describe_keys(passed_over));
         }
         let others_partial: Vec<&str> = self
             .partial
@@ -352,12 +357,14 @@ pub async fn authenticate<H: Handler>(
             tried.join(",")
         )
     };
-    msg.push_str(&attempts.describe(&untried));
+    msg.push_str(&attempts.describe(&untried, !notes.is_empty()));
     for n in &notes {
         msg.push_str("; ");
         msg.push_str(n);
     }
-    if attempts.methods == [AuthMethod::PublicKey] {
+    // Where no key was offered for a reason given, the reason says it all.
+    let only_passed_over = attempts.tried.is_empty() && !notes.is_empty();
+    if attempts.methods == [AuthMethod::PublicKey] && !only_passed_over {
         msg.push_str("; check the key is in the account's authorized_keys, or pass -i KEY");
     }
     let err = SkiffError::new(ErrorKind::Auth, msg);
@@ -600,6 +607,24 @@ impl russh::Signer for CertifiedKeySigner<'_> {
     }
 }
 
+/// Whether keys of `alg` are security keys (FIDO, `sk-`), which only their
+/// authenticator can sign with.
+fn is_security_key(alg: &Algorithm) -> bool {
+    matches!(alg, Algorithm::SkEd25519 | Algorithm::SkEcdsaSha2NistP256)
+}
+
+/// What to do with the security-key file at `path` that ssh-agent does not
+/// hold: load it there (with the configured `SecurityKeyProvider`).
+fn security_key_file_note(path: &Path, provider: Option<&str>) -> String {
+    let provider = provider.map(|p| format!("-S {p} ")).unwrap_or_default();
+    format!(
+        "{} is a security-key (FIDO) key, which skiff signs with only through ssh-agent: \
+         load it there with `ssh-add {provider}{}`",
+        path.display(),
+        path.display()
+    )
+}
+
 /// Offers `cert` for `settings.user`, signing with `signer`. `Ok(true)`:
 /// authenticated. Errors are notes for the summary.
 async fn offer_certificate<H: Handler, S: russh::Signer>(
@@ -802,6 +827,16 @@ async fn publickey<H: Handler>(
                 };
                 if let Some(why) = rsa_too_small(settings, &public) {
                     notes.push(format!("{}: {why}", path.display()));
+                    continue;
+                }
+                if is_security_key(&public.algorithm()) {
+                    // Only the agent (through its FIDO middleware) can sign
+                    // with it: not offered, so nobody is asked to touch a
+                    // key for nothing.
+                    notes.push(security_key_file_note(
+                        &path,
+                        settings.security_key_provider.as_deref(),
+                    ));
                     continue;
                 }
                 let hash = match signature_hash(&public.algorithm(), &mut rsa_hash, handle).await {
@@ -1074,6 +1109,17 @@ mod tests {
     }
 
     #[test]
+    fn security_key_files_say_to_use_the_agent() {
+        assert!(is_security_key(&Algorithm::SkEd25519));
+        assert!(is_security_key(&Algorithm::SkEcdsaSha2NistP256));
+        assert!(!is_security_key(&Algorithm::Ed25519));
+        let plain = security_key_file_note(Path::new("/h/.ssh/id_ed25519_sk"), None);
+        assert!(plain.contains("`ssh-add /h/.ssh/id_ed25519_sk`"), "{plain}");
+        let with = security_key_file_note(Path::new("k"), Some("/usr/lib/sk.so"));
+        assert!(with.contains("`ssh-add -S /usr/lib/sk.so k`"), "{with}");
+    }
+
+    #[test]
     fn default_identities_are_recognised() {
         assert!(is_default_identity(Path::new("/home/u/.ssh/id_ed25519")));
         assert!(!is_default_identity(Path::new("/home/u/keys/id_ed25519")));
@@ -1089,12 +1135,12 @@ mod tests {
         let mut a = Attempts::default();
         a.trying(AuthMethod::PublicKey);
         assert_eq!(
-            a.describe(&[]),
+            a.describe(&[], false),
             "no usable key (no ssh-agent keys, no readable identity files)"
         );
         a.offering("k1".into());
         a.answered(methods(&[MethodKind::PublicKey]), false);
-        assert_eq!(a.describe(&[]), "the server accepted none of: k1");
+        assert_eq!(a.describe(&[], false), "the server accepted none of: k1");
 
         // A first step accepted, nothing else to offer.
         let mut a = Attempts::default();
@@ -1103,13 +1149,13 @@ mod tests {
         a.answered(methods(&[MethodKind::PublicKey]), true);
         assert!(a.keys_may_go_on());
         assert_eq!(
-            a.describe(&[]),
+            a.describe(&[], false),
             "the server accepted k1 as one step but requires more (it goes on with: publickey), and skiff had no other key to offer"
         );
         a.offering("k2".into());
         a.answered(methods(&[MethodKind::PublicKey]), false);
         assert!(a
-            .describe(&[])
+            .describe(&[], false)
             .ends_with("accepted none of the other keys: k2"));
 
         // A first step accepted, the next one a password refused.
@@ -1127,7 +1173,7 @@ mod tests {
             "password refused 3 times".into(),
         );
         assert_eq!(
-            a.describe(&[]),
+            a.describe(&[], false),
             "the server accepted k1 as one step but requires more (it goes on with: password); password refused 3 times"
         );
 
@@ -1138,7 +1184,7 @@ mod tests {
         a.offering("k1".into());
         a.answered(methods(&[MethodKind::Password]), false);
         assert_eq!(
-            a.describe(&["password: BatchMode is on".into()]),
+            a.describe(&["password: BatchMode is on".into()], false),
             "the server takes no public key here (it takes: password); password: BatchMode is on"
         );
 
@@ -1148,7 +1194,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            a.describe(&["publickey: PubkeyAuthentication is off for this host".into()]),
+            a.describe(&["publickey: PubkeyAuthentication is off for this host".into()], false),
             "nothing to try (the server takes: publickey); publickey: PubkeyAuthentication is off for this host"
         );
     }

@@ -52,6 +52,10 @@ pub struct ConnectSettings {
     pub(crate) pre_auth_gate: Option<Arc<crate::busy::Gate>>,
     /// None means no agent (IdentityAgent none, or SSH_AUTH_SOCK unset).
     pub identity_agent: Option<PathBuf>,
+    /// `SecurityKeyProvider`, as given (`internal`: none): skiff
+    /// signs with security keys only through ssh-agent and names it in the
+    /// `ssh-add` command it suggests for a key file it cannot use.
+    pub security_key_provider: Option<String>,
     /// `RequiredRSASize`: the fewest bits an RSA host key or identity may
     /// have (default 1024, as ssh).
     pub required_rsa_size: u32,
@@ -756,6 +760,10 @@ impl Resolver {
             certificate_files,
             identities_only: cfg.identities_only.unwrap_or(false),
             identity_agent,
+            security_key_provider: cfg
+                .security_key_provider
+                .clone()
+                .filter(|p| p != "internal"),
             forward_agent,
             required_rsa_size: cfg.required_rsa_size.unwrap_or(1024),
             user_known_hosts,

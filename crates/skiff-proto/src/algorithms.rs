@@ -77,6 +77,16 @@ const UNIMPLEMENTED_SERVER_KEYS: &[&str] = &[
     "webauthn-sk-ecdsa-sha2-nistp256@openssh.com",
 ];
 
+/// User key signature algorithms OpenSSH has that skiffd does not accept:
+/// DSA, RSA with SHA-1, and WebAuthn signatures.
+const UNIMPLEMENTED_SERVER_PUBKEY: &[&str] = &[
+    "ssh-dss",
+    "ssh-dss-cert-v01@openssh.com",
+    "ssh-rsa",
+    "ssh-rsa-cert-v01@openssh.com",
+    "webauthn-sk-ecdsa-sha2-nistp256@openssh.com",
+];
+
 /// Host key algorithms the client leaves out. Certificate names change
 /// nothing: skiff asks for host certificates whenever known_hosts trusts a
 /// CA for the host (`@cert-authority`), of the types the list names.
@@ -188,7 +198,9 @@ pub const CA_SIGNATURE: AlgorithmList = AlgorithmList {
 
 /// The signature algorithms skiffd accepts from user keys and user
 /// certificates (`PubkeyAcceptedAlgorithms` in its configuration). RSA
-/// with SHA-1 (`ssh-rsa`) is not supported at all.
+/// with SHA-1 (`ssh-rsa`) is not supported at all. Security keys (`sk-`)
+/// are in the list, as in sshd's; what their signatures must show is
+/// skiffd's `security_keys`.
 pub const SERVER_PUBKEY: AlgorithmList = AlgorithmList {
     keyword: "PubkeyAcceptedAlgorithms",
     default: &[
@@ -200,13 +212,17 @@ pub const SERVER_PUBKEY: AlgorithmList = AlgorithmList {
         "ecdsa-sha2-nistp384-cert-v01@openssh.com",
         "ecdsa-sha2-nistp521",
         "ecdsa-sha2-nistp521-cert-v01@openssh.com",
+        "sk-ssh-ed25519@openssh.com",
+        "sk-ssh-ed25519-cert-v01@openssh.com",
+        "sk-ecdsa-sha2-nistp256@openssh.com",
+        "sk-ecdsa-sha2-nistp256-cert-v01@openssh.com",
         "rsa-sha2-512",
         "rsa-sha2-512-cert-v01@openssh.com",
         "rsa-sha2-256",
         "rsa-sha2-256-cert-v01@openssh.com",
     ],
     more: &[],
-    unimplemented: UNIMPLEMENTED_SERVER_KEYS,
+    unimplemented: UNIMPLEMENTED_SERVER_PUBKEY,
 };
 
 /// What a CA may have signed a user certificate with, for skiffd

@@ -311,6 +311,7 @@ enum Directive {
     CertificateFile(String),
     IdentitiesOnly(bool),
     IdentityAgent(String),
+    SecurityKeyProvider(String),
     UserKnownHostsFile(Vec<String>),
     GlobalKnownHostsFile(Vec<String>),
     StrictHostKeyChecking(StrictHostKeyChecking),
@@ -423,6 +424,7 @@ enum Kw {
     CertificateFile,
     IdentitiesOnly,
     IdentityAgent,
+    SecurityKeyProvider,
     UserKnownHostsFile,
     GlobalKnownHostsFile,
     StrictHostKeyChecking,
@@ -493,6 +495,7 @@ const SUPPORTED: &[(&str, Kw)] = &[
     ("CertificateFile", Kw::CertificateFile),
     ("IdentitiesOnly", Kw::IdentitiesOnly),
     ("IdentityAgent", Kw::IdentityAgent),
+    ("SecurityKeyProvider", Kw::SecurityKeyProvider),
     ("UserKnownHostsFile", Kw::UserKnownHostsFile),
     ("GlobalKnownHostsFile", Kw::GlobalKnownHostsFile),
     ("StrictHostKeyChecking", Kw::StrictHostKeyChecking),
@@ -610,7 +613,6 @@ const IGNORED: &[&str] = &[
     "RekeyLimit",
     "RhostsRSAAuthentication",
     "RSAAuthentication",
-    "SecurityKeyProvider",
     "SKeyAuthentication",
     "SmartcardDevice",
     "SyslogFacility",
@@ -987,6 +989,7 @@ fn parse_directive(kw: Kw, name: &'static str, args: Vec<String>) -> Result<Dire
         Kw::CertificateFile => Directive::CertificateFile(single(name, args)?),
         Kw::IdentitiesOnly => Directive::IdentitiesOnly(parse_flag(name, &single(name, args)?)?),
         Kw::IdentityAgent => Directive::IdentityAgent(single(name, args)?),
+        Kw::SecurityKeyProvider => Directive::SecurityKeyProvider(single(name, args)?),
         Kw::UserKnownHostsFile => Directive::UserKnownHostsFile(known_hosts_files(name, args)?),
         Kw::GlobalKnownHostsFile => Directive::GlobalKnownHostsFile(known_hosts_files(name, args)?),
         Kw::StrictHostKeyChecking => {
@@ -1442,6 +1445,10 @@ pub struct HostConfig {
     pub identities_only: Option<bool>,
     /// Unexpanded; may be `none` or `SSH_AUTH_SOCK`.
     pub identity_agent: Option<String>,
+    /// `SecurityKeyProvider`: the FIDO middleware ssh would load. skiff
+    /// signs with security keys only through ssh-agent, and names it when
+    /// saying how to load such a key there.
+    pub security_key_provider: Option<String>,
     /// Unexpanded; `Some(vec![])` means `none`.
     pub user_known_hosts_files: Option<Vec<String>>,
     /// Unexpanded; `Some(vec![])` means `none`.
@@ -1896,6 +1903,7 @@ impl Resolver<'_, '_, '_> {
             }
             Directive::IdentitiesOnly(v) => first(&mut cfg.identities_only, v),
             Directive::IdentityAgent(v) => first(&mut cfg.identity_agent, v),
+            Directive::SecurityKeyProvider(v) => first(&mut cfg.security_key_provider, v),
             Directive::UserKnownHostsFile(v) => first(&mut cfg.user_known_hosts_files, v),
             Directive::GlobalKnownHostsFile(v) => first(&mut cfg.global_known_hosts_files, v),
             Directive::StrictHostKeyChecking(v) => first(&mut cfg.strict_host_key_checking, v),
@@ -2202,6 +2210,17 @@ mod tests {
 
     fn parse_err(text: &str) -> String {
         parse("cfg", text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn security_key_provider_is_read_first_value_wins() {
+        let cfg = res(
+            "Host h\n  SecurityKeyProvider /usr/lib/sk.so\nHost *\n  SecurityKeyProvider internal\n",
+            "h",
+        );
+        assert_eq!(cfg.security_key_provider.as_deref(), Some("/usr/lib/sk.so"));
+        assert_eq!(res("", "h").security_key_provider, None);
+        assert!(parse_err("SecurityKeyProvider\n").contains("cfg:1"));
     }
 
     fn opts(list: &[&str]) -> Vec<String> {

@@ -6,9 +6,11 @@
 //! options restrict the session) or by the server's `TrustedUserCAKeys`;
 //! when it names the account among its principals (or, on a
 //! `cert-authority` line with `principals=`, one of those); and when every
-//! critical option is one the server enforces: `force-command` and
-//! `source-address`. Its extensions grant what they name: a session without
-//! `permit-pty` gets no terminal, and so on.
+//! critical option is one the server enforces: `force-command`,
+//! `source-address` and `verify-required`. Its extensions grant what they
+//! name: a session without `permit-pty` gets no terminal, and so on;
+//! `no-touch-required` waives a security key's touch where the line that
+//! admitted the certificate (if any) waives it too.
 //!
 //! The caller has already checked the CA's signature over the certificate,
 //! its validity period and the client's signature with the certified key.
@@ -158,6 +160,10 @@ pub fn admit(
                 }
                 _ => options.command = Some(value.clone()),
             },
+            // A security key's signature must show user verification
+            // (checked by the server with the signature; for other keys,
+            // as in sshd, it asks nothing).
+            "verify-required" => options.verify_required = true,
             "source-address" => {
                 let blocks: Vec<String> = value.split(',').map(|b| b.trim().to_owned()).collect();
                 let well_formed = blocks
@@ -177,6 +183,11 @@ pub fn admit(
         }
     }
     let has = |e: &str| cert.extensions.iter().any(|x| x == e);
+    // A security key may sign without a touch only where both the
+    // certificate (its `no-touch-required` extension) and the line that
+    // admitted it, if any, allow it, as sshd merges them.
+    options.no_touch_required = has("no-touch-required")
+        && (authority == Authority::TrustedUserCaKeys || options.no_touch_required);
     options.no_pty |= !has("permit-pty");
     options.no_port_forwarding |= !has("permit-port-forwarding");
     options.no_agent_forwarding |= !has("permit-agent-forwarding");
@@ -420,7 +431,37 @@ mod tests {
         assert!(admit_with("", &trusted, "alice", &c.view()).is_err());
 
         c.critical = vec![("verify-required".into(), String::new())];
+        let (options, _) = admit_with("", &trusted, "alice", &c.view()).unwrap();
+        assert!(options.verify_required);
+        c.critical = vec![("no-such-option".into(), String::new())];
         let err = admit_with("", &trusted, "alice", &c.view()).unwrap_err();
         assert!(err.contains("does not enforce"), "{err}");
+    }
+
+    #[test]
+    fn no_touch_required_needs_the_certificate_and_the_line() {
+        let trusted = key_line("", &blob(1));
+        let mut c = Cert::new(&["alice"]);
+        let (options, _) = admit_with("", &trusted, "alice", &c.view()).unwrap();
+        assert!(!options.no_touch_required && !options.verify_required);
+        c.extensions.push("no-touch-required".into());
+        // TrustedUserCAKeys: the certificate alone says it.
+        let (options, _) = admit_with("", &trusted, "alice", &c.view()).unwrap();
+        assert!(options.no_touch_required);
+        // A cert-authority line must say it too.
+        let line = key_line("cert-authority", &c.ca);
+        let (options, _) = admit_with(&line, "", "alice", &c.view()).unwrap();
+        assert!(!options.no_touch_required);
+        let line = key_line("cert-authority,no-touch-required", &c.ca);
+        let (options, _) = admit_with(&line, "", "alice", &c.view()).unwrap();
+        assert!(options.no_touch_required);
+        // The line alone does not.
+        c.extensions.retain(|e| e != "no-touch-required");
+        let (options, _) = admit_with(&line, "", "alice", &c.view()).unwrap();
+        assert!(!options.no_touch_required);
+        // verify-required on the line stays.
+        let line = key_line("cert-authority,verify-required", &c.ca);
+        let (options, _) = admit_with(&line, "", "alice", &c.view()).unwrap();
+        assert!(options.verify_required);
     }
 }

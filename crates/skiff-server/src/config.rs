@@ -43,6 +43,9 @@ pub struct Settings {
     /// `PubkeyAcceptedAlgorithms`: the signature algorithms user keys and
     /// certificates may use.
     pub pubkey_algorithms: Vec<String>,
+    /// `PubkeyAuthOptions`: what every security-key signature must show
+    /// (see [`crate::security_keys`]).
+    pub pubkey_auth_options: crate::security_keys::PubkeyAuthOptions,
     /// `CASignatureAlgorithms`: what a user certificate's CA may have
     /// signed it with.
     pub ca_signature_algorithms: Vec<String>,
@@ -400,6 +403,7 @@ impl Default for Settings {
             ciphers: algorithms::SERVER_CIPHERS.defaults(),
             macs: algorithms::SERVER_MACS.defaults(),
             pubkey_algorithms: algorithms::SERVER_PUBKEY.defaults(),
+            pubkey_auth_options: Default::default(),
             ca_signature_algorithms: algorithms::SERVER_CA_SIGNATURE.defaults(),
         }
     }
@@ -767,6 +771,10 @@ fn apply_line(
         "pubkeyacceptedalgorithms" | "pubkeyacceptedkeytypes" => {
             settings.pubkey_algorithms =
                 algorithm_list(&algorithms::SERVER_PUBKEY, one()?, settings)?
+        }
+        "pubkeyauthoptions" => {
+            settings.pubkey_auth_options = crate::security_keys::PubkeyAuthOptions::parse(&args)
+                .map_err(|e| err(e.to_string()))?
         }
         "casignaturealgorithms" => {
             settings.ca_signature_algorithms =

@@ -318,6 +318,7 @@ pub fn render(s: &Settings) -> String {
     );
     line("hostkeyalgorithms", &s.host_key_algorithms.join(","));
     line("pubkeyacceptedalgorithms", &s.pubkey_algorithms.join(","));
+    line("pubkeyauthoptions", &s.pubkey_auth_options.dump());
     line(
         "loglevel",
         s.log_level.unwrap_or(crate::config::LogLevel::Info).name(),

@@ -27,7 +27,8 @@
 //! mode-checked, off the async workers); `account_fs` connects to and makes
 //! Unix sockets with an account's rights; `sshd_only` rules on sshd
 //! keywords skiffd accepts without acting on; [`auth_methods`] is the
-//! `AuthenticationMethods` policy. [`queue_budget`] counts the
+//! `AuthenticationMethods` policy, [`security_keys`] what a security key's
+//! signature must show (`PubkeyAuthOptions`). [`queue_budget`] counts the
 //! memory held for peers (`MaxConnectionQueue`, `MaxServerQueue`) and
 //! `channel_io` moves channel bytes with it counted. [`channel_timeout`]
 //! says how long a channel may go without traffic (`ChannelTimeout`), and
@@ -78,6 +79,7 @@ mod process;
 mod pty_owner;
 pub mod queue_budget;
 pub mod rekey_limit;
+pub mod security_keys;
 mod server_state;
 pub mod session_env;
 pub mod sftp;

@@ -45,6 +45,7 @@ pub const ALLOWED_IN_MATCH: &[&str] = &[
     "permituserenvironment",
     "pubkeyacceptedalgorithms",
     "pubkeyacceptedkeytypes",
+    "pubkeyauthoptions",
     "rekeylimit",
     "revokedkeys",
     "setenv",

@@ -70,7 +70,7 @@ const DIFFERENT_DEFAULTS: &[(&str, &str)] = &[
     ("macs", "the same: no umac, no SHA-1 by default"),
     ("kexalgorithms", "skiffd has no sntrup761 nor group exchange, and leaves NIST curves out by default"),
     ("hostkeyalgorithms", "skiffd signs with plain keys (no -cert or sk- names)"),
-    ("pubkeyacceptedalgorithms", "skiffd has no security-key (sk-) user keys"),
+    ("pubkeyacceptedalgorithms", "skiffd lists each key type beside its certificate type, in another order"),
     ("permituserrc", "skiffd never runs ~/.ssh/rc"),
     ("rekeylimit", "skiffd re-keys after 1 GiB or an hour by default; sshd after a cipher-dependent amount, with no time limit"),
 ];

@@ -19,6 +19,10 @@ pub enum KeyType {
     Ed25519,
     Rsa,
     Ecdsa,
+    /// Security keys, made with the software key (see
+    /// [`crate::sk_keygen`]); not in [`KeyType::ALL`].
+    Ed25519Sk,
+    EcdsaSk,
 }
 
 impl KeyType {
@@ -27,6 +31,8 @@ impl KeyType {
             KeyType::Ed25519 => "ed25519",
             KeyType::Rsa => "rsa",
             KeyType::Ecdsa => "ecdsa",
+            KeyType::Ed25519Sk => "ed25519-sk",
+            KeyType::EcdsaSk => "ecdsa-sk",
         }
     }
 

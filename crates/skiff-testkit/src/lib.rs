@@ -25,6 +25,7 @@
 //!   the [`Fixture`];
 //! * `run`: running a program, bounded, with captured output;
 //! * `ssh_client`: OpenSSH's `ssh`, `ssh-agent` and `sftp`;
+//! * `security_keys`: security keys made with a software key library;
 //! * `skiff_client`: `skiff exec`, a client HOME, a test's skiff agent;
 //! * `daemon`, `sshd`, `skiffd`: the servers the tests talk to;
 //! * `checks`: assertions on what a login sees.
@@ -39,6 +40,7 @@ mod files;
 mod keys;
 mod pam_service;
 mod run;
+mod security_keys;
 mod skiff_client;
 mod skiffd;
 mod ssh_client;
@@ -46,5 +48,5 @@ mod sshd;
 
 pub use self::{
     accounts::*, checks::*, daemon::*, environment::*, files::*, keys::*, pam_service::*, run::*,
-    skiff_client::*, skiffd::*, ssh_client::*, sshd::*,
+    security_keys::*, skiff_client::*, skiffd::*, ssh_client::*, sshd::*,
 };

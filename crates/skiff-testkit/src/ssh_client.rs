@@ -182,12 +182,20 @@ pub struct Agent {
 
 impl Agent {
     pub fn start() -> Agent {
+        Self::start_with(&[], &[])
+    }
+
+    /// `ssh-agent -D -a SOCK ARGS...`, with `env` set for it (and the
+    /// helpers it runs).
+    pub fn start_with(args: &[&str], env: &[(&str, &str)]) -> Agent {
         let dir = tempdir();
         let sock = dir.path().join("agent.sock");
         let child = Command::new("ssh-agent")
             .arg("-D")
             .arg("-a")
             .arg(&sock)
+            .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -241,6 +249,15 @@ impl Agent {
         let path = key.private.to_string_lossy().into_owned();
         self.ssh_add(&[&path], Some(askpass))
             .expect_code(0, "ssh-add encrypted key");
+    }
+
+    /// `ssh-add -S PROVIDER KEY`: a security key (unencrypted), signed
+    /// with by the agent through the FIDO middleware `provider`.
+    pub fn add_security_key(&self, key: &Key, provider: &Path) {
+        let path = key.private.to_string_lossy().into_owned();
+        let provider = provider.to_string_lossy().into_owned();
+        self.ssh_add(&["-S", &provider, &path], None)
+            .expect_code(0, "ssh-add -S security key");
     }
 
     /// `ssh-add -L`: the public keys the agent holds.

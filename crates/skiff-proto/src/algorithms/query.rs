@@ -57,8 +57,22 @@ const RSA_SHA2: &[&str] = &[
 /// The algorithms the client signs in with (what `PubkeyAcceptedAlgorithms`
 /// would list; skiff takes the keyword and does not act on it): every key
 /// and certificate type of [`KEY_PLAIN`] and [`KEY_CERT`], RSA with SHA-2
-/// only. They are what skiffd accepts.
-pub const CLIENT_PUBKEY: &[&str] = super::SERVER_PUBKEY.default;
+/// only. skiffd accepts these and security keys (`sk-`, which skiff signs
+/// with only through ssh-agent).
+pub const CLIENT_PUBKEY: &[&str] = &[
+    "ssh-ed25519",
+    "ssh-ed25519-cert-v01@openssh.com",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp256-cert-v01@openssh.com",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp384-cert-v01@openssh.com",
+    "ecdsa-sha2-nistp521",
+    "ecdsa-sha2-nistp521-cert-v01@openssh.com",
+    "rsa-sha2-512",
+    "rsa-sha2-512-cert-v01@openssh.com",
+    "rsa-sha2-256",
+    "rsa-sha2-256-cert-v01@openssh.com",
+];
 
 /// The ciphers that authenticate what they encrypt (no MAC is used with them).
 const AEAD: &[&str] = &[

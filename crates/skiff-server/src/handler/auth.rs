@@ -8,8 +8,9 @@
 //! or a `cert-authority` line) and, where configured, a principal from
 //! `AuthorizedPrincipalsFile` or `AuthorizedPrincipalsCommand`.
 //! `PubkeyAcceptedAlgorithms`, `RequiredRSASize` and `RevokedKeys` refuse a
-//! key before any entry is looked at. A login that succeeds is recorded as
-//! [`Authenticated`], with `ForceCommand` and `PermitTTY` applied to its
+//! key before any entry is looked at. A security key (`sk-`) must also
+//! meet [`crate::security_keys`] under its line's or certificate's
+//! options. A login that succeeds is recorded as [`Authenticated`], with `ForceCommand` and `PermitTTY` applied to its
 //! options once; `PermitRootLogin forced-commands-only` and `/etc/nologin`
 //! can still refuse it. Each judged request is logged in sshd's words
 //! ([`crate::auth_log`]) and recorded in the `AuditLog`.
@@ -35,6 +36,7 @@ use crate::audit::AuthResult as AuditResult;
 use crate::auth_log;
 use crate::auth_methods::{Method, Progress, Step};
 use crate::config::Settings;
+use crate::security_keys;
 
 /// The outcome of a successful authentication.
 pub(super) struct Authenticated {
@@ -514,6 +516,31 @@ impl ConnectionHandler {
         Auth::Accept
     }
 
+    /// Why a signature by a key of `algorithm` may not log in under
+    /// `options` (its authorized_keys line, or its certificate's): for a
+    /// security key, a flag the login requires that skiffd cannot see
+    /// (see [`security_keys`]); `None` for other keys. `signed`: a
+    /// signature was verified (else the key is only offered), whose
+    /// counter and flags sshd would log.
+    fn security_key_refusal(
+        &self,
+        algorithm: &str,
+        options: &KeyOptions,
+        signed: bool,
+    ) -> Option<security_keys::Refusal> {
+        if !security_keys::is_security_key(algorithm) {
+            return None;
+        }
+        let needs = security_keys::required(self.settings().pubkey_auth_options, options);
+        // russh 0.65 verifies the flags and counter with the signature but
+        // does not pass them on.
+        let flags = security_keys::Flags::Hidden;
+        if signed {
+            tracing::debug!(peer = %self.peer, "{algorithm}: {}", security_keys::debug_line(flags));
+        }
+        security_keys::check(needs, flags).err()
+    }
+
     /// Why an RSA key is too small under `RequiredRSASize`.
     fn rsa_too_small(&self, blob: &[u8]) -> Option<String> {
         let bits = skiff_proto::known_hosts::rsa_modulus_bits(blob)?;
@@ -600,9 +627,19 @@ impl ConnectionHandler {
             return Ok(self.refused());
         }
         let command_keys = self.command_keys(user, offer.public_key).await;
+        let algorithm = offer.algorithm.as_str();
         let admitted = self
             .admitting_entry(user, offer.public_key, &command_keys)
             .await
+            // A security key its line admits but whose signature would be
+            // refused is refused now, before anyone is asked to touch it.
+            .filter(|(_, options)| match self.security_key_refusal(algorithm, options, false) {
+                Some(why) => {
+                    tracing::info!(peer = %self.peer, user, "key refused: {why}");
+                    false
+                }
+                None => true,
+            })
             .is_some()
             // russh does not say whether a probe is for a certificate, so
             // where a CA is trusted every key may go on to sign: the signed
@@ -788,6 +825,11 @@ impl ConnectionHandler {
             local_utc_offset(),
         ) {
             Ok((options, authority)) => {
+                let key_type = certificate.algorithm();
+                if let Some(why) = self.security_key_refusal(key_type.as_str(), &options, true) {
+                    tracing::info!(%peer, user, id = certificate.key_id(), "certificate refused: {why}");
+                    return Ok(self.refused());
+                }
                 tracing::debug!(%peer, user, id = certificate.key_id(), via = ?authority, "certificate admitted");
                 let account = account.clone();
                 let credential = credential_line(certificate.to_openssh());
@@ -836,6 +878,11 @@ impl ConnectionHandler {
             .await
         {
             Some((account, options)) => {
+                if let Some(why) = self.security_key_refusal(key.algorithm.as_str(), &options, true)
+                {
+                    tracing::info!(peer = %self.peer, user, "key refused: {why}");
+                    return Ok(self.refused());
+                }
                 let credential = credential_line(key.public_key.to_openssh());
                 let key_blob = key.public_key.to_bytes().unwrap_or_default();
                 Ok(self
@@ -890,7 +937,7 @@ fn certificate_algorithms(key: russh::keys::Algorithm) -> Vec<String> {
             "rsa-sha2-512-cert-v01@openssh.com".into(),
             "rsa-sha2-256-cert-v01@openssh.com".into(),
         ],
-        other => vec![format!("{}-cert-v01@openssh.com", other.as_str())],
+        other => vec![other.to_certificate_type()],
     }
 }
 
@@ -1118,6 +1165,17 @@ mod tests {
         );
         let rsa = certificate_algorithms(Algorithm::Rsa { hash: None });
         assert!(rsa.iter().all(|n| accepted.contains(n)), "{rsa:?}");
+    }
+
+    #[test]
+    fn security_keys_and_their_certificates_are_accepted_by_default() {
+        let accepted = crate::config::Settings::default().pubkey_algorithms;
+        for key in [Algorithm::SkEd25519, Algorithm::SkEcdsaSha2NistP256] {
+            assert!(accepted.iter().any(|n| n == key.as_str()), "{key:?}");
+            let cert = certificate_algorithms(key);
+            assert!(cert[0].starts_with("sk-") && cert[0].ends_with("-cert-v01@openssh.com"));
+            assert!(accepted.contains(&cert[0]), "{cert:?}");
+        }
     }
 
     #[test]
