@@ -102,6 +102,10 @@ pub struct Settings {
     pub per_source_net_block: crate::startups::NetBlock,
     /// `PerSourcePenalties`: `None` (the default, see docs) is off.
     pub per_source_penalties: Option<crate::penalties::PenaltyPolicy>,
+    /// Whether the configuration says `PerSourcePenalties` at all: without
+    /// it, skiffd penalises password guessing only (when passwords are
+    /// offered).
+    pub per_source_penalties_set: bool,
     /// `PerSourcePenaltyExemptList`: address patterns never penalised.
     pub per_source_penalty_exempt: Vec<String>,
     pub max_sessions: usize,
@@ -371,6 +375,7 @@ impl Default for Settings {
             per_source_max_startups: None,
             per_source_net_block: Default::default(),
             per_source_penalties: None,
+            per_source_penalties_set: false,
             per_source_penalty_exempt: Vec::new(),
             max_sessions: 256,
             client_alive_interval: Some(Duration::from_secs(60)),
@@ -910,7 +915,8 @@ fn apply_line(
         }
         "persourcepenalties" => {
             settings.per_source_penalties =
-                crate::penalties::PenaltyPolicy::parse(&args).map_err(err)?
+                crate::penalties::PenaltyPolicy::parse(&args).map_err(err)?;
+            settings.per_source_penalties_set = true;
         }
         "persourcepenaltyexemptlist" => {
             settings.per_source_penalty_exempt =

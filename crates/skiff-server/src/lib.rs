@@ -73,6 +73,8 @@ pub mod lookup_command;
 pub mod match_block;
 pub mod pam;
 pub mod pam_policy;
+pub mod pam_session;
+pub mod pam_session_wire;
 mod peer_hangup;
 pub mod penalties;
 mod process;

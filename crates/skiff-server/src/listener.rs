@@ -155,7 +155,21 @@ pub async fn serve_listeners(
 ) -> Result<()> {
     let (config, state) = prepare(settings, host.into())?;
     let settings = &state.settings;
-    let penalties = settings.per_source_penalties.clone().map(|policy| {
+    // Unless the configuration says otherwise, a source that guesses
+    // passwords is turned away for a while.
+    let passwords = settings.pam.offers(crate::auth_methods::Method::Password)
+        || settings
+            .pam
+            .offers(crate::auth_methods::Method::KeyboardInteractive);
+    let policy = match (
+        &settings.per_source_penalties,
+        settings.per_source_penalties_set,
+    ) {
+        (Some(policy), _) => Some(policy.clone()),
+        (None, false) if passwords => Some(crate::penalties::PenaltyPolicy::password_guessing()),
+        (None, _) => None,
+    };
+    let penalties = policy.map(|policy| {
         Arc::new(std::sync::Mutex::new(Penalties::new(
             policy,
             settings.per_source_net_block,
@@ -445,7 +459,7 @@ async fn accept_loop(
         }
         let (config, state) = (config.clone(), state.clone());
         let served = tokio::spawn(async move {
-            let failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let failures = Arc::new(crate::penalties::FailureCount::default());
             let mut outcome = Outcome::Ended;
             let log =
                 ConnectionLog::new(state.audit.as_ref(), Some(peer), stream.local_addr().ok());
@@ -466,7 +480,7 @@ async fn accept_loop(
                 tracing::info!(%peer, "connection ended: {e}");
             }
             log.ended(&end_reason(&result, outcome));
-            outcome.offence(failures.load(std::sync::atomic::Ordering::Relaxed) > 0)
+            outcome.offence(&failures)
         });
         if let Some(p) = penalties.clone() {
             // Judged once the connection is over, a panic included.
@@ -478,6 +492,7 @@ async fn accept_loop(
                 };
                 if let Some(offence) = offence {
                     lock(&p).penalise(peer.ip(), offence, std::time::Instant::now());
+                    tracing::debug!(%peer, "penalty recorded: {offence:?}");
                 }
             });
         }
@@ -503,12 +518,13 @@ enum Outcome {
 }
 
 impl Outcome {
-    /// The penalty it earns; `failed`: an authentication request was refused.
-    fn offence(self, failed: bool) -> Option<Offence> {
+    /// The penalty it earns, given the authentication requests refused.
+    fn offence(self, failed: &crate::penalties::FailureCount) -> Option<Offence> {
         match self {
             Outcome::NotPenalised => None,
             Outcome::GraceExceeded => Some(Offence::GraceExceeded),
-            Outcome::Ended if failed => Some(Offence::AuthFail),
+            Outcome::Ended if failed.password() => Some(Offence::PasswordFail),
+            Outcome::Ended if failed.any() => Some(Offence::AuthFail),
             Outcome::Ended => Some(Offence::NoAuth),
         }
     }
@@ -518,7 +534,7 @@ impl Outcome {
 /// authentication requests refused (`PerSourcePenalties authfail`) and its
 /// log, which says when it opened and ended.
 struct Watch {
-    auth_failures: Arc<std::sync::atomic::AtomicUsize>,
+    auth_failures: Arc<crate::penalties::FailureCount>,
     log: Arc<ConnectionLog>,
 }
 

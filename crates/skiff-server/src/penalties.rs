@@ -23,6 +23,9 @@ pub enum Offence {
     Crash,
     /// It ended after one or more failed authentication attempts.
     AuthFail,
+    /// It ended after a wrong password or keyboard-interactive answer
+    /// (skiffd's own: password guessing costs more than a wrong key).
+    PasswordFail,
     /// It ended without attempting authentication.
     NoAuth,
     /// It did not authenticate within `LoginGraceTime`.
@@ -45,6 +48,9 @@ pub enum Overflow {
 pub struct PenaltyPolicy {
     pub crash: Duration,
     pub authfail: Duration,
+    /// skiffd's `passwordfail`: a connection that ended after a wrong
+    /// password or keyboard-interactive answer.
+    pub passwordfail: Duration,
     pub noauth: Duration,
     pub grace_exceeded: Duration,
     pub refuse_connection: Duration,
@@ -64,6 +70,7 @@ impl Default for PenaltyPolicy {
         PenaltyPolicy {
             crash: Duration::from_secs(90),
             authfail: Duration::from_secs(5),
+            passwordfail: PASSWORD_FAIL,
             noauth: Duration::from_secs(1),
             grace_exceeded: Duration::from_secs(10),
             refuse_connection: Duration::from_secs(10),
@@ -77,10 +84,47 @@ impl Default for PenaltyPolicy {
     }
 }
 
+/// The penalty for a connection that ended after a wrong password: enough
+/// that a source can try passwords only once or twice a minute.
+pub const PASSWORD_FAIL: Duration = Duration::from_secs(30);
+
+/// Counts what a connection's authentication requests earned: refusals,
+/// and among them wrong passwords and keyboard-interactive answers.
+#[derive(Debug, Default)]
+pub struct FailureCount {
+    pub refused: std::sync::atomic::AtomicUsize,
+    pub passwords: std::sync::atomic::AtomicUsize,
+}
+
+impl FailureCount {
+    pub fn any(&self) -> bool {
+        self.refused.load(std::sync::atomic::Ordering::Relaxed) > 0
+    }
+
+    pub fn password(&self) -> bool {
+        self.passwords.load(std::sync::atomic::Ordering::Relaxed) > 0
+    }
+}
+
 /// The most networks of one family the table may be told to hold.
 pub const MAX_SOURCES_LIMIT: usize = 1 << 20;
 
 impl PenaltyPolicy {
+    /// The policy skiffd applies when `PerSourcePenalties` is not set and
+    /// passwords are offered: wrong passwords only, at once (no `min`).
+    pub fn password_guessing() -> PenaltyPolicy {
+        PenaltyPolicy {
+            crash: Duration::ZERO,
+            authfail: Duration::ZERO,
+            passwordfail: PASSWORD_FAIL,
+            noauth: Duration::ZERO,
+            grace_exceeded: Duration::ZERO,
+            refuse_connection: Duration::ZERO,
+            min: Duration::ZERO,
+            ..PenaltyPolicy::default()
+        }
+    }
+
     /// Parses the words after `PerSourcePenalties`: `no` (`None`: off),
     /// `yes` (the defaults), or `NAME:VALUE` words over the defaults.
     pub fn parse(args: &[&str]) -> Result<Option<PenaltyPolicy>, String> {
@@ -121,6 +165,7 @@ impl PenaltyPolicy {
             match name {
                 "crash" => p.crash = duration()?,
                 "authfail" => p.authfail = duration()?,
+                "passwordfail" => p.passwordfail = duration()?,
                 "noauth" => p.noauth = duration()?,
                 "grace-exceeded" => p.grace_exceeded = duration()?,
                 "refuseconnection" => p.refuse_connection = duration()?,
@@ -132,7 +177,7 @@ impl PenaltyPolicy {
                 "overflow6" => overflow6 = Some(overflow()?),
                 _ => {
                     return Err(format!(
-                        "PerSourcePenalties: unknown penalty {name:?} (crash, authfail, noauth, \
+                        "PerSourcePenalties: unknown penalty {name:?} (crash, authfail, passwordfail, noauth, \
                          grace-exceeded, refuseconnection, max, min, max-sources4, \
                          max-sources6, overflow, overflow6)"
                     ))
@@ -148,6 +193,7 @@ impl PenaltyPolicy {
         match offence {
             Offence::Crash => self.crash,
             Offence::AuthFail => self.authfail,
+            Offence::PasswordFail => self.passwordfail,
             Offence::NoAuth => self.noauth,
             Offence::GraceExceeded => self.grace_exceeded,
             Offence::RefuseConnection => self.refuse_connection,

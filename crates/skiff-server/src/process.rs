@@ -52,6 +52,9 @@ pub struct SpawnRequest<'a> {
     /// starts directly or enters a jail itself (through the shell, the
     /// command line carries it).
     pub sftp_options: Option<&'a str>,
+    /// The connection's PAM session (`UsePAM yes`): the process starts
+    /// there, with PAM's environment.
+    pub pam: Option<&'a Arc<crate::pam_session::PamSession>>,
 }
 
 /// Where a jailed command runs.
@@ -73,9 +76,59 @@ pub enum ChildIo {
     Pty(Arc<PtyMaster>),
 }
 
+/// A started session process: skiffd's own child, or one of its PAM
+/// session's ([`crate::pam_session`]).
+pub enum SessionChild {
+    Own(ChildProcess),
+    InPamSession(crate::pam_session::RemoteChild),
+}
+
+impl SessionChild {
+    pub fn id(&self) -> Option<u32> {
+        match self {
+            SessionChild::Own(c) => c.id(),
+            SessionChild::InPamSession(c) => c.id(),
+        }
+    }
+
+    pub fn signal(&self, sig: libc::c_int, group: bool) {
+        match self {
+            SessionChild::Own(c) => c.signal(sig, group),
+            SessionChild::InPamSession(c) => c.signal(sig, group),
+        }
+    }
+
+    pub async fn wait(&mut self) -> io::Result<std::process::ExitStatus> {
+        match self {
+            SessionChild::Own(c) => c.wait().await,
+            SessionChild::InPamSession(c) => c.wait().await,
+        }
+    }
+}
+
+/// Starts `plan`: in the PAM session when there is one, else as skiffd's
+/// own child.
+async fn start_child(
+    plan: spawn::Plan<'_>,
+    pam: Option<&Arc<crate::pam_session::PamSession>>,
+) -> io::Result<SessionChild> {
+    match pam {
+        None => spawn::spawn(plan).map(SessionChild::Own),
+        Some(session) => {
+            let mut fds = plan.stdio.to_vec();
+            fds.extend(plan.extra);
+            let wire = crate::pam_session::wire_plan(&plan);
+            session
+                .spawn(wire, &fds)
+                .await
+                .map(SessionChild::InPamSession)
+        }
+    }
+}
+
 /// A started session process.
 pub struct Spawned {
-    pub child: ChildProcess,
+    pub child: SessionChild,
     pub pid: i32,
     pub io: ChildIo,
     /// Its terminal's path (`/dev/pts/N`), when it has one.
@@ -83,7 +136,7 @@ pub struct Spawned {
 }
 
 /// Starts the process. Must be called from within a tokio runtime.
-pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
+pub async fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
     let acct = req.account;
     let login_name;
     let mut program = acct.shell.as_path();
@@ -166,6 +219,14 @@ pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
         .and_then(|(_, slave)| nix::unistd::ttyname(slave).ok())
         .map(|path| path.to_string_lossy().into_owned());
     let mut env = session_env::exec_environment(start, &req.env);
+    // PAM's environment (pam_env, pam_systemd) comes last and wins, as in
+    // sshd.
+    if let (Some(pam), session_env::Start::AsAccount) = (req.pam, start) {
+        for (k, v) in pam.env() {
+            env.retain(|(name, _)| *name != k.as_str());
+            env.push((k.as_str(), v.as_str()));
+        }
+    }
     if let Some(name) = tty_name
         .as_ref()
         .filter(|_| start == session_env::Start::AsAccount)
@@ -202,7 +263,7 @@ pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
                 master.lease = Some(lease);
             }
             let fd = slave.as_raw_fd();
-            let child = spawn::spawn(plan([fd, fd, fd], true))?;
+            let child = start_child(plan([fd, fd, fd], true), req.pam).await?;
             drop(slave); // only the child holds the terminal now, so EOF shows as EIO
             (child, ChildIo::Pty(Arc::new(master)))
         }
@@ -210,10 +271,14 @@ pub fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
             let (in_r, in_w) = spawn::pipe()?;
             let (out_r, out_w) = spawn::pipe()?;
             let (err_r, err_w) = spawn::pipe()?;
-            let child = spawn::spawn(plan(
-                [in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
-                false,
-            ))?;
+            let child = start_child(
+                plan(
+                    [in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+                    false,
+                ),
+                req.pam,
+            )
+            .await?;
             drop((in_r, out_w, err_w));
             let io = ChildIo::Pipes {
                 stdin: pipe::Sender::from_owned_fd(in_w)?,

@@ -309,7 +309,8 @@ fn an_account_that_may_not_log_in_is_refused_whatever_pam_says() {
     // pam_permit lets anyone in, with any password.
     let w = World::new(
         "auth required pam_permit.so\naccount required pam_permit.so\n",
-        "DenyUsers skt-pam-*\n",
+        // Two failing connections in a row: no penalty in between.
+        "DenyUsers skt-pam-*\nPerSourcePenalties no\n",
     );
     let name = w.name().to_string();
     let (out, _) = w.login("password", PASSWORD);
@@ -333,6 +334,43 @@ fn an_account_that_may_not_log_in_is_refused_whatever_pam_says() {
         &["Failed password for invalid user", ghost],
         "no such account",
     );
+}
+
+#[test]
+fn a_source_that_guesses_passwords_is_turned_away_for_a_while() {
+    if !can_run() {
+        return;
+    }
+    for (config, penalised) in [
+        ("", true),
+        ("PerSourcePenaltyExemptList 127.0.0.1\n", false),
+    ] {
+        let w = World::new(UNIX_STACK, config);
+        let name = w.name().to_string();
+        let (out, _) = w.login("password", WRONG);
+        out.expect_code(255, &w.ctx(&format!("a wrong password\n{out}")));
+        if penalised {
+            // skiffd judges a connection once it has ended.
+            w.logged(&["penalty recorded: PasswordFail"], "the penalty");
+        } else {
+            w.logged(&["Failed password for", &name], "the wrong password");
+        }
+        // The next connection from the same address, even with a good key.
+        let out = ssh(w.d.port(), &name, &w.fx.client_key)
+            .args(&["id -un"])
+            .run();
+        let c = w.ctx(&format!("the next login ({config:?})\n{out}"));
+        if penalised {
+            out.expect_code(255, &c).expect_stdout("", &c);
+            w.logged(
+                &["refusing connections from", "PerSourcePenalties"],
+                "penalty",
+            );
+        } else {
+            out.expect_code(0, &c)
+                .expect_stdout(&format!("{name}\n"), &c);
+        }
+    }
 }
 
 #[test]
@@ -469,4 +507,221 @@ fn a_hung_module_holds_up_only_its_own_login() {
     let c = w.ctx(&format!("hung login\n{hung}"));
     hung.expect_code(255, &c);
     w.logged(&["login grace time (8s) expired"], "grace time");
+}
+
+/// A pam_exec script that appends `PAM_TYPE PAM_USER PAM_RHOST` to `log`.
+fn pam_exec_logger(dir: &Path, log: &Path) -> PathBuf {
+    let script = dir.join("pam-log.sh");
+    write_file(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"$PAM_TYPE $PAM_USER $PAM_RHOST\" >> '{}'\n",
+            log.display()
+        ),
+        0o755,
+    );
+    script
+}
+
+fn lines_of(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn pams_session_wraps_the_connections_commands() {
+    if !can_run() {
+        return;
+    }
+    let dir = tempdir();
+    let log = dir.path().join("pam.log");
+    let script = pam_exec_logger(dir.path(), &log);
+    let stack = format!(
+        "{UNIX_STACK}session required pam_exec.so {}\n",
+        script.display()
+    );
+    let w = World::new(&stack, "");
+    let name = w.name().to_string();
+    // The command's parent is the connection's PAM session process, and
+    // its exit status comes back through it.
+    let out = ssh(w.d.port(), &name, &w.fx.client_key)
+        .args(&["tr '\\0' ' ' < /proc/$PPID/cmdline; echo; exit 7"])
+        .run();
+    let c = w.ctx(&format!("a command in PAM's session\n{out}"));
+    out.expect_code(7, &c);
+    assert!(
+        out.stdout_str().contains("--pam-session"),
+        "{c}: the command's parent"
+    );
+    // Opened before the command, closed once the connection ended.
+    let closed = wait_until(Duration::from_secs(20), || {
+        lines_of(&log)
+            .iter()
+            .any(|l| l.starts_with("close_session"))
+    });
+    assert!(closed, "{c}: {:?}", lines_of(&log));
+    assert_eq!(
+        lines_of(&log),
+        [
+            format!("open_session {name} 127.0.0.1"),
+            format!("close_session {name} 127.0.0.1")
+        ],
+        "{c}"
+    );
+}
+
+#[test]
+fn pams_environment_and_limits_reach_the_commands_only() {
+    if !can_run() {
+        return;
+    }
+    let dir = tempdir();
+    let envfile = dir.path().join("environment");
+    write_file(&envfile, "SKIFF_PAM_VAR=from-pam\n", 0o644);
+    let limits = dir.path().join("limits.conf");
+    let stack = format!(
+        "{UNIX_STACK}session required pam_env.so readenv=1 user_readenv=0 envfile={}\n\
+         session required pam_limits.so conf={}\n",
+        envfile.display(),
+        limits.display()
+    );
+    let w = World::new(&stack, "");
+    // PAM reads the limits when the session opens, at the first command.
+    write_file(
+        &limits,
+        format!("{0} soft nofile 123\n{0} hard nofile 123\n", w.name()),
+        0o644,
+    );
+    let out = ssh(w.d.port(), w.name(), &w.fx.client_key)
+        .args(&["echo \"$SKIFF_PAM_VAR\"; ulimit -n"])
+        .run();
+    let c = w.ctx(&format!("PAM's environment and limits\n{out}"));
+    out.expect_code(0, &c).expect_stdout("from-pam\n123\n", &c);
+    // skiffd itself keeps its own limit.
+    let limits_of_skiffd =
+        std::fs::read_to_string(format!("/proc/{}/limits", w.d.pid())).unwrap_or_default();
+    let open_files = limits_of_skiffd
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        !open_files.split_whitespace().any(|f| f == "123"),
+        "{c}: skiffd's own limit changed: {open_files}"
+    );
+}
+
+#[test]
+fn a_session_pam_refuses_runs_nothing() {
+    if !can_run() {
+        return;
+    }
+    let w = World::new(&format!("{UNIX_STACK}session required pam_deny.so\n"), "");
+    let out = ssh(w.d.port(), w.name(), &w.fx.client_key)
+        .args(&["echo ran"])
+        .run();
+    let c = w.ctx(&format!("PAM session refused\n{out}"));
+    assert_ne!(out.code, 0, "{c}");
+    assert!(!out.stdout_str().contains("ran"), "{c}");
+    w.logged(&["PAM session setup failed"], "session refused");
+}
+
+#[test]
+fn transfers_and_sftp_run_in_pams_session() {
+    if !can_run() {
+        return;
+    }
+    let dir = tempdir();
+    let log = dir.path().join("pam.log");
+    let script = pam_exec_logger(dir.path(), &log);
+    let service = PamService::new(
+        "pam",
+        &format!(
+            "auth required pam_permit.so\naccount required pam_permit.so\n\
+             session required pam_exec.so {}\n",
+            script.display()
+        ),
+    );
+    let fx = Fixture::new();
+    let mut config = transfer_subsystem_config().unwrap_or_default();
+    config.push_str(&format!("UsePAM yes\nPAMServiceName {}\n", service.name()));
+    let d =
+        Skiffd::start_with(SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&config));
+    // skiff cp over the data plane: its transfer process starts in the
+    // session.
+    let local = dir.path().join("payload");
+    random_file(&local, 300_000);
+    let rdir = account_dir();
+    let target = format!("{}@127.0.0.1:{}", user(), rdir.path().display());
+    let out = skiff_cp(
+        d.port(),
+        &fx.client_key,
+        &[
+            "--cipher",
+            "integrity",
+            &local.display().to_string(),
+            &target,
+        ],
+    );
+    let c = ctx(&d, &format!("skiff cp in PAM's session\n{out}"));
+    out.expect_code(0, &c);
+    assert_eq!(
+        std::fs::read(rdir.path().join("payload")).ok(),
+        std::fs::read(&local).ok(),
+        "{c}: the copy"
+    );
+    // Stock sftp: the SFTP server starts in the session too.
+    let batch = dir.path().join("batch");
+    write_file(&batch, format!("ls {}\n", rdir.path().display()), 0o644);
+    let out = stock_sftp_batch(d.port(), &fx.client_key, &batch);
+    let c = ctx(&d, &format!("sftp in PAM's session\n{out}"));
+    out.expect_code(0, &c);
+    assert!(out.stdout_str().contains("payload"), "{c}");
+    // Each connection opened and closed its own session.
+    let both = wait_until(Duration::from_secs(20), || {
+        lines_of(&log)
+            .iter()
+            .filter(|l| l.starts_with("close_session"))
+            .count()
+            == 2
+    });
+    let me = user();
+    assert!(both, "{c}: {:?}", lines_of(&log));
+    assert_eq!(
+        lines_of(&log)
+            .iter()
+            .filter(|l| **l == format!("open_session {me} 127.0.0.1"))
+            .count(),
+        2,
+        "{c}: {:?}",
+        lines_of(&log)
+    );
+}
+
+#[test]
+fn what_pams_session_says_is_shown_to_an_interactive_login() {
+    if !can_run() {
+        return;
+    }
+    let w = World::new(
+        &format!("{UNIX_STACK}session optional pam_echo.so Hello-from-PAM-session\n"),
+        "PrintMotd no\nPrintLastLog no\n",
+    );
+    let name = w.name().to_string();
+    let shell = ssh(w.d.port(), &name, &w.fx.client_key)
+        .flag("-tt")
+        .input(Input::Bytes(b"exit 0\n".to_vec()))
+        .run();
+    let c = w.ctx(&format!("interactive login\n{shell}"));
+    shell.expect_code(0, &c);
+    assert!(shell.stdout_str().contains("Hello-from-PAM-session"), "{c}");
+    // A command is not greeted.
+    let out = ssh(w.d.port(), &name, &w.fx.client_key)
+        .args(&["echo done"])
+        .run();
+    let c = w.ctx(&format!("command\n{out}"));
+    out.expect_code(0, &c).expect_stdout("done\n", &c);
 }

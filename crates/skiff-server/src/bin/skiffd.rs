@@ -113,6 +113,10 @@ struct Args {
     key_regeneration: Option<String>,
     #[arg(short = 'b', hide = true, value_name = "BITS")]
     server_key_bits: Option<String>,
+    /// Hold one connection's PAM session and start its commands, serving
+    /// skiffd on fd 3 (`UsePAM yes`; see skiff_server::pam_session).
+    #[arg(long = "pam-session", hide = true)]
+    pam_session: bool,
     /// Serve SFTP on stdin/stdout and exit at end of input: what skiffd runs,
     /// as the account, for the `sftp` subsystem.
     #[arg(long = "sftp-server", hide = true)]
@@ -150,6 +154,9 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
+    if args.pam_session {
+        std::process::exit(skiff_server::pam_session::serve());
+    }
     if let Some(feature) = &args.sftp_query {
         if feature != "requests" {
             eprintln!("skiffd --sftp-server -Q: unknown feature {feature:?} (requests)");

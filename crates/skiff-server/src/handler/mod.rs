@@ -65,7 +65,7 @@ pub struct ConnectionHandler {
     /// Authentication requests refused on this connection (shared with
     /// the listener, which penalises a source whose connection ends after
     /// one: `PerSourcePenalties authfail`).
-    auth_failures: Arc<std::sync::atomic::AtomicUsize>,
+    auth_failures: Arc<crate::penalties::FailureCount>,
     channels: HashMap<ChannelId, SessionChannel>,
     /// A second handle on the socket, for the kernel's RTT estimate.
     socket: Option<std::os::fd::OwnedFd>,
@@ -102,6 +102,9 @@ pub struct ConnectionHandler {
     pam: Option<crate::pam::PamLogin>,
     /// How many questions the keyboard-interactive round in progress asked.
     kbd_round: Option<usize>,
+    /// PAM's session for the login's commands (`UsePAM yes`), opened at
+    /// the first; closed when the connection ends and this is dropped.
+    pam_session: Option<Arc<crate::pam_session::PamSession>>,
     /// Its audit records and who it is, for the line sshd logs when a
     /// connection ends ([`crate::audit_writer::ConnectionLog`]).
     log: Arc<crate::audit_writer::ConnectionLog>,
@@ -144,6 +147,7 @@ impl ConnectionHandler {
             env_refusals: std::cell::Cell::new(0),
             pam: None,
             kbd_round: None,
+            pam_session: None,
             state,
         }
     }
@@ -156,7 +160,7 @@ impl ConnectionHandler {
     }
 
     /// Counts refused authentication requests in `counter`.
-    pub fn with_auth_failures(mut self, counter: Arc<std::sync::atomic::AtomicUsize>) -> Self {
+    pub fn with_auth_failures(mut self, counter: Arc<crate::penalties::FailureCount>) -> Self {
         self.auth_failures = counter;
         self
     }
@@ -171,9 +175,18 @@ impl ConnectionHandler {
             }
         ) {
             self.auth_failures
+                .refused
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         auth
+    }
+
+    /// Counts a wrong password or keyboard-interactive answer
+    /// (`PerSourcePenalties passwordfail`).
+    fn password_failed(&self) {
+        self.auth_failures
+            .passwords
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The connection is not a socket (inetd mode on pipes): the addresses
@@ -427,7 +440,7 @@ impl russh::server::Handler for ConnectionHandler {
         session: &mut Session,
     ) -> Result<(), Self::Error> {
         let command = String::from_utf8_lossy(data).into_owned();
-        self.start(channel, Some(command), session, None)
+        self.start(channel, Some(command), session, None).await
     }
 
     async fn shell_request(
@@ -435,7 +448,7 @@ impl russh::server::Handler for ConnectionHandler {
         channel: ChannelId,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        self.start(channel, None, session, None)
+        self.start(channel, None, session, None).await
     }
 
     async fn subsystem_request(
@@ -444,7 +457,7 @@ impl russh::server::Handler for ConnectionHandler {
         name: &str,
         session: &mut Session,
     ) -> Result<(), Self::Error> {
-        self.subsystem_requested(channel, name, session)
+        self.subsystem_requested(channel, name, session).await
     }
 
     async fn window_change_request(

@@ -85,6 +85,7 @@ impl ConnectionHandler {
         };
         let auth = if password.is_empty() && !self.settings().pam.permit_empty_passwords {
             tracing::debug!(peer = %self.peer, user, "empty password refused (PermitEmptyPasswords no)");
+            self.password_failed();
             self.refused()
         } else {
             let pam_user = self.pam_user(user);
@@ -160,6 +161,7 @@ impl ConnectionHandler {
             }
             (account, Err(e)) => {
                 tracing::debug!(peer = %self.peer, user, "PAM refused {method}: {e}");
+                self.password_failed();
                 // A wrong password is in btmp, as sshd records it (an
                 // unknown name is recorded when it is first seen).
                 if account.is_some() {
@@ -170,7 +172,10 @@ impl ConnectionHandler {
             }
             // PAM let a name in that skiffd refuses (it does not exist, or
             // AllowUsers and the like keep it out): refused all the same.
-            (None, Ok(())) => self.refused(),
+            (None, Ok(())) => {
+                self.password_failed();
+                self.refused()
+            }
         }
     }
 }

@@ -188,8 +188,43 @@ impl ConnectionHandler {
         }
     }
 
+    /// The connection's PAM session (`UsePAM yes`), opened at its first
+    /// command; `Err` when PAM refuses it (logged), and then no command
+    /// runs, as with sshd.
+    async fn pam_session(&mut self) -> Result<Option<Arc<crate::pam_session::PamSession>>, ()> {
+        if !self.settings().pam.use_pam {
+            return Ok(None);
+        }
+        if let Some(open) = &self.pam_session {
+            return Ok(Some(open.clone()));
+        }
+        let Some(auth) = &self.auth else {
+            return Err(());
+        };
+        let user = auth.account.name.clone();
+        let exe = match std::env::current_exe() {
+            Ok(exe) => exe,
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, user, "PAM session: cannot find skiffd's executable: {e}");
+                return Err(());
+            }
+        };
+        let rhost = (!self.peer_unknown).then(|| self.peer.ip().to_string());
+        let service = self.settings().pam.service.clone();
+        match crate::pam_session::PamSession::open(&exe, &service, &user, rhost, "ssh").await {
+            Ok(open) => {
+                self.pam_session = Some(open.clone());
+                Ok(Some(open))
+            }
+            Err(why) => {
+                tracing::warn!(peer = %self.peer, user, "refusing session: PAM session setup failed: {why}");
+                Err(())
+            }
+        }
+    }
+
     /// Starts the command (or shell) for a channel and wires its I/O.
-    pub(super) fn start(
+    pub(super) async fn start(
         &mut self,
         id: ChannelId,
         requested: Option<String>,
@@ -197,6 +232,9 @@ impl ConnectionHandler {
         extra: Option<&std::os::fd::OwnedFd>,
     ) -> Result<(), russh::Error> {
         self.expose_auth_info();
+        let Ok(pam) = self.pam_session().await else {
+            return session.channel_failure(id);
+        };
         let Some(auth) = self.auth.as_ref() else {
             return session.channel_failure(id);
         };
@@ -294,7 +332,9 @@ impl ConnectionHandler {
             }),
             direct_sftp: direct_sftp.as_deref(),
             sftp_options: sftp_options.as_deref(),
-        });
+            pam: pam.as_ref(),
+        })
+        .await;
         let spawned = match spawned {
             Ok(s) => s,
             Err(e) => {
@@ -359,8 +399,18 @@ impl ConnectionHandler {
             last_login: settings.print_last_log,
             motd: settings.print_motd,
         };
-        let greets = (wanted.last_login || wanted.motd)
-            && login_records::greets(true, command, || login_writer::hushed(&account.home));
+        let interactive =
+            login_records::greets(true, command, || login_writer::hushed(&account.home));
+        let greets = (wanted.last_login || wanted.motd) && interactive;
+        // What PAM's session modules said (pam_motd, pam_mail), shown to
+        // the first interactive login of the connection, before skiffd's
+        // own lines, as sshd shows them.
+        let mut text: Vec<u8> = Vec::new();
+        if let Some(pam) = self.pam_session.as_ref().filter(|_| interactive) {
+            for m in pam.take_messages() {
+                text.extend(login_records::on_terminal(format!("{m}\n").as_bytes()));
+            }
+        }
         // Read before this login replaces it.
         let last = (greets && wanted.last_login)
             .then(|| login_writer::last_login(account.uid))
@@ -375,17 +425,17 @@ impl ConnectionHandler {
             account.uid,
         );
         if !greets {
-            return (Some(login), Vec::new());
+            return (Some(login), text);
         }
         let when = last
             .as_ref()
             .and_then(|l| login_writer::local_time(l.time).map(|t| login_records::ctime_text(&t)));
         let motd = wanted.motd.then(login_writer::motd).flatten();
-        let text = login_records::greeting_text(
+        text.extend(login_records::greeting_text(
             wanted,
             last.as_ref().zip(when.as_deref()),
             motd.as_deref(),
-        );
+        ));
         (Some(login), text)
     }
 
@@ -430,7 +480,11 @@ impl ConnectionHandler {
     /// `Subsystem sftp internal-sftp` has options that shape file access
     /// (`-R`, `-P`, `-u`...: SFTP honours them, the data plane could not),
     /// and on a channel with a pty.
-    fn start_transfer(&mut self, id: ChannelId, session: &mut Session) -> Result<(), russh::Error> {
+    async fn start_transfer(
+        &mut self,
+        id: ChannelId,
+        session: &mut Session,
+    ) -> Result<(), russh::Error> {
         let settings = self.settings();
         let forced = self
             .auth
@@ -463,7 +517,8 @@ impl ConnectionHandler {
             }
         };
         tracing::debug!(peer = %self.peer, "subsystem {}: {command}", skiff_proto::dataplane::SUBSYSTEM);
-        self.start(id, Some(command), session, Some(&theirs))?;
+        self.start(id, Some(command), session, Some(&theirs))
+            .await?;
         drop(theirs);
         if self.channels.get(&id).is_some_and(|c| c.running.is_some()) {
             let registry = self.state.registry.clone();
@@ -617,7 +672,7 @@ impl ConnectionHandler {
 
     /// Starts a subsystem: `sftp`, the skiff data plane, or one the
     /// configuration names (`Subsystem NAME COMMAND`).
-    pub(super) fn subsystem_requested(
+    pub(super) async fn subsystem_requested(
         &mut self,
         channel: ChannelId,
         name: &str,
@@ -633,14 +688,14 @@ impl ConnectionHandler {
             ("sftp", Some(command)) => {
                 tracing::debug!(peer = %self.peer, "subsystem sftp: {command}");
                 let command = command.clone();
-                self.start(channel, Some(command), session, None)
+                self.start(channel, Some(command), session, None).await
             }
-            (skiff_proto::dataplane::SUBSYSTEM, _) => self.start_transfer(channel, session),
+            (skiff_proto::dataplane::SUBSYSTEM, _) => self.start_transfer(channel, session).await,
             _ => match self.settings().subsystem(name) {
                 Some(command) => {
                     tracing::debug!(peer = %self.peer, "subsystem {name:?}: {command}");
                     let command = command.to_string();
-                    self.start(channel, Some(command), session, None)
+                    self.start(channel, Some(command), session, None).await
                 }
                 None => {
                     tracing::info!(peer = %self.peer, "subsystem {name:?} is not available");

@@ -298,7 +298,7 @@ async fn send_input_reports(
 /// also for idleness, or connection gone) while the process runs, its
 /// process group gets SIGHUP.
 async fn supervise(
-    child: &mut crate::spawn::ChildProcess,
+    child: &mut crate::process::SessionChild,
     output: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
     control: &mut tokio::sync::mpsc::UnboundedReceiver<Control>,
     flow: &mut SessionFlow,
@@ -355,7 +355,7 @@ async fn supervise(
 }
 
 /// The session has lost its channel: its process group gets SIGHUP.
-fn hang_up(child: &mut crate::spawn::ChildProcess, flow: &mut SessionFlow) {
+fn hang_up(child: &mut crate::process::SessionChild, flow: &mut SessionFlow) {
     // Nobody is left to resume a paused output.
     flow.pause.send_replace(false);
     child.signal(libc::SIGHUP, true);
