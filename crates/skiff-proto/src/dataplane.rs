@@ -727,12 +727,65 @@ pub enum RelayMsg {
     Denied { reason: String },
     /// skiffd to process: the socket passed alongside is stream `index`.
     Stream { index: u32 },
+    /// Process to skiffd, once, when the transfer is over: what it moved,
+    /// for the audit log. Statistics only: skiffd trusts it for nothing else.
+    Report(TransferReport),
+}
+
+/// Which way a transfer's files went, seen from the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferDirection {
+    /// Client to server (`skiff cp LOCAL HOST:PATH`).
+    Upload,
+    /// Server to client.
+    Download,
+}
+
+impl TransferDirection {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransferDirection::Upload => "upload",
+            TransferDirection::Download => "download",
+        }
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            TransferDirection::Upload => 0,
+            TransferDirection::Download => 1,
+        }
+    }
+
+    fn from_code(c: u8) -> Result<TransferDirection, WireError> {
+        match c {
+            0 => Ok(TransferDirection::Upload),
+            1 => Ok(TransferDirection::Download),
+            _ => Err(WireError::BadValue("transfer direction")),
+        }
+    }
+}
+
+/// A transfer process's account of a finished transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransferReport {
+    pub direction: TransferDirection,
+    /// Files transferred in full (stored, for an upload; read and sent,
+    /// for a download).
+    pub files: u64,
+    /// File bytes carried by the data streams (written, for an upload;
+    /// sent, for a download).
+    pub bytes: u64,
+    /// Files that failed.
+    pub failed: u64,
+    /// Whether the transfer ran to its end with nothing failed.
+    pub completed: bool,
 }
 
 const RM_REQUEST: u8 = 1;
 const RM_GRANTED: u8 = 2;
 const RM_DENIED: u8 = 3;
 const RM_STREAM: u8 = 4;
+const RM_REPORT: u8 = 5;
 
 pub fn encode_relay(msg: &RelayMsg) -> Vec<u8> {
     let w = match msg {
@@ -758,6 +811,15 @@ pub fn encode_relay(msg: &RelayMsg) -> Vec<u8> {
         RelayMsg::Stream { index } => {
             let mut w = Writer::new(RM_STREAM);
             w.u32(*index);
+            w
+        }
+        RelayMsg::Report(r) => {
+            let mut w = Writer::new(RM_REPORT);
+            w.u8(r.direction.code());
+            w.u64(r.files);
+            w.u64(r.bytes);
+            w.u64(r.failed);
+            w.bool(r.completed);
             w
         }
     };
@@ -786,6 +848,13 @@ pub fn decode_relay(buf: &[u8]) -> Result<RelayMsg, WireError> {
         }
         RM_DENIED => RelayMsg::Denied { reason: r.str()? },
         RM_STREAM => RelayMsg::Stream { index: r.u32()? },
+        RM_REPORT => RelayMsg::Report(TransferReport {
+            direction: TransferDirection::from_code(r.u8()?)?,
+            files: r.u64()?,
+            bytes: r.u64()?,
+            failed: r.u64()?,
+            completed: r.bool("completed")?,
+        }),
         tag => return Err(WireError::UnknownTag(tag)),
     };
     r.end()?;
@@ -1058,9 +1127,26 @@ mod tests {
                 reason: "policy".into(),
             },
             RelayMsg::Stream { index: 2 },
+            RelayMsg::Report(TransferReport {
+                direction: TransferDirection::Download,
+                files: 3,
+                bytes: 1 << 40,
+                failed: 1,
+                completed: false,
+            }),
         ] {
             assert_eq!(decode_relay(&encode_relay(&m)).unwrap(), m);
         }
+        // A direction that is neither way.
+        let mut report = encode_relay(&RelayMsg::Report(TransferReport {
+            direction: TransferDirection::Upload,
+            files: 0,
+            bytes: 0,
+            failed: 0,
+            completed: true,
+        }));
+        report[5] = 9;
+        assert!(decode_relay(&report).is_err());
         // A bad mode byte, an unknown tag, trailing bytes.
         let mut hello = encode_client(&client[0]);
         hello[4 + 1 + 4] = 7;

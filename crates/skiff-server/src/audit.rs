@@ -29,7 +29,7 @@ pub enum Event {
     Subsystem { user: String, name: String },
     /// A forwarding channel was opened, or a listener set up.
     Forward(ForwardRecord),
-    /// A skiff client was granted data-plane streams for a transfer.
+    /// A data-plane transfer (granted streams) ended.
     Transfer(TransferRecord),
     /// The connection ended.
     Disconnect {
@@ -122,11 +122,15 @@ pub struct ForwardRecord {
     pub target: String,
 }
 
-/// A data-plane transfer as the server process sees it: the files and
-/// their bytes go between the client and the transfer process that runs
-/// as the account, so only its mode and streams are known here (its
-/// duration and control bytes are in the `session` record of its
-/// `transfer@skiff` subsystem).
+/// A data-plane transfer, written when it ends. The server process knows
+/// the mode, the streams and the duration itself; the files and their
+/// bytes go between the client and the transfer process that runs as the
+/// account (skiffd hands it the streams' sockets), so `direction`,
+/// `files`, `bytes`, `failed` and `completed` are as that process
+/// reported them (`counted_by: "transfer_process"`). A process that ended
+/// without reporting leaves them `null` (`completed: false`). The
+/// `session` record of its `transfer@skiff` subsystem has the control
+/// channel's bytes and the process's exit status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TransferRecord {
     pub user: String,
@@ -134,6 +138,40 @@ pub struct TransferRecord {
     pub mode: String,
     /// The streams granted.
     pub streams: u32,
+    /// `upload` (client to server) or `download`.
+    pub direction: Option<&'static str>,
+    /// Files transferred in full.
+    pub files: Option<u64>,
+    /// File bytes carried by the data streams.
+    pub bytes: Option<u64>,
+    /// Files (or sources) that failed.
+    pub failed: Option<u64>,
+    /// Whether the transfer ran to its end with nothing failed.
+    pub completed: bool,
+    /// From the grant of the streams to the transfer's end.
+    pub duration_ms: u64,
+    /// Who counted `files` and `bytes`: `transfer_process` (the account's
+    /// process; skiffd does not see the streams' bytes), or `null`.
+    pub counted_by: Option<&'static str>,
+}
+
+impl TransferRecord {
+    /// The record of a transfer by `user` that ended as `end` says.
+    pub fn ended(user: String, end: &crate::stream_relay::TransferEnd) -> TransferRecord {
+        let report = end.report.as_ref();
+        TransferRecord {
+            user,
+            mode: end.mode.to_string(),
+            streams: end.streams,
+            direction: report.map(|r| r.direction.as_str()),
+            files: report.map(|r| r.files),
+            bytes: report.map(|r| r.bytes),
+            failed: report.map(|r| r.failed),
+            completed: report.is_some_and(|r| r.completed),
+            duration_ms: millis(end.duration),
+            counted_by: report.map(|_| "transfer_process"),
+        }
+    }
 }
 
 /// One line of the audit log.
@@ -397,16 +435,55 @@ mod tests {
                 at(0, 0),
                 "c",
                 peer,
-                Event::Transfer(TransferRecord {
-                    user: "u".into(),
-                    mode: "aead".into(),
-                    streams: 4,
-                }),
+                Event::Transfer(TransferRecord::ended(
+                    "u".into(),
+                    &crate::stream_relay::TransferEnd {
+                        mode: skiff_proto::dataplane::Mode::Aead,
+                        streams: 4,
+                        report: Some(skiff_proto::dataplane::TransferReport {
+                            direction: skiff_proto::dataplane::TransferDirection::Download,
+                            files: 2,
+                            bytes: 5000,
+                            failed: 0,
+                            completed: true,
+                        }),
+                        duration: Duration::from_millis(1500),
+                    },
+                )),
             )
             .encode(),
         );
         assert_eq!(v["event"], "transfer");
         assert_eq!(v["mode"], "aead");
         assert_eq!(v["streams"], 4);
+        assert_eq!(v["direction"], "download");
+        assert_eq!(v["files"], 2);
+        assert_eq!(v["bytes"], 5000);
+        assert_eq!(v["failed"], 0);
+        assert_eq!(v["completed"], true);
+        assert_eq!(v["duration_ms"], 1500);
+        assert_eq!(v["counted_by"], "transfer_process");
+    }
+
+    /// A transfer process that died without reporting leaves the counts
+    /// unknown, and the transfer not completed.
+    #[test]
+    fn an_unreported_transfer_is_not_completed() {
+        let record = TransferRecord::ended(
+            "u".into(),
+            &crate::stream_relay::TransferEnd {
+                mode: skiff_proto::dataplane::Mode::Integrity,
+                streams: 1,
+                report: None,
+                duration: Duration::from_millis(7),
+            },
+        );
+        let v = parse(&Entry::new(at(0, 0), "c", None, Event::Transfer(record)).encode());
+        assert_eq!(v["mode"], "integrity");
+        assert_eq!(v["completed"], false);
+        for field in ["direction", "files", "bytes", "failed", "counted_by"] {
+            assert_eq!(v[field], serde_json::Value::Null, "{field}");
+        }
+        assert_eq!(v["duration_ms"], 7);
     }
 }

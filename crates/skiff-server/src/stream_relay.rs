@@ -132,18 +132,34 @@ impl RelayPolicy {
     }
 }
 
+/// How a granted transfer ended, as its relay saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransferEnd {
+    pub mode: dp::Mode,
+    /// Streams granted.
+    pub streams: u32,
+    /// The transfer process's own account ([`RelayMsg::Report`]), or
+    /// `None` when it ended without one (it died, or was killed).
+    pub report: Option<dp::TransferReport>,
+    /// From the grant to the report (or to the process's end).
+    pub duration: Duration,
+}
+
 /// Serves one transfer process's requests until it exits: applies the
 /// server's policy to the mode the client asked for and issues tokens
-/// from `registry`.
+/// from `registry`. Once a granted transfer is over (the process reported,
+/// or went away without reporting), `ended` hears how it went.
 pub fn spawn_relay(
     settings: RelayPolicy,
     registry: Arc<Registry>,
     ours: OwnedFd,
     peer: SocketAddr,
     local: SocketAddr,
-    granted: impl FnOnce(dp::Mode, u32) + Send + 'static,
+    ended: impl FnOnce(TransferEnd) + Send + 'static,
 ) {
-    let mut granted = Some(granted);
+    let mut ended = Some(ended);
+    // Set once streams are granted: (mode, streams, when).
+    let mut granted: Option<(dp::Mode, u32, Instant)> = None;
     tokio::spawn(async move {
         // SAFETY: the AsyncFd owns the descriptor for as long as it is registered.
         let relay = match unsafe { AsyncFd::register(ours) } {
@@ -172,6 +188,23 @@ pub fn spawn_relay(
                 break; // the transfer process exited
             }
             let reply = match dp::decode_relay(&buf[..n]) {
+                // The process's statistics, after a grant, once; believed
+                // for the audit record only.
+                Ok(RelayMsg::Report(report)) => {
+                    match (granted, ended.take()) {
+                        (Some((mode, streams, at)), Some(ended)) => ended(TransferEnd {
+                            mode,
+                            streams,
+                            report: Some(report),
+                            duration: at.elapsed(),
+                        }),
+                        _ => {
+                            tracing::warn!(%peer, "data plane relay: a report out of turn; closing");
+                            break;
+                        }
+                    }
+                    continue;
+                }
                 Ok(RelayMsg::Request { .. }) if asked => {
                     tracing::warn!(%peer, "data plane relay: a second request for streams; closing");
                     break;
@@ -209,9 +242,7 @@ pub fn spawn_relay(
                         }
                     } else {
                         tracing::debug!(%peer, "data plane: {streams} streams, mode {mode}");
-                        if let Some(granted) = granted.take() {
-                            granted(mode, streams);
-                        }
+                        granted = Some((mode, streams, Instant::now()));
                         RelayMsg::Granted {
                             tokens: registry.issue(streams, peer.ip(), &relay),
                         }
@@ -231,6 +262,14 @@ pub fn spawn_relay(
             }
         }
         registry.forget(&relay);
+        if let (Some((mode, streams, at)), Some(ended)) = (granted, ended.take()) {
+            ended(TransferEnd {
+                mode,
+                streams,
+                report: None,
+                duration: at.elapsed(),
+            });
+        }
     });
 }
 
@@ -522,6 +561,94 @@ mod tests {
         plant();
         registry.issue(1, CLIENT, &relay);
         assert!(!registry.tokens.lock().unwrap().contains_key(&stale));
+    }
+
+    /// The transfer process's side of a relay, for tests.
+    struct Process(AsyncFd<OwnedFd>);
+
+    impl Process {
+        async fn send(&self, msg: RelayMsg) {
+            send_relay(&self.0, &msg, None).await.expect("send");
+        }
+
+        /// The next message, or `None` once skiffd closed the relay.
+        async fn recv(&self) -> Option<RelayMsg> {
+            let mut buf = vec![0u8; 4096];
+            loop {
+                let mut guard = self.0.readable().await.expect("readable");
+                if let Ok(r) = guard.try_io(|fd| {
+                    socket::recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty())
+                        .map_err(io::Error::from)
+                }) {
+                    let n = r.expect("recv");
+                    return (n > 0).then(|| dp::decode_relay(&buf[..n]).expect("decode"));
+                }
+            }
+        }
+    }
+
+    /// A relay on loopback (where every mode is allowed) and what it says
+    /// when its transfer ends.
+    fn spawn_loopback() -> (Process, tokio::sync::oneshot::Receiver<TransferEnd>) {
+        let policy = RelayPolicy {
+            data_plane: true,
+            unencrypted_data_plane: crate::config::UnencryptedPolicy::Loopback,
+        };
+        let (ours, theirs) = relay_pair().expect("socketpair");
+        let at: SocketAddr = "127.0.0.1:2222".parse().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        spawn_relay(policy, Arc::default(), ours, at, at, move |end| {
+            let _ = tx.send(end);
+        });
+        // SAFETY: the AsyncFd owns the descriptor for as long as it is registered.
+        let process = Process(unsafe { AsyncFd::register(theirs) }.expect("AsyncFd"));
+        (process, rx)
+    }
+
+    async fn granted(process: &Process) {
+        process
+            .send(RelayMsg::Request {
+                mode: dp::Mode::Integrity,
+                streams: 2,
+            })
+            .await;
+        assert!(matches!(
+            process.recv().await,
+            Some(RelayMsg::Granted { tokens }) if tokens.len() == 2
+        ));
+    }
+
+    /// A granted transfer's end carries the process's report; one whose
+    /// process goes without reporting ends with none; a report before any
+    /// grant is refused (the relay closes) and ends nothing.
+    #[tokio::test]
+    async fn a_transfer_ends_with_its_processs_report_or_without_one() {
+        let report = dp::TransferReport {
+            direction: dp::TransferDirection::Upload,
+            files: 2,
+            bytes: 12345,
+            failed: 0,
+            completed: true,
+        };
+        let (process, ended) = spawn_loopback();
+        granted(&process).await;
+        process.send(RelayMsg::Report(report)).await;
+        let end = ended.await.expect("ended");
+        assert_eq!(end.mode, dp::Mode::Integrity);
+        assert_eq!(end.streams, 2);
+        assert_eq!(end.report, Some(report));
+
+        let (process, ended) = spawn_loopback();
+        granted(&process).await;
+        drop(process);
+        let end = ended.await.expect("ended");
+        assert_eq!(end.report, None);
+        assert_eq!(end.streams, 2);
+
+        let (process, ended) = spawn_loopback();
+        process.send(RelayMsg::Report(report)).await;
+        assert_eq!(process.recv().await, None, "the relay closes");
+        assert!(ended.await.is_err(), "nothing was granted, nothing ended");
     }
 
     /// When a transfer ends, its unused tokens go with it; another

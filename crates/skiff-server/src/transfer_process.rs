@@ -4,12 +4,15 @@
 //! skiffd, which applies the server's policy, issues stream tokens, and
 //! passes each data-plane stream's socket once its token checks out. All
 //! file I/O and record crypto happen here, with the account's rights.
+//! When the transfer ends, however it ends, the process tells skiffd what
+//! it moved ([`Tally`]), for the audit log.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -19,7 +22,8 @@ use skiff_dataplane::{
     RecordWriter, Settled,
 };
 use skiff_proto::dataplane::{
-    self as dp, ClientMsg, Keys, Mode, RelayMsg, ServerMsg, Side, SECRET_LEN, VERSION,
+    self as dp, ClientMsg, Keys, Mode, RelayMsg, ServerMsg, Side, TransferDirection,
+    TransferReport, SECRET_LEN, VERSION,
 };
 
 /// The descriptor skiffd gives the transfer process.
@@ -30,6 +34,93 @@ const STREAM_WAIT: Duration = Duration::from_secs(30);
 
 /// Chunks queued ahead of the senders.
 const QUEUE_CHUNKS: usize = 64;
+
+/// How long a process whose client has gone waits for its transfer's own
+/// ending (the senders finishing) before it reports what it has and exits.
+const ENDING_WAIT: Duration = Duration::from_secs(5);
+
+/// What the transfer moved, counted as it goes and reported to skiffd once
+/// ([`RelayMsg::Report`]) by whichever path ends the process: the
+/// transfer's end, a fatal error, the client leaving, a signal.
+struct Tally {
+    relay: Arc<Relay>,
+    direction: TransferDirection,
+    files: AtomicU64,
+    bytes: AtomicU64,
+    failed: AtomicU64,
+    /// Whether the report is out, for waiters.
+    reported: Mutex<bool>,
+    changed: Condvar,
+}
+
+/// The process's one transfer, once it has begun.
+static TALLY: OnceLock<Arc<Tally>> = OnceLock::new();
+
+impl Tally {
+    fn begin(relay: Arc<Relay>, direction: TransferDirection) -> Arc<Tally> {
+        TALLY
+            .get_or_init(|| {
+                Arc::new(Tally {
+                    relay,
+                    direction,
+                    files: AtomicU64::new(0),
+                    bytes: AtomicU64::new(0),
+                    failed: AtomicU64::new(0),
+                    reported: Mutex::new(false),
+                    changed: Condvar::new(),
+                })
+            })
+            .clone()
+    }
+
+    fn add_bytes(&self, n: u64) {
+        self.bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn add_file(&self) {
+        self.files.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn add_failed(&self) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sends the report, the first time only. `completed` is also false
+    /// whenever a file failed.
+    fn report(&self, completed: bool) {
+        let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        if *reported {
+            return;
+        }
+        *reported = true;
+        let failed = self.failed.load(Ordering::Relaxed);
+        let _ = self.relay.send(&RelayMsg::Report(TransferReport {
+            direction: self.direction,
+            files: self.files.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            failed,
+            completed: completed && failed == 0,
+        }));
+        self.changed.notify_all();
+    }
+
+    /// Waits up to `limit` for the report to be out.
+    fn wait_reported(&self, limit: Duration) {
+        let reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = self
+            .changed
+            .wait_timeout_while(reported, limit, |r| !*r)
+            .map_err(|p| p.into_inner());
+    }
+}
+
+/// The process is ending early: reports the transfer (if one began) as not
+/// completed. A no-op once the transfer has reported.
+fn report_unfinished() {
+    if let Some(tally) = TALLY.get() {
+        tally.report(false);
+    }
+}
 
 /// Control messages to the client, from any thread.
 #[derive(Clone)]
@@ -91,10 +182,21 @@ fn stop_when_client_leaves(
 ) {
     std::thread::spawn(move || {
         let _ = input.next(); // anything more, or the end
+                              // A client that read a whole download may leave before the last
+                              // sender thread has noted that it is done: give the download a
+                              // moment to end (and report) on its own. (An upload reports before
+                              // its `Done`, which the client waits for.)
+        if let Some(tally) = TALLY
+            .get()
+            .filter(|t| t.direction == TransferDirection::Download)
+        {
+            tally.wait_reported(ENDING_WAIT);
+        }
         if finished.load(std::sync::atomic::Ordering::SeqCst) {
             std::process::exit(0);
         }
         on_leave();
+        report_unfinished();
         std::process::exit(1);
     });
 }
@@ -204,6 +306,7 @@ fn handle_hangups() -> Result<OnHangup> {
             if let Some(undo) = on_signal.lock().expect("cleanup lock").take() {
                 undo();
             }
+            report_unfinished();
             std::process::exit(128 + sig as i32);
         }
     });
@@ -214,7 +317,7 @@ fn handle_hangups() -> Result<OnHangup> {
 /// transfer is over; an error is a transfer that failed as a whole.
 pub fn serve_stdio() -> Result<()> {
     let on_hangup = handle_hangups()?;
-    let relay = Relay::open()?;
+    let relay = Arc::new(Relay::open()?);
     let control = Control(Arc::new(Mutex::new(io::stdout())));
     let mut input = Input {
         stdin: io::stdin(),
@@ -262,7 +365,7 @@ pub fn serve_stdio() -> Result<()> {
         streams: tokens.len() as u32,
         control: control.clone(),
     };
-    match input.next()? {
+    let result = match input.next()? {
         Some(ClientMsg::Put {
             target,
             sources,
@@ -285,12 +388,15 @@ pub fn serve_stdio() -> Result<()> {
         }) => get(plane.opening(streams), input, &sources, recursive, preserve),
         Some(other) => bail!("unexpected control message {other:?}"),
         None => Ok(()),
-    }
+    };
+    // A transfer that ended in an error has not reported yet.
+    report_unfinished();
+    result
 }
 
 /// What every transfer needs once the data plane is set up.
 struct Plane {
-    relay: Relay,
+    relay: Arc<Relay>,
     keys: Arc<Keys>,
     mode: Mode,
     streams: u32,
@@ -373,19 +479,27 @@ fn put(
     on_hangup: &OnHangup,
 ) -> Result<()> {
     let control = plane.control.clone();
+    let tally = Tally::begin(plane.relay.clone(), TransferDirection::Upload);
     let target = if target.is_empty() { "." } else { target };
     let placement = match skiff_files::resolve_target(Path::new(target), sources as usize) {
         Ok(p) => p,
         Err(e) => {
             control.fail(u32::MAX, e.to_string());
+            tally.report(false);
             control.send(&ServerMsg::Done);
             return Ok(());
         }
     };
-    let reporter = control.clone();
+    let (reporter, counter) = (control.clone(), tally.clone());
     let table = FileTable::new(move |s| match s {
-        Settled::Stored(id) => reporter.send(&ServerMsg::Stored { id }),
-        Settled::Failed(id, message) => reporter.fail(id, message),
+        Settled::Stored(id) => {
+            counter.add_file();
+            reporter.send(&ServerMsg::Stored { id })
+        }
+        Settled::Failed(id, message) => {
+            counter.add_failed();
+            reporter.fail(id, message)
+        }
     });
     *on_hangup.lock().expect("cleanup lock") = Some(Box::new({
         let table = table.clone();
@@ -400,9 +514,9 @@ fn put(
                 control.fail(u32::MAX, format!("{e:#}"));
             }
         };
-        let (table, control) = (table.clone(), control.clone());
+        let (table, control, tally) = (table.clone(), control.clone(), tally.clone());
         let serve = move |_writer, reader| {
-            if let Err(e) = table.run_receiver(reader, &|_| {}) {
+            if let Err(e) = table.run_receiver(reader, &|n| tally.add_bytes(n)) {
                 // A stream stopped by another one's failure reports that failure.
                 let reason = table.abort_reason().unwrap_or_else(|| e.to_string());
                 fatal(&control, &table, reason);
@@ -414,7 +528,10 @@ fn put(
     loop {
         match input.next() {
             Ok(Some(ClientMsg::Entry(e))) => match accepting.entry(&e) {
-                Ok(Accepted::Failed(message)) => control.fail(e.id, message),
+                Ok(Accepted::Failed(message)) => {
+                    tally.add_failed();
+                    control.fail(e.id, message)
+                }
                 Ok(_) => {}
                 Err(broke) => fatal(&control, &table, broke.to_string()),
             },
@@ -449,6 +566,7 @@ fn put(
         Err(_) => bail!("a receiver thread panicked"),
     }
     for short in table.incomplete() {
+        tally.add_failed();
         control.fail(
             u32::MAX,
             format!("the upload ended before all of {short} arrived"),
@@ -460,9 +578,12 @@ fn put(
             .unwrap_or_else(|| "upload aborted".into());
         fatal(&control, &table, reason);
     }
-    for message in accepting.finish() {
-        control.fail(u32::MAX, message);
+    let unfinished = accepting.finish();
+    for message in &unfinished {
+        control.fail(u32::MAX, message.clone());
     }
+    // Reported before `Done`: the client leaves once it has that.
+    tally.report(unfinished.is_empty());
     finished.store(true, std::sync::atomic::Ordering::SeqCst);
     control.send(&ServerMsg::Done);
     Ok(())
@@ -475,6 +596,7 @@ fn fatal(control: &Control, table: &FileTable, reason: String) -> ! {
     ONCE.call_once(|| {
         table.abort();
         control.fail(u32::MAX, reason);
+        report_unfinished();
         std::process::exit(1);
     });
     unreachable!("the first caller exits the process")
@@ -490,6 +612,7 @@ fn get(
     _preserve: bool,
 ) -> Result<()> {
     let control = plane.control.clone();
+    let tally = Tally::begin(plane.relay.clone(), TransferDirection::Download);
     let queue = ChunkQueue::new(QUEUE_CHUNKS);
     let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
     stop_when_client_leaves(input, finished.clone(), || {});
@@ -501,27 +624,52 @@ fn get(
                 control.fail(u32::MAX, format!("{e:#}"));
             }
         };
-        let (queue, control) = (queue.clone(), control.clone());
+        let (queue, control, tally) = (queue.clone(), control.clone(), tally.clone());
         let serve = move |writer, _reader| {
-            let failed = |id: u32, e: io::Error| control.fail(id, format!("read failed: {e}"));
-            if let Err(e) = queue.run_sender(writer, &|_| {}, &failed) {
+            let failed = |id: u32, e: io::Error| {
+                tally.add_failed();
+                control.fail(id, format!("read failed: {e}"))
+            };
+            if let Err(e) = queue.run_sender(writer, &|n| tally.add_bytes(n), &failed) {
                 control.fail(u32::MAX, e.to_string());
             }
         };
         plane.accept_streams(serve, on_error)
     };
     let sources: Vec<_> = sources.iter().map(|s| source_path(s).to_owned()).collect();
+    // Files announced: once every sender has finished, each of them that did
+    // not fail was sent in full.
+    let (mut announced, mut unsendable) = (0u64, 0u64);
     offer_tree(&sources, recursive, &queue, &mut |offered| {
         match offered {
-            Offered::Entry { wire, .. } => control.send(&ServerMsg::Entry(wire)),
-            Offered::Unsendable(why) => control.fail(u32::MAX, why),
+            Offered::Entry { wire, .. } => {
+                announced += u64::from(!wire.is_dir);
+                control.send(&ServerMsg::Entry(wire))
+            }
+            Offered::Unsendable(why) => {
+                unsendable += 1;
+                tally.add_failed();
+                control.fail(u32::MAX, why)
+            }
         }
         // A client that went away ends the process (stop_when_client_leaves).
         true
     });
     control.send(&ServerMsg::Done);
     let joined = senders.join();
-    finished.store(true, std::sync::atomic::Ordering::SeqCst);
+    // With every sender done, each announced file whose reading did not
+    // fail went out in full.
+    let sent_all = matches!(joined, Ok(Ok(())));
+    if sent_all {
+        let unreadable = tally.failed.load(Ordering::Relaxed) - unsendable;
+        tally
+            .files
+            .store(announced.saturating_sub(unreadable), Ordering::Relaxed);
+    }
+    tally.report(sent_all);
+    // A download that failed still ends the process with a failure when
+    // its client leaves first.
+    finished.store(sent_all, std::sync::atomic::Ordering::SeqCst);
     match joined {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => {

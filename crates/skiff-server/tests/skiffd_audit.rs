@@ -426,7 +426,16 @@ fn a_data_plane_copy_leaves_a_transfer_record() {
         ],
     )
     .expect_code(0, &ctx(&d, "skiff cp"));
-    let all = records(&audit, 1, &d);
+    // The transfer record is written when the transfer process reports its
+    // end, which may reach skiffd after the connection's end.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let all = loop {
+        let all = records(&audit, 1, &d);
+        if all.iter().any(|r| r["event"] == "transfer") || Instant::now() > deadline {
+            break all;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let transfer: Vec<&Value> = all.iter().filter(|r| r["event"] == "transfer").collect();
     assert_eq!(transfer.len(), 1, "{all:#?}");
     assert_eq!(transfer[0]["mode"], "integrity");

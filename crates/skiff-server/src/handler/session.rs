@@ -524,20 +524,14 @@ impl ConnectionHandler {
             let registry = self.state.registry.clone();
             let log = self.log.clone();
             let user = self.auth.as_ref().map(|a| a.account.name.clone());
-            let granted = move |mode: skiff_proto::dataplane::Mode, streams: u32| {
+            let ended = move |end: crate::stream_relay::TransferEnd| {
                 if log.auditing() {
                     log.record(crate::audit::Event::Transfer(
-                        crate::audit::TransferRecord {
-                            user: user.unwrap_or_default(),
-                            mode: mode.to_string(),
-                            streams,
-                        },
+                        crate::audit::TransferRecord::ended(user.unwrap_or_default(), &end),
                     ));
                 }
             };
-            crate::stream_relay::spawn_relay(
-                policy, registry, ours, self.peer, self.local, granted,
-            );
+            crate::stream_relay::spawn_relay(policy, registry, ours, self.peer, self.local, ended);
         }
         Ok(())
     }
