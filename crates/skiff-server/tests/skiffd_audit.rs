@@ -427,11 +427,13 @@ fn a_data_plane_copy_leaves_a_transfer_record() {
     )
     .expect_code(0, &ctx(&d, "skiff cp"));
     // The transfer record is written when the transfer process reports its
-    // end, which may reach skiffd after the connection's end.
+    // end, and the session's when its channel closes: either may reach
+    // skiffd after the connection's end, in either order.
     let deadline = Instant::now() + Duration::from_secs(30);
     let all = loop {
         let all = records(&audit, 1, &d);
-        if all.iter().any(|r| r["event"] == "transfer") || Instant::now() > deadline {
+        let has = |event: &str| all.iter().any(|r| r["event"] == event);
+        if (has("transfer") && has("session")) || Instant::now() > deadline {
             break all;
         }
         std::thread::sleep(Duration::from_millis(50));
