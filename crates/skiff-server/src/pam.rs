@@ -105,6 +105,8 @@ enum Request {
     /// The client went on to something else mid-conversation.
     Abandon,
     Account,
+    /// `pam_chauthtok` for an expired password, relaying PAM's questions.
+    ChangeExpired,
 }
 
 /// What the PAM thread tells the async side.
@@ -182,6 +184,13 @@ impl PamLogin {
             )));
         }
         self.ask(Request::Answers(answers)).await
+    }
+
+    /// `pam_chauthtok(PAM_CHANGE_EXPIRED_AUTHTOK)`, relaying PAM's
+    /// questions ("Current password:", "New password:") to the client.
+    pub async fn change_expired_password(&mut self) -> Turn {
+        self.settle().await;
+        self.ask(Request::ChangeExpired).await
     }
 
     /// `pam_acct_mgmt`: may the authenticated account log in now?
@@ -358,6 +367,10 @@ fn run(
                 ctx.authenticate(Flag::NONE)
             }
             Request::Account => ctx.acct_mgmt(Flag::NONE),
+            Request::ChangeExpired => {
+                ctx.conversation_mut().mode = Mode::Interactive(Rounds::default());
+                ctx.chauthtok(Flag::CHANGE_EXPIRED_AUTHTOK)
+            }
             // Left over from a conversation that has ended already.
             Request::Answers(_) | Request::Abandon => {
                 let _ = outbox.send(Event::Done(Err(PamError::Unavailable(

@@ -374,6 +374,69 @@ fn a_source_that_guesses_passwords_is_turned_away_for_a_while() {
 }
 
 #[test]
+fn an_expired_password_is_changed_through_keyboard_interactive() {
+    if !can_run() || !require_tool("chage", "passwd") {
+        return;
+    }
+    let stack = format!("{UNIX_STACK}password required pam_unix.so\n");
+    let w = World::new(&stack, "");
+    let name = w.name().to_string();
+    // Expired: the last change was on day 0.
+    w.acct.admin(&["chage", "-d", "0", &name], || {
+        shadow_fields(&name).is_some_and(|f| f.get(2).is_some_and(|d| d == "0"))
+    });
+    // The password method cannot change it: refused, with the reason logged.
+    let (out, _) = w.login("password", PASSWORD);
+    let c = w.ctx(&format!("password method, expired\n{out}"));
+    out.expect_code(255, &c);
+    w.logged(
+        &["Access denied for user", &name, "password has expired"],
+        "expired",
+    );
+
+    // keyboard-interactive asks for the old and the new one, as sshd.
+    const NEW: &str = "Fresh4Start99x";
+    let dir = w.scratch.path().join("change");
+    std::fs::create_dir_all(&dir).unwrap();
+    let asked = dir.join("questions");
+    let script = dir.join("askpass.sh");
+    write_file(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> '{}'\ncase \"$*\" in\n  *[Nn]ew*) echo {NEW} ;;\n  *) echo {PASSWORD} ;;\nesac\n",
+            asked.display()
+        ),
+        0o755,
+    );
+    let out = ssh(w.d.port(), &name, &w.fx.client_key)
+        .askpass(&script)
+        .opt("PubkeyAuthentication=no")
+        .opt("PreferredAuthentications=keyboard-interactive")
+        .args(&["id -un"])
+        .run();
+    let c = w.ctx(&format!(
+        "keyboard-interactive, expired\n{out}\nasked: {:?}",
+        questions(&asked)
+    ));
+    out.expect_code(0, &c)
+        .expect_stdout(&format!("{name}\n"), &c);
+    let questions = questions(&asked);
+    assert!(
+        questions
+            .iter()
+            .filter(|q| q.to_lowercase().contains("new"))
+            .count()
+            >= 2,
+        "{c}: the new password, twice"
+    );
+    // The new password is the account's now.
+    let (out, _) = w.login("password", NEW);
+    let c = w.ctx(&format!("the new password\n{out}"));
+    out.expect_code(0, &c)
+        .expect_stdout(&format!("{name}\n"), &c);
+}
+
+#[test]
 fn root_needs_permit_root_login_yes_for_a_password() {
     if !can_run() {
         return;

@@ -102,6 +102,9 @@ pub struct ConnectionHandler {
     pam: Option<crate::pam::PamLogin>,
     /// How many questions the keyboard-interactive round in progress asked.
     kbd_round: Option<usize>,
+    /// An expired password was changed (or its change tried) on this
+    /// connection: it is not asked for again.
+    password_changed: bool,
     /// PAM's session for the login's commands (`UsePAM yes`), opened at
     /// the first; closed when the connection ends and this is dropped.
     pam_session: Option<Arc<crate::pam_session::PamSession>>,
@@ -147,6 +150,7 @@ impl ConnectionHandler {
             env_refusals: std::cell::Cell::new(0),
             pam: None,
             kbd_round: None,
+            password_changed: false,
             pam_session: None,
             state,
         }

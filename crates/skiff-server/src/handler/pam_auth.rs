@@ -122,6 +122,10 @@ impl ConnectionHandler {
                 "answers to no question".into(),
             ))),
         };
+        let turn = match turn {
+            Turn::Done(Ok(())) => self.expired_password_turn(user, &pam_user).await,
+            other => other,
+        };
         let verdict = match turn {
             Turn::Ask(round) => {
                 self.kbd_round = Some(round.prompts.len());
@@ -143,6 +147,26 @@ impl ConnectionHandler {
             .await;
         self.judged(user, How::KeyboardInteractive, &auth);
         Ok(auth)
+    }
+
+    /// After PAM accepted the answers: when the account's password has
+    /// expired, the questions of changing it (as sshd asks them in
+    /// keyboard-interactive), once per login; else the success as it is.
+    async fn expired_password_turn(&mut self, user: &str, pam_user: &str) -> Turn {
+        if self.pam_account(user).is_none() || self.password_changed {
+            return Turn::Done(Ok(()));
+        }
+        let pam = self.pam_for(pam_user);
+        match pam.account().await {
+            Err(e) if e.password_expired() => {
+                tracing::info!(peer = %self.peer, user, "the password has expired: asking for a new one");
+                self.password_changed = true;
+                self.pam_for(pam_user).change_expired_password().await
+            }
+            // Anything else is judged by the account check every login
+            // gets (`logged_in`).
+            _ => Turn::Done(Ok(())),
+        }
     }
 
     /// What PAM's `verdict` on `user` by `method` makes of the login.
