@@ -19,6 +19,7 @@ pub mod known_hosts;
 pub mod krl;
 pub mod nodeset;
 pub mod openssh_key;
+pub mod pam_session_wire;
 pub mod pattern;
 pub mod signals;
 pub mod socks;

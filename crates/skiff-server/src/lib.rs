@@ -74,7 +74,6 @@ pub mod match_block;
 pub mod pam;
 pub mod pam_policy;
 pub mod pam_session;
-pub mod pam_session_wire;
 mod peer_hangup;
 pub mod penalties;
 mod process;

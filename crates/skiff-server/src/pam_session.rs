@@ -14,7 +14,7 @@
 //! passes it; skiffd relays signals and learns exit statuses through it.
 //! When the connection ends skiffd closes the socket: the session process
 //! closes PAM's session (`pam_close_session`, `pam_setcred(DELETE)`,
-//! `pam_end`) and exits. The messages are [`crate::pam_session_wire`]'s.
+//! `pam_end`) and exits. The messages are [`skiff_proto::pam_session_wire`]'s.
 
 use std::collections::HashMap;
 use std::io;
@@ -29,8 +29,8 @@ use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
-use crate::pam_session_wire::{FromSession, SpawnPlan, ToSession, MAX_MESSAGE};
 use crate::spawn;
+use skiff_proto::pam_session_wire::{FromSession, SpawnPlan, ToSession, MAX_MESSAGE};
 
 /// The descriptors a message may carry (stdin, stdout, stderr, fd 3).
 const MAX_FDS: usize = 4;

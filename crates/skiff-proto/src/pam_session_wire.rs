@@ -1,5 +1,5 @@
 //! The messages between skiffd and a connection's PAM session process
-//! (`skiffd --pam-session`, see [`crate::pam_session`]): open the session,
+//! (`skiffd --pam-session`, see skiff-server's `pam_session`): open the session,
 //! start a process in it (its descriptors travel beside the message as
 //! `SCM_RIGHTS`), signal one, and the answers. One message per datagram of
 //! a `SOCK_SEQPACKET` socket: a tag byte, then the fields in order
