@@ -173,6 +173,9 @@ pub struct Settings {
     /// `LogLevel`: how much skiffd logs (`None`: not set, INFO; the
     /// command line's -d, -v and -q win over it).
     pub log_level: Option<LogLevel>,
+    /// `SyslogFacility`: the facility of the lines skiffd sends to syslog
+    /// (see [`crate::syslog`]); global only, as in sshd.
+    pub syslog_facility: crate::syslog::Facility,
     /// `AuditLog`: the file audit records are appended to (see
     /// [`crate::audit`]); global only.
     pub audit_log: Option<PathBuf>,
@@ -402,6 +405,7 @@ impl Default for Settings {
             rekey_limit: Default::default(),
             matches: Vec::new(),
             log_level: None,
+            syslog_facility: Default::default(),
             audit_log: None,
             kex_algorithms: algorithms::SERVER_KEX.defaults(),
             host_key_algorithms: algorithms::SERVER_HOST_KEY.defaults(),
@@ -1138,6 +1142,9 @@ fn apply_line(
         }
         "dataplane" => settings.data_plane = parse_yes_no(one()?).map_err(err)?,
         "loglevel" => settings.log_level = Some(LogLevel::parse(one()?).map_err(err)?),
+        "syslogfacility" => {
+            settings.syslog_facility = crate::syslog::Facility::parse(one()?).map_err(err)?
+        }
         "auditlog" => {
             settings.audit_log = match one()? {
                 "none" => None,

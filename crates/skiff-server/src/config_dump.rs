@@ -10,8 +10,8 @@
 //! Keywords of features skiffd never offers (password, keyboard-interactive,
 //! host-based, GSSAPI and Kerberos authentication, X11, tunnels,
 //! `~/.ssh/rc`, PAM) are printed as what skiffd does, off, whatever the file
-//! says. Other keywords skiffd accepts without acting on (`SyslogFacility`,
-//! `UseDNS`, ...) are left out, as are sshd's that skiffd has no setting for.
+//! says. Other keywords skiffd accepts without acting on (`UseDNS`,
+//! `TCPKeepAlive`, ...) are left out, as are sshd's that skiffd has no setting for.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -323,6 +323,7 @@ pub fn render(s: &Settings) -> String {
         "loglevel",
         s.log_level.unwrap_or(crate::config::LogLevel::Info).name(),
     );
+    line("syslogfacility", &s.syslog_facility.name());
     line("authorizedkeysfile", &s.authorized_keys);
     for key in &s.host_keys {
         line("hostkey", &key.display().to_string());

@@ -5,7 +5,7 @@
 //! [`serve`] binds the listeners and runs until the process ends. The pieces:
 //! [`config`] (settings and their file format; [`config_dump`] prints
 //! them as `sshd -T` does), [`hostkey`] (host keys), [`log_file`] (the
-//! `-E` file),
+//! `-E` file), [`syslog`] (the log sent to syslog, and where skiffd logs),
 //! [`account`] (who may log in), [`lookup_command`]
 //! (`AuthorizedKeysCommand`, `AuthorizedPrincipalsCommand`), `handler` (one
 //! connection: russh's callbacks, each handed to `handler::auth` for
@@ -89,6 +89,7 @@ mod spawn;
 mod sshd_only;
 pub mod startups;
 mod stream_relay;
+pub mod syslog;
 pub mod transfer_process;
 
 pub use handler::authorized_keys_path;

@@ -30,7 +30,6 @@ const COSMETIC: &[&str] = &[
     "modulifile",
     "pidfile",
     "protocol",
-    "syslogfacility",
     "tcpkeepalive",
     "usedns",
     "useprivilegeseparation",

@@ -12,6 +12,7 @@ use skiff_server::config::{apply_config_with, parse_listen, read_included, Comma
 use skiff_server::config_dump::{self, ConnectionSpec};
 use skiff_server::hostkey;
 use skiff_server::sftp_options::ServerOptions;
+use skiff_server::syslog;
 
 /// skiffd's options, with sshd's single-letter spellings beside its own
 /// long ones so that scripts written for sshd run it.
@@ -95,10 +96,11 @@ struct Args {
     /// Append the log to FILE instead of stderr (created 0600).
     #[arg(short = 'E', value_name = "FILE")]
     log_file: Option<PathBuf>,
-    /// Do not detach: skiffd never does (accepted for sshd's sake).
+    /// Started as sshd is by a service manager: log to syslog (unless -e,
+    /// -d or -E). skiffd never detaches.
     #[arg(short = 'D')]
     no_detach: bool,
-    /// Log to stderr: skiffd does without -E (accepted for sshd's sake).
+    /// With -D: log to stderr instead of syslog.
     #[arg(short = 'e')]
     stderr: bool,
     /// sshd's utmp host-name length: skiffd writes no utmp and looks up no
@@ -202,17 +204,17 @@ fn main() {
     // inetd hands the connection over as stderr too: a log line there
     // would be bytes in the SSH stream.
     let logging = match args.inetd && args.log_file.is_none() && stderr_is_stdin() {
-        true => Ok(None),
+        true => Ok(LogControl::default()),
         false => init_logging(&args),
     };
-    let set_level = match refuse_unsupported(&args).and(logging) {
-        Ok(set_level) => set_level,
+    let log = match refuse_unsupported(&args).and(logging) {
+        Ok(log) => log,
         Err(e) => {
             eprintln!("skiffd: {e:#}");
             std::process::exit(1);
         }
     };
-    if let Err(e) = run(args, set_level) {
+    if let Err(e) = run(args, log) {
         eprintln!("skiffd: {e:#}");
         std::process::exit(1);
     }
@@ -254,6 +256,15 @@ fn stderr_is_stdin() -> bool {
 /// known.
 type SetLevel = Box<dyn Fn(&str) -> Result<()>>;
 
+/// What the configuration may still change about logging.
+#[derive(Default)]
+struct LogControl {
+    /// `LogLevel`, unless the command line set the level.
+    set_level: Option<SetLevel>,
+    /// Logging to syslog: `SyslogFacility`.
+    syslog: Option<std::sync::Arc<syslog::SyslogSender>>,
+}
+
 /// The filter that logs skiffd's own lines at `level`.
 fn level_filter(level: &str) -> tracing_subscriber::EnvFilter {
     tracing_subscriber::EnvFilter::new(format!(
@@ -261,11 +272,21 @@ fn level_filter(level: &str) -> tracing_subscriber::EnvFilter {
     ))
 }
 
-/// Logging to stderr, or appended to the -E file, at the level -v/-d
-/// (more) or -q (errors only) ask for; `SKIFF_LOG` overrides it. Without
-/// either, the configuration's `LogLevel` may change it later: the
-/// [`SetLevel`] returned does.
-fn init_logging(args: &Args) -> Result<Option<SetLevel>> {
+/// The subscriber every output is layered on: the (reloadable) filter.
+type Filtered = tracing_subscriber::layer::Layered<
+    tracing_subscriber::reload::Layer<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>,
+    tracing_subscriber::Registry,
+>;
+
+/// Logging to stderr, the -E file or syslog ([`syslog::destination`]
+/// decides), at the level -v/-d (more) or -q (errors only) ask for;
+/// `SKIFF_LOG` overrides it. Without either, the configuration's
+/// `LogLevel` may change it later, and when logging to syslog its
+/// `SyslogFacility` sets the facility: the [`LogControl`] returned does.
+fn init_logging(args: &Args) -> Result<LogControl> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let more = args.verbose.saturating_add(args.debug);
     let level = match (args.quiet, more) {
         (true, _) => "error",
@@ -276,30 +297,58 @@ fn init_logging(args: &Args) -> Result<Option<SetLevel>> {
     let from_env = tracing_subscriber::EnvFilter::try_from_env("SKIFF_LOG").ok();
     let settable = !args.quiet && more == 0 && from_env.is_none();
     let filter = from_env.unwrap_or_else(|| level_filter(level));
-    let writer = match &args.log_file {
-        Some(path) => {
-            let file = skiff_server::log_file::open_append(path)?;
-            tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::sync::Mutex::new(file))
+    let destination = syslog::destination(&syslog::LogFlags {
+        no_detach: args.no_detach,
+        stderr: args.stderr,
+        debug: args.debug > 0,
+        log_file: args.log_file.clone(),
+    });
+    let mut sender = None;
+    let output: Box<dyn Layer<Filtered> + Send + Sync> = match destination {
+        syslog::Destination::Stderr => tracing_subscriber::fmt::layer()
+            .with_target(false)
+            .with_writer(std::io::stderr)
+            .boxed(),
+        syslog::Destination::File(path) => {
+            let file = skiff_server::log_file::open_append(&path)?;
+            tracing_subscriber::fmt::layer()
+                .with_target(false)
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file))
+                .boxed()
         }
-        None => tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::stderr),
+        // Syslog stamps the time and the severity itself.
+        syslog::Destination::Syslog => {
+            let to = std::sync::Arc::new(syslog::SyslogSender::new(std::path::Path::new(
+                syslog::DEV_LOG,
+            )));
+            sender = Some(to.clone());
+            tracing_subscriber::fmt::layer()
+                .with_target(false)
+                .with_ansi(false)
+                .without_time()
+                .with_level(false)
+                .with_writer(syslog::SyslogWriter(to))
+                .boxed()
+        }
     };
-    let mut builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .with_writer(writer);
-    if args.log_file.is_some() {
-        builder = builder.with_ansi(false);
-    }
-    let builder = builder.with_filter_reloading();
-    let handle = builder.reload_handle();
-    builder.init();
-    Ok(settable.then(|| {
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(output)
+        .try_init()
+        .context("cannot start logging")?;
+    let set_level = settable.then(|| {
         Box::new(move |level: &str| {
             handle
                 .reload(level_filter(level))
                 .context("cannot change the log level")
         }) as SetLevel
-    }))
+    });
+    Ok(LogControl {
+        set_level,
+        syslog: sender,
+    })
 }
 
 /// The command line's settings lines: the options that stand for a
@@ -322,7 +371,7 @@ fn command_line(args: &Args) -> CommandLine {
     }
 }
 
-fn run(args: Args, set_level: Option<SetLevel>) -> Result<()> {
+fn run(args: Args, log: LogControl) -> Result<()> {
     let mut settings = Settings::default();
     // The sftp subsystem runs this executable as the account, unless the
     // config file names another command (`Subsystem sftp ...`).
@@ -360,8 +409,11 @@ fn run(args: Args, set_level: Option<SetLevel>) -> Result<()> {
         &mut read_included,
     )?;
     // The command line's -d, -v, -q (and SKIFF_LOG) win over LogLevel.
-    if let (Some(level), Some(set_level)) = (settings.log_level, &set_level) {
+    if let (Some(level), Some(set_level)) = (settings.log_level, &log.set_level) {
         set_level(level.tracing_level())?;
+    }
+    if let Some(sender) = &log.syslog {
+        sender.set_facility(settings.syslog_facility);
     }
     for note in std::mem::take(&mut settings.config_notes) {
         tracing::warn!("{note}");
