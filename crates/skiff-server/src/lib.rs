@@ -81,6 +81,7 @@ mod pty_owner;
 pub mod queue_budget;
 pub mod rekey_limit;
 pub mod security_keys;
+mod seqpacket;
 mod server_state;
 pub mod session_env;
 pub mod sftp;

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use nix::sys::socket::{self, ControlMessage, MsgFlags};
+use nix::sys::socket::{self, MsgFlags};
 use skiff_proto::dataplane::{self as dp, RelayMsg, Sniff, MAGIC, TOKEN_LEN};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
@@ -275,31 +275,8 @@ pub fn spawn_relay(
 
 /// Sends one relay message, with a socket passed alongside when given.
 async fn send_relay(relay: &AsyncFd<OwnedFd>, msg: &RelayMsg, fd: Option<RawFd>) -> io::Result<()> {
-    let bytes = dp::encode_relay(msg);
-    loop {
-        let mut guard = relay.writable().await?;
-        let result = guard.try_io(|inner| {
-            let iov = [io::IoSlice::new(&bytes)];
-            let fds = fd.map(|f| [f]);
-            let cmsgs: Vec<ControlMessage<'_>> = fds
-                .as_ref()
-                .map(|f| ControlMessage::ScmRights(f))
-                .into_iter()
-                .collect();
-            socket::sendmsg::<()>(
-                inner.as_raw_fd(),
-                &iov,
-                &cmsgs,
-                MsgFlags::MSG_NOSIGNAL,
-                None,
-            )
-            .map_err(io::Error::from)
-        });
-        match result {
-            Ok(r) => return r.map(|_| ()),
-            Err(_would_block) => continue,
-        }
-    }
+    let fds: Vec<RawFd> = fd.into_iter().collect();
+    crate::seqpacket::send(relay, &dp::encode_relay(msg), &fds).await
 }
 
 /// Serves a connection that began with the data-plane magic: reads its

@@ -74,28 +74,19 @@ impl World {
     /// An askpass program answering `answer` and the file its questions go
     /// to.
     fn askpass(&self, answer: &str) -> (PathBuf, PathBuf) {
-        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = self.scratch.path().join(format!("askpass-{n}"));
-        std::fs::create_dir_all(&dir).expect("mkdir askpass dir");
-        let marker = dir.join("questions");
-        (askpass_script(&dir, answer, &marker), marker)
+        askpass_in(self.scratch.path(), answer)
     }
 
-    /// Stock ssh as the account with `method` only and `answer` for its
-    /// questions (no key offered), running `id -un`. (LogLevel INFO: ssh
-    /// shows a keyboard-interactive instruction at that level.)
+    /// [`by_answers`] as the account with `method`, `answer` for its
+    /// questions; and the questions asked.
     fn login(&self, method: &str, answer: &str) -> (CmdOutput, Vec<String>) {
         let (script, marker) = self.askpass(answer);
-        let out = ssh(self.d.port(), self.name(), &self.fx.client_key)
-            .log_level("INFO")
-            .askpass(&script)
-            .opt("PubkeyAuthentication=no")
-            .opt(&format!("PreferredAuthentications={method}"))
-            .opt("NumberOfPasswordPrompts=1")
-            .args(&["id -un"])
-            .run();
+        let out = self.by_answers(self.name(), method, &script).run();
         (out, questions(&marker))
+    }
+
+    fn by_answers(&self, user: &str, methods: &str, script: &Path) -> Ssh {
+        by_answers(self.d.port(), user, &self.fx.client_key, methods, script)
     }
 
     fn ctx(&self, what: &str) -> String {
@@ -118,12 +109,21 @@ impl World {
     }
 }
 
+/// Stock ssh to `port` as `user` with `methods` only (no key offered, one
+/// try), `script` answering its questions, running `id -un`. (LogLevel
+/// INFO: ssh shows a keyboard-interactive instruction at that level.)
+fn by_answers(port: u16, user: &str, key: &Key, methods: &str, script: &Path) -> Ssh {
+    ssh(port, user, key)
+        .log_level("INFO")
+        .askpass(script)
+        .opt("PubkeyAuthentication=no")
+        .opt(&format!("PreferredAuthentications={methods}"))
+        .opt("NumberOfPasswordPrompts=1")
+        .args(&["id -un"])
+}
+
 fn questions(marker: &Path) -> Vec<String> {
-    std::fs::read_to_string(marker)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
+    askpass_questions(marker)
 }
 
 /// Polls `cond` every 50 ms until it holds or `limit` passes.
@@ -321,13 +321,7 @@ fn an_account_that_may_not_log_in_is_refused_whatever_pam_says() {
     let ghost = "skt-nosuch-account";
     assert!(no_such_account(ghost));
     let (script, _) = w.askpass(PASSWORD);
-    let out = ssh(w.d.port(), ghost, &w.fx.client_key)
-        .askpass(&script)
-        .opt("PubkeyAuthentication=no")
-        .opt("PreferredAuthentications=password")
-        .opt("NumberOfPasswordPrompts=1")
-        .args(&["id -un"])
-        .run();
+    let out = by_answers(w.d.port(), ghost, &w.fx.client_key, "password", &script).run();
     let c = w.ctx(&format!("no such account\n{out}"));
     out.expect_code(255, &c).expect_stdout("", &c);
     w.logged(
@@ -408,12 +402,14 @@ fn an_expired_password_is_changed_through_keyboard_interactive() {
         ),
         0o755,
     );
-    let out = ssh(w.d.port(), &name, &w.fx.client_key)
-        .askpass(&script)
-        .opt("PubkeyAuthentication=no")
-        .opt("PreferredAuthentications=keyboard-interactive")
-        .args(&["id -un"])
-        .run();
+    let out = by_answers(
+        w.d.port(),
+        &name,
+        &w.fx.client_key,
+        "keyboard-interactive",
+        &script,
+    )
+    .run();
     let c = w.ctx(&format!(
         "keyboard-interactive, expired\n{out}\nasked: {:?}",
         questions(&asked)
@@ -446,13 +442,7 @@ fn root_needs_permit_root_login_yes_for_a_password() {
     for (permit, logs_in) in [("prohibit-password", false), ("yes", true)] {
         let w = World::new(stack, &format!("PermitRootLogin {permit}\n"));
         let (script, _) = w.askpass(WRONG);
-        let out = ssh(w.d.port(), "root", &w.fx.client_key)
-            .askpass(&script)
-            .opt("PubkeyAuthentication=no")
-            .opt("PreferredAuthentications=password")
-            .opt("NumberOfPasswordPrompts=1")
-            .args(&["id -un"])
-            .run();
+        let out = by_answers(w.d.port(), "root", &w.fx.client_key, "password", &script).run();
         let c = w.ctx(&format!(
             "root by password, PermitRootLogin {permit}\n{out}"
         ));
@@ -483,13 +473,7 @@ fn empty_passwords_need_permit_empty_passwords() {
         std::fs::create_dir_all(&dir).unwrap();
         let script = dir.join("askpass.sh");
         write_file(&script, "#!/bin/sh\necho\n", 0o755);
-        let out = ssh(w.d.port(), &name, &w.fx.client_key)
-            .askpass(&script)
-            .opt("PubkeyAuthentication=no")
-            .opt("PreferredAuthentications=password")
-            .opt("NumberOfPasswordPrompts=1")
-            .args(&["id -un"])
-            .run();
+        let out = by_answers(w.d.port(), &name, &w.fx.client_key, "password", &script).run();
         let c = w.ctx(&format!(
             "empty password, PermitEmptyPasswords {permit}\n{out}"
         ));
@@ -511,12 +495,14 @@ fn without_use_pam_no_password_is_asked() {
     // A second skiffd on the same keys, without UsePAM.
     let plain = Skiffd::start(&w.fx.host_key, &w.fx.authorized_keys);
     let (script, marker) = w.askpass(PASSWORD);
-    let out = ssh(plain.port(), w.name(), &w.fx.client_key)
-        .askpass(&script)
-        .opt("PubkeyAuthentication=no")
-        .opt("PreferredAuthentications=password,keyboard-interactive")
-        .args(&["id -un"])
-        .run();
+    let out = by_answers(
+        plain.port(),
+        w.name(),
+        &w.fx.client_key,
+        "password,keyboard-interactive",
+        &script,
+    )
+    .run();
     let c = ctx(&plain, &format!("no UsePAM\n{out}"));
     out.expect_code(255, &c).expect_stdout("", &c);
     assert!(out.stderr.contains("Permission denied (publickey)"), "{c}");
@@ -537,11 +523,7 @@ fn a_hung_module_holds_up_only_its_own_login() {
     let hung = {
         let (port, name, key) = (w.d.port(), name.clone(), w.fx.client_key.clone());
         std::thread::spawn(move || {
-            ssh(port, &name, &key)
-                .askpass(&script)
-                .opt("PubkeyAuthentication=no")
-                .opt("PreferredAuthentications=password")
-                .args(&["id -un"])
+            by_answers(port, &name, &key, "password", &script)
                 .timeout(Duration::from_secs(60))
                 .run()
         })

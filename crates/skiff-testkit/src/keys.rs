@@ -181,6 +181,27 @@ pub fn askpass_script(dir: &Path, passphrase: &str, marker: &Path) -> PathBuf {
     path
 }
 
+/// An [`askpass_script`] answering `answer`, in a new directory of its own
+/// under `parent`, and the file its questions go to.
+pub fn askpass_in(parent: &Path, answer: &str) -> (PathBuf, PathBuf) {
+    static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = parent.join(format!("askpass-{n}"));
+    std::fs::create_dir_all(&dir).expect("mkdir askpass dir");
+    let marker = dir.join("questions");
+    (askpass_script(&dir, answer, &marker), marker)
+}
+
+/// The questions an [`askpass_script`] was asked, one a line (none when it
+/// never ran).
+pub fn askpass_questions(marker: &Path) -> Vec<String> {
+    std::fs::read_to_string(marker)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
 /// `ssh-keygen -s CA -I ID -n PRINCIPALS -V -5m:+1h MORE PUBLIC`: a user
 /// certificate for `public`, written beside it as `...-cert.pub`.
 pub fn sign_user_key(ca: &Key, public: &Path, id: &str, principals: &str, more: &[&str]) {

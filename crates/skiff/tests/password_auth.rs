@@ -72,12 +72,7 @@ impl World {
     /// An askpass script answering `answer`, and the marker file it logs
     /// its questions to.
     fn askpass(&self, answer: &str) -> (PathBuf, PathBuf) {
-        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = self.home.path().join(format!("askpass-{n}"));
-        std::fs::create_dir_all(&dir).expect("mkdir askpass dir");
-        let marker = dir.join("questions");
-        (askpass_script(&dir, answer, &marker), marker)
+        askpass_in(self.home.path(), answer)
     }
 
     /// `skiff exec` as the account, no key, not in BatchMode, with the
@@ -129,11 +124,7 @@ impl FailsWith for CmdOutput {
 /// The questions the askpass program was asked, one a line (none when it
 /// was never run).
 fn questions(marker: &Path) -> Vec<String> {
-    std::fs::read_to_string(marker)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
+    askpass_questions(marker)
 }
 
 #[test]

@@ -832,15 +832,8 @@ impl ConnectionHandler {
                 }
                 tracing::debug!(%peer, user, id = certificate.key_id(), via = ?authority, "certificate admitted");
                 let account = account.clone();
-                let credential = credential_line(certificate.to_openssh());
                 Ok(self
-                    .logged_in(
-                        account,
-                        options,
-                        credential,
-                        Method::PublicKey,
-                        Some(key_blob),
-                    )
+                    .key_accepted(account, options, certificate.to_openssh(), key_blob)
                     .await)
             }
             Err(why) => {
@@ -848,6 +841,26 @@ impl ConnectionHandler {
                 Ok(self.refused())
             }
         }
+    }
+
+    /// A key or certificate (OpenSSH form `openssh`, key `key_blob`) that
+    /// passed every check: the login, or its next step.
+    async fn key_accepted(
+        &mut self,
+        account: Account,
+        options: KeyOptions,
+        openssh: Result<String, russh::keys::ssh_key::Error>,
+        key_blob: Vec<u8>,
+    ) -> Auth {
+        let credential = credential_line(openssh);
+        self.logged_in(
+            account,
+            options,
+            credential,
+            Method::PublicKey,
+            Some(key_blob),
+        )
+        .await
     }
 
     /// Judges a signed request with a plain public key.
@@ -883,16 +896,9 @@ impl ConnectionHandler {
                     tracing::info!(peer = %self.peer, user, "key refused: {why}");
                     return Ok(self.refused());
                 }
-                let credential = credential_line(key.public_key.to_openssh());
                 let key_blob = key.public_key.to_bytes().unwrap_or_default();
                 Ok(self
-                    .logged_in(
-                        account,
-                        options,
-                        credential,
-                        Method::PublicKey,
-                        Some(key_blob),
-                    )
+                    .key_accepted(account, options, key.public_key.to_openssh(), key_blob)
                     .await)
             }
             None => Ok(self.refused()),
