@@ -163,11 +163,7 @@ impl PamLogin {
 
     /// `pam_authenticate` answering PAM's hidden questions with `password`.
     pub async fn password(&mut self, password: Zeroizing<String>) -> Result<(), PamError> {
-        self.settle().await;
-        match self.ask(Request::Password(password)).await {
-            Turn::Done(result) => result,
-            Turn::Ask(_) => unreachable!("the password conversation asks the client nothing"),
-        }
+        self.verdict(Request::Password(password)).await
     }
 
     /// Starts `pam_authenticate` relaying PAM's questions to the client.
@@ -195,11 +191,17 @@ impl PamLogin {
 
     /// `pam_acct_mgmt`: may the authenticated account log in now?
     pub async fn account(&mut self) -> Result<(), PamError> {
+        self.verdict(Request::Account).await
+    }
+
+    /// PAM's verdict on a request whose conversation asks the client
+    /// nothing (the thread answers or refuses every question itself).
+    async fn verdict(&mut self, request: Request) -> Result<(), PamError> {
         self.settle().await;
-        match self.ask(Request::Account).await {
+        match self.ask(request).await {
             Turn::Done(result) => result,
             Turn::Ask(_) => Err(PamError::Unavailable(
-                "account management asked a question".into(),
+                "PAM asked a question no one can answer".into(),
             )),
         }
     }

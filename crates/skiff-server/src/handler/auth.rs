@@ -435,13 +435,9 @@ impl ConnectionHandler {
                 steps.used_keys.extend(key_blob);
                 steps.options = options;
                 steps.credentials = credential;
-                let settings = self.settings();
-                let next: Vec<Method> = next
-                    .into_iter()
-                    .filter(|m| settings.pam.offers(*m))
-                    .collect();
+                // What comes next, as the login's settings offer it.
                 return Auth::Reject {
-                    proceed_with_methods: Some(method_set(&next)),
+                    proceed_with_methods: Some(method_set(&self.offered_next())),
                     partial_success: true,
                 };
             }

@@ -11,6 +11,7 @@ use russh::server::Auth;
 use skiff_proto::authorized_keys::KeyOptions;
 
 use super::ConnectionHandler;
+use crate::account::Account;
 use crate::auth_log::How;
 use crate::auth_methods::Method;
 use crate::pam::{PamLogin, Turn, NO_SUCH_USER};
@@ -42,26 +43,26 @@ impl ConnectionHandler {
         }
     }
 
-    /// The name PAM authenticates: the account's, or one that does not
-    /// exist when the account may not log in by PAM's methods (root
-    /// unless `PermitRootLogin yes`, as in sshd).
-    fn pam_user(&self, user: &str) -> String {
-        match self.pam_account(user) {
-            Some(account) => account.name.clone(),
-            None => NO_SUCH_USER.to_string(),
-        }
-    }
-
     /// The account `user` names, if it may log in by password or
-    /// keyboard-interactive.
-    fn pam_account(&self, user: &str) -> Option<&crate::account::Account> {
-        let (account, _) = self.load_candidate(user)?;
-        if account.uid == 0 && !self.settings().access.root_login.admits_root_by_password() {
-            tracing::info!(peer = %self.peer, user,
-                "refusing root's password: PermitRootLogin is not yes");
-            return None;
-        }
-        Some(account)
+    /// keyboard-interactive (root only under `PermitRootLogin yes`, as in
+    /// sshd), and the name PAM authenticates: the account's, or one that
+    /// does not exist. Worked out once per request.
+    fn pam_account(&self, user: &str) -> (Option<Account>, String) {
+        let account = self.load_candidate(user).map(|(account, _)| account);
+        let account = match account {
+            Some(a)
+                if a.uid == 0 && !self.settings().access.root_login.admits_root_by_password() =>
+            {
+                tracing::info!(peer = %self.peer, user,
+                    "refusing root's password: PermitRootLogin is not yes");
+                None
+            }
+            other => other.cloned(),
+        };
+        let pam_user = account
+            .as_ref()
+            .map_or_else(|| NO_SUCH_USER.to_string(), |a| a.name.clone());
+        (account, pam_user)
     }
 
     /// `SSH_MSG_USERAUTH_REQUEST` with the password method.
@@ -88,9 +89,10 @@ impl ConnectionHandler {
             self.password_failed();
             self.refused()
         } else {
-            let pam_user = self.pam_user(user);
+            let (account, pam_user) = self.pam_account(user);
             let verdict = self.pam_for(&pam_user).password(password).await;
-            self.step_by_pam(user, Method::Password, verdict).await
+            self.step_by_pam(user, account, Method::Password, verdict)
+                .await
         };
         self.judged(user, How::Password, &auth);
         Ok(auth)
@@ -108,7 +110,7 @@ impl ConnectionHandler {
         if !self.method_open(user, Method::KeyboardInteractive) {
             return Ok(self.refused());
         }
-        let pam_user = self.pam_user(user);
+        let (account, pam_user) = self.pam_account(user);
         let turn = match (answers, asked) {
             (None, _) => self.pam_for(&pam_user).interactive().await,
             (Some(answers), Some(asked)) => match pam_policy::answers(asked, answers) {
@@ -123,7 +125,9 @@ impl ConnectionHandler {
             ))),
         };
         let turn = match turn {
-            Turn::Done(Ok(())) => self.expired_password_turn(user, &pam_user).await,
+            Turn::Done(Ok(())) if account.is_some() => {
+                self.expired_password_turn(user, &pam_user).await
+            }
             other => other,
         };
         let verdict = match turn {
@@ -143,17 +147,17 @@ impl ConnectionHandler {
             Turn::Done(verdict) => verdict,
         };
         let auth = self
-            .step_by_pam(user, Method::KeyboardInteractive, verdict)
+            .step_by_pam(user, account, Method::KeyboardInteractive, verdict)
             .await;
         self.judged(user, How::KeyboardInteractive, &auth);
         Ok(auth)
     }
 
-    /// After PAM accepted the answers: when the account's password has
+    /// After PAM accepted an account's answers: when its password has
     /// expired, the questions of changing it (as sshd asks them in
     /// keyboard-interactive), once per login; else the success as it is.
     async fn expired_password_turn(&mut self, user: &str, pam_user: &str) -> Turn {
-        if self.pam_account(user).is_none() || self.password_changed {
+        if self.password_changed {
             return Turn::Done(Ok(()));
         }
         let pam = self.pam_for(pam_user);
@@ -169,14 +173,15 @@ impl ConnectionHandler {
         }
     }
 
-    /// What PAM's `verdict` on `user` by `method` makes of the login.
+    /// What PAM's `verdict` on `user` (`account`, when it may log in this
+    /// way) by `method` makes of the login.
     async fn step_by_pam(
         &mut self,
         user: &str,
+        account: Option<Account>,
         method: Method,
         verdict: Result<(), crate::pam::PamError>,
     ) -> Auth {
-        let account = self.pam_account(user).cloned();
         match (account, verdict) {
             (Some(account), Ok(())) => {
                 let line = format!("{}\n", method.name());
