@@ -29,3 +29,5 @@ pub mod terminal_text;
 mod test_keys;
 pub mod user_cert;
 pub mod window;
+mod wire_codec;
+pub mod worker_wire;

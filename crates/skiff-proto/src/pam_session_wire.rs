@@ -66,116 +66,11 @@ pub enum FromSession {
     },
 }
 
-/// Why a message could not be read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum WireError {
-    #[error("the message ends early")]
-    Short,
-    #[error("unknown message tag {0}")]
-    Tag(u8),
-    #[error("{0} bytes after the message")]
-    Trailing(usize),
-    #[error("a string is not UTF-8")]
-    NotUtf8,
-    #[error("a message of {0} bytes (at most {MAX_MESSAGE})")]
-    TooLong(usize),
-}
-
-#[derive(Default)]
-struct Writer(Vec<u8>);
-
-impl Writer {
-    fn u8(&mut self, v: u8) {
-        self.0.push(v);
-    }
-    fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_be_bytes());
-    }
-    fn i32(&mut self, v: i32) {
-        self.0.extend_from_slice(&v.to_be_bytes());
-    }
-    fn bytes(&mut self, b: &[u8]) {
-        self.u32(b.len() as u32);
-        self.0.extend_from_slice(b);
-    }
-    fn pairs(&mut self, pairs: &[(String, String)]) {
-        self.u32(pairs.len() as u32);
-        for (k, v) in pairs {
-            self.bytes(k.as_bytes());
-            self.bytes(v.as_bytes());
-        }
-    }
-    fn strings(&mut self, list: &[String]) {
-        self.u32(list.len() as u32);
-        for s in list {
-            self.bytes(s.as_bytes());
-        }
-    }
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
-        if self.0.len() < n {
-            return Err(WireError::Short);
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-    fn u8(&mut self) -> Result<u8, WireError> {
-        Ok(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Result<u32, WireError> {
-        let b = self.take(4)?;
-        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn i32(&mut self) -> Result<i32, WireError> {
-        Ok(self.u32()? as i32)
-    }
-    fn bool(&mut self) -> Result<bool, WireError> {
-        Ok(self.u8()? != 0)
-    }
-    fn bytes(&mut self) -> Result<Vec<u8>, WireError> {
-        let n = self.u32()? as usize;
-        Ok(self.take(n)?.to_vec())
-    }
-    fn string(&mut self) -> Result<String, WireError> {
-        String::from_utf8(self.bytes()?).map_err(|_| WireError::NotUtf8)
-    }
-    /// A count of items each at least `min` bytes long, checked against
-    /// what is left so that no count allocates more than the message.
-    fn count(&mut self, min: usize) -> Result<usize, WireError> {
-        let n = self.u32()? as usize;
-        if n.saturating_mul(min) > self.0.len() {
-            return Err(WireError::Short);
-        }
-        Ok(n)
-    }
-    fn pairs(&mut self) -> Result<Vec<(String, String)>, WireError> {
-        let n = self.count(8)?;
-        (0..n)
-            .map(|_| Ok((self.string()?, self.string()?)))
-            .collect()
-    }
-    fn strings(&mut self) -> Result<Vec<String>, WireError> {
-        let n = self.count(4)?;
-        (0..n).map(|_| self.string()).collect()
-    }
-    fn end(self) -> Result<(), WireError> {
-        match self.0.len() {
-            0 => Ok(()),
-            n => Err(WireError::Trailing(n)),
-        }
-    }
-}
+pub use crate::wire_codec::WireError;
+use crate::wire_codec::{Reader, Writer};
 
 fn checked(bytes: &[u8]) -> Result<Reader<'_>, WireError> {
-    if bytes.len() > MAX_MESSAGE {
-        return Err(WireError::TooLong(bytes.len()));
-    }
-    Ok(Reader(bytes))
+    Reader::checked(bytes, MAX_MESSAGE)
 }
 
 impl ToSession {
@@ -425,7 +320,7 @@ mod tests {
         assert_eq!(FromSession::decode(&huge), Err(WireError::Short));
         assert_eq!(
             FromSession::decode(&vec![0; MAX_MESSAGE + 1]),
-            Err(WireError::TooLong(MAX_MESSAGE + 1))
+            Err(WireError::TooLong(MAX_MESSAGE + 1, MAX_MESSAGE))
         );
     }
 }

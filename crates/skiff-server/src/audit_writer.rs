@@ -25,6 +25,8 @@ const QUEUE: usize = 4096;
 pub struct AuditLog {
     queue: SyncSender<Vec<u8>>,
     dropped: AtomicU64,
+    /// Records queued and not yet written.
+    backlog: Arc<crate::backlog::Backlog>,
 }
 
 impl AuditLog {
@@ -33,6 +35,8 @@ impl AuditLog {
         let mut file = crate::log_file::open_append(path)?;
         let (queue, lines) = sync_channel::<Vec<u8>>(QUEUE);
         let shown = path.display().to_string();
+        let backlog = Arc::new(crate::backlog::Backlog::default());
+        let written = backlog.clone();
         let spawned = std::thread::Builder::new()
             .name("skiffd-audit".into())
             .spawn(move || {
@@ -46,6 +50,7 @@ impl AuditLog {
                         ),
                         Err(e) => tracing::warn!("audit log {shown}: {e}"),
                     }
+                    written.done();
                 }
             });
         if let Err(e) = spawned {
@@ -57,14 +62,23 @@ impl AuditLog {
         Ok(Arc::new(AuditLog {
             queue,
             dropped: AtomicU64::new(0),
+            backlog,
         }))
+    }
+
+    /// Waits until the records queued so far are written (`within` at
+    /// most): a connection's process does before it exits.
+    pub fn flush(&self, within: std::time::Duration) -> bool {
+        self.backlog.wait_empty(within)
     }
 
     /// Queues `entry`, or drops it when the writer is that far behind.
     pub fn record(&self, entry: &Entry) {
+        self.backlog.add();
         match self.queue.try_send(entry.encode()) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.backlog.done();
                 let lost = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
                 if lost.is_power_of_two() {
                     tracing::warn!("audit log is behind: {lost} records dropped so far");

@@ -53,12 +53,14 @@ pub mod audit_writer;
 mod auth_info;
 pub mod auth_log;
 pub mod auth_methods;
+mod backlog;
 mod channel_idle;
 mod channel_io;
 pub mod channel_timeout;
 pub mod chroot;
 pub mod config;
 pub mod config_dump;
+mod connection;
 mod descriptors;
 pub mod fd_budget;
 pub mod forward_policy;
@@ -83,6 +85,7 @@ pub mod rekey_limit;
 pub mod security_keys;
 mod seqpacket;
 mod server_state;
+pub mod service_manager;
 pub mod session_env;
 pub mod sftp;
 pub mod sftp_options;
@@ -90,12 +93,17 @@ mod spawn;
 mod sshd_only;
 pub mod startups;
 mod stream_relay;
+mod stream_route;
 pub mod syslog;
 pub mod transfer_process;
+mod worker;
+mod worker_pool;
+pub mod zygote;
 
 pub use handler::authorized_keys_path;
 
 /// skiffd's software version as its identification string carries it
 /// (`SSH-2.0-skiffd_X.Y.Z`), and as `Match version` matches it.
 pub const SOFTWARE_VERSION: &str = concat!("skiffd_", env!("CARGO_PKG_VERSION"));
-pub use listener::{russh_config, serve, serve_inetd, serve_listeners};
+pub use connection::{check, serve_inetd};
+pub use listener::{russh_config, serve, serve_listeners, Reload};

@@ -1,16 +1,20 @@
-//! Accepting connections: TCP_NODELAY on every socket, descriptors kept
-//! spare (a connection is turned away at accept when few are left, see
-//! `crate::fd_budget`), a cap on connections that have not authenticated
-//! yet (MaxStartups; a data-plane stream counts until its token checks
-//! out), and a login grace timer. Also the one connection of inetd mode
-//! (`skiffd -i`, [`serve_inetd`]), served by the same code. The listener
-//! says when a connection that speaks SSH opened and when it ended
-//! ([`crate::audit_writer::ConnectionLog`]: sshd's closing line and the
-//! `AuditLog`'s `connect` and `disconnect` records).
+//! The listener: binds the listen addresses (or takes the sockets systemd
+//! passes, `LISTEN_FDS`), turns away at accept what must be (a penalised
+//! source, `PerSourcePenalties`; too many unauthenticated connections,
+//! `MaxStartups`; too few descriptors left, `crate::fd_budget`) and hands
+//! every other connection to a process of its own (`crate::worker_pool`),
+//! which serves it to its end (`crate::connection`). A data-plane stream
+//! whose first bytes are already in goes straight to the process that owns
+//! it (`crate::stream_route`). `SIGHUP` reads the configuration again for
+//! new connections, keeping the old one when the new one does not load;
+//! the service manager hears when skiffd is ready and reloading
+//! (`crate::service_manager`). Also the russh configuration every
+//! connection process uses ([`russh_config`]).
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Result;
@@ -19,15 +23,12 @@ use russh::{cipher, kex, mac, Preferred, SshId};
 use skiff_proto::dataplane::Sniff;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::audit_writer::ConnectionLog;
 use crate::config::Settings;
 use crate::descriptors::Descriptors;
-use crate::handler::ConnectionHandler;
 use crate::hostkey::HostIdentity;
-use crate::penalties::{Admission, Offence, Penalties};
-use crate::server_state::ServerState;
+use crate::penalties::{Admission, Penalties};
 use crate::startups::{Pending, Refusal, Startups};
-use crate::stream_relay::{FirstBytes, Sniffed};
+use crate::worker_pool::{lock, Assignment, Launch, SharedPenalties, WorkerPool};
 
 /// `RekeyLimit ... none`: a time no connection lives to see.
 const NO_REKEY_TIME: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -111,8 +112,29 @@ pub fn russh_config(settings: &Settings, host: HostIdentity) -> russh::server::C
     }
 }
 
-/// Binds every listen address and serves connections until an accept loop fails.
-pub async fn serve(settings: Settings, host: HostIdentity) -> Result<()> {
+/// Reads the configuration again, for `SIGHUP`: the settings, checked as
+/// at start (host keys included), or why they cannot be used.
+pub type Reload = Box<dyn Fn() -> Result<Settings>>;
+
+/// Binds every listen address (or takes the sockets systemd passed) and
+/// serves connections until an accept loop fails.
+pub async fn serve(settings: Settings, reload: Reload) -> Result<()> {
+    let listeners = match crate::service_manager::passed_listeners()? {
+        Some(passed) => {
+            tracing::info!(
+                "serving {} socket(s) passed by the service manager",
+                passed.len()
+            );
+            passed
+        }
+        None => bind_all(&settings)?,
+    };
+    serve_listeners(listeners, settings, reload).await
+}
+
+/// Binds every listen address: as sshd, an address that cannot be had is
+/// logged; none at all is fatal.
+fn bind_all(settings: &Settings) -> Result<Vec<TcpListener>> {
     anyhow::ensure!(!settings.listen.is_empty(), "no listen address");
     let mut listeners = Vec::new();
     let mut failures = Vec::new();
@@ -122,14 +144,13 @@ pub async fn serve(settings: Settings, host: HostIdentity) -> Result<()> {
             Err(e) => failures.push(format!("cannot listen on {addr}: {e}")),
         }
     }
-    // As sshd: an address that cannot be had is logged; none at all is fatal.
     if listeners.is_empty() {
         anyhow::bail!("{}", failures.join("; "));
     }
     for f in &failures {
         tracing::error!("{f}");
     }
-    serve_listeners(listeners, settings, host).await
+    Ok(listeners)
 }
 
 /// A listening socket on `addr`; an IPv6 one takes IPv6 only, so that
@@ -147,16 +168,17 @@ fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(1024)
 }
 
-/// Serves connections on already bound listeners (`settings.listen` is ignored).
-pub async fn serve_listeners(
-    listeners: Vec<TcpListener>,
+/// What the accept loops decide by: the settings in force and the
+/// penalty table that goes with them (both replaced on a reload).
+struct AdmissionRules {
     settings: Settings,
-    host: impl Into<HostIdentity>,
-) -> Result<()> {
-    let (config, state) = prepare(settings, host.into())?;
-    let settings = &state.settings;
-    // Unless the configuration says otherwise, a source that guesses
-    // passwords is turned away for a while.
+    penalties: Option<SharedPenalties>,
+}
+
+/// The penalty table for `settings`: `PerSourcePenalties`, or unless the
+/// configuration says otherwise, a source that guesses passwords is turned
+/// away for a while.
+fn penalty_table(settings: &Settings) -> Option<SharedPenalties> {
     let passwords = settings.pam.offers(crate::auth_methods::Method::Password)
         || settings
             .pam
@@ -169,197 +191,109 @@ pub async fn serve_listeners(
         (None, false) if passwords => Some(crate::penalties::PenaltyPolicy::password_guessing()),
         (None, _) => None,
     };
-    let penalties = policy.map(|policy| {
-        Arc::new(std::sync::Mutex::new(Penalties::new(
+    policy.map(|policy| {
+        Arc::new(Mutex::new(Penalties::new(
             policy,
             settings.per_source_net_block,
             settings.per_source_penalty_exempt.clone(),
         )))
+    })
+}
+
+/// What every accept loop shares.
+struct Shared {
+    admission: std::sync::RwLock<Arc<AdmissionRules>>,
+    startups: Arc<Startups>,
+    descriptors: Descriptors,
+    pool: Arc<WorkerPool>,
+}
+
+impl Shared {
+    fn admission(&self) -> Arc<AdmissionRules> {
+        self.admission
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// Serves connections on already bound listeners (`settings.listen` is ignored).
+pub async fn serve_listeners(
+    listeners: Vec<TcpListener>,
+    settings: Settings,
+    reload: Reload,
+) -> Result<()> {
+    let pool = WorkerPool::start(Launch::this_process()).await?;
+    let shared = Arc::new(Shared {
+        admission: std::sync::RwLock::new(Arc::new(AdmissionRules {
+            penalties: penalty_table(&settings),
+            settings,
+        })),
+        startups: Arc::new(Startups::default()),
+        descriptors: open_file_headroom()?,
+        pool,
     });
-    let startups = Arc::new(Startups::default());
-    let descriptors = Arc::new(open_file_headroom()?);
     let mut loops = tokio::task::JoinSet::new();
     for listener in listeners {
         tracing::info!("listening on {}", listener.local_addr()?);
-        let (config, state, startups) = (config.clone(), state.clone(), startups.clone());
-        let (descriptors, penalties) = (descriptors.clone(), penalties.clone());
-        loops.spawn(accept_loop(
-            listener,
-            config,
-            state,
-            startups,
-            descriptors,
-            penalties,
-        ));
+        loops.spawn(accept_loop(listener, shared.clone()));
     }
-    match loops.join_next().await {
-        Some(Ok(r)) => r,
-        Some(Err(e)) => Err(e.into()),
-        None => Ok(()),
-    }
-}
-
-/// The russh configuration and the state all connections share.
-fn prepare(
-    settings: Settings,
-    host: HostIdentity,
-) -> Result<(Arc<russh::server::Config>, Arc<ServerState>)> {
-    anyhow::ensure!(!host.keys.is_empty(), "no host key");
-    let config = Arc::new(russh_config(&settings, host));
-    use crate::lookup_command::LookupCommand;
-    let keys_command = LookupCommand::new(
-        "AuthorizedKeysCommand",
-        settings.authorized_keys_command.as_ref(),
-        settings.authorized_keys_command_user.as_ref(),
-    )
-    .map_err(anyhow::Error::msg)?;
-    let principals_command = LookupCommand::new(
-        "AuthorizedPrincipalsCommand",
-        settings.authorized_principals_command.as_ref(),
-        settings.authorized_principals_command_user.as_ref(),
-    )
-    .map_err(anyhow::Error::msg)?;
-    let audit = match &settings.audit_log {
-        Some(path) => Some(crate::audit_writer::AuditLog::open(path)?),
-        None => None,
-    };
-    let state = Arc::new(ServerState {
-        audit,
-        keys_command,
-        principals_command,
-        queues: crate::queue_budget::ServerQueue::new(settings.queue_limits),
-        settings,
-        registry: Default::default(),
-    });
-    Ok((config, state))
-}
-
-/// Serves the one connection that stdin and stdout are, then returns
-/// (`skiffd -i`, for inetd or socket activation with `Accept=yes`). When
-/// stdin is a TCP socket it is the connection, both ways, and its peer is
-/// the client; otherwise (pipes, as from `ProxyCommand`) stdin is read and
-/// stdout written, and the client is unknown, as sshd reports it
-/// (`SSH_CONNECTION` is `UNKNOWN 65535 UNKNOWN 65535`). LoginGraceTime
-/// applies as on a listener.
-pub async fn serve_inetd(settings: Settings, host: HostIdentity) -> Result<()> {
-    use std::os::fd::AsFd;
-    let (config, state) = prepare(settings, host)?;
-    let startups = Arc::new(Startups::default());
-    let stdin = std::io::stdin().as_fd().try_clone_to_owned()?;
-    let peer = socket2::SockRef::from(&stdin)
-        .peer_addr()
-        .ok()
-        .and_then(|a| a.as_socket());
-    let admit = |ip: std::net::IpAddr| {
-        let settings = &state.settings;
-        startups
-            .admit(ip, settings.per_source_net_block, None, |_| false)
-            .map_err(|_| anyhow::anyhow!("cannot count the connection"))
-    };
-    match peer {
-        Some(peer) => {
-            let pending = admit(peer.ip())?;
-            let stream = taken_over(stdin)?;
-            tracing::info!(%peer, "inetd mode: serving the connection on stdin");
-            // One connection per process: no penalty outlives it.
-            let mut outcome = Outcome::Ended;
-            let log =
-                ConnectionLog::new(state.audit.as_ref(), Some(peer), stream.local_addr().ok());
-            let result = handle_connection(
-                stream,
-                peer,
-                config,
-                state.clone(),
-                pending,
-                &mut outcome,
-                Watch {
-                    auth_failures: Default::default(),
-                    log: log.clone(),
-                },
-            )
-            .await;
-            log.ended(&end_reason(&result, outcome));
-            result
-        }
-        None => {
-            drop(stdin);
-            let unknown = SocketAddr::from(([0, 0, 0, 0], 65535));
-            let pending = admit(unknown.ip())?;
-            tracing::info!("inetd mode: serving the connection on stdin and stdout (peer unknown)");
-            let stdio = tokio::io::join(tokio::io::stdin(), tokio::io::stdout());
-            let grace = state.settings.login_grace_time;
-            let deadline = tokio::time::Instant::now() + grace;
-            let (auth_tx, auth_rx) = tokio::sync::watch::channel(false);
-            let log = ConnectionLog::new(state.audit.as_ref(), None, None);
-            let handler = ConnectionHandler::new(state.clone(), unknown, unknown, auth_tx)
-                .with_unknown_peer()
-                .with_log(log.clone());
-            let session = tokio::time::timeout_at(
-                deadline,
-                russh::server::run_stream(config, stdio, handler),
-            )
-            .await
-            .map_err(|_| anyhow::anyhow!("no SSH identification within LoginGraceTime"))??;
-            log.opened();
-            let ended = |result: Result<()>, outcome| {
-                log.ended(&end_reason(&result, outcome));
-                result
-            };
-            match until_authenticated(session, auth_rx, deadline, pending).await {
-                Login::Goes(session, _) => ended(session.await.map_err(Into::into), Outcome::Ended),
-                Login::Ended(result, _) => ended(result.map_err(Into::into), Outcome::Ended),
-                Login::GraceExpired => {
-                    log.ended(&end_reason(&Ok(()), Outcome::GraceExceeded));
-                    // The connection ends with the process.
-                    tracing::info!(
-                        "login grace time ({}s) expired before authentication",
-                        grace.as_secs()
-                    );
-                    Ok(())
-                }
+    crate::service_manager::notify(&format!("READY=1\nMAINPID={}", std::process::id()));
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = signal(SignalKind::hangup())?;
+    let mut terms = signal(SignalKind::terminate())?;
+    let mut interrupts = signal(SignalKind::interrupt())?;
+    loop {
+        tokio::select! {
+            // The listener alone ends: established connections carry on in
+            // their own processes; those waiting for one exit.
+            _ = terms.recv() => {
+                tracing::info!("Received signal 15; terminating.");
+                crate::service_manager::notify("STOPPING=1");
+                return Ok(());
+            }
+            _ = interrupts.recv() => {
+                tracing::info!("Received signal 2; terminating.");
+                return Ok(());
+            }
+            ended = loops.join_next() => return match ended {
+                Some(Ok(r)) => r,
+                Some(Err(e)) => Err(e.into()),
+                None => Ok(()),
+            },
+            _ = hangups.recv() => {
+                crate::service_manager::notify("RELOADING=1");
+                reload_settings(&shared, &reload).await;
+                crate::service_manager::notify("READY=1");
             }
         }
     }
 }
 
-/// How the pre-authentication part of a connection ended.
-enum Login<S> {
-    /// Authenticated (`true`: its place among the unauthenticated given
-    /// back), or the handler is gone: the session goes on to its end.
-    Goes(std::pin::Pin<Box<S>>, bool),
-    /// The connection ended first, with this outcome (`true`: after
-    /// authenticating).
-    Ended(Result<(), russh::Error>, bool),
-    /// LoginGraceTime ran out first.
-    GraceExpired,
-}
-
-/// Waits for the client to authenticate, or the connection to end, until
-/// `deadline` (LoginGraceTime).
-async fn until_authenticated<S>(
-    session: S,
-    mut auth_rx: tokio::sync::watch::Receiver<bool>,
-    deadline: tokio::time::Instant,
-    mut guard: Pending,
-) -> Login<S>
-where
-    S: std::future::Future<Output = Result<(), russh::Error>>,
-{
-    let mut session = Box::pin(session);
-    // Ok(true): authenticated. Ok(false): the connection ended first. Err: grace expired.
-    let authed = tokio::select! {
-        biased;
-        result = &mut session => return Login::Ended(result, *auth_rx.borrow()),
-        authed = tokio::time::timeout_at(deadline, async { auth_rx.wait_for(|a| *a).await.is_ok() }) => authed,
-    };
-    match authed {
-        Ok(true) => {
-            guard.release();
-            Login::Goes(session, true)
+/// `SIGHUP`: the configuration read again, for new connections; on any
+/// failure the one in force stays.
+async fn reload_settings(shared: &Shared, reload: &Reload) {
+    tracing::info!("SIGHUP: reading the configuration again");
+    let settings = match reload() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("configuration not reloaded, the one in force stays: {e:#}");
+            return;
         }
-        Ok(false) => Login::Goes(session, false),
-        Err(_) => Login::GraceExpired,
+    };
+    if let Err(e) = shared.pool.reload().await {
+        tracing::error!("configuration not reloaded, the one in force stays: {e}");
+        return;
     }
+    let old = shared.admission();
+    if old.settings.listen != settings.listen {
+        tracing::warn!("the listen addresses changed: they take effect when skiffd restarts");
+    }
+    *shared.admission.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(AdmissionRules {
+        penalties: penalty_table(&settings),
+        settings,
+    });
+    tracing::info!("configuration reloaded: new connections use it");
 }
 
 /// Raises the soft open-file limit to the hard one (logged), and the
@@ -385,14 +319,7 @@ fn open_file_headroom() -> Result<Descriptors> {
     Ok(descriptors)
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    config: Arc<russh::server::Config>,
-    state: Arc<ServerState>,
-    startups: Arc<Startups>,
-    descriptors: Arc<Descriptors>,
-    penalties: Option<SharedPenalties>,
-) -> Result<()> {
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) -> Result<()> {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(x) => x,
@@ -403,11 +330,12 @@ async fn accept_loop(
                 continue;
             }
         };
+        let admission = shared.admission();
         // A penalised source is turned away before anything else: the
         // socket is closed unanswered.
-        if let Some(p) = &penalties {
-            let admission = lock(p).admit(peer.ip(), std::time::Instant::now());
-            match admission {
+        if let Some(p) = &admission.penalties {
+            let verdict = lock(p).admit(peer.ip(), std::time::Instant::now());
+            match verdict {
                 Admission::Admit => {}
                 Admission::Penalised { network, left, log } => {
                     if log {
@@ -423,8 +351,8 @@ async fn accept_loop(
                 }
             }
         }
-        let settings = &state.settings;
-        let admitted = startups.admit(
+        let settings = &admission.settings;
+        let admitted = shared.startups.admit(
             peer.ip(),
             settings.per_source_net_block,
             settings.per_source_max_startups,
@@ -445,7 +373,10 @@ async fn accept_loop(
             }
         };
         // Also closed before a byte is written (its place given back).
-        if let Err(short) = descriptors.admit(std::os::fd::AsRawFd::as_raw_fd(&stream)) {
+        if let Err(short) = shared
+            .descriptors
+            .admit(std::os::fd::AsRawFd::as_raw_fd(&stream))
+        {
             if let Some(refused) = short.log_due {
                 tracing::warn!(
                     %peer,
@@ -457,191 +388,85 @@ async fn accept_loop(
             }
             continue;
         }
-        let (config, state) = (config.clone(), state.clone());
-        let served = tokio::spawn(async move {
-            let failures = Arc::new(crate::penalties::FailureCount::default());
-            let mut outcome = Outcome::Ended;
-            let log =
-                ConnectionLog::new(state.audit.as_ref(), Some(peer), stream.local_addr().ok());
-            let served = handle_connection(
-                stream,
-                peer,
-                config,
-                state,
-                pending,
-                &mut outcome,
-                Watch {
-                    auth_failures: failures.clone(),
-                    log: log.clone(),
-                },
-            );
-            let result = served.await;
-            if let Err(e) = &result {
-                tracing::info!(%peer, "connection ended: {e}");
-            }
-            log.ended(&end_reason(&result, outcome));
-            outcome.offence(&failures)
-        });
-        if let Some(p) = penalties.clone() {
-            // Judged once the connection is over, a panic included.
-            tokio::spawn(async move {
-                let offence = match served.await {
-                    Ok(offence) => offence,
-                    Err(e) if e.is_panic() => Some(Offence::Crash),
-                    Err(_) => None,
-                };
-                if let Some(offence) = offence {
-                    lock(&p).penalise(peer.ip(), offence, std::time::Instant::now());
-                    tracing::debug!(%peer, "penalty recorded: {offence:?}");
-                }
-            });
-        }
+        let (pool, penalties) = (shared.pool.clone(), admission.penalties.clone());
+        tokio::spawn(dispatch(stream, peer, pending, pool, penalties));
     }
 }
 
-/// The penalty table all listeners share.
-type SharedPenalties = Arc<std::sync::Mutex<Penalties>>;
+/// How long a connection may wait for a process to serve it (when more
+/// arrive at once than are kept ready).
+const DISPATCH_WITHIN: Duration = Duration::from_secs(30);
 
-fn lock(p: &SharedPenalties) -> std::sync::MutexGuard<'_, Penalties> {
-    p.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// How a connection's unauthenticated part ended, for `PerSourcePenalties`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
-    /// It ended before authenticating.
-    Ended,
-    /// `LoginGraceTime` ran out first.
-    GraceExceeded,
-    /// It authenticated (or is a data-plane stream, judged by its token).
-    NotPenalised,
-}
-
-impl Outcome {
-    /// The penalty it earns, given the authentication requests refused.
-    fn offence(self, failed: &crate::penalties::FailureCount) -> Option<Offence> {
-        match self {
-            Outcome::NotPenalised => None,
-            Outcome::GraceExceeded => Some(Offence::GraceExceeded),
-            Outcome::Ended if failed.password() => Some(Offence::PasswordFail),
-            Outcome::Ended if failed.any() => Some(Offence::AuthFail),
-            Outcome::Ended => Some(Offence::NoAuth),
-        }
-    }
-}
-
-/// What the listener keeps of a connection its handler serves: the
-/// authentication requests refused (`PerSourcePenalties authfail`) and its
-/// log, which says when it opened and ended.
-struct Watch {
-    auth_failures: Arc<crate::penalties::FailureCount>,
-    log: Arc<ConnectionLog>,
-}
-
-/// Why a connection ended, for its `disconnect` audit record.
-fn end_reason(result: &Result<()>, outcome: Outcome) -> String {
-    match (result, outcome) {
-        (_, Outcome::GraceExceeded) => "LoginGraceTime expired".into(),
-        (Ok(()), _) => "connection closed".into(),
-        (Err(e), _) => format!("{e:#}"),
-    }
-}
-
-/// What a connection that does not begin with an SSH identification line
-/// is told before it is closed (sshd's words).
-const INVALID_IDENTIFICATION: &[u8] = b"Invalid SSH identification string.\r\n";
-
-/// The connection's socket, served from here once russh has given up on
-/// it (a data-plane stream, or a client that is not SSH).
-fn taken_over(socket: std::os::fd::OwnedFd) -> std::io::Result<TcpStream> {
-    let std_stream = std::net::TcpStream::from(socket);
-    std_stream.set_nonblocking(true)?;
-    TcpStream::from_std(std_stream)
-}
-
-async fn handle_connection(
+/// Hands an admitted connection to a process of its own; a data-plane
+/// stream whose first bytes are in goes to the process that owns it.
+async fn dispatch(
     stream: TcpStream,
     peer: SocketAddr,
-    config: Arc<russh::server::Config>,
-    state: Arc<ServerState>,
-    guard: Pending,
-    outcome: &mut Outcome,
-    watch: Watch,
-) -> Result<()> {
-    let Watch { auth_failures, log } = watch;
-    stream.set_nodelay(true)?;
-    let local = stream.local_addr()?;
-    // A second handle on the socket, so the connection can be shut down from
-    // here even while russh owns the stream (a dup, so fd reuse is no risk).
-    let socket = std::os::fd::AsFd::as_fd(&stream).try_clone_to_owned()?;
-    let grace = state.settings.login_grace_time;
-    let deadline = tokio::time::Instant::now() + grace;
-    let (auth_tx, auth_rx) = tokio::sync::watch::channel(false);
-    let handler = ConnectionHandler::new(state.clone(), peer, local, auth_tx)
-        .with_socket(socket.try_clone()?)
-        .with_auth_failures(auth_failures)
-        .with_log(log.clone());
-    // Data-plane streams share the port: the sniffer sees their magic
-    // before SSH would, and the socket is then served from `socket`.
-    let first_bytes = FirstBytes::default();
-    let sniffed = Sniffed::new(stream, first_bytes.clone());
-    let started = tokio::time::timeout_at(
-        deadline,
-        russh::server::run_stream(config, sniffed, handler),
-    )
-    .await
-    .map_err(|_| {
-        *outcome = Outcome::GraceExceeded;
-        anyhow::anyhow!("no SSH identification within LoginGraceTime")
-    })?;
-    let session = match started {
-        Ok(session) => {
-            log.opened();
-            session
+    pending: Pending,
+    pool: Arc<WorkerPool>,
+    penalties: Option<SharedPenalties>,
+) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, "TCP_NODELAY: {e}");
+    }
+    if starts_with_data_plane_magic(&stream) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = stream;
+        // What a connection process writes first, whatever the client is:
+        // the data plane's client reads past it.
+        let banner = format!("SSH-2.0-{}\r\n", crate::SOFTWARE_VERSION);
+        let mut magic = [0u8; skiff_proto::dataplane::MAGIC.len()];
+        if stream.write_all(banner.as_bytes()).await.is_ok()
+            && stream.read_exact(&mut magic).await.is_ok()
+        {
+            let registry = crate::stream_relay::Registry::default();
+            crate::stream_relay::accept_stream(&registry, stream, peer, pending).await;
         }
-        Err(_) if first_bytes.get() == Some(Sniff::NotSsh) => {
-            // As sshd: say so after the identification line, and close.
-            tracing::info!(%peer, "not an SSH client: invalid identification string");
-            let mut stream = taken_over(socket)?;
-            let answer = tokio::io::AsyncWriteExt::write_all(&mut stream, INVALID_IDENTIFICATION);
-            let _ = tokio::time::timeout(Duration::from_secs(1), answer).await;
-            return Ok(());
-        }
-        Err(_) if first_bytes.get() == Some(Sniff::DataPlane) => {
-            // Still unauthenticated: it counts until its token checks out.
-            *outcome = Outcome::NotPenalised;
-            let stream = taken_over(socket)?;
-            crate::stream_relay::accept_stream(&state.registry, stream, peer, guard).await;
-            return Ok(());
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let session = match until_authenticated(session, auth_rx, deadline, guard).await {
-        Login::Goes(session, authenticated) => {
-            if authenticated {
-                *outcome = Outcome::NotPenalised;
-            }
-            session
-        }
-        Login::Ended(result, authenticated) => {
-            if authenticated {
-                *outcome = Outcome::NotPenalised;
-            }
-            return result.map_err(Into::into);
-        }
-        Login::GraceExpired => {
-            *outcome = Outcome::GraceExceeded;
-            tracing::info!(%peer, "login grace time ({}s) expired before authentication", grace.as_secs());
-            // Wherever the handshake stands (even mid key exchange), end it now.
-            let _ = nix::sys::socket::shutdown(
-                std::os::fd::AsRawFd::as_raw_fd(&socket),
-                nix::sys::socket::Shutdown::Both,
-            );
-            return Ok(());
+        return;
+    }
+    let local = match stream.local_addr() {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::debug!(%peer, "{e}");
+            return;
         }
     };
-    drop(socket);
-    session.await.map_err(Into::into)
+    let mut socket: OwnedFd = match stream.into_std() {
+        Ok(s) => s.into(),
+        Err(e) => {
+            tracing::debug!(%peer, "{e}");
+            return;
+        }
+    };
+    let mut assignment = Assignment {
+        pending,
+        peer,
+        penalties,
+    };
+    loop {
+        let Some(worker) = pool.take(DISPATCH_WITHIN).await else {
+            tracing::error!(%peer, "dropping connection: no connection process ready within {}s", DISPATCH_WITHIN.as_secs());
+            return;
+        };
+        match worker.serve(socket, peer, local, assignment) {
+            Ok(()) => return,
+            // That process was gone: the next one.
+            Err((s, a)) => (socket, assignment) = (s, a),
+        }
+    }
+}
+
+/// Whether the data-plane magic is already waiting on `stream` (a peek: SSH
+/// and anything not yet arrived go to a connection process, which tells
+/// them apart itself).
+fn starts_with_data_plane_magic(stream: &TcpStream) -> bool {
+    use nix::sys::socket::{recv, MsgFlags};
+    let mut buf = [0u8; skiff_proto::dataplane::MAGIC.len()];
+    let fd = std::os::fd::AsRawFd::as_raw_fd(stream);
+    match recv(fd, &mut buf, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT) {
+        Ok(n) if n == buf.len() => skiff_proto::dataplane::sniff(&buf) == Sniff::DataPlane,
+        _ => false,
+    }
 }
 
 #[cfg(test)]

@@ -76,6 +76,15 @@ enum Job {
     Failed(Box<UtmpFields>),
 }
 
+/// Records queued and not yet written.
+static BACKLOG: crate::backlog::Backlog = crate::backlog::Backlog::new();
+
+/// Waits until the records queued so far are written (`within` at most): a
+/// connection's process does before it exits.
+pub fn flush(within: std::time::Duration) -> bool {
+    BACKLOG.wait_empty(within)
+}
+
 /// The writer's queue, its thread started at the first login.
 fn queue() -> Option<&'static SyncSender<Job>> {
     static QUEUE_TX: OnceLock<Option<SyncSender<Job>>> = OnceLock::new();
@@ -87,6 +96,7 @@ fn queue() -> Option<&'static SyncSender<Job>> {
                 .spawn(move || {
                     while let Ok(job) = rx.recv() {
                         write(job);
+                        BACKLOG.done();
                     }
                 });
             match started {
@@ -107,12 +117,17 @@ fn send(job: Job) {
     let Some(tx) = queue() else {
         return;
     };
+    BACKLOG.add();
     match tx.try_send(job) {
-        Ok(()) | Err(TrySendError::Disconnected(_)) => {}
-        Err(TrySendError::Full(_)) => warn_once(
-            Failure::Queue,
-            format_args!("{QUEUE} records wait for a locked or slow file; this one is dropped"),
-        ),
+        Ok(()) => {}
+        Err(TrySendError::Disconnected(_)) => BACKLOG.done(),
+        Err(TrySendError::Full(_)) => {
+            BACKLOG.done();
+            warn_once(
+                Failure::Queue,
+                format_args!("{QUEUE} records wait for a locked or slow file; this one is dropped"),
+            );
+        }
     }
 }
 

@@ -34,6 +34,20 @@ pub enum Offence {
     RefuseConnection,
 }
 
+impl Offence {
+    /// The penalty a connection's process reports it earned (`None`: none).
+    pub fn of(verdict: skiff_proto::worker_wire::Verdict) -> Option<Offence> {
+        use skiff_proto::worker_wire::Verdict;
+        match verdict {
+            Verdict::Clean => None,
+            Verdict::NoAuth => Some(Offence::NoAuth),
+            Verdict::AuthFail => Some(Offence::AuthFail),
+            Verdict::PasswordFail => Some(Offence::PasswordFail),
+            Verdict::GraceExceeded => Some(Offence::GraceExceeded),
+        }
+    }
+}
+
 /// What to do when a family's table is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Overflow {

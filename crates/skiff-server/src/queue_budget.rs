@@ -35,6 +35,7 @@
 //! announced, is a protocol violation: the connection is closed.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -188,31 +189,114 @@ impl QueueLimits {
 #[derive(Debug)]
 pub struct ServerQueue {
     limits: QueueLimits,
-    pool: Mutex<Pool>,
-    /// Woken whenever the pool shrinks.
+    /// What every connection holds beyond its reserve: of all skiffd's
+    /// connection processes when they share the count
+    /// ([`share_across_processes`]), else of this process's.
+    total: Total,
+    /// What this process's connections hold beyond their reserve, and how
+    /// high that has been since the allocator last gave memory back.
+    own: Mutex<Pool>,
+    /// Woken whenever this process's part of the pool shrinks.
     freed: tokio::sync::Notify,
 }
 
-/// What all connections hold beyond their reserve, and how high that has
-/// been since the allocator last gave memory back.
 #[derive(Debug, Default)]
 struct Pool {
     bytes: u64,
     drain: Drain,
 }
 
+/// Where the total is counted.
+#[derive(Debug)]
+enum Total {
+    Own(AtomicU64),
+    Shared(&'static AtomicU64),
+}
+
+impl Total {
+    fn get(&self) -> &AtomicU64 {
+        match self {
+            Total::Own(t) => t,
+            Total::Shared(t) => t,
+        }
+    }
+}
+
+/// The count every connection process of one zygote shares: one word of
+/// memory mapped shared before the zygote forks them.
+static CROSS_PROCESS: std::sync::OnceLock<&'static AtomicU64> = std::sync::OnceLock::new();
+
+/// Makes every [`ServerQueue`] of this process, and of the processes it
+/// forks from now on, count into one shared total (`MaxServerQueue` holds
+/// across connection processes). Called once, by the zygote, before any
+/// fork.
+pub fn share_across_processes() -> std::io::Result<()> {
+    use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
+    let len = std::num::NonZeroUsize::new(std::mem::size_of::<AtomicU64>()).expect("not zero");
+    // SAFETY: a new anonymous mapping, placed by the kernel where nothing
+    // else is; it is never unmapped, so the reference below lives as long
+    // as the process (and, shared, in every child forked after this).
+    let ptr = unsafe {
+        mmap_anonymous(
+            None,
+            len,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_SHARED,
+        )
+    }?;
+    // SAFETY: the mapping is page-aligned (so aligned for an AtomicU64),
+    // zero-filled (a valid 0), at least 8 bytes long, and only ever used
+    // through atomic operations.
+    let total: &'static AtomicU64 = unsafe { &*(ptr.as_ptr() as *const AtomicU64) };
+    CROSS_PROCESS
+        .set(total)
+        .map_err(|_| std::io::Error::other("the queue total is already shared"))
+}
+
 impl ServerQueue {
     pub fn new(limits: QueueLimits) -> Arc<ServerQueue> {
+        let total = match CROSS_PROCESS.get() {
+            Some(shared) => Total::Shared(shared),
+            None => Total::Own(AtomicU64::new(0)),
+        };
         Arc::new(ServerQueue {
             limits,
-            pool: Mutex::new(Pool::default()),
+            total,
+            own: Mutex::new(Pool::default()),
             freed: tokio::sync::Notify::new(),
         })
     }
 
     /// What all connections hold beyond their reserve.
     pub fn pooled(&self) -> u64 {
-        self.pool.lock().expect("queue pool lock").bytes
+        self.total.get().load(Ordering::Acquire)
+    }
+
+    /// Whether other processes' connections count into the total too (their
+    /// releases then wake no one here: a stopped connection looks again
+    /// every [`PACE`]).
+    fn shared(&self) -> bool {
+        matches!(self.total, Total::Shared(_))
+    }
+
+    /// Moves this process's part of the pool from `before` to `after`;
+    /// true when that drained a flood (see [`Drain`]).
+    fn repool(&self, before: u64, after: u64) -> bool {
+        if after > before {
+            self.total.get().fetch_add(after - before, Ordering::AcqRel);
+        } else {
+            let down = before - after;
+            let _ = self
+                .total
+                .get()
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                    Some(t.saturating_sub(down))
+                });
+        }
+        let mut own = self.own.lock().expect("queue pool lock");
+        own.bytes = (own.bytes + after).saturating_sub(before);
+        let bytes = own.bytes;
+        own.drain.note(bytes)
     }
 }
 
@@ -333,15 +417,8 @@ impl ConnectionQueue {
         let before = pooled(counted(ledger.held));
         ledger.held += delta;
         let after = pooled(counted(ledger.held));
-        if before != after {
-            let mut pool = self.server.pool.lock().expect("queue pool lock");
-            pool.bytes = (pool.bytes + after).saturating_sub(before);
-            let bytes = pool.bytes;
-            let drained = pool.drain.note(bytes);
-            drop(pool);
-            if drained {
-                give_back_freed_memory();
-            }
+        if before != after && self.server.repool(before, after) {
+            give_back_freed_memory();
         }
         if after < before {
             self.server.freed.notify_waiters();
@@ -489,6 +566,8 @@ impl ConnectionQueue {
             let deadline = async {
                 if paced {
                     tokio::time::sleep_until(paced_until).await
+                } else if self.server.shared() {
+                    tokio::time::sleep(PACE).await
                 } else {
                     std::future::pending().await
                 }

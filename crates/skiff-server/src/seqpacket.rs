@@ -1,7 +1,9 @@
 //! Messages with descriptors beside them (`SCM_RIGHTS`) over a
-//! non-blocking `SOCK_SEQPACKET` socket, one message per datagram: what
-//! skiffd and its helper processes (the PAM session process, the data
-//! plane's transfer process) say to each other.
+//! `SOCK_SEQPACKET` socket, one message per datagram: what skiffd's
+//! processes (the listener, its zygote and connection processes, the PAM
+//! session process, the data plane's transfer process) say to each other.
+//! Async on non-blocking sockets, or blocking where no runtime runs (the
+//! zygote).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -14,28 +16,71 @@ use skiff_proto::pam_session_wire::MAX_MESSAGE;
 /// The descriptors a message may carry (stdin, stdout, stderr, fd 3).
 const MAX_FDS: usize = 4;
 
+/// One `sendmsg` of `bytes` with `fds` beside them.
+fn send_now(fd: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    let iov = [io::IoSlice::new(bytes)];
+    let cmsgs: Vec<ControlMessage<'_>> = if fds.is_empty() {
+        Vec::new()
+    } else {
+        vec![ControlMessage::ScmRights(fds)]
+    };
+    socket::sendmsg::<()>(fd, &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL, None)
+        .map(|_| ())
+        .map_err(io::Error::from)
+}
+
+/// One `recvmsg` into `buf`: the length read (0 at the end) and the
+/// descriptors beside it.
+fn recv_now(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let msg = socket::recvmsg::<()>(fd, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+        .map_err(io::Error::from)?;
+    let mut fds = Vec::new();
+    for c in msg.cmsgs().map_err(io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(raw) = c {
+            // SAFETY: the kernel just gave us these descriptors.
+            fds.extend(
+                raw.into_iter()
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+            );
+        }
+    }
+    Ok((msg.bytes, fds))
+}
+
+/// Sends `bytes` with `fds` beside them on a blocking socket (or one whose
+/// buffer is known to have room: a message that does not fit fails with
+/// `WouldBlock` rather than waiting).
+pub fn send_blocking(sock: &impl AsRawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    loop {
+        match send_now(sock.as_raw_fd(), bytes, fds) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r,
+        }
+    }
+}
+
+/// The next message on a blocking socket and the descriptors beside it;
+/// `None` at the end.
+pub fn recv_blocking(sock: &impl AsRawFd) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        match recv_now(sock.as_raw_fd(), &mut buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+            Ok((0, _)) => return Ok(None),
+            Ok((n, fds)) => return Ok(Some((buf[..n].to_vec(), fds))),
+        }
+    }
+}
+
 /// Sends `bytes` with `fds` beside them.
 pub async fn send(sock: &AsyncFd<OwnedFd>, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
     loop {
         let mut guard = sock.writable().await?;
-        let result = guard.try_io(|inner| {
-            let iov = [io::IoSlice::new(bytes)];
-            let cmsgs: Vec<ControlMessage<'_>> = if fds.is_empty() {
-                Vec::new()
-            } else {
-                vec![ControlMessage::ScmRights(fds)]
-            };
-            socket::sendmsg::<()>(
-                inner.as_raw_fd(),
-                &iov,
-                &cmsgs,
-                MsgFlags::MSG_NOSIGNAL,
-                None,
-            )
-            .map_err(io::Error::from)
-        });
-        match result {
-            Ok(r) => return r.map(|_| ()),
+        match guard.try_io(|inner| send_now(inner.as_raw_fd(), bytes, fds)) {
+            Ok(r) => return r,
             Err(_would_block) => continue,
         }
     }
@@ -46,29 +91,7 @@ pub async fn recv(sock: &AsyncFd<OwnedFd>) -> io::Result<Option<(Vec<u8>, Vec<Ow
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
         let mut guard = sock.readable().await?;
-        let result = guard.try_io(|inner| {
-            let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
-            let mut iov = [io::IoSliceMut::new(&mut buf)];
-            let msg = socket::recvmsg::<()>(
-                inner.as_raw_fd(),
-                &mut iov,
-                Some(&mut space),
-                MsgFlags::MSG_CMSG_CLOEXEC,
-            )
-            .map_err(io::Error::from)?;
-            let mut fds = Vec::new();
-            for c in msg.cmsgs().map_err(io::Error::from)? {
-                if let ControlMessageOwned::ScmRights(raw) = c {
-                    // SAFETY: the kernel just gave us these descriptors.
-                    fds.extend(
-                        raw.into_iter()
-                            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
-                    );
-                }
-            }
-            Ok((msg.bytes, fds))
-        });
-        match result {
+        match guard.try_io(|inner| recv_now(inner.as_raw_fd(), &mut buf)) {
             Ok(Ok((0, _))) => return Ok(None),
             Ok(Ok((n, fds))) => return Ok(Some((buf[..n].to_vec(), fds))),
             Ok(Err(e)) => return Err(e),

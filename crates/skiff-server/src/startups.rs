@@ -91,10 +91,29 @@ pub enum Refusal {
 }
 
 /// A connection's place in the counts, given back once.
-#[derive(Debug)]
 pub struct Pending {
-    startups: Option<Arc<Startups>>,
-    network: IpAddr,
+    give_back: Option<GiveBack>,
+}
+
+/// How a [`Pending`] place is given back.
+enum GiveBack {
+    /// The counts are in this process.
+    Counted {
+        startups: Arc<Startups>,
+        network: IpAddr,
+    },
+    /// They are the listener's, and this connection's process tells it.
+    Tell(Box<dyn FnOnce() + Send>),
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.give_back {
+            Some(GiveBack::Counted { network, .. }) => write!(f, "Pending({network})"),
+            Some(GiveBack::Tell(_)) => f.write_str("Pending(counted by the listener)"),
+            None => f.write_str("Pending(given back)"),
+        }
+    }
 }
 
 impl Startups {
@@ -123,24 +142,36 @@ impl Startups {
         counts.total += 1;
         *counts.by_network.entry(network).or_default() += 1;
         Ok(Pending {
-            startups: Some(self.clone()),
-            network,
+            give_back: Some(GiveBack::Counted {
+                startups: self.clone(),
+                network,
+            }),
         })
     }
 }
 
 impl Pending {
+    /// A place counted by another process (skiffd's listener, for a
+    /// connection served in its own process): giving it back calls `tell`.
+    pub fn counted_elsewhere(tell: impl FnOnce() + Send + 'static) -> Pending {
+        Pending {
+            give_back: Some(GiveBack::Tell(Box::new(tell))),
+        }
+    }
+
     /// Gives the connection's counts back (once; later calls do nothing).
     pub fn release(&mut self) {
-        let Some(startups) = self.startups.take() else {
-            return;
+        let (startups, network) = match self.give_back.take() {
+            None => return,
+            Some(GiveBack::Tell(tell)) => return tell(),
+            Some(GiveBack::Counted { startups, network }) => (startups, network),
         };
         let mut counts = startups.counts.lock().unwrap_or_else(|p| p.into_inner());
         counts.total -= 1;
-        if let Some(n) = counts.by_network.get_mut(&self.network) {
+        if let Some(n) = counts.by_network.get_mut(&network) {
             *n -= 1;
             if *n == 0 {
-                counts.by_network.remove(&self.network);
+                counts.by_network.remove(&network);
             }
         }
     }

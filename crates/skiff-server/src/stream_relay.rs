@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -65,6 +65,9 @@ impl Registry {
             .map(|index| {
                 let mut token = [0u8; TOKEN_LEN];
                 rand::fill(&mut token);
+                // Whichever skiffd process the stream reaches finds this
+                // one by the token (`crate::stream_route`).
+                skiff_proto::worker_wire::mark_token(&mut token, std::process::id());
                 map.insert(
                     token,
                     Pending {
@@ -280,59 +283,76 @@ async fn send_relay(relay: &AsyncFd<OwnedFd>, msg: &RelayMsg, fd: Option<RawFd>)
 }
 
 /// Serves a connection that began with the data-plane magic: reads its
-/// token and hands the socket to the transfer process that owns the token.
-/// Anything wrong closes the connection. `unauthenticated` is the
-/// connection's place among those not yet authenticated: it is given back
-/// once the token checks out, and otherwise when the connection closes.
+/// token and hands the socket to the transfer process that owns the token,
+/// through the connection process that issued it when that is another
+/// ([`crate::stream_route`]). Anything wrong closes the connection.
+/// `unauthenticated` is the connection's place among those not yet
+/// authenticated: it is given back once the token is in (checked here, or
+/// handed to its owner, which checks it), and otherwise when the connection
+/// closes.
 pub async fn accept_stream(
     registry: &Registry,
     mut stream: TcpStream,
     peer: SocketAddr,
     mut unauthenticated: crate::startups::Pending,
 ) {
-    let redeemed = read_token(registry, &mut stream, peer).await;
-    // Its token is checked, or it is about to be closed: either way it no
-    // longer waits to authenticate (given back before the close is seen).
-    unauthenticated.release();
-    let Some((index, relay)) = redeemed else {
+    let token = read_token(&mut stream, peer).await;
+    let Some(token) = token else {
         return;
     };
-    if let Err(e) = send_relay(
-        &relay,
-        &RelayMsg::Stream { index },
-        Some(stream.as_raw_fd()),
-    )
-    .await
-    {
-        tracing::info!(%peer, "data-plane stream {index}: the transfer process is gone: {e}");
+    let owner = skiff_proto::worker_wire::token_owner(&token);
+    if owner == std::process::id() {
+        unauthenticated.release();
+        deliver(registry, &token, stream.as_raw_fd(), peer).await;
+        return;
     }
-    // Our descriptor closes here; the transfer process holds its own.
+    // A second descriptor goes to the owner; this one is closed once the
+    // outcome is logged.
+    let handed = match stream.as_fd().try_clone_to_owned() {
+        Ok(socket) => crate::stream_route::hand_over(owner, token, peer, socket).await,
+        Err(e) => Err(crate::stream_route::HandOverError::Io(owner, e)),
+    };
+    unauthenticated.release();
+    if let Err(e) = handed {
+        tracing::warn!(%peer, "data-plane connection refused: {e}");
+    }
+    drop(stream);
 }
 
-/// Reads a data-plane connection's token (waiting [`TOKEN_WAIT`] at most)
-/// and redeems it: the stream's index and the relay to its transfer
-/// process, or `None` (logged) when the connection is to be closed.
-async fn read_token(
+/// Hands a data-plane stream whose token was issued here to its transfer
+/// process, if the token checks out (logged otherwise). The caller's
+/// descriptor stays the caller's to close; the transfer process gets its
+/// own.
+pub async fn deliver(
     registry: &Registry,
-    stream: &mut TcpStream,
+    token: &[u8; TOKEN_LEN],
+    stream: RawFd,
     peer: SocketAddr,
-) -> Option<(u32, Arc<AsyncFd<OwnedFd>>)> {
+) {
+    let (index, relay) = match registry.redeem(token, peer.ip()) {
+        Ok(x) => x,
+        Err(why) => {
+            tracing::warn!(%peer, "data-plane connection refused: {why}");
+            return;
+        }
+    };
+    if let Err(e) = send_relay(&relay, &RelayMsg::Stream { index }, Some(stream)).await {
+        tracing::info!(%peer, "data-plane stream {index}: the transfer process is gone: {e}");
+    }
+}
+
+/// Reads a data-plane connection's token, waiting [`TOKEN_WAIT`] at most;
+/// `None` (logged) when the connection is to be closed.
+pub async fn read_token(stream: &mut TcpStream, peer: SocketAddr) -> Option<[u8; TOKEN_LEN]> {
     let mut token = [0u8; TOKEN_LEN];
     match tokio::time::timeout(TOKEN_WAIT, stream.read_exact(&mut token)).await {
-        Ok(Ok(_)) => {}
+        Ok(Ok(_)) => Some(token),
         Ok(Err(_)) => {
             tracing::info!(%peer, "data-plane connection closed before its token");
-            return None;
+            None
         }
         Err(_) => {
             tracing::info!(%peer, "data-plane connection closed: no token within {}s", TOKEN_WAIT.as_secs());
-            return None;
-        }
-    }
-    match registry.redeem(&token, peer.ip()) {
-        Ok(x) => Some(x),
-        Err(why) => {
-            tracing::warn!(%peer, "data-plane connection refused: {why}");
             None
         }
     }

@@ -198,6 +198,8 @@ struct SenderState {
     dropped: u64,
     /// Whether stderr has been told about this outage.
     said: bool,
+    /// Never tell stderr (another process does).
+    quiet: bool,
 }
 
 /// Sends lines to the syslog socket (see the module's rules).
@@ -205,7 +207,6 @@ struct SenderState {
 pub struct SyslogSender {
     path: PathBuf,
     facility: AtomicU8,
-    pid: u32,
     state: Mutex<SenderState>,
 }
 
@@ -216,9 +217,16 @@ impl SyslogSender {
         SyslogSender {
             path: path.to_path_buf(),
             facility: AtomicU8::new(Facility::default().code()),
-            pid: std::process::id(),
             state: Mutex::new(SenderState::default()),
         }
+    }
+
+    /// Leaves telling stderr about an outage to another process (skiffd's
+    /// listener does; its connection processes, forked from the zygote
+    /// that calls this, count what they drop and report it to syslog
+    /// once it takes their lines again).
+    pub fn leave_outage_notice_to_the_listener(&self) {
+        self.lock().quiet = true;
     }
 
     /// The configuration's `SyslogFacility`, for the lines to come.
@@ -247,14 +255,17 @@ impl SyslogSender {
     pub fn send(&self, severity: Severity, line: &str) {
         let facility = Facility::from_code(self.facility.load(Ordering::Relaxed));
         let now = timestamp(&chrono::Local::now().naive_local());
-        let message = datagram(pri(facility, severity), &now, self.pid, line);
+        // Read at each line: a connection process forked from the one
+        // that made the sender logs under its own pid, as sshd's do.
+        let pid = std::process::id();
+        let message = datagram(pri(facility, severity), &now, pid, line);
         let mut state = self.lock();
         if state.unreported > 0 {
             let note = format!(
                 "{} log lines were dropped while syslog could not take them",
                 state.unreported
             );
-            let note = datagram(pri(facility, Severity::Warning), &now, self.pid, &note);
+            let note = datagram(pri(facility, Severity::Warning), &now, pid, &note);
             if self.try_send(&mut state, &note).is_ok() {
                 state.unreported = 0;
                 state.said = false;
@@ -263,7 +274,7 @@ impl SyslogSender {
         if let Err(e) = self.try_send(&mut state, &message) {
             state.unreported += 1;
             state.dropped += 1;
-            if !state.said {
+            if !state.said && !state.quiet {
                 state.said = true;
                 eprintln!(
                     "skiffd: cannot log to syslog at {}: {e}; log lines are dropped (and \

@@ -317,14 +317,15 @@ fn data_plane_token_wait_is_short_and_counted() {
         ctx(&d, "the close is logged")
     );
 
-    // The place is free again: a whole garbage token is read and refused
-    // at once, after the identification line (so a client can tell it
-    // from a drop), and gives the place back.
-    let mut garbage = connect();
-    garbage.write_all(MAGIC).unwrap();
-    garbage.write_all(&[0x5a; 32]).unwrap();
+    // The place is free again (the connection's process tells the
+    // listener as it closes it, so a moment later at most): a whole
+    // garbage token is read and refused at once, after the identification
+    // line (so a client can tell it from a drop), and gives the place back.
     let c = ctx(&d, "magic and a garbage token");
-    read_identification(&mut garbage, &c);
+    let mut garbage = admitted(&connect, &c, |s| {
+        let _ = s.write_all(MAGIC);
+        let _ = s.write_all(&[0x5a; 32]);
+    });
     let took = closed_within(&mut garbage, Duration::from_secs(20), &c);
     assert!(took < TOKEN_WAIT, "{c}: refused after {took:?}");
     assert!(
@@ -332,8 +333,48 @@ fn data_plane_token_wait_is_short_and_counted() {
             .contains("data-plane connection refused: unknown or already used token"),
         "{c}"
     );
-    let mut after = connect();
-    read_identification(&mut after, &ctx(&d, "after the refused token"));
+    admitted(&connect, &ctx(&d, "after the refused token"), |_| {});
+}
+
+/// A connection skiffd answers with its identification line, once a place
+/// among the unauthenticated is free (retried for 10 s while skiffd closes
+/// the connections it makes unanswered); `first` is what the client sends
+/// at once.
+fn admitted(connect: &dyn Fn() -> TcpStream, c: &str, first: impl Fn(&mut TcpStream)) -> TcpStream {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut s = connect();
+        first(&mut s);
+        let mut head = [0u8; 8];
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        match s.read_exact(&mut head) {
+            Ok(()) => {
+                assert_eq!(&head, b"SSH-2.0-", "{c}");
+                let mut rest = Vec::new();
+                let mut b = [0u8; 1];
+                while !rest.ends_with(b"\n") {
+                    assert_eq!(
+                        s.read(&mut b).unwrap_or(0),
+                        1,
+                        "{c}: identification line cut"
+                    );
+                    rest.push(b[0]);
+                    assert!(rest.len() <= 255, "{c}: identification line too long");
+                }
+                return s;
+            }
+            Err(e)
+                if Instant::now() < deadline
+                    && matches!(
+                        e.kind(),
+                        ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset
+                    ) =>
+            {
+                thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("{c}: no identification line: {e}"),
+        }
+    }
 }
 
 /// `skiff cp` over the data plane with `MaxStartups 4`, while another

@@ -161,7 +161,10 @@ fn accepted() -> String {
 
 /// Checks `line` is `<PRI>Mmm dd hh:mm:ss skiffd[PID]: ...` and returns
 /// the message.
-fn message(line: &str, pri: u8, pid: u32) -> &str {
+/// The message of a syslog line with PRI `pri` from skiffd: from the
+/// process `pid` when given (the listener), else from any (a connection's
+/// own process logs its login).
+fn message(line: &str, pri: u8, pid: Option<u32>) -> &str {
     let head = format!("<{pri}>");
     let rest = line
         .strip_prefix(&head)
@@ -179,8 +182,18 @@ fn message(line: &str, pri: u8, pid: u32) -> &str {
             && b[12] == b':',
         "timestamp: {line:?}"
     );
-    rest.strip_prefix(&format!(" skiffd[{pid}]: "))
-        .unwrap_or_else(|| panic!("tag skiffd[{pid}] expected: {line:?}"))
+    let tagged = rest
+        .strip_prefix(" skiffd[")
+        .and_then(|r| r.split_once("]: "))
+        .filter(|(p, _)| p.parse::<u32>().is_ok());
+    match (tagged, pid) {
+        (Some((p, message)), Some(pid)) if p == pid.to_string() => message,
+        (Some((_, message)), None) => message,
+        _ => panic!(
+            "tag skiffd[{}] expected: {line:?}",
+            pid.map_or("PID".into(), |p| p.to_string())
+        ),
+    }
 }
 
 #[test]
@@ -196,13 +209,20 @@ fn with_dash_capital_d_logins_are_logged_to_syslog() {
     log_in(&d, &fx, "ssh to skiffd -D");
 
     let lines = syslog.until(|l| l.contains(&accepted()), "Accepted publickey line");
-    let pid = d.pid();
     // Every line is one syslog message: PRI, time, tag, no colour, one line.
     for line in &lines {
         assert!(!line.contains(['\x1b', '\n']), "{line:?}");
-        message(line, 38, pid);
+        message(line, 38, None);
     }
-    let login = message(lines.last().unwrap(), 38, pid);
+    // The login is logged by the connection's own process, as sshd's.
+    let login = message(lines.last().unwrap(), 38, None);
+    assert!(
+        !lines
+            .last()
+            .unwrap()
+            .contains(&format!("skiffd[{}]", d.pid())),
+        "{lines:#?}"
+    );
     let (_, after) = login.split_once(" port ").unwrap();
     let (port, key) = after.split_once(' ').unwrap();
     assert!(port.parse::<u16>().is_ok(), "{login}");
@@ -212,8 +232,11 @@ fn with_dash_capital_d_logins_are_logged_to_syslog() {
     );
     let listening = format!("listening on 127.0.0.1:{}", d.port());
     assert!(
-        lines.iter().any(|l| l.contains(&listening)),
-        "{listening}? {lines:#?}"
+        lines
+            .iter()
+            .any(|l| l.contains(&listening)
+                && message(l, 38, Some(d.pid())).starts_with("listening")),
+        "{listening}, from the listener? {lines:#?}"
     );
     // Nothing on stderr.
     assert!(
@@ -237,7 +260,7 @@ fn syslog_facility_sets_the_facility() {
     log_in(&d, &fx, "ssh to skiffd -D with SyslogFacility LOCAL3");
     let lines = syslog.until(|l| l.contains(&accepted()), "Accepted publickey line");
     // LOCAL3 is 19: 19 * 8 + 6 (info).
-    let login = message(lines.last().unwrap(), 158, d.pid());
+    let login = message(lines.last().unwrap(), 158, None);
     assert!(login.starts_with(&accepted()), "{login}");
 }
 
@@ -282,17 +305,24 @@ fn without_syslog_skiffd_says_so_once_and_sends_again_when_it_is_back() {
     assert_eq!(said.len(), 1, "said once: stderr:\n{log}");
     assert!(!log.contains("Accepted publickey"), "stderr:\n{log}");
 
-    // Syslog starts: the next lines reach it, after a count of those lost.
+    // Syslog starts: the listener's next line reaches it (a SIGHUP makes
+    // it log one), after a count of those it lost; and logins are logged
+    // again.
     let syslog = Syslog::bind(&socket);
-    log_in(&d, &fx, "ssh to skiffd -D once syslog is there");
-    let lines = syslog.until(|l| l.contains(&accepted()), "Accepted publickey line");
-    let note = message(&lines[0], 36, d.pid());
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    let lines = syslog.until(
+        |l| l.contains("reading the configuration again"),
+        "the SIGHUP line",
+    );
+    let note = message(&lines[0], 36, Some(d.pid()));
     let (count, rest) = note.split_once(' ').unwrap();
     assert!(
         count.parse::<u64>().is_ok_and(|n| n >= 2)
             && rest == "log lines were dropped while syslog could not take them",
         "{lines:#?}"
     );
+    log_in(&d, &fx, "ssh to skiffd -D once syslog is there");
+    syslog.until(|l| l.contains(&accepted()), "Accepted publickey line");
     assert_eq!(d.log(), log, "nothing more on stderr");
 }
 

@@ -163,6 +163,63 @@ impl Skiffd {
         self.core.proc.take();
     }
 
+    /// Sends `signal` to skiffd's listener (`SIGHUP`: read the
+    /// configuration again).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
+        nix::sys::signal::kill(pid, signal)
+            .unwrap_or_else(|e| panic!("kill({pid}, {signal}): {e}"));
+    }
+
+    /// Stops the listener as a service manager does (SIGTERM) and waits
+    /// for it to exit (bounded); the processes of established connections
+    /// carry on. [`Skiffd::start_again`] starts a new listener.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let proc = self.core.proc.as_mut().expect("skiffd is running");
+        let deadline = std::time::Instant::now() + crate::daemon::START_TIMEOUT;
+        loop {
+            match proc.child.try_wait() {
+                Ok(Some(status)) => {
+                    self.core.proc = None;
+                    return status;
+                }
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                Ok(None) => panic!(
+                    "skiffd did not exit within {:?} of SIGTERM",
+                    crate::daemon::START_TIMEOUT
+                ),
+                Err(e) => panic!("wait for skiffd: {e}"),
+            }
+        }
+    }
+
+    /// Starts skiffd again on the same port with the same options, after
+    /// [`Skiffd::terminate`] or [`Skiffd::kill`].
+    pub fn start_again(&mut self) {
+        self.relaunch();
+    }
+
+    /// The process ids of skiffd's own processes: the listener, its zygote
+    /// and the processes serving connections (or waiting to), not the
+    /// commands they started.
+    pub fn processes(&self) -> Vec<u32> {
+        let mut found = vec![self.pid()];
+        let mut i = 0;
+        while i < found.len() {
+            let parent = found[i];
+            for child in children(parent) {
+                if is_skiffd_server_process(child) && !found.contains(&child) {
+                    found.push(child);
+                }
+            }
+            i += 1;
+        }
+        found
+    }
+
     /// The running skiffd's process id.
     pub fn pid(&self) -> u32 {
         self.core
@@ -173,21 +230,65 @@ impl Skiffd {
             .id()
     }
 
-    /// skiffd's resident set size and its peak (VmRSS, VmHWM), in bytes.
+    /// The memory of all skiffd's own processes ([`Skiffd::processes`]),
+    /// in bytes: now, their proportional set sizes summed (each page that n
+    /// of them share counted 1/n: the forked processes share most of
+    /// theirs), and the peak, estimated as that plus how far each one's
+    /// resident size ever rose above where it is now (VmHWM - VmRSS: the
+    /// memory it held for its peer and gave back).
     pub fn memory(&self) -> (u64, u64) {
-        let pid = self.pid();
-        let status = fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"));
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-                .map(|kib| kib * 1024)
-                .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
-        };
-        (field("VmRSS:"), field("VmHWM:"))
+        let (mut now, mut peak) = (0, 0);
+        for pid in self.processes() {
+            // A process may end between the listing and the reads.
+            let Ok(rollup) = fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) else {
+                continue;
+            };
+            let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
+                continue;
+            };
+            let pss = kib_field(&rollup, "Pss:").unwrap_or(0);
+            let rss = kib_field(&status, "VmRSS:").unwrap_or(0);
+            let hwm = kib_field(&status, "VmHWM:").unwrap_or(0);
+            now += pss;
+            peak += pss + hwm.saturating_sub(rss);
+        }
+        (now, peak)
     }
+}
+
+/// A `Name:   123 kB` field of a /proc file, in bytes.
+fn kib_field(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib * 1024)
+}
+
+/// The children of `pid`, from /proc.
+fn children(pid: u32) -> Vec<u32> {
+    let path = format!("/proc/{pid}/task/{pid}/children");
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Whether `pid` is a skiffd listener, zygote or connection process (its
+/// command line names no helper mode of skiffd's).
+fn is_skiffd_server_process(pid: u32) -> bool {
+    let Ok(exe) = fs::read_link(format!("/proc/{pid}/exe")) else {
+        return false;
+    };
+    let own = exe.file_name().is_some_and(|n| n == "skiffd");
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let helper = cmdline.split(|b| *b == 0).any(|arg| {
+        matches!(
+            arg,
+            b"--pam-session" | b"--sftp-server" | b"--transfer-server"
+        )
+    });
+    own && !helper
 }
 
 impl Launch for Skiffd {

@@ -16,7 +16,7 @@ use skiff_server::syslog;
 
 /// skiffd's options, with sshd's single-letter spellings beside its own
 /// long ones so that scripts written for sshd run it.
-#[derive(Parser, Debug)]
+#[derive(Parser, Debug, Clone)]
 #[command(
     name = "skiffd",
     version,
@@ -152,6 +152,11 @@ struct Args {
     /// `transfer@skiff` subsystem.
     #[arg(long = "transfer-server", hide = true)]
     transfer_server: bool,
+    /// Read the configuration and fork a process for each connection the
+    /// listener hands over, serving the listener on fd 3 (what the
+    /// listener starts; see skiff_server::zygote).
+    #[arg(long = "zygote", hide = true)]
+    zygote: bool,
 }
 
 fn main() {
@@ -209,11 +214,18 @@ fn main() {
     };
     let log = match refuse_unsupported(&args).and(logging) {
         Ok(log) => log,
+        Err(e) if args.zygote => {
+            let control = skiff_server::zygote::control_socket();
+            std::process::exit(skiff_server::zygote::refuse(control, &format!("{e:#}")));
+        }
         Err(e) => {
             eprintln!("skiffd: {e:#}");
             std::process::exit(1);
         }
     };
+    if args.zygote {
+        std::process::exit(zygote(&args, &log));
+    }
     if let Err(e) = run(args, log) {
         eprintln!("skiffd: {e:#}");
         std::process::exit(1);
@@ -371,7 +383,11 @@ fn command_line(args: &Args) -> CommandLine {
     }
 }
 
-fn run(args: Args, log: LogControl) -> Result<()> {
+/// The settings from the command line and the configuration file, the
+/// configuration's logging applied; `announce`: its warnings logged (at
+/// start, not again by the zygote or a reload). The host keys are left to
+/// [`with_host_keys`].
+fn read_settings(args: &Args, log: &LogControl, announce: bool) -> Result<Settings> {
     let mut settings = Settings::default();
     // The sftp subsystem runs this executable as the account, unless the
     // config file names another command (`Subsystem sftp ...`).
@@ -382,16 +398,17 @@ fn run(args: Args, log: LogControl) -> Result<()> {
             settings.transfer_command = exe
                 .to_str()
                 .map(|e| format!("{} --transfer-server", skiff_server::sftp::shell_quote(e)));
-            if settings.sftp_command.is_none() {
+            if settings.sftp_command.is_none() && announce {
                 tracing::warn!(
                     "{} is not UTF-8: sftp needs a Subsystem line in the config",
                     exe.display()
                 );
             }
         }
-        Err(e) => tracing::warn!(
+        Err(e) if announce => tracing::warn!(
             "cannot find skiffd's own executable ({e}): sftp needs a Subsystem line in the config"
         ),
+        Err(_) => {}
     }
     let file = match &args.config {
         Some(path) => {
@@ -403,7 +420,7 @@ fn run(args: Args, log: LogControl) -> Result<()> {
     };
     apply_config_with(
         &mut settings,
-        &command_line(&args),
+        &command_line(args),
         file.as_ref()
             .map(|(label, text)| (label.as_str(), text.as_str())),
         &mut read_included,
@@ -415,14 +432,17 @@ fn run(args: Args, log: LogControl) -> Result<()> {
     if let Some(sender) = &log.syslog {
         sender.set_facility(settings.syslog_facility);
     }
-    for note in std::mem::take(&mut settings.config_notes) {
-        tracing::warn!("{note}");
-    }
-    if let Some(note) = skiff_server::pam::missing_service_note(&settings.pam) {
-        tracing::warn!("{note}");
+    let notes = std::mem::take(&mut settings.config_notes);
+    if announce {
+        for note in notes {
+            tracing::warn!("{note}");
+        }
+        if let Some(note) = skiff_server::pam::missing_service_note(&settings.pam) {
+            tracing::warn!("{note}");
+        }
     }
     if !args.listen.is_empty() {
-        settings.listen = args.listen;
+        settings.listen = args.listen.clone();
     }
     if settings.listen.is_empty() {
         settings
@@ -430,15 +450,21 @@ fn run(args: Args, log: LogControl) -> Result<()> {
             .push("127.0.0.1:2222".parse().expect("valid default"));
     }
     if !args.host_keys.is_empty() {
-        settings.host_keys = args.host_keys;
+        settings.host_keys = args.host_keys.clone();
     }
-    settings.host_certificates.extend(args.host_certificates);
-    if let Some(ak) = args.authorized_keys {
-        settings.authorized_keys = ak;
+    settings
+        .host_certificates
+        .extend(args.host_certificates.iter().cloned());
+    if let Some(ak) = &args.authorized_keys {
+        settings.authorized_keys = ak.clone();
     }
-    let checking = args.test || args.dump || args.dump_unchecked;
-    // Without a HostKey line, skiffd's own key, made at first start (not
-    // by a check, which creates nothing).
+    Ok(settings)
+}
+
+/// Without a HostKey line, skiffd's own key, made at first start (not by a
+/// check, which creates nothing): its path added to `settings`. True when
+/// it is skiffd's own key.
+fn own_host_key(settings: &mut Settings, checking: bool) -> Result<bool> {
     let own_key = settings.host_keys.is_empty();
     if own_key {
         match (checking, hostkey::default_state_dir()) {
@@ -450,6 +476,51 @@ fn run(args: Args, log: LogControl) -> Result<()> {
                 .push(hostkey::ensure_default_host_key(&dir?)?),
         }
     }
+    Ok(own_key)
+}
+
+/// The settings and the host identity they name, as a server starts with
+/// them (the listener at start and on `SIGHUP`, and the zygote).
+fn with_host_keys(
+    args: &Args,
+    log: &LogControl,
+    announce: bool,
+) -> Result<(Settings, hostkey::HostIdentity)> {
+    let mut settings = read_settings(args, log, announce)?;
+    own_host_key(&mut settings, false)?;
+    let keys = hostkey::load_host_keys(&settings.host_keys)?;
+    let certificates = hostkey::load_host_certificates(&settings.host_certificates, &keys)?;
+    let host = hostkey::HostIdentity { keys, certificates };
+    skiff_server::check(&settings, &host)?;
+    Ok((settings, host))
+}
+
+/// `skiffd ... --zygote`: reads what the listener read, then forks a
+/// connection process whenever asked. Returns the exit code (in the
+/// zygote, and in each connection process once it is done).
+fn zygote(args: &Args, log: &LogControl) -> i32 {
+    let control = skiff_server::zygote::control_socket();
+    if let Some(syslog) = &log.syslog {
+        syslog.leave_outage_notice_to_the_listener();
+    }
+    match with_host_keys(args, log, false) {
+        Ok((settings, host)) => skiff_server::zygote::serve(control, settings, host),
+        Err(e) => skiff_server::zygote::refuse(control, &format!("{e:#}")),
+    }
+}
+
+fn run(args: Args, log: LogControl) -> Result<()> {
+    let checking = args.test || args.dump || args.dump_unchecked;
+    if !checking && !args.inetd {
+        let (settings, _host) = with_host_keys(&args, &log, true)?;
+        let runtime = runtime()?;
+        let log = std::rc::Rc::new(log);
+        let reload: skiff_server::Reload =
+            Box::new(move || with_host_keys(&args, &log, false).map(|(settings, _)| settings));
+        return runtime.block_on(skiff_server::serve(settings, reload));
+    }
+    let mut settings = read_settings(&args, &log, true)?;
+    let own_key = own_host_key(&mut settings, checking)?;
     if args.dump_unchecked {
         return dump(&settings, &args.connection);
     }
@@ -468,17 +539,18 @@ fn run(args: Args, log: LogControl) -> Result<()> {
         return Ok(());
     }
     let host = hostkey::HostIdentity { keys, certificates };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let runtime = runtime()?;
+    let served = runtime.block_on(skiff_server::serve_inetd(settings, host));
+    // A read of stdin may still wait in a blocking thread: not for it.
+    runtime.shutdown_background();
+    served
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .context("cannot start the async runtime")?;
-    if args.inetd {
-        let served = runtime.block_on(skiff_server::serve_inetd(settings, host));
-        // A read of stdin may still wait in a blocking thread: not for it.
-        runtime.shutdown_background();
-        return served;
-    }
-    runtime.block_on(skiff_server::serve(settings, host))
+        .context("cannot start the async runtime")
 }
 
 /// Prints the configuration as `sshd -T` does; with -C specs, that of a

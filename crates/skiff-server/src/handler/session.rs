@@ -361,21 +361,29 @@ impl ConnectionHandler {
             ChildIo::Pipes { .. } => None,
         };
         let (control, control_rx) = tokio::sync::mpsc::unbounded_channel();
+        let session_handle = session.handle();
         session.channel_success(id)?;
         if !greeting.is_empty() {
             // Before anything the session's output sends.
             session.data(id, greeting)?;
         }
-        let task = tokio::spawn(run_session_io(
-            channel,
-            spawned,
-            session.handle(),
-            control_rx,
-            queue,
-            clock,
-            audit,
-            login,
-        ));
+        // Counted until it is over, so that a connection's process hangs
+        // its sessions up and cleans after them before it exits.
+        let running = crate::backlog::SESSIONS.counted();
+        let task = tokio::spawn(async move {
+            let _running = running;
+            run_session_io(
+                channel,
+                spawned,
+                session_handle,
+                control_rx,
+                queue,
+                clock,
+                audit,
+                login,
+            )
+            .await
+        });
         chan.running = Some(Running { control, task, pty });
         Ok(())
     }

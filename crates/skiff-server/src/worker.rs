@@ -1,0 +1,192 @@
+//! One connection's process: forked by the zygote (`crate::zygote`) with
+//! the configuration and host keys already read, it starts its runtime,
+//! opens what every connection needs (`crate::connection::prepare`) and its
+//! data-plane inbox (`crate::stream_route`), tells the listener it is
+//! ready, and waits. Once handed a connection it serves that one alone, to
+//! its end, and exits; it tells the listener when the client authenticated
+//! (its place among the unauthenticated is free) and how the connection's
+//! unauthenticated part ended (`PerSourcePenalties`).
+//!
+//! Nothing a connection does reaches another's process: a panic, a crash, a
+//! limit hit or a `kill -9` ends this connection only. The listener is not
+//! needed once the connection is handed over: restarting it (or upgrading
+//! skiffd) leaves the connection running to its end. A process the listener
+//! retires before handing it anything (its socket closes) exits at once.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use skiff_proto::worker_wire::{FromWorker, ToWorker};
+use tokio::io::unix::AsyncFd;
+
+use crate::audit_writer::ConnectionLog;
+use crate::config::Settings;
+use crate::connection::{end_reason, handle_connection, Outcome, Watch};
+use crate::hostkey::HostIdentity;
+use crate::seqpacket::{recv, send, send_blocking};
+use crate::startups::Pending;
+
+/// How long an ending process waits for its audit and login records to be
+/// written.
+const FLUSH_WITHIN: Duration = Duration::from_secs(10);
+
+/// How long an ending process waits for its sessions to end once they are
+/// hung up.
+const SESSIONS_END_WITHIN: Duration = Duration::from_secs(10);
+
+/// Serves the listener on `control` (one connection at most); returns the
+/// exit code.
+pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity) -> i32 {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("connection process: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    let (code, audit) = runtime.block_on(serve_one(control, settings, host));
+    // The connection is gone: its sessions hang their commands up and
+    // clean after themselves (terminals, login records) on the runtime's
+    // threads meanwhile. A command that ignores the hang-up is left
+    // running, as by sshd.
+    if !crate::backlog::SESSIONS.wait_empty(SESSIONS_END_WITHIN) {
+        tracing::info!(
+            "sessions still running {}s after their connection ended; the process ends without them",
+            SESSIONS_END_WITHIN.as_secs()
+        );
+    }
+    if let Some(audit) = audit {
+        if !audit.flush(FLUSH_WITHIN) {
+            tracing::warn!(
+                "audit records still unwritten after {}s; the process ends without them",
+                FLUSH_WITHIN.as_secs()
+            );
+        }
+    }
+    if !crate::login_writer::flush(FLUSH_WITHIN) {
+        tracing::warn!(
+            "login records still unwritten after {}s; the process ends without them",
+            FLUSH_WITHIN.as_secs()
+        );
+    }
+    // Reads of the client or a command may still wait in blocking threads.
+    runtime.shutdown_background();
+    code
+}
+
+/// What an ended connection leaves to flush.
+type Audit = Option<Arc<crate::audit_writer::AuditLog>>;
+
+/// Serves the listener until it hands over a connection, and that
+/// connection to its end: the exit code, and the audit log to flush.
+async fn serve_one(control: OwnedFd, settings: Settings, host: HostIdentity) -> (i32, Audit) {
+    if let Err(e) = nix::fcntl::fcntl(
+        &control,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    ) {
+        tracing::error!("connection process: {e}");
+        return (1, None);
+    }
+    let inbox = match crate::stream_route::StreamInbox::bind() {
+        Ok(inbox) => Some(inbox),
+        Err(e) => {
+            tracing::warn!(
+                "connection process {}: no data-plane inbox ({e}); transfers fall back to SSH channels",
+                std::process::id()
+            );
+            None
+        }
+    };
+    let (config, state) = match crate::connection::prepare(settings, host) {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::error!("connection process: {e:#}");
+            return (1, None);
+        }
+    };
+    if let Some(inbox) = inbox {
+        tokio::spawn(inbox.serve(state.registry.clone()));
+    }
+    // A plain descriptor for the "authenticated" note, which is sent from
+    // wherever the handshake stands.
+    let tell = match control.try_clone() {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::error!("connection process: {e}");
+            return (1, None);
+        }
+    };
+    // SAFETY: the AsyncFd owns the socket to the listener from here.
+    let control = match unsafe { AsyncFd::register(control) } {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("connection process: {e}");
+            return (1, None);
+        }
+    };
+    if send(&control, &FromWorker::Ready.encode(), &[])
+        .await
+        .is_err()
+    {
+        return (0, None);
+    }
+    let (peer, local, socket) = match recv(&control).await {
+        // Retired before it served anything.
+        Ok(None) | Err(_) => return (0, None),
+        Ok(Some((bytes, mut fds))) => match (ToWorker::decode(&bytes), fds.len()) {
+            (Ok(ToWorker::Serve { peer, local }), 1) => {
+                (peer, local, fds.pop().expect("one descriptor"))
+            }
+            (decoded, n) => {
+                tracing::error!(
+                    "connection process: a malformed request from the listener ({decoded:?}, {n} descriptors)"
+                );
+                return (1, None);
+            }
+        },
+    };
+    let stream = match tcp_stream(socket) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(%peer, "connection process: {e}");
+            return (1, None);
+        }
+    };
+    let pending = Pending::counted_elsewhere(move || {
+        let _ = send_blocking(&tell, &FromWorker::Authenticated.encode(), &[]);
+    });
+    let failures = Arc::new(crate::penalties::FailureCount::default());
+    let mut outcome = Outcome::Ended;
+    let log = ConnectionLog::new(state.audit.as_ref(), Some(peer), Some(local));
+    let result = handle_connection(
+        stream,
+        peer,
+        config,
+        state.clone(),
+        pending,
+        &mut outcome,
+        Watch {
+            auth_failures: failures.clone(),
+            log: log.clone(),
+        },
+    )
+    .await;
+    if let Err(e) = &result {
+        tracing::info!(%peer, "connection ended: {e}");
+    }
+    log.ended(&end_reason(&result, outcome));
+    let verdict = outcome.verdict(&failures);
+    let _ = send(&control, &FromWorker::Ended(verdict).encode(), &[]).await;
+    (0, state.audit.clone())
+}
+
+/// The accepted connection the listener passed.
+fn tcp_stream(socket: OwnedFd) -> std::io::Result<tokio::net::TcpStream> {
+    let std_stream = std::net::TcpStream::from(socket);
+    std_stream.set_nonblocking(true)?;
+    tokio::net::TcpStream::from_std(std_stream)
+}
