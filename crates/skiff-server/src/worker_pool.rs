@@ -318,7 +318,10 @@ impl WorkerPool {
                             });
                         }
                         // The zygote is unusable: start another (once).
-                        if st.zygote.as_ref().is_some_and(|z| Arc::ptr_eq(z, &zygote)) {
+                        let zygote_failed = matches!(e, StartError::Zygote(_));
+                        if zygote_failed
+                            && st.zygote.as_ref().is_some_and(|z| Arc::ptr_eq(z, &zygote))
+                        {
                             st.zygote = None;
                             drop(st);
                             let pool = pool.clone();
@@ -398,11 +401,30 @@ impl WorkerPool {
     }
 }
 
+/// Why a connection process could not be started.
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    /// The zygote failed to fork it (or is gone): another zygote is needed.
+    #[error("the zygote: {0}")]
+    Zygote(String),
+    /// It was forked but did not get ready.
+    #[error("{0}")]
+    Process(String),
+}
+
 /// Asks `zygote` for a process and waits until it says it is ready.
-async fn start_worker(zygote: &Zygote) -> Result<Worker, String> {
-    let (ours, theirs) = pair().map_err(|e| format!("socketpair: {e}"))?;
-    let pid = zygote.spawn(&theirs).await?;
+async fn start_worker(zygote: &Zygote) -> Result<Worker, StartError> {
+    let (ours, theirs) = pair().map_err(|e| StartError::Process(format!("socketpair: {e}")))?;
+    let pid = zygote.spawn(&theirs).await.map_err(StartError::Zygote)?;
+    // The process has its own: ours closed, its end is seen when it ends.
     drop(theirs);
+    start_watching(pid, zygote.generation, ours)
+        .await
+        .map_err(StartError::Process)
+}
+
+/// Waits until the process `pid` says on `ours` that it is ready.
+async fn start_watching(pid: i32, generation: u64, ours: OwnedFd) -> Result<Worker, String> {
     // SAFETY: the AsyncFd owns our end of the pair from here.
     let control = unsafe { AsyncFd::register(ours) }.map_err(|e| e.to_string())?;
     let ready = tokio::time::timeout(START_WITHIN, recv(&control))
@@ -420,7 +442,7 @@ async fn start_worker(zygote: &Zygote) -> Result<Worker, String> {
     tokio::spawn(watch(pid, control.clone(), alive.clone(), assigned));
     Ok(Worker {
         pid,
-        generation: zygote.generation,
+        generation,
         control,
         alive,
         assign,

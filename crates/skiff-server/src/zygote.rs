@@ -8,14 +8,15 @@
 //!
 //! The zygote stays single-threaded (no async runtime, no writer threads),
 //! which is what makes `fork` safe here: each child builds its own runtime.
-//! Its children are reaped by the kernel (`SIGCHLD` ignored) and reset that
-//! for themselves. On a `SIGHUP` the listener starts a new zygote with the
+//! It reaps its children between requests and at least once a second, so
+//! that their CPU time is counted in its own (`cutime`, as a listener's
+//! children's is in the listener's). On a `SIGHUP` the listener starts a new zygote with the
 //! new configuration and ends this one by closing its socket: the processes
 //! it forked go on serving their connections.
 
 use std::os::fd::{FromRawFd, OwnedFd};
 
-use nix::sys::signal::{signal, SigHandler, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult};
 use skiff_proto::worker_wire::{FromZygote, ToZygote};
 
@@ -44,9 +45,12 @@ pub fn refuse(control: OwnedFd, why: &str) -> i32 {
 /// process for every request. Returns in the parent with its exit code,
 /// and in each child with the child's (after it served its connection).
 pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity) -> i32 {
-    // SAFETY: setting a signal's disposition to SIG_IGN runs no handler code.
-    if let Err(e) = unsafe { signal(Signal::SIGCHLD, SigHandler::SigIgn) } {
-        return refuse(control, &format!("cannot have children reaped: {e}"));
+    // Woken at least once a second to reap children.
+    let tick = nix::sys::time::TimeVal::new(1, 0);
+    if let Err(e) =
+        nix::sys::socket::setsockopt(&control, nix::sys::socket::sockopt::ReceiveTimeout, &tick)
+    {
+        return refuse(control, &format!("cannot set a receive timeout: {e}"));
     }
     // MaxServerQueue counts every connection process's queues together.
     if let Err(e) = crate::queue_budget::share_across_processes() {
@@ -60,8 +64,10 @@ pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity) -> i32 {
         return 1;
     }
     loop {
+        reap();
         let (bytes, mut fds) = match recv_blocking(&control) {
             Ok(Some(m)) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             // The listener closed the socket (a new configuration, or it
             // ended): forked processes carry on without this one.
             Ok(None) => return 0,
@@ -79,8 +85,6 @@ pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity) -> i32 {
                 match unsafe { fork() } {
                     Ok(ForkResult::Child) => {
                         drop(control);
-                        // SAFETY: restoring the default disposition runs no handler code.
-                        let _ = unsafe { signal(Signal::SIGCHLD, SigHandler::SigDfl) };
                         return crate::worker::serve(socket, settings, host);
                     }
                     Ok(ForkResult::Parent { child }) => FromZygote::Spawned {
@@ -98,6 +102,15 @@ pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity) -> i32 {
         if let Err(e) = send_blocking(&control, &reply.encode(), &[]) {
             tracing::error!("zygote: cannot answer the listener: {e}");
             return 1;
+        }
+    }
+}
+
+/// Reaps every child that has exited, without waiting.
+fn reap() {
+    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            break;
         }
     }
 }
