@@ -20,7 +20,7 @@ mod ssh_args;
 mod stdio;
 mod terminal;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -63,6 +63,11 @@ fn main() {
     // Run under the name `ssh` or `skiff-ssh`, or as `skiff ssh`: ssh's
     // command line, parsed as ssh parses it rather than by clap.
     let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // `skiff --generate-docs DIR` (hidden): the manual pages and shell
+    // completions, for packaging/build-deb.
+    if let Some(code) = skiff_docgen::generate_if_asked(&argv, Cli::command, "1") {
+        exit(code);
+    }
     let program = argv
         .first()
         .and_then(|a| std::path::Path::new(a).file_name())
