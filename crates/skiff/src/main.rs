@@ -63,11 +63,6 @@ fn main() {
     // Run under the name `ssh` or `skiff-ssh`, or as `skiff ssh`: ssh's
     // command line, parsed as ssh parses it rather than by clap.
     let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    // `skiff --generate-docs DIR` (hidden): the manual pages and shell
-    // completions, for packaging/build-deb.
-    if let Some(code) = skiff_docgen::generate_if_asked(&argv, Cli::command, "1") {
-        exit(code);
-    }
     let program = argv
         .first()
         .and_then(|a| std::path::Path::new(a).file_name())
@@ -78,6 +73,11 @@ fn main() {
     }
     if argv.get(1).is_some_and(|a| a == "ssh") {
         exit(cli_ssh::main(argv.split_off(2)));
+    }
+    // `skiff --generate-docs DIR` (hidden): the manual pages and shell
+    // completions, for packaging/build-deb.
+    if let Some(code) = skiff_docgen::generate_if_asked(&argv, Cli::command, "1") {
+        exit(code);
     }
     let cli = Cli::parse();
     let code = match cli.command {
