@@ -20,7 +20,7 @@ mod ssh_args;
 mod stdio;
 mod terminal;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -73,6 +73,11 @@ fn main() {
     }
     if argv.get(1).is_some_and(|a| a == "ssh") {
         exit(cli_ssh::main(argv.split_off(2)));
+    }
+    // `skiff --generate-docs DIR` (hidden): the manual pages and shell
+    // completions, for packaging/build-deb.
+    if let Some(code) = skiff_docgen::generate_if_asked(&argv, Cli::command, "1") {
+        exit(code);
     }
     let cli = Cli::parse();
     let code = match cli.command {

@@ -7,7 +7,7 @@ use std::os::fd::AsFd;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use skiff_server::config::{apply_config_with, parse_listen, read_included, CommandLine, Settings};
 use skiff_server::config_dump::{self, ConnectionSpec};
 use skiff_server::hostkey;
@@ -160,6 +160,12 @@ struct Args {
 }
 
 fn main() {
+    // `skiffd --generate-docs DIR` (hidden): the manual page and shell
+    // completions, for packaging/build-deb.
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(code) = skiff_docgen::generate_if_asked(&argv, Args::command, "8") {
+        std::process::exit(code);
+    }
     let args = Args::parse();
     if args.pam_session {
         std::process::exit(skiff_server::pam_session::serve());
