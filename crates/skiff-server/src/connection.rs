@@ -118,24 +118,9 @@ pub async fn serve_inetd(settings: Settings, host: HostIdentity) -> Result<()> {
             let pending = admit(peer.ip())?;
             let stream = taken_over(stdin)?;
             tracing::info!(%peer, "inetd mode: serving the connection on stdin");
+            let local = stream.local_addr().ok();
             // One connection per process: no penalty outlives it.
-            let mut outcome = Outcome::Ended;
-            let log =
-                ConnectionLog::new(state.audit.as_ref(), Some(peer), stream.local_addr().ok());
-            let result = handle_connection(
-                stream,
-                peer,
-                config,
-                state.clone(),
-                pending,
-                &mut outcome,
-                Watch {
-                    auth_failures: Default::default(),
-                    log: log.clone(),
-                },
-            )
-            .await;
-            log.ended(&end_reason(&result, outcome));
+            let (result, _) = serve_connection(stream, peer, local, config, &state, pending).await;
             result
         }
         None => {
@@ -177,6 +162,37 @@ pub async fn serve_inetd(settings: Settings, host: HostIdentity) -> Result<()> {
             }
         }
     }
+}
+
+/// Serves `stream` from `peer` (to `local`) to its end, its log saying
+/// when it opened and ended: how it ended, and how its unauthenticated part
+/// did (for `PerSourcePenalties`).
+pub async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    local: Option<SocketAddr>,
+    config: Arc<russh::server::Config>,
+    state: &Arc<ServerState>,
+    pending: Pending,
+) -> (Result<()>, Verdict) {
+    let failures = Arc::new(crate::penalties::FailureCount::default());
+    let mut outcome = Outcome::Ended;
+    let log = ConnectionLog::new(state.audit.as_ref(), Some(peer), local);
+    let result = handle_connection(
+        stream,
+        peer,
+        config,
+        state.clone(),
+        pending,
+        &mut outcome,
+        Watch {
+            auth_failures: failures.clone(),
+            log: log.clone(),
+        },
+    )
+    .await;
+    log.ended(&end_reason(&result, outcome));
+    (result, outcome.verdict(&failures))
 }
 
 /// How the pre-authentication part of a connection ended.

@@ -20,9 +20,8 @@ use std::time::Duration;
 use skiff_proto::worker_wire::{FromWorker, ToWorker};
 use tokio::io::unix::AsyncFd;
 
-use crate::audit_writer::ConnectionLog;
 use crate::config::Settings;
-use crate::connection::{end_reason, handle_connection, Outcome, Watch};
+use crate::connection::serve_connection;
 use crate::hostkey::HostIdentity;
 use crate::seqpacket::{recv, send, send_blocking};
 use crate::startups::Pending;
@@ -159,27 +158,11 @@ async fn serve_one(control: OwnedFd, settings: Settings, host: HostIdentity) -> 
     let pending = Pending::counted_elsewhere(move || {
         let _ = send_blocking(&tell, &FromWorker::Authenticated.encode(), &[]);
     });
-    let failures = Arc::new(crate::penalties::FailureCount::default());
-    let mut outcome = Outcome::Ended;
-    let log = ConnectionLog::new(state.audit.as_ref(), Some(peer), Some(local));
-    let result = handle_connection(
-        stream,
-        peer,
-        config,
-        state.clone(),
-        pending,
-        &mut outcome,
-        Watch {
-            auth_failures: failures.clone(),
-            log: log.clone(),
-        },
-    )
-    .await;
+    let (result, verdict) =
+        serve_connection(stream, peer, Some(local), config, &state, pending).await;
     if let Err(e) = &result {
         tracing::info!(%peer, "connection ended: {e}");
     }
-    log.ended(&end_reason(&result, outcome));
-    let verdict = outcome.verdict(&failures);
     let _ = send(&control, &FromWorker::Ended(verdict).encode(), &[]).await;
     (0, state.audit.clone())
 }
