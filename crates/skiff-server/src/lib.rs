@@ -96,6 +96,7 @@ mod stream_relay;
 mod stream_route;
 pub mod syslog;
 pub mod transfer_process;
+mod warm_start;
 mod worker;
 mod worker_pool;
 pub mod zygote;

@@ -37,6 +37,8 @@ const SESSIONS_END_WITHIN: Duration = Duration::from_secs(10);
 /// Serves the listener on `control` (one connection at most); returns the
 /// exit code.
 pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity) -> i32 {
+    // As the listener's runtime was: measured, a single-threaded one served
+    // a cold connection slower (docs/BENCHMARKS.md).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -47,17 +49,24 @@ pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity) -> i32 {
             return 1;
         }
     };
-    let (code, audit) = runtime.block_on(serve_one(control, settings, host));
-    // The connection is gone: its sessions hang their commands up and
-    // clean after themselves (terminals, login records) on the runtime's
-    // threads meanwhile. A command that ignores the hang-up is left
-    // running, as by sshd.
-    if !crate::backlog::SESSIONS.wait_empty(SESSIONS_END_WITHIN) {
-        tracing::info!(
-            "sessions still running {}s after their connection ended; the process ends without them",
-            SESSIONS_END_WITHIN.as_secs()
-        );
-    }
+    let (code, audit) = runtime.block_on(async {
+        let served = serve_one(control, settings, host).await;
+        // The connection is gone: its sessions hang their commands up and
+        // clean after themselves (terminals, login records) on this
+        // runtime meanwhile. A command that ignores the hang-up is left
+        // running, as by sshd.
+        let ended = tokio::task::spawn_blocking(|| {
+            crate::backlog::SESSIONS.wait_empty(SESSIONS_END_WITHIN)
+        })
+        .await;
+        if !matches!(ended, Ok(true)) {
+            tracing::info!(
+                "sessions still running {}s after their connection ended; the process ends without them",
+                SESSIONS_END_WITHIN.as_secs()
+            );
+        }
+        served
+    });
     if let Some(audit) = audit {
         if !audit.flush(FLUSH_WITHIN) {
             tracing::warn!(
@@ -90,6 +99,9 @@ async fn serve_one(control: OwnedFd, settings: Settings, host: HostIdentity) -> 
         tracing::error!("connection process: {e}");
         return (1, None);
     }
+    // While it waits: the program's code mapped in now, not page by page
+    // during its connection's handshake.
+    crate::warm_start::prefault_code();
     let inbox = match crate::stream_route::StreamInbox::bind() {
         Ok(inbox) => Some(inbox),
         Err(e) => {

@@ -60,6 +60,7 @@ pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity) -> i32 {
     if let Err(e) = crate::descriptors::raise_open_file_limit() {
         tracing::warn!("cannot raise the open-file limit: {e}");
     }
+    warm_up();
     if send_blocking(&control, &FromZygote::Ready.encode(), &[]).is_err() {
         return 1;
     }
@@ -113,4 +114,12 @@ fn reap() {
             break;
         }
     }
+}
+
+/// What every connection process would otherwise do first on its own: the
+/// C library loads its name-service modules (`/etc/nsswitch.conf`: files,
+/// systemd, ...) at the first account lookup. Done once here, they are
+/// loaded in every process forked after.
+fn warm_up() {
+    let _ = crate::account::lookup("root");
 }
