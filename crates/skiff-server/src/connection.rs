@@ -97,9 +97,10 @@ pub async fn serve_inetd(settings: Settings, host: HostIdentity) -> Result<()> {
     // own, each to a skiffd of its own: they find this one by its pid.
     match crate::stream_route::StreamInbox::bind() {
         Ok(inbox) => {
+            state.registry.inbox_listens();
             tokio::spawn(inbox.serve(state.registry.clone()));
         }
-        Err(e) => tracing::debug!("no data-plane inbox: {e}"),
+        Err(e) => tracing::warn!("no data-plane inbox ({e}): the data plane is refused"),
     }
     let startups = Arc::new(Startups::default());
     let stdin = std::io::stdin().as_fd().try_clone_to_owned()?;

@@ -45,13 +45,28 @@ struct Pending {
     relay: Arc<AsyncFd<OwnedFd>>,
 }
 
-/// Outstanding stream tokens of every transfer on this server.
+/// Outstanding stream tokens of every transfer on this server (this
+/// process: one connection's, or inetd mode's), and whether streams can
+/// reach it at all.
 #[derive(Default)]
 pub struct Registry {
     tokens: Mutex<HashMap<[u8; TOKEN_LEN], Pending>>,
+    /// Its inbox listens (`crate::stream_route`): streams that reach
+    /// another skiffd process can be handed here. Until then no transfer
+    /// is granted streams.
+    inbox: std::sync::atomic::AtomicBool,
 }
 
 impl Registry {
+    /// Streams can be handed to this process from now on.
+    pub fn inbox_listens(&self) {
+        self.inbox.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    fn takes_streams(&self) -> bool {
+        self.inbox.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     fn issue(
         &self,
         count: u32,
@@ -219,6 +234,11 @@ pub fn spawn_relay(
                             reason: format!(
                                 "{streams} streams asked; skiffd allows 1 to {MAX_STREAMS}"
                             ),
+                        }
+                    } else if !registry.takes_streams() {
+                        RelayMsg::Denied {
+                            reason: "this connection's skiffd process cannot take data-plane streams (see the server's log); copy without the data plane"
+                                .into(),
                         }
                     } else if !settings.data_plane {
                         RelayMsg::Denied {
@@ -594,7 +614,9 @@ mod tests {
         let (ours, theirs) = relay_pair().expect("socketpair");
         let at: SocketAddr = "127.0.0.1:2222".parse().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        spawn_relay(policy, Arc::default(), ours, at, at, move |end| {
+        let registry = Arc::new(Registry::default());
+        registry.inbox_listens();
+        spawn_relay(policy, registry, ours, at, at, move |end| {
             let _ = tx.send(end);
         });
         // SAFETY: the AsyncFd owns the descriptor for as long as it is registered.
@@ -612,6 +634,32 @@ mod tests {
         assert!(matches!(
             process.recv().await,
             Some(RelayMsg::Granted { tokens }) if tokens.len() == 2
+        ));
+    }
+
+    /// A process whose inbox does not listen cannot be handed streams: its
+    /// transfers are refused with a reason, not granted tokens no stream
+    /// could redeem.
+    #[tokio::test]
+    async fn no_streams_are_granted_without_an_inbox() {
+        let policy = RelayPolicy {
+            data_plane: true,
+            unencrypted_data_plane: crate::config::UnencryptedPolicy::Loopback,
+        };
+        let (ours, theirs) = relay_pair().expect("socketpair");
+        let at: SocketAddr = "127.0.0.1:2222".parse().unwrap();
+        spawn_relay(policy, Arc::default(), ours, at, at, |_| {});
+        // SAFETY: the AsyncFd owns the descriptor for as long as it is registered.
+        let process = Process(unsafe { AsyncFd::register(theirs) }.expect("AsyncFd"));
+        process
+            .send(RelayMsg::Request {
+                mode: dp::Mode::Aead,
+                streams: 2,
+            })
+            .await;
+        assert!(matches!(
+            process.recv().await,
+            Some(RelayMsg::Denied { reason }) if reason.contains("cannot take data-plane streams")
         ));
     }
 

@@ -191,3 +191,51 @@ impl StreamInbox {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A socket under another process's inbox name is not handed the
+    /// stream: the credentials show who holds it.
+    #[tokio::test]
+    async fn a_taken_inbox_name_is_not_believed() {
+        // A name no skiffd process has: pids stay below 2^22.
+        let owner = std::process::id() + (1 << 23);
+        let squatter = socket::socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let addr = UnixAddr::new_abstract(&inbox_name(owner)).unwrap();
+        socket::bind(squatter.as_raw_fd(), &addr).unwrap();
+        socket::listen(&squatter, socket::Backlog::new(4).unwrap()).unwrap();
+        let (stream, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let handed = hand_over(owner, [0; TOKEN_LEN], peer, stream.into()).await;
+        match handed {
+            Err(HandOverError::Impostor {
+                owner: o, holder, ..
+            }) => {
+                assert_eq!(o, owner);
+                assert_eq!(holder as u32, std::process::id());
+            }
+            other => panic!("handed to an impostor: {other:?}"),
+        }
+    }
+
+    /// No process by that name: the token is as good as unknown.
+    #[tokio::test]
+    async fn a_token_of_no_process_is_refused() {
+        let owner = std::process::id() + (1 << 23) + 1;
+        let (stream, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let handed = hand_over(owner, [0; TOKEN_LEN], peer, stream.into()).await;
+        assert!(
+            matches!(handed, Err(HandOverError::NoInbox(o, _)) if o == owner),
+            "{handed:?}"
+        );
+    }
+}

@@ -106,7 +106,7 @@ async fn serve_one(control: OwnedFd, settings: Settings, host: HostIdentity) -> 
         Ok(inbox) => Some(inbox),
         Err(e) => {
             tracing::warn!(
-                "connection process {}: no data-plane inbox ({e}); transfers fall back to SSH channels",
+                "connection process {}: no data-plane inbox ({e}); this connection is refused the data plane",
                 std::process::id()
             );
             None
@@ -120,6 +120,7 @@ async fn serve_one(control: OwnedFd, settings: Settings, host: HostIdentity) -> 
         }
     };
     if let Some(inbox) = inbox {
+        state.registry.inbox_listens();
         tokio::spawn(inbox.serve(state.registry.clone()));
     }
     // A plain descriptor for the "authenticated" note, which is sent from
