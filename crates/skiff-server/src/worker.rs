@@ -171,12 +171,17 @@ async fn serve_one(control: OwnedFd, settings: Settings, host: HostIdentity) -> 
     let pending = Pending::counted_elsewhere(move || {
         let _ = send_blocking(&tell, &FromWorker::Authenticated.encode(), &[]);
     });
+    // A second descriptor keeps the connection open until the listener
+    // has heard how it ended: a client that failed to log in sees the
+    // close only once its penalty is on its way to the listener.
+    let held = std::os::fd::AsFd::as_fd(&stream).try_clone_to_owned().ok();
     let (result, verdict) =
         serve_connection(stream, peer, Some(local), config, &state, pending).await;
     if let Err(e) = &result {
         tracing::info!(%peer, "connection ended: {e}");
     }
     let _ = send(&control, &FromWorker::Ended(verdict).encode(), &[]).await;
+    drop(held);
     (0, state.audit.clone())
 }
 
