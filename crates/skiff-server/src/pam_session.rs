@@ -25,22 +25,12 @@ use std::path::Path;
 use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 
-use nix::sys::socket;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
 use crate::seqpacket::{recv, send};
 use crate::spawn;
 use skiff_proto::pam_session_wire::{FromSession, SpawnPlan, ToSession};
-
-fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    Ok(socket::socketpair(
-        socket::AddressFamily::Unix,
-        socket::SockType::SeqPacket,
-        None,
-        socket::SockFlag::SOCK_CLOEXEC | socket::SockFlag::SOCK_NONBLOCK,
-    )?)
-}
 
 /// What skiffd holds of a connection's open PAM session. Dropping it
 /// (the connection ended, and no command of it runs) stops the reader and
@@ -81,7 +71,7 @@ impl PamSession {
         rhost: Option<String>,
         tty: &str,
     ) -> Result<Arc<PamSession>, String> {
-        let (ours, theirs) = seqpacket_pair().map_err(|e| format!("socketpair: {e}"))?;
+        let (ours, theirs) = crate::seqpacket::pair().map_err(|e| format!("socketpair: {e}"))?;
         let null = std::fs::OpenOptions::new()
             .read(true)
             .write(true)

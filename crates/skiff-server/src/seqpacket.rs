@@ -16,6 +16,17 @@ use skiff_proto::pam_session_wire::MAX_MESSAGE;
 /// The descriptors a message may carry (stdin, stdout, stderr, fd 3).
 const MAX_FDS: usize = 4;
 
+/// A connected pair of non-blocking, close-on-exec `SOCK_SEQPACKET`
+/// sockets: (this process's end, the other process's end).
+pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    Ok(socket::socketpair(
+        socket::AddressFamily::Unix,
+        socket::SockType::SeqPacket,
+        None,
+        socket::SockFlag::SOCK_CLOEXEC | socket::SockFlag::SOCK_NONBLOCK,
+    )?)
+}
+
 /// One `sendmsg` of `bytes` with `fds` beside them.
 fn send_now(fd: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
     let iov = [io::IoSlice::new(bytes)];

@@ -121,17 +121,6 @@ impl Registry {
     }
 }
 
-/// A socketpair for a transfer process: (skiffd's end, the child's end).
-pub fn relay_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let (a, b) = socket::socketpair(
-        socket::AddressFamily::Unix,
-        socket::SockType::SeqPacket,
-        None,
-        socket::SockFlag::SOCK_CLOEXEC | socket::SockFlag::SOCK_NONBLOCK,
-    )?;
-    Ok((a, b))
-}
-
 /// What a relay applies of the server's settings: whether the data plane
 /// is on (`DataPlane`) and where it may run unencrypted
 /// (`DataPlaneUnencrypted`).
@@ -516,7 +505,7 @@ mod tests {
     use super::*;
 
     fn relay() -> Arc<AsyncFd<OwnedFd>> {
-        let (ours, _theirs) = relay_pair().expect("socketpair");
+        let (ours, _theirs) = crate::seqpacket::pair().expect("socketpair");
         // SAFETY: the AsyncFd owns the descriptor for as long as it is registered.
         Arc::new(unsafe { AsyncFd::register(ours) }.expect("AsyncFd"))
     }
@@ -611,7 +600,7 @@ mod tests {
             data_plane: true,
             unencrypted_data_plane: crate::config::UnencryptedPolicy::Loopback,
         };
-        let (ours, theirs) = relay_pair().expect("socketpair");
+        let (ours, theirs) = crate::seqpacket::pair().expect("socketpair");
         let at: SocketAddr = "127.0.0.1:2222".parse().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let registry = Arc::new(Registry::default());
@@ -646,7 +635,7 @@ mod tests {
             data_plane: true,
             unencrypted_data_plane: crate::config::UnencryptedPolicy::Loopback,
         };
-        let (ours, theirs) = relay_pair().expect("socketpair");
+        let (ours, theirs) = crate::seqpacket::pair().expect("socketpair");
         let at: SocketAddr = "127.0.0.1:2222".parse().unwrap();
         spawn_relay(policy, Arc::default(), ours, at, at, |_| {});
         // SAFETY: the AsyncFd owns the descriptor for as long as it is registered.

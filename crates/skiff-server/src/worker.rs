@@ -161,7 +161,7 @@ async fn serve_one(control: OwnedFd, settings: Settings, host: HostIdentity) -> 
             }
         },
     };
-    let stream = match tcp_stream(socket) {
+    let stream = match crate::connection::taken_over(socket) {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(%peer, "connection process: {e}");
@@ -183,11 +183,4 @@ async fn serve_one(control: OwnedFd, settings: Settings, host: HostIdentity) -> 
     let _ = send(&control, &FromWorker::Ended(verdict).encode(), &[]).await;
     drop(held);
     (0, state.audit.clone())
-}
-
-/// The accepted connection the listener passed.
-fn tcp_stream(socket: OwnedFd) -> std::io::Result<tokio::net::TcpStream> {
-    let std_stream = std::net::TcpStream::from(socket);
-    std_stream.set_nonblocking(true)?;
-    tokio::net::TcpStream::from_std(std_stream)
 }

@@ -32,7 +32,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{oneshot, Notify};
 
 use crate::penalties::{Offence, Penalties};
-use crate::seqpacket::{recv, send};
+use crate::seqpacket::{pair, recv, send};
 use crate::startups::Pending;
 
 /// Connection processes kept ready.
@@ -175,17 +175,6 @@ impl Zygote {
             Err(e) => Err(e.to_string()),
         }
     }
-}
-
-/// A non-blocking, close-on-exec `SOCK_SEQPACKET` pair.
-fn pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
-    Ok(socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-    )?)
 }
 
 /// A ready connection process.

@@ -517,7 +517,7 @@ impl ConnectionHandler {
         // The login's own settings: `Match` blocks may set `DataPlane` and
         // `DataPlaneUnencrypted`.
         let policy = crate::stream_relay::RelayPolicy::of(settings);
-        let (ours, theirs) = match crate::stream_relay::relay_pair() {
+        let (ours, theirs) = match crate::seqpacket::pair() {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(peer = %self.peer, "data plane: cannot make a socket pair: {e}");
