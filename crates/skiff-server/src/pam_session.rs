@@ -30,7 +30,7 @@ use tokio::sync::oneshot;
 
 use crate::seqpacket::{recv, send};
 use crate::spawn;
-use skiff_proto::pam_session_wire::{FromSession, SpawnPlan, ToSession};
+use skiff_proto::pam_session_wire::{FromSession, SpawnPlan, ToSession, MAX_MESSAGE};
 
 /// What skiffd holds of a connection's open PAM session. Dropping it
 /// (the connection ended, and no command of it runs) stops the reader and
@@ -102,7 +102,7 @@ impl PamSession {
         send(&sock, &open.encode(), &[])
             .await
             .map_err(|e| format!("PAM session process: {e}"))?;
-        let (env, messages) = match recv(&sock).await {
+        let (env, messages) = match recv(&sock, MAX_MESSAGE).await {
             Ok(Some((bytes, _))) => match FromSession::decode(&bytes) {
                 Ok(FromSession::Opened { env, messages }) => (env, messages),
                 Ok(FromSession::Refused(why)) => return Err(why),
@@ -178,7 +178,7 @@ async fn read_answers(
     loop {
         let next = tokio::select! {
             _ = &mut stop => return,
-            next = recv(&sock) => next,
+            next = recv(&sock, MAX_MESSAGE) => next,
         };
         let msg = match next {
             Ok(Some((bytes, _))) => match FromSession::decode(&bytes) {
@@ -311,7 +311,7 @@ async fn session_main(sock: OwnedFd) -> io::Result<()> {
     // SAFETY: fd 3 is the socket skiffd passed, owned from here by the
     // AsyncFd alone.
     let sock = unsafe { AsyncFd::register(sock) }?;
-    let Some((first, _)) = recv(&sock).await? else {
+    let Some((first, _)) = recv(&sock, MAX_MESSAGE).await? else {
         return Ok(());
     };
     let (service, user, rhost, tty) = match ToSession::decode(&first) {
@@ -365,7 +365,7 @@ async fn session_main(sock: OwnedFd) -> io::Result<()> {
     let mut exits = futures::stream::FuturesUnordered::new();
     loop {
         tokio::select! {
-            next = recv(&sock) => {
+            next = recv(&sock, MAX_MESSAGE) => {
                 let Some((bytes, fds)) = next? else {
                     break;
                 };

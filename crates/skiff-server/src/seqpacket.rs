@@ -11,8 +11,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags};
 use tokio::io::unix::AsyncFd;
 
-use skiff_proto::pam_session_wire::MAX_MESSAGE;
-
 /// The descriptors a message may carry (stdin, stdout, stderr, fd 3).
 const MAX_FDS: usize = 4;
 
@@ -41,8 +39,10 @@ fn send_now(fd: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
 }
 
 /// One `recvmsg` into `buf`: the length read (0 at the end) and the
-/// descriptors beside it.
+/// descriptors beside it. A message longer than `buf` is an error (the
+/// kernel has dropped its tail), as are descriptors that did not fit.
 fn recv_now(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let max = buf.len();
     let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
     let mut iov = [io::IoSliceMut::new(buf)];
     let msg = socket::recvmsg::<()>(fd, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
@@ -56,6 +56,18 @@ fn recv_now(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
                     .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
             );
         }
+    }
+    if msg.flags.contains(MsgFlags::MSG_TRUNC) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a message longer than {max} bytes"),
+        ));
+    }
+    if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a message with more than {MAX_FDS} descriptors"),
+        ));
     }
     Ok((msg.bytes, fds))
 }
@@ -72,10 +84,14 @@ pub fn send_blocking(sock: &impl AsRawFd, bytes: &[u8], fds: &[RawFd]) -> io::Re
     }
 }
 
-/// The next message on a blocking socket and the descriptors beside it;
-/// `None` at the end.
-pub fn recv_blocking(sock: &impl AsRawFd) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
-    let mut buf = vec![0u8; MAX_MESSAGE];
+/// The next message on a blocking socket, of at most `max` bytes (its
+/// protocol's limit: the buffer is that size, so a small one costs no
+/// fresh pages), and the descriptors beside it; `None` at the end.
+pub fn recv_blocking(
+    sock: &impl AsRawFd,
+    max: usize,
+) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+    let mut buf = vec![0u8; max];
     loop {
         match recv_now(sock.as_raw_fd(), &mut buf) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -98,8 +114,11 @@ pub async fn send(sock: &AsyncFd<OwnedFd>, bytes: &[u8], fds: &[RawFd]) -> io::R
 }
 
 /// The next message and the descriptors beside it; `None` at the end.
-pub async fn recv(sock: &AsyncFd<OwnedFd>) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
-    let mut buf = vec![0u8; MAX_MESSAGE];
+pub async fn recv(
+    sock: &AsyncFd<OwnedFd>,
+    max: usize,
+) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+    let mut buf = vec![0u8; max];
     loop {
         let mut guard = sock.readable().await?;
         match guard.try_io(|inner| recv_now(inner.as_raw_fd(), &mut buf)) {
@@ -108,5 +127,44 @@ pub async fn recv(sock: &AsyncFd<OwnedFd>) -> io::Result<Option<(Vec<u8>, Vec<Ow
             Ok(Err(e)) => return Err(e),
             Err(_would_block) => continue,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_up_to_the_limit_arrives_whole_with_its_descriptors() {
+        let (a, b) = pair().unwrap();
+        let (r, w) = nix::unistd::pipe().unwrap();
+        send_blocking(&a, &[7u8; 64], &[r.as_raw_fd()]).unwrap();
+        let (bytes, fds) = recv_blocking(&b, 64).unwrap().expect("a message");
+        assert_eq!(bytes, vec![7u8; 64]);
+        assert_eq!(fds.len(), 1);
+        // The descriptor is the pipe's read end: what is written arrives.
+        nix::unistd::write(&w, b"x").unwrap();
+        let mut got = [0u8; 1];
+        assert_eq!(nix::unistd::read(&fds[0], &mut got).unwrap(), 1);
+        assert_eq!(&got, b"x");
+    }
+
+    #[test]
+    fn a_message_over_the_limit_is_refused_not_cut_short() {
+        let (a, b) = pair().unwrap();
+        send_blocking(&a, &[1u8; 65], &[]).unwrap();
+        let e = recv_blocking(&b, 64).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        // The next message is read as usual.
+        send_blocking(&a, b"next", &[]).unwrap();
+        let (bytes, _) = recv_blocking(&b, 64).unwrap().expect("a message");
+        assert_eq!(bytes, b"next");
+    }
+
+    #[test]
+    fn the_end_of_the_peer_is_none() {
+        let (a, b) = pair().unwrap();
+        drop(a);
+        assert!(recv_blocking(&b, 64).unwrap().is_none());
     }
 }

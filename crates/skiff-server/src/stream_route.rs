@@ -171,7 +171,12 @@ impl StreamInbox {
                 let Ok(conn) = (unsafe { AsyncFd::register(conn) }) else {
                     return;
                 };
-                let (bytes, fds) = match crate::seqpacket::recv(&conn).await {
+                let (bytes, fds) = match crate::seqpacket::recv(
+                    &conn,
+                    skiff_proto::worker_wire::MAX_MESSAGE,
+                )
+                .await
+                {
                     Ok(Some(m)) => m,
                     _ => return,
                 };

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use skiff_proto::worker_wire::{FromWorker, FromZygote, ToWorker, ToZygote};
+use skiff_proto::worker_wire::{FromWorker, FromZygote, ToWorker, ToZygote, MAX_MESSAGE};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{oneshot, Notify};
 
@@ -133,7 +133,7 @@ impl Zygote {
         // SAFETY: the AsyncFd owns our end of the pair from here.
         let control =
             unsafe { AsyncFd::register(ours) }.map_err(|e| ZygoteError::Start(e.into()))?;
-        let first = tokio::time::timeout(START_WITHIN, recv(&control))
+        let first = tokio::time::timeout(START_WITHIN, recv(&control, MAX_MESSAGE))
             .await
             .map_err(|_| ZygoteError::Slow)?;
         match first {
@@ -164,7 +164,7 @@ impl Zygote {
         )
         .await
         .map_err(|e| e.to_string())?;
-        match recv(&self.control).await {
+        match recv(&self.control, MAX_MESSAGE).await {
             Ok(Some((bytes, _))) => match FromZygote::decode(&bytes) {
                 Ok(FromZygote::Spawned { pid }) => Ok(pid),
                 Ok(FromZygote::NotSpawned(why)) => Err(why),
@@ -416,7 +416,7 @@ async fn start_worker(zygote: &Zygote) -> Result<Worker, StartError> {
 async fn start_watching(pid: i32, generation: u64, ours: OwnedFd) -> Result<Worker, String> {
     // SAFETY: the AsyncFd owns our end of the pair from here.
     let control = unsafe { AsyncFd::register(ours) }.map_err(|e| e.to_string())?;
-    let ready = tokio::time::timeout(START_WITHIN, recv(&control))
+    let ready = tokio::time::timeout(START_WITHIN, recv(&control, MAX_MESSAGE))
         .await
         .map_err(|_| format!("process {pid} not ready within {}s", START_WITHIN.as_secs()))?;
     match ready {
@@ -452,7 +452,7 @@ async fn watch(
     let waited = tokio::select! {
         biased;
         a = &mut assigned => Ok(a.ok()),
-        m = recv(&control) => Err(m),
+        m = recv(&control, MAX_MESSAGE) => Err(m),
     };
     let (assignment, early) = match waited {
         Ok(a) => (a, None),
@@ -475,7 +475,7 @@ async fn watch(
     loop {
         let bytes = match next.take() {
             Some(b) => b,
-            None => match recv(&control).await {
+            None => match recv(&control, MAX_MESSAGE).await {
                 Ok(Some((b, _))) => b,
                 Ok(None) | Err(_) => break,
             },

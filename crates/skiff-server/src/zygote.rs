@@ -18,7 +18,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult};
-use skiff_proto::worker_wire::{FromZygote, ToZygote};
+use skiff_proto::worker_wire::{FromZygote, ToZygote, MAX_MESSAGE};
 
 use crate::config::Settings;
 use crate::hostkey::HostIdentity;
@@ -66,7 +66,7 @@ pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity) -> i32 {
     }
     loop {
         reap();
-        let (bytes, mut fds) = match recv_blocking(&control) {
+        let (bytes, mut fds) = match recv_blocking(&control, MAX_MESSAGE) {
             Ok(Some(m)) => m,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             // The listener closed the socket (a new configuration, or it
