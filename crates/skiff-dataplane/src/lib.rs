@@ -33,7 +33,5 @@ pub use accept::{Accepted, Accepting, Misbehaved};
 pub use offer::{offer_tree, source_path, Offered};
 pub use receive::{AnnouncedTwice, FileTable, Incoming, Settled};
 pub use send::{ChunkQueue, Outgoing};
-pub use stream::{
-    connect_stream, open_stream, RecordReader, RecordWriter, StreamError, Unacknowledged,
-};
+pub use stream::{connect, dial, Dialed, RecordReader, RecordWriter, StreamError, Unacknowledged};
 pub use watch::{Stall, StreamWatch};

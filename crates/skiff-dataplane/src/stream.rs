@@ -45,6 +45,21 @@ impl StreamError {
         }
     }
 
+    /// The server had closed the connection by the time something was
+    /// written to it (a stream dialed early that waited too long, or one
+    /// turned away): the same token may go out on a new connection, since
+    /// the server never read it.
+    pub fn is_closed_under_us(&self) -> bool {
+        matches!(
+            self,
+            StreamError::Io { source, .. }
+                if matches!(
+                    source.kind(),
+                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                )
+        )
+    }
+
     /// True when the peer altered or forged a record.
     pub fn is_integrity(&self) -> bool {
         matches!(
@@ -239,50 +254,103 @@ impl RecordReader {
 /// How long the client waits for a stream's acknowledgement.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Opens stream `index` to a skiffd at `addr`: sends the magic and token,
-/// skips the SSH identification line skiffd writes on every connection, and
-/// waits for the server's acknowledgement record (which proves the server
-/// holds the session keys). Returns the two halves.
-pub fn connect_stream(
-    addr: SocketAddr,
-    token: &[u8; TOKEN_LEN],
-    keys: &Keys,
-    mode: Mode,
-    index: u32,
-) -> Result<(RecordWriter, RecordReader), StreamError> {
-    let (writer, pending) = open_stream(addr, token, keys, mode, index)?;
-    Ok((writer, pending.acknowledged()?))
+/// Connects stream `index` to a skiffd at `addr` and sends the magic, which
+/// is the same for every stream: a client may dial before it holds the
+/// stream's token (while the server's `Welcome` is on its way), and present
+/// the token once it comes. skiffd waits 3 s after the magic for the token
+/// (`TOKEN_WAIT`); [`Dialed::age`] tells whether that is still safe.
+pub fn dial(addr: SocketAddr, index: u32) -> Result<Dialed, StreamError> {
+    let dialed = connect(addr, index)?;
+    (&dialed.sock)
+        .write_all(&MAGIC)
+        .map_err(|e| StreamError::io(index, e))?;
+    Ok(Dialed {
+        magic_sent: true,
+        ..dialed
+    })
 }
 
-/// The first half of [`connect_stream`]: connects and presents the token,
-/// without waiting for the acknowledgement. Records the writer sends before
-/// it are sealed with the session's keys, so only the transfer process can
-/// open them; the caller must still see [`Unacknowledged::acknowledged`]
-/// succeed before it counts the transfer as done.
-pub fn open_stream(
-    addr: SocketAddr,
-    token: &[u8; TOKEN_LEN],
-    keys: &Keys,
-    mode: Mode,
-    index: u32,
-) -> Result<(RecordWriter, Unacknowledged), StreamError> {
+/// Connects stream `index` to a skiffd at `addr`, the token at hand: the
+/// magic goes out with it, in one write, when it is presented.
+pub fn connect(addr: SocketAddr, index: u32) -> Result<Dialed, StreamError> {
     let io = |e| StreamError::io(index, e);
+    let dialed_at = std::time::Instant::now();
     let sock = TcpStream::connect_timeout(&addr, OPEN_TIMEOUT).map_err(io)?;
     sock.set_nodelay(true).map_err(io)?;
-    let mut hello = [0u8; MAGIC.len() + TOKEN_LEN];
-    hello[..MAGIC.len()].copy_from_slice(&MAGIC);
-    hello[MAGIC.len()..].copy_from_slice(token);
-    (&sock).write_all(&hello).map_err(io)?;
-    sock.set_read_timeout(Some(OPEN_TIMEOUT)).map_err(io)?;
-    let reader = RecordReader::new(
-        sock.try_clone().map_err(io)?,
-        keys,
-        Side::Server,
-        mode,
+    Ok(Dialed {
+        sock,
         index,
-    );
-    let writer = RecordWriter::new(sock, keys, Side::Client, mode, index);
-    Ok((writer, Unacknowledged { reader }))
+        dialed_at,
+        magic_sent: false,
+    })
+}
+
+/// A stream connected, waiting for its token.
+#[derive(Debug)]
+pub struct Dialed {
+    sock: TcpStream,
+    index: u32,
+    dialed_at: std::time::Instant,
+    /// Whether the magic went out at once ([`dial`]).
+    magic_sent: bool,
+}
+
+impl Dialed {
+    /// How long ago the dial began (before the connection was made, so the
+    /// server's 3 s wait for the token began no earlier).
+    pub fn age(&self) -> Duration {
+        self.dialed_at.elapsed()
+    }
+
+    /// Presents `token`, skips the SSH identification line skiffd writes on
+    /// every connection, and waits for the server's acknowledgement record
+    /// (which proves the server holds the session keys). Returns the two
+    /// halves.
+    pub fn present(
+        self,
+        token: &[u8; TOKEN_LEN],
+        keys: &Keys,
+        mode: Mode,
+    ) -> Result<(RecordWriter, RecordReader), StreamError> {
+        let (writer, pending) = self.present_early(token, keys, mode)?;
+        Ok((writer, pending.acknowledged()?))
+    }
+
+    /// Presents `token` without waiting for the acknowledgement. Records
+    /// the writer sends before it are sealed with the session's keys, so
+    /// only the transfer process can open them; the caller must still see
+    /// [`Unacknowledged::acknowledged`] succeed before it counts the
+    /// transfer as done.
+    pub fn present_early(
+        self,
+        token: &[u8; TOKEN_LEN],
+        keys: &Keys,
+        mode: Mode,
+    ) -> Result<(RecordWriter, Unacknowledged), StreamError> {
+        let Dialed {
+            sock,
+            index,
+            magic_sent,
+            ..
+        } = self;
+        let io = |e| StreamError::io(index, e);
+        let mut hello = Vec::with_capacity(MAGIC.len() + TOKEN_LEN);
+        if !magic_sent {
+            hello.extend_from_slice(&MAGIC);
+        }
+        hello.extend_from_slice(token);
+        (&sock).write_all(&hello).map_err(io)?;
+        sock.set_read_timeout(Some(OPEN_TIMEOUT)).map_err(io)?;
+        let reader = RecordReader::new(
+            sock.try_clone().map_err(io)?,
+            keys,
+            Side::Server,
+            mode,
+            index,
+        );
+        let writer = RecordWriter::new(sock, keys, Side::Client, mode, index);
+        Ok((writer, Unacknowledged { reader }))
+    }
 }
 
 /// A stream whose token went out and whose acknowledgement is not read yet.

@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use russh::ChannelMsg;
 use skiff_dataplane::{
-    connect_stream, offer_tree, open_stream, Accepted, Accepting, ChunkQueue, FileTable, Offered,
-    RecordWriter, Settled, Stall, StreamError, StreamWatch,
+    offer_tree, Accepted, Accepting, ChunkQueue, Dialed, FileTable, Offered, RecordWriter, Settled,
+    Stall, StreamError, StreamWatch,
 };
 use skiff_files::Requested;
 use skiff_proto::dataplane::{
@@ -142,6 +142,8 @@ struct Session {
     streams: u32,
     stall: Option<Duration>,
     gate: Option<Arc<Gate>>,
+    /// Streams dialed while the server's `Welcome` was on its way.
+    early: Vec<EarlyDial>,
 }
 
 /// A server's own words (a reason, a failure), made safe to show.
@@ -257,6 +259,12 @@ pub async fn copy(
         .request_subsystem(true, dp::SUBSYSTEM)
         .await
         .map_err(lost)?;
+    // Only a skiffd understands a data-plane stream; another server would
+    // log the magic as a bad identification line.
+    let early = match conn.server_id.is_skiffd() {
+        true => dial_early(addr, opening.requested, options),
+        false => Vec::new(),
+    };
     // The opening messages go out while the reply is awaited. They wait for
     // window if there is none yet: OpenSSH grants a session channel's window
     // only once its command or subsystem has started.
@@ -269,7 +277,7 @@ pub async fn copy(
         })
     };
     // Whatever the transfer process says before the reply is read is kept.
-    let mut early = Vec::new();
+    let mut early_bytes = Vec::new();
     loop {
         match channel.wait().await {
             Some(ChannelMsg::Success) => break,
@@ -277,7 +285,7 @@ pub async fn copy(
                 sending.abort();
                 return Ok(None);
             }
-            Some(ChannelMsg::Data { data }) => early.extend_from_slice(&data),
+            Some(ChannelMsg::Data { data }) => early_bytes.extend_from_slice(&data),
             Some(_) => {}
         }
     }
@@ -296,10 +304,12 @@ pub async fn copy(
             ))
         }
     }
-    let control = ControlChannel::new(channel.into_stream(), &host, early);
-    run(control, opening, addr, job, options, placement, progress)
-        .await
-        .map(Some)
+    let control = ControlChannel::new(channel.into_stream(), &host, early_bytes);
+    run(
+        control, opening, early, addr, job, options, placement, progress,
+    )
+    .await
+    .map(Some)
 }
 
 /// Copies over the data plane, with the `transfer@skiff` subsystem already
@@ -325,7 +335,17 @@ where
     let mut control = ControlChannel::new(stream, host, Vec::new());
     let opening = Opening::new(job, options, rtt);
     control.send_bytes(&opening.bytes).await?;
-    run(control, opening, addr, job, options, placement, progress).await
+    run(
+        control,
+        opening,
+        Vec::new(),
+        addr,
+        job,
+        options,
+        placement,
+        progress,
+    )
+    .await
 }
 
 /// A download's local target, checked before anything goes on the wire; the
@@ -346,9 +366,11 @@ fn local_placement(job: &CopyJob) -> Result<Option<skiff_files::Placement>, Copy
 
 /// The rest of the opening exchange (the server's `Welcome`), then the
 /// transfer.
+#[allow(clippy::too_many_arguments)]
 async fn run(
     mut control: ControlChannel,
     opening: Opening,
+    early: Vec<EarlyDial>,
     addr: SocketAddr,
     job: &CopyJob,
     options: &PlaneOptions,
@@ -410,6 +432,7 @@ async fn run(
         streams,
         stall: options.stall,
         gate: options.gate.clone(),
+        early,
     };
     let copied = match (&job.direction, placement) {
         (Direction::Upload { sources, .. }, _) => upload(session, sources, job, progress).await,
@@ -430,8 +453,54 @@ type PendingStreams<T> = Vec<tokio::task::JoinHandle<Result<T, StreamError>>>;
 /// dialed again (skiffd's tokens live 30 s).
 const REDIAL_WINDOW: Duration = Duration::from_secs(20);
 
-/// Dials every stream of the session with `open` (which connects, presents
-/// the token and, for [`connect_stream`], waits for the acknowledgement).
+/// A stream being dialed before its token has come.
+type EarlyDial = tokio::task::JoinHandle<Result<Dialed, StreamError>>;
+
+/// How old a stream dialed early may be when its token comes: skiffd closes
+/// a data-plane connection whose token has not come 3 s after its magic
+/// (`TOKEN_WAIT`), and the token still has to travel. An older one is
+/// closed and the stream dialed again.
+const EARLY_DIAL_FRESH: Duration = Duration::from_secs(2);
+
+/// Dials `count` streams to a skiffd at `addr` at once, each on its own
+/// thread, while the server's `Welcome` (with their tokens) is on its way:
+/// the TCP handshake's round trip then overlaps the request's. Not in a
+/// fan-out, whose gate counts every connection waiting on a host.
+fn dial_early(addr: SocketAddr, count: u32, options: &PlaneOptions) -> Vec<EarlyDial> {
+    if options.gate.is_some() {
+        return Vec::new();
+    }
+    (0..count)
+        .map(|i| tokio::task::spawn_blocking(move || skiff_dataplane::dial(addr, i)))
+        .collect()
+}
+
+/// Stream `index` as dialed early, if it connected and is still fresh
+/// enough to present its token on; anything else is dropped (closing it)
+/// and the stream is dialed again.
+async fn still_usable(index: u32, early: Option<EarlyDial>) -> Option<Dialed> {
+    match early?.await {
+        Ok(Ok(dialed)) if dialed.age() < EARLY_DIAL_FRESH => {
+            tracing::debug!("data stream {index}: dialed while the request was on its way");
+            Some(dialed)
+        }
+        Ok(Ok(_)) => {
+            tracing::debug!(
+                "data stream {index}: dialed early, but its token came too late; dialing again"
+            );
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::debug!("data stream {index}: dialing early failed ({e}); dialing again");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// Opens every stream of the session: each presents its token with `open`
+/// (which, for [`Dialed::present`], also waits for the acknowledgement) on
+/// the connection dialed early for it, or on one dialed now.
 ///
 /// A stream the server turns away before it says anything (skiffd does that
 /// while too many connections wait to authenticate: `MaxStartups`) never
@@ -439,37 +508,52 @@ const REDIAL_WINDOW: Duration = Duration::from_secs(20);
 /// [`crate::busy::PRE_AUTH_DROPS`], within [`REDIAL_WINDOW`]. In a fan-out
 /// each try first waits for room in the fan-out's gate and tells it whether
 /// the server let the stream in, as the fan-out's connections do.
-fn dial_streams<T, F>(s: &Session, open: F) -> PendingStreams<T>
+fn dial_streams<T, F>(s: &mut Session, open: F) -> PendingStreams<T>
 where
     T: Send + 'static,
-    F: Fn(SocketAddr, &[u8; TOKEN_LEN], &Keys, Mode, u32) -> Result<T, StreamError>
+    F: Fn(Dialed, &[u8; TOKEN_LEN], &Keys, Mode) -> Result<T, StreamError>
         + Clone
         + Send
         + Sync
         + 'static,
 {
     let deadline = tokio::time::Instant::now() + REDIAL_WINDOW;
+    // Streams dialed early beyond those granted are closed here.
+    let mut early = std::mem::take(&mut s.early).into_iter();
     (0..s.streams)
         .map(|i| {
             let (addr, token, keys, mode) = (s.addr, s.tokens[i as usize], s.keys.clone(), s.mode);
             let (gate, open) = (s.gate.clone(), open.clone());
+            let early = early.next();
             tokio::spawn(async move {
                 let mut dropped = 0;
+                let mut dialed = still_usable(i, early).await;
                 loop {
                     let pass = match &gate {
                         Some(gate) => Some(gate.enter().await),
                         None => None,
                     };
-                    let (keys, open) = (keys.clone(), open.clone());
-                    let opened =
-                        tokio::task::spawn_blocking(move || open(addr, &token, &keys, mode, i))
-                            .await
-                            .unwrap_or_else(|e| {
-                                Err(StreamError::Protocol {
-                                    stream: i,
-                                    what: format!("stream thread failed: {e}"),
-                                })
-                            });
+                    let (keys, open, ready) = (keys.clone(), open.clone(), dialed.take());
+                    let opened = tokio::task::spawn_blocking(move || {
+                        if let Some(dialed) = ready {
+                            match open(dialed, &token, &keys, mode) {
+                                // Closed by the server before the token got
+                                // there, so it is still unused.
+                                Err(e) if e.is_closed_under_us() => tracing::debug!(
+                                    "data stream {i}: the connection dialed early was closed ({e}); dialing again"
+                                ),
+                                opened => return opened,
+                            }
+                        }
+                        open(skiff_dataplane::connect(addr, i)?, &token, &keys, mode)
+                    })
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(StreamError::Protocol {
+                            stream: i,
+                            what: format!("stream thread failed: {e}"),
+                        })
+                    });
                     let e = match opened {
                         Ok(stream) => {
                             if let Some(pass) = pass {
@@ -545,15 +629,25 @@ type UploadStream = (RecordWriter, Option<skiff_dataplane::Unacknowledged>);
 /// behind the token (a round trip saved); in a fan-out every stream waits
 /// for its acknowledgement first, so that one the server turned away is
 /// known before any record was spent on it and can be dialed again.
-fn dial_upload_streams(s: &Session) -> PendingStreams<UploadStream> {
+fn dial_upload_streams(s: &mut Session) -> PendingStreams<UploadStream> {
     if s.mode == Mode::Aead && s.gate.is_none() {
-        dial_streams(s, |addr, token: &[u8; TOKEN_LEN], keys: &Keys, mode, i| {
-            open_stream(addr, token, keys, mode, i).map(|(w, pending)| (w, Some(pending)))
-        })
+        dial_streams(
+            s,
+            |dialed: Dialed, token: &[u8; TOKEN_LEN], keys: &Keys, mode| {
+                dialed
+                    .present_early(token, keys, mode)
+                    .map(|(w, pending)| (w, Some(pending)))
+            },
+        )
     } else {
-        dial_streams(s, |addr, token: &[u8; TOKEN_LEN], keys: &Keys, mode, i| {
-            connect_stream(addr, token, keys, mode, i).map(|(w, _reader)| (w, None))
-        })
+        dial_streams(
+            s,
+            |dialed: Dialed, token: &[u8; TOKEN_LEN], keys: &Keys, mode| {
+                dialed
+                    .present(token, keys, mode)
+                    .map(|(w, _reader)| (w, None))
+            },
+        )
     }
 }
 
@@ -603,7 +697,7 @@ async fn upload(
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError> {
     let host = s.control.host.clone();
-    let pending = dial_upload_streams(&s);
+    let pending = dial_upload_streams(&mut s);
     let mut report = CopyReport::default();
     match s.control.recv().await? {
         ServerMsg::Ready => {}
@@ -856,7 +950,16 @@ async fn download(
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError> {
     let host = s.control.host.clone();
-    let streams = streams_opened(&host, dial_streams(&s, connect_stream)).await?;
+    let streams = streams_opened(
+        &host,
+        dial_streams(
+            &mut s,
+            |dialed: Dialed, token: &[u8; TOKEN_LEN], keys: &Keys, mode| {
+                dialed.present(token, keys, mode)
+            },
+        ),
+    )
+    .await?;
     let watch = watch_of(streams.iter().map(|(_, r)| r.socket()));
     let settled = Arc::new(Mutex::new(Vec::<Settled>::new()));
     let table = {
