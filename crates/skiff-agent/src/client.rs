@@ -2,6 +2,7 @@
 //! process's stdin, stdout and stderr with the command, and wait for the
 //! exit code. Everything here is blocking; one request per connection.
 
+use skiff_engine::ChannelOpened;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
@@ -128,14 +129,14 @@ pub fn request_with(
     request_announced(stream, req, fds, poll_resize, &mut |_| {})
 }
 
-/// Like [`request_with`]; an `Opened` reply on the way goes to `opened`
-/// and the final reply is returned.
+/// Like [`request_with`]; an `Opened` or `OpenedOn` reply on the way goes
+/// to `opened` and the final reply is returned.
 fn request_announced(
     mut stream: UnixStream,
     req: &Request,
     fds: &[BorrowedFd<'_>],
     poll_resize: &mut dyn FnMut() -> Option<(u32, u32)>,
-    opened: &mut dyn FnMut(Duration),
+    opened: &mut dyn FnMut(ChannelOpened),
 ) -> Result<Reply, String> {
     let frame = agent_wire::encode_request(req);
     socket::send_with_fds(&stream, &frame, fds)
@@ -152,7 +153,19 @@ fn request_announced(
             match reply {
                 Reply::Opened { rtt_us } => {
                     buf.drain(..used);
-                    opened(Duration::from_micros(rtt_us));
+                    // An agent older than `SUBSYSTEM_ON_SINCE` does not
+                    // say what the server is.
+                    opened(ChannelOpened {
+                        rtt: Duration::from_micros(rtt_us),
+                        skiffd: false,
+                    });
+                }
+                Reply::OpenedOn { rtt_us, skiffd } => {
+                    buf.drain(..used);
+                    opened(ChannelOpened {
+                        rtt: Duration::from_micros(rtt_us),
+                        skiffd,
+                    });
                 }
                 last => return Ok(made_safe(last)),
             }
@@ -315,7 +328,8 @@ fn agent_version(spawn: bool) -> Result<(u32, u32), String> {
 /// stderr as its stderr: the caller speaks the subsystem's protocol on the
 /// other end of `io` (how `skiff cp` uses the agent's warm connection).
 /// Tells `opened` once the channel is open, before a byte of `io` is
-/// relayed, with the round trip the agent measured opening it; `opened` is
+/// relayed, with the round trip the agent measured opening it and whether
+/// the server is a skiffd; `opened` is
 /// not called when no channel could be opened. Blocks until the channel
 /// ends; the reply is `Exit`, or `Failed` (kind `refused` when the server
 /// would not start the subsystem). An agent older than
@@ -323,7 +337,7 @@ fn agent_version(spawn: bool) -> Result<(u32, u32), String> {
 pub fn subsystem_announced(
     wire: ExecWire,
     io: BorrowedFd<'_>,
-    opened: &mut dyn FnMut(Duration),
+    opened: &mut dyn FnMut(ChannelOpened),
 ) -> Outcome {
     let version = match agent_version(true) {
         Ok((version, _)) => version,
@@ -340,7 +354,11 @@ pub fn subsystem_announced(
     };
     let stderr = std::io::stderr();
     let fds = [io, io, stderr.as_fd()];
-    let req = Request::Subsystem(wire);
+    let req = if version >= agent_wire::SUBSYSTEM_ON_SINCE {
+        Request::SubsystemOn(wire)
+    } else {
+        Request::Subsystem(wire)
+    };
     answered(request_announced(stream, &req, &fds, &mut || None, opened))
 }
 
@@ -444,6 +462,7 @@ pub fn made_safe(reply: Reply) -> Reply {
         | Reply::Done
         | Reply::RunOutput { .. }
         | Reply::Opened { .. }
+        | Reply::OpenedOn { .. }
         | Reply::Controlled { .. }) => other,
     }
 }

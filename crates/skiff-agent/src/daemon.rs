@@ -221,6 +221,9 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
                 "client sent no complete request in time",
             )
         })??;
+    // `SubsystemOn` is `Subsystem` whose `Opened` also says what the
+    // server is.
+    let tells_kind = matches!(request, Request::SubsystemOn(_));
     let reply = match request {
         Request::Hello { .. } => Reply::Hello {
             version: agent_wire::PROTOCOL_VERSION,
@@ -286,7 +289,7 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
                 }
             }
         }
-        Request::Subsystem(wire) => {
+        Request::Subsystem(wire) | Request::SubsystemOn(wire) => {
             let (resize_tx, _) = tokio::sync::mpsc::channel(1);
             let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
             let work = exec(
@@ -300,9 +303,13 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
             // final reply waits for it: the sender goes with `work`, so
             // announcing ends by then, and never halfway through a frame.
             let announce = async {
-                if let Ok(rtt) = opened_rx.await {
+                if let Ok(skiff_engine::ChannelOpened { rtt, skiffd }) = opened_rx.await {
                     let rtt_us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX);
-                    let frame = agent_wire::encode_reply(&Reply::Opened { rtt_us });
+                    let reply = match tells_kind {
+                        true => Reply::OpenedOn { rtt_us, skiffd },
+                        false => Reply::Opened { rtt_us },
+                    };
+                    let frame = agent_wire::encode_reply(&reply);
                     if write_shared(&stream, &frame).await.is_err() {
                         tracing::debug!("could not tell the client its channel is open");
                     }
@@ -440,10 +447,11 @@ fn stdio_fds(fds: Vec<OwnedFd>) -> Result<[OwnedFd; 3], Reply> {
 }
 
 /// What a client's command gets besides its stdio: window changes (`Exec`),
-/// or someone to tell when its channel is open (`Subsystem`).
+/// or someone to tell when its channel is open (`Subsystem`): how long
+/// opening it took, and whether the server is a skiffd.
 enum Started {
     Resize(Option<tokio::sync::mpsc::Receiver<skiff_engine::WindowSize>>),
-    Announce(tokio::sync::oneshot::Sender<Duration>),
+    Announce(tokio::sync::oneshot::Sender<skiff_engine::ChannelOpened>),
 }
 
 /// Writes all of `bytes` to a socket that another task reads from.

@@ -35,5 +35,5 @@ pub mod transport;
 pub use connect::{connect, Connection};
 pub use error::{ErrorKind, SkiffError};
 pub use exec::{exec, ExecRequest, ExitOutcome, PtyRequest, WindowSize};
-pub use pool::Pool;
+pub use pool::{ChannelOpened, Pool};
 pub use settings::{ConnectSettings, Destination};

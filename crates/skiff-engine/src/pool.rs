@@ -42,6 +42,15 @@ const MAX_OPEN_ATTEMPTS: usize = 16;
 /// connection counts as held up and takes no new channels.
 pub const STALL_AFTER: Duration = Duration::from_millis(200);
 
+/// A channel [`Pool::exec_announcing_open`] opened: how long opening it
+/// took (one round trip to the server, on a warm connection) and whether
+/// the server identified itself as a skiffd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelOpened {
+    pub rtt: Duration,
+    pub skiffd: bool,
+}
+
 /// What makes two commands able to share a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PoolKey {
@@ -382,12 +391,16 @@ impl Pool {
     async fn open(
         &self,
         settings: &ConnectSettings,
-    ) -> Result<((OpenSession, Duration), Slot, Vec<String>), SkiffError> {
+    ) -> Result<((OpenSession, ChannelOpened), Slot, Vec<String>), SkiffError> {
         self.open_channel(settings, &|conn| {
             Box::pin(async move {
                 let started = Instant::now();
                 let session = open_session(conn).await?;
-                Ok((session, started.elapsed()))
+                let opened = ChannelOpened {
+                    rtt: started.elapsed(),
+                    skiffd: conn.server_id.is_skiffd(),
+                };
+                Ok((session, opened))
             })
         })
         .await
@@ -487,7 +500,7 @@ impl Pool {
     }
 
     /// As [`Pool::exec`] without a terminal, and tells `opened` how long
-    /// the channel took to open (a round trip to the server, measured on a
+    /// the channel took to open, and whether the server is a skiffd (a round trip to the server, measured on a
     /// warm connection) as soon as it is open, before the command or
     /// subsystem is asked for. The caller can then pick what depends on the
     /// round trip, such as the data plane's stream count, without another.
@@ -498,7 +511,7 @@ impl Pool {
         stdin: Option<I>,
         stdout: O,
         stderr: E,
-        opened: tokio::sync::oneshot::Sender<Duration>,
+        opened: tokio::sync::oneshot::Sender<ChannelOpened>,
     ) -> Result<ExitOutcome, SkiffError>
     where
         I: AsyncRead + Unpin + Send + 'static,

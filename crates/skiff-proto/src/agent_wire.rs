@@ -29,9 +29,9 @@
 //! back exactly the same bytes.
 //!
 //! Request tags: `1` Hello, `2` Exec, `3` WindowChange, `4` Status, `5` Stop,
-//! `6` Forget, `7` Run, `8` Forward, `9` Subsystem, `10` Control. Reply tags: `1` Hello,
-//! `2` Exit, `3` Failed, `4` NeedsUser, `5` Status, `6` Done, `7` RunOutput, `8` RunNotice,
-//! `9` RunDone, `10` Opened, `11` Controlled.
+//! `6` Forget, `7` Run, `8` Forward, `9` Subsystem, `10` Control, `11` SubsystemOn. Reply
+//! tags: `1` Hello, `2` Exit, `3` Failed, `4` NeedsUser, `5` Status, `6` Done, `7` RunOutput,
+//! `8` RunNotice, `9` RunDone, `10` Opened, `11` Controlled, `12` OpenedOn.
 //!
 //! A `Run` is answered by any number of `RunOutput`/`RunNotice` frames and
 //! one `RunDone` per host (hosts numbered in the order the node set expands
@@ -47,7 +47,7 @@ pub use crate::frame::MAX_FRAME;
 use crate::frame::{split_frame, Reader, Writer};
 
 /// The protocol version exchanged in `Hello`.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// The first version that takes `Forward`.
 pub const FORWARD_SINCE: u32 = 3;
@@ -63,6 +63,9 @@ pub const REFUSED_KIND_SINCE: u32 = 6;
 
 /// The first version that takes `Control` (and answers `Controlled`).
 pub const CONTROL_SINCE: u32 = 7;
+
+/// The first version that takes `SubsystemOn` (and answers `OpenedOn`).
+pub const SUBSYSTEM_ON_SINCE: u32 = 8;
 
 /// What `ssh -O` asks of the agent about one destination's connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,6 +200,10 @@ pub enum Request {
     /// file descriptors as `Exec`; answered with `Opened` once the channel
     /// is open, then as `Exec` is.
     Subsystem(ExecWire),
+    /// `Subsystem`, answered with `OpenedOn`, which also says whether the
+    /// server is a skiffd (so `skiff cp` may dial its data-plane streams
+    /// before their tokens come).
+    SubsystemOn(ExecWire),
     /// `ssh -O check|stop|exit` for one destination; answered with
     /// `Controlled` (or `Failed`, when the destination does not resolve).
     Control(ControlWire),
@@ -236,6 +243,9 @@ pub enum Reply {
     /// The channel of a `Subsystem` request is open; opening it took
     /// `rtt_us` microseconds, one round trip to the server.
     Opened { rtt_us: u64 },
+    /// `Opened` for a `SubsystemOn` request; `skiffd`: the server
+    /// identified itself as a skiffd.
+    OpenedOn { rtt_us: u64, skiffd: bool },
     /// Answer to `Request::Control`: how many live connections the
     /// destination had (before a `Stop` forgot them).
     Controlled { live: u32 },
@@ -252,6 +262,7 @@ const RQ_RUN: u8 = 7;
 const RQ_FORWARD: u8 = 8;
 const RQ_SUBSYSTEM: u8 = 9;
 const RQ_CONTROL: u8 = 10;
+const RQ_SUBSYSTEM_ON: u8 = 11;
 
 // Reply tags.
 const RP_HELLO: u8 = 1;
@@ -265,6 +276,7 @@ const RP_RUN_NOTICE: u8 = 8;
 const RP_RUN_DONE: u8 = 9;
 const RP_OPENED: u8 = 10;
 const RP_CONTROLLED: u8 = 11;
+const RP_OPENED_ON: u8 = 12;
 
 // HostEnd tags.
 const END_STATUS: u8 = 0;
@@ -295,6 +307,11 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
         }
         Request::Subsystem(e) => {
             let mut w = Writer::new(RQ_SUBSYSTEM);
+            encode_exec(&mut w, e);
+            w.finish()
+        }
+        Request::SubsystemOn(e) => {
+            let mut w = Writer::new(RQ_SUBSYSTEM_ON);
             encode_exec(&mut w, e);
             w.finish()
         }
@@ -409,6 +426,12 @@ pub fn encode_reply(rep: &Reply) -> Vec<u8> {
             w.u32(*live);
             w.finish()
         }
+        Reply::OpenedOn { rtt_us, skiffd } => {
+            let mut w = Writer::new(RP_OPENED_ON);
+            w.u64(*rtt_us);
+            w.bool(*skiffd);
+            w.finish()
+        }
         Reply::Opened { rtt_us } => {
             let mut w = Writer::new(RP_OPENED);
             w.u64(*rtt_us);
@@ -478,6 +501,7 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Request, usize)>, WireError>
         RQ_HELLO => Request::Hello { version: r.u32()? },
         RQ_EXEC => Request::Exec(decode_exec(&mut r)?),
         RQ_SUBSYSTEM => Request::Subsystem(decode_exec(&mut r)?),
+        RQ_SUBSYSTEM_ON => Request::SubsystemOn(decode_exec(&mut r)?),
         RQ_WINDOW_CHANGE => Request::WindowChange {
             cols: r.u32()?,
             rows: r.u32()?,
@@ -577,6 +601,10 @@ pub fn decode_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, WireError> {
         RP_STATUS => Reply::Status { text: r.str()? },
         RP_DONE => Reply::Done,
         RP_OPENED => Reply::Opened { rtt_us: r.u64()? },
+        RP_OPENED_ON => Reply::OpenedOn {
+            rtt_us: r.u64()?,
+            skiffd: r.bool("server kind")?,
+        },
         RP_CONTROLLED => Reply::Controlled { live: r.u32()? },
         RP_RUN_OUTPUT => Reply::RunOutput {
             host: r.u32()?,
@@ -712,6 +740,12 @@ mod tests {
                 subsystem: true,
                 ..Default::default()
             }),
+            Request::SubsystemOn(ExecWire {
+                host: "files".into(),
+                command: "transfer@skiff".into(),
+                subsystem: true,
+                ..Default::default()
+            }),
             Request::Control(ControlWire {
                 base: full_exec(),
                 action: ControlAction::Check,
@@ -767,6 +801,14 @@ mod tests {
             Reply::Done,
             Reply::Opened { rtt_us: 0 },
             Reply::Opened { rtt_us: u64::MAX },
+            Reply::OpenedOn {
+                rtt_us: 41_000,
+                skiffd: true,
+            },
+            Reply::OpenedOn {
+                rtt_us: 0,
+                skiffd: false,
+            },
             Reply::RunOutput {
                 host: 0,
                 stream: 1,
@@ -1027,7 +1069,7 @@ mod tests {
 
     #[test]
     fn unknown_tags() {
-        for tag in [0u8, 12, 200, 255] {
+        for tag in [0u8, 13, 200, 255] {
             assert_eq!(
                 decode_request(&frame(&[tag])),
                 Err(WireError::UnknownTag(tag))
@@ -1047,6 +1089,17 @@ mod tests {
         assert_eq!(
             decode_reply(&frame(&body)),
             Err(WireError::BadValue("host end tag"))
+        );
+    }
+
+    #[test]
+    fn a_server_kind_other_than_0_or_1_is_refused() {
+        let mut body = vec![RP_OPENED_ON];
+        body.extend_from_slice(&7u64.to_be_bytes());
+        body.push(2);
+        assert_eq!(
+            decode_reply(&frame(&body)),
+            Err(WireError::BadValue("server kind"))
         );
     }
 

@@ -154,3 +154,71 @@ fn a_server_that_is_not_skiffd_is_sent_no_stream() {
         ctx(&sshd, "sshd was sent something that is not SSH")
     );
 }
+
+#[test]
+fn a_copy_through_the_agent_dials_early_too() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let mut opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys);
+    if let Some(config) = transfer_subsystem_config() {
+        opts = opts.config(&config);
+    }
+    let d = Skiffd::start_with(opts);
+    let home = AgentHome::new();
+    write_file(
+        &home.home.ssh_dir().join("config"),
+        format!(
+            "Host target\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  \
+             IdentitiesOnly yes\n  StrictHostKeyChecking accept-new\n",
+            d.port(),
+            user(),
+            fx.client_key.private.display()
+        ),
+        0o600,
+    );
+    let local = tempdir();
+    let src = local.path().join("payload");
+    let sum = random_file(&src, 6 * MIB + 3);
+    let rdir = account_dir();
+    let target = format!("target:{}", rdir.path().display());
+    // The first copy starts the agent and its connection; the second finds
+    // both warm. Both go through the agent.
+    for round in ["cold agent", "warm agent"] {
+        let out = Run::new(skiff_bin())
+            .env("HOME", home.home.path())
+            .env_remove("SSH_AUTH_SOCK")
+            .env("SKIFF_AGENT", "on")
+            .env("SKIFF_LOG", "skiff_engine=debug")
+            .env("XDG_RUNTIME_DIR", home.runtime.path())
+            .env("XDG_STATE_HOME", home.home.path().join("state"))
+            .args(["cp", "--streams", "3"])
+            .arg(&src)
+            .arg(&target)
+            .timeout(BULK_TIMEOUT)
+            .run();
+        out.expect_code(0, &ctx(&d, round));
+        assert_eq!(
+            sha256(&rdir.path().join("payload")),
+            sum,
+            "{round}: differs"
+        );
+        assert_eq!(
+            out.stderr.matches(DIALED_EARLY).count(),
+            3,
+            "{round}: every stream should go out on a connection dialed early\n{}",
+            out.stderr
+        );
+    }
+    // One login for both: the agent's connection carried them.
+    assert_eq!(
+        d.log().matches("Accepted publickey").count(),
+        1,
+        "{}",
+        ctx(
+            &d,
+            "both copies should have gone through the agent's connection"
+        )
+    );
+}

@@ -314,15 +314,16 @@ pub async fn copy(
 
 /// Copies over the data plane, with the `transfer@skiff` subsystem already
 /// asked for on `stream` (a channel the agent holds, say); the data streams
-/// go to `addr`, the SSH server's address; `rtt`, the round trip measured
-/// opening the channel, picks the stream count.
+/// go to `addr`, the SSH server's address. `opened`: the round trip
+/// measured opening the channel picks the stream count, and the streams are
+/// dialed while the request is on its way when the server is a skiffd.
 pub async fn copy_on<S>(
     stream: S,
     host: &str,
     addr: SocketAddr,
     job: &CopyJob,
     options: &PlaneOptions,
-    rtt: Duration,
+    opened: crate::ChannelOpened,
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError>
 where
@@ -333,17 +334,14 @@ where
         Err(report) => return Ok(report),
     };
     let mut control = ControlChannel::new(stream, host, Vec::new());
-    let opening = Opening::new(job, options, rtt);
+    let opening = Opening::new(job, options, opened.rtt);
     control.send_bytes(&opening.bytes).await?;
+    let early = match opened.skiffd {
+        true => dial_early(addr, opening.requested, options),
+        false => Vec::new(),
+    };
     run(
-        control,
-        opening,
-        Vec::new(),
-        addr,
-        job,
-        options,
-        placement,
-        progress,
+        control, opening, early, addr, job, options, placement, progress,
     )
     .await
 }

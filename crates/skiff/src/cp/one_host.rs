@@ -106,9 +106,9 @@ pub(crate) async fn via_agent(
             let outcome = skiff_agent::client::subsystem_announced(
                 wire,
                 std::os::fd::AsFd::as_fd(&theirs),
-                &mut |rtt| {
+                &mut |opened| {
                     if let Some(t) = opened_tx.take() {
-                        let _ = t.send(rtt);
+                        let _ = t.send(opened);
                     }
                 },
             );
@@ -147,7 +147,7 @@ pub(crate) async fn via_agent(
                 )
                 .await
             }
-            Ok(rtt) => match server_address(settings).await {
+            Ok(opened) => match server_address(settings).await {
                 Ok(addr) => {
                     skiff_engine::copy::dataplane::copy_on(
                         ours,
@@ -155,7 +155,7 @@ pub(crate) async fn via_agent(
                         addr,
                         &plan.job,
                         &plane_options(plane, settings),
-                        rtt,
+                        opened,
                         progress,
                     )
                     .await
