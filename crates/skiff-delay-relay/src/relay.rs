@@ -142,7 +142,8 @@ fn json_str(s: &str) -> String {
 }
 
 enum Chunk {
-    Data(Vec<u8>),
+    /// A buffer and how many of its bytes were read.
+    Data(Vec<u8>, usize),
     Eof,
 }
 
@@ -153,6 +154,11 @@ struct Shared {
     pipe: Mutex<Pipe<Chunk>>,
     data: Notify,
     room: Notify,
+    /// Buffers the writer is done with, for the reader to fill again: a
+    /// fresh 256 KiB allocation per read would be mapped, faulted in page by
+    /// page and unmapped each time (glibc serves that size with mmap). The
+    /// budget bounds how many exist.
+    spare: Mutex<Vec<Vec<u8>>>,
 }
 
 impl Shared {
@@ -161,12 +167,25 @@ impl Shared {
             pipe: Mutex::new(Pipe::new(capacity)),
             data: Notify::new(),
             room: Notify::new(),
+            spare: Mutex::new(Vec::new()),
         })
     }
 
     fn pipe(&self) -> std::sync::MutexGuard<'_, Pipe<Chunk>> {
         // The lock is never held across an await or a panic point.
         self.pipe.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take_buffer(&self) -> Vec<u8> {
+        let spare = self.spare.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        spare.unwrap_or_else(|| vec![0; MAX_READ])
+    }
+
+    fn give_back(&self, buf: Vec<u8>) {
+        self.spare
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(buf);
     }
 }
 
@@ -185,10 +204,14 @@ async fn read_side(
             shared.room.notified().await;
             continue;
         }
-        let mut buf = Vec::with_capacity(room.min(MAX_READ));
-        let n = src.read_buf(&mut buf).await.unwrap_or(0);
+        let mut buf = shared.take_buffer();
+        let n = src.read(&mut buf[..room.min(MAX_READ)]).await.unwrap_or(0);
         let due = link.due(dir, accepted.elapsed());
-        let chunk = if n == 0 { Chunk::Eof } else { Chunk::Data(buf) };
+        let chunk = if n == 0 {
+            Chunk::Eof
+        } else {
+            Chunk::Data(buf, n)
+        };
         shared.pipe().push(due, n, chunk);
         shared.data.notify_one();
         if n == 0 {
@@ -218,10 +241,11 @@ async fn write_side(
         let popped = shared.pipe().pop_due(accepted.elapsed());
         let Some(p) = popped else { continue };
         match p.item {
-            Chunk::Data(buf) => {
-                if let Err(e) = dst.write_all(&buf).await {
+            Chunk::Data(buf, n) => {
+                if let Err(e) = dst.write_all(&buf[..n]).await {
                     break Err(e);
                 }
+                shared.give_back(buf);
                 shared.pipe().release(p.len);
                 shared.room.notify_one();
                 if log.enabled() {
