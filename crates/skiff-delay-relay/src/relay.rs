@@ -237,7 +237,12 @@ async fn write_side(
             shared.data.notified().await;
             continue;
         };
-        tokio::time::sleep_until((accepted + due).into()).await;
+        // Sleep only when the chunk is not due yet: a sleep whose deadline
+        // has passed still waits for the timer's next tick (1 ms), which
+        // would cap a direction at one chunk per millisecond.
+        if due > accepted.elapsed() {
+            tokio::time::sleep_until((accepted + due).into()).await;
+        }
         let popped = shared.pipe().pop_due(accepted.elapsed());
         let Some(p) = popped else { continue };
         match p.item {
