@@ -283,6 +283,10 @@ pub async fn copy(
             Some(ChannelMsg::Success) => break,
             Some(ChannelMsg::Failure) | Some(ChannelMsg::Close) | Some(ChannelMsg::Eof) | None => {
                 sending.abort();
+                // Closed, not just dropped: the server counts an open
+                // session against its `MaxSessions` (1 leaves no room for
+                // the SFTP channel that follows).
+                let _ = channel.close().await;
                 return Ok(None);
             }
             Some(ChannelMsg::Data { data }) => early_bytes.extend_from_slice(&data),

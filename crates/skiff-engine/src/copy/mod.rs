@@ -7,6 +7,7 @@
 
 pub mod dataplane;
 pub mod sftp;
+pub mod sftp_channels;
 mod watchdog;
 
 use std::path::PathBuf;
@@ -77,7 +78,8 @@ pub async fn copy(
     if let Some(line) = sftp_fallback_notice(&conn.settings.original_host, options.mode) {
         notice(&line);
     }
-    sftp::copy(conn, job, progress).await
+    let channels = options.streams.map(|n| n as usize);
+    sftp::copy(conn, job, channels, progress).await
 }
 
 /// What the user is told when `host` has no skiff data plane and a copy

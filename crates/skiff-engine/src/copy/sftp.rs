@@ -5,6 +5,15 @@
 //!   (or the server's `limits@openssh.com` values) are outstanding per file,
 //!   and up to [`FILES_AT_ONCE`] files move at once, so throughput is not
 //!   bound by round trips.
+//! * Uploads big enough to gain from it ([`super::sftp_channels`] decides)
+//!   are spread over several SFTP channels of the same connection, each
+//!   with its own window (a stock sshd's is 2 MiB per channel): files take
+//!   turns starting on each, and a large file is written through several
+//!   at once, each channel opening the same temporary file and writing its
+//!   own chunks at their offsets. The file's first channel checks its size
+//!   (`fstat`), syncs and renames it only after every channel's writes for
+//!   it succeeded. A channel the server refuses (`MaxSessions`, say) is
+//!   done without; [`MoreChannels`] opens them.
 //! * Atomic on both sides: a remote file is written under a temporary name
 //!   in its target directory (`.<name>.skiff-<random>`), fsynced when the
 //!   server offers `fsync@openssh.com`, and renamed over the final name with
@@ -31,6 +40,7 @@ use std::path::{Path, PathBuf};
 use futures::stream::{FuturesUnordered, StreamExt};
 use russh::ChannelMsg;
 use russh_sftp::client::error::Error as SftpError;
+use russh_sftp::client::rawsession::Limits;
 use russh_sftp::client::{Config, RawSftpSession};
 use russh_sftp::protocol::{FileAttributes, OpenFlags, Packet, Status, StatusCode};
 use skiff_files::{
@@ -38,6 +48,7 @@ use skiff_files::{
 };
 use skiff_proto::terminal_text;
 
+use super::sftp_channels;
 use super::watchdog::Heard;
 use super::{misbehaved, safe_report, CopyJob, CopyReport, Direction, Progress};
 use crate::connect::Connection;
@@ -66,22 +77,59 @@ const MAX_INCOMING_PACKET: u32 = 1024 * 1024 + 1024;
 /// Longest part of a name kept in a temporary name.
 const MAX_NAME_IN_TEMP: usize = 200;
 
+/// How often the first SFTP channel is asked for again after the server
+/// refused it (see [`Sftp::open`]).
+const FIRST_CHANNEL_RETRIES: u32 = 3;
+
 const POSIX_RENAME: &str = "posix-rename@openssh.com";
 
 /// Downloads take from the server only what [`ReceivePolicy::Download`] allows.
 const POLICY: ReceivePolicy = ReceivePolicy::Download;
 
-/// Copies `job` over SFTP on `conn`.
+/// A stream that carries an SFTP session (a channel with the subsystem
+/// started, or the agent's end of one).
+pub trait SftpStream:
+    tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static
+{
+}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static> SftpStream for T {}
+
+/// Opens more SFTP channels to the server a copy talks to, for an upload
+/// spread over several.
+pub trait MoreChannels: Send + Sync {
+    /// One more channel with the `sftp` subsystem started; `Err` (why, for
+    /// a debug line) when the server or the path refused it.
+    fn open(&self) -> futures::future::BoxFuture<'_, Result<Box<dyn SftpStream>, String>>;
+}
+
+/// More channels on a connection this process holds.
+struct DirectChannels<'c>(&'c Connection);
+
+impl MoreChannels for DirectChannels<'_> {
+    fn open(&self) -> futures::future::BoxFuture<'_, Result<Box<dyn SftpStream>, String>> {
+        Box::pin(async move {
+            let channel = open_subsystem(self.0).await.map_err(|e| e.to_string())?;
+            Ok(Box::new(channel.into_stream()) as Box<dyn SftpStream>)
+        })
+    }
+}
+
+/// Copies `job` over SFTP on `conn`; an upload uses up to `channels`
+/// channels ([`sftp_channels::DEFAULT_CHANNELS`] when `None`).
 /// The copy fails once the server has sent nothing for the connection's
 /// keepalive budget ([`crate::ConnectSettings::progress_budget`]).
 pub async fn copy(
     conn: &Connection,
     job: &CopyJob,
+    channels: Option<usize>,
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError> {
     let heard = Heard::default();
+    let direct = DirectChannels(conn);
     let copying = async {
-        let sftp = Sftp::open(conn, &heard).await?;
+        let mut sftp = Sftp::open(conn, &heard).await?;
+        sftp.more = Some(&direct);
+        sftp.channels = channels;
         run(sftp, job, progress).await
     };
     let host = &conn.settings.original_host;
@@ -92,12 +140,15 @@ pub async fn copy(
 
 /// Copies `job` over an SFTP subsystem already started on `stream` (a
 /// channel the agent holds, say). `host` names the server in messages;
-/// `stall` is how long the server may stay silent (see [`copy`]).
+/// `stall` is how long the server may stay silent (see [`copy`]); an
+/// upload may add up to `channels` − 1 channels from `more`.
 pub async fn copy_on<S>(
     stream: S,
     host: &str,
     job: &CopyJob,
     stall: Option<std::time::Duration>,
+    more: Option<&dyn MoreChannels>,
+    channels: Option<usize>,
     progress: &dyn Progress,
 ) -> Result<CopyReport, SkiffError>
 where
@@ -105,10 +156,52 @@ where
 {
     let heard = Heard::default();
     let copying = async {
-        let sftp = Sftp::start(heard.listen(stream), host.to_string(), None, &heard).await?;
+        let mut sftp = Sftp::start(heard.listen(stream), host.to_string(), None, &heard).await?;
+        sftp.more = more;
+        sftp.channels = channels;
         run(sftp, job, progress).await
     };
     heard.watch(copying, stall, host).await
+}
+
+/// How every SFTP session of a copy is run.
+fn session_config() -> Config {
+    Config {
+        max_packet_len: MAX_INCOMING_PACKET,
+        request_timeout_secs: REQUEST_TIMEOUT_SECS,
+        ..Config::default()
+    }
+}
+
+/// Opens a session channel on `conn` and starts the `sftp` subsystem on it.
+async fn open_subsystem(
+    conn: &Connection,
+) -> Result<russh::Channel<russh::client::Msg>, SkiffError> {
+    let host = &conn.settings.original_host;
+    let lost = |e: &dyn std::fmt::Display| {
+        SkiffError::new(ErrorKind::Connect, format!("{host}: connection lost: {e}"))
+    };
+    let mut channel = crate::exec::open_session(conn).await?.into_channel();
+    channel
+        .request_subsystem(true, "sftp")
+        .await
+        .map_err(|e| lost(&e))?;
+    loop {
+        match channel.wait().await {
+            Some(ChannelMsg::Success) => return Ok(channel),
+            Some(ChannelMsg::Failure) => {
+                let why = "the server refused the sftp subsystem (is SFTP enabled there?)";
+                return Err(SkiffError::new(
+                    ErrorKind::Refused,
+                    format!("{host}: {why}"),
+                ));
+            }
+            Some(ChannelMsg::Close) | Some(ChannelMsg::Eof) | None => {
+                return Err(lost(&"the channel closed before SFTP started"))
+            }
+            Some(_) => {}
+        }
+    }
 }
 
 async fn run(
@@ -276,12 +369,12 @@ fn is_under(rel: &Path, failed: &[PathBuf]) -> bool {
 }
 
 /// An SFTP session on a connection, with what the server offers.
-/// `each` of `files`, [`FILES_AT_ONCE`] at a time, each outcome as it
-/// ends. (A function of its own so that a copy's future is `Send`: rustc
+/// `each` of `files`, `at_once` at a time, each outcome as it ends. (A function of its own so that a copy's future is `Send`: rustc
 /// cannot tell that of such a closure over borrowed entries written in
 /// place.)
 fn files_at_once<'s, T, Fut>(
     files: Vec<T>,
+    at_once: usize,
     each: impl FnMut(T) -> Fut + Send + 's,
 ) -> impl futures::Stream<Item = Fut::Output> + Send + 's
 where
@@ -289,13 +382,19 @@ where
     Fut: std::future::Future + Send + 's,
     Fut::Output: Send,
 {
-    futures::stream::iter(files.into_iter().map(each)).buffer_unordered(FILES_AT_ONCE)
+    futures::stream::iter(files.into_iter().map(each)).buffer_unordered(at_once)
 }
 
 struct Sftp<'a> {
     /// The connection, when this process holds it (not through the agent).
     conn: Option<&'a Connection>,
     raw: RawSftpSession,
+    /// Where an upload's extra channels come from (none: one channel).
+    more: Option<&'a dyn MoreChannels>,
+    /// `--streams`: most channels an upload uses.
+    channels: Option<usize>,
+    /// The server's `limits@openssh.com`, for extra channels.
+    limits: Option<Limits>,
     host: String,
     read_len: u32,
     write_len: u32,
@@ -311,30 +410,22 @@ impl<'a> Sftp<'a> {
     async fn open(conn: &'a Connection, heard: &Heard) -> Result<Sftp<'a>, SkiffError> {
         // Paths are shown as `host:path` with the host as typed.
         let host = conn.settings.original_host.clone();
-        let lost = |e: &dyn std::fmt::Display| {
-            SkiffError::new(ErrorKind::Connect, format!("{host}: connection lost: {e}"))
-        };
-        let mut channel = crate::exec::open_session(conn).await?.into_channel();
-        channel
-            .request_subsystem(true, "sftp")
-            .await
-            .map_err(|e| lost(&e))?;
-        loop {
-            match channel.wait().await {
-                Some(ChannelMsg::Success) => break,
-                Some(ChannelMsg::Failure) => {
-                    let why = "the server refused the sftp subsystem (is SFTP enabled there?)";
-                    return Err(SkiffError::new(
-                        ErrorKind::Refused,
-                        format!("{host}: {why}"),
-                    ));
+        // The data-plane probe's channel, refused a moment ago, may still
+        // count against the server's `MaxSessions` until the server has
+        // seen it closed: the server's refusal of this one comes after it
+        // saw that close, so asking again then can succeed.
+        let mut attempts = 0;
+        let channel = loop {
+            match open_subsystem(conn).await {
+                Err(e)
+                    if e.kind == ErrorKind::ChannelRefused && attempts < FIRST_CHANNEL_RETRIES =>
+                {
+                    attempts += 1;
+                    tracing::debug!("{host}: {e}; asking again");
                 }
-                Some(ChannelMsg::Close) | Some(ChannelMsg::Eof) | None => {
-                    return Err(lost(&"the channel closed before SFTP started"))
-                }
-                Some(_) => {}
+                other => break other?,
             }
-        }
+        };
         Self::start(heard.listen(channel.into_stream()), host, Some(conn), heard).await
     }
 
@@ -348,12 +439,7 @@ impl<'a> Sftp<'a> {
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let config = Config {
-            max_packet_len: MAX_INCOMING_PACKET,
-            request_timeout_secs: REQUEST_TIMEOUT_SECS,
-            ..Config::default()
-        };
-        let mut raw = RawSftpSession::new_with_config(stream, config);
+        let mut raw = RawSftpSession::new_with_config(stream, session_config());
         let sftp_failed = |e: SftpError| {
             // The channel gave out (I/O) or the server broke the protocol.
             let kind = match e {
@@ -365,6 +451,7 @@ impl<'a> Sftp<'a> {
         let version = raw.init().await.map_err(sftp_failed)?;
         let has = |name: &str| version.extensions.contains_key(name);
         let (mut read_len, mut write_len) = (SAFE_READ_CHUNK, SAFE_WRITE_CHUNK);
+        let mut stated: Option<Limits> = None;
         if has(russh_sftp::extensions::LIMITS) {
             let limits = raw.limits().await.map_err(sftp_failed)?;
             // Leave room for the request header within the packet limit.
@@ -381,7 +468,8 @@ impl<'a> Sftp<'a> {
             };
             read_len = cap(limits.max_read_len);
             write_len = cap(limits.max_write_len);
-            raw.set_limits(limits.into());
+            stated = Some(limits.into());
+            raw.set_limits(stated.unwrap_or_default());
         }
         tracing::debug!(
             "sftp: version {}, read {read_len} B, write {write_len} B, extensions {:?}",
@@ -391,6 +479,9 @@ impl<'a> Sftp<'a> {
         Ok(Sftp {
             conn,
             raw,
+            more: None,
+            channels: None,
+            limits: stated,
             read_len,
             write_len,
             posix_rename: has(POSIX_RENAME),
@@ -495,14 +586,98 @@ impl<'a> Sftp<'a> {
                 Err(e) => report.failures.push(e.to_string()),
             }
         }
-        progress.add_total(
-            entries
-                .iter()
-                .filter(|e| e.kind == EntryKind::File)
-                .map(|e| e.size)
-                .sum(),
-        );
+        let (bytes, count) = entries
+            .iter()
+            .filter(|e| e.kind == EntryKind::File)
+            .fold((0u64, 0u64), |(b, n), e| (b.saturating_add(e.size), n + 1));
+        progress.add_total(bytes);
 
+        // Extra channels open while the target is looked at and the
+        // directories are made on the first.
+        let wanted = sftp_channels::upload_channels(bytes, count, self.channels);
+        let (extras, prepared) = tokio::join!(
+            self.open_extras(wanted - 1),
+            self.prepare_upload(&entries, sources, target, &mut report)
+        );
+        let sent = match prepared {
+            Ok(Some((made, files))) => self
+                .upload_files(files, &extras, job, progress, &mut report)
+                .await
+                .map(|()| made),
+            Ok(None) => Ok(Vec::new()),
+            Err(err) => Err(err),
+        };
+        for raw in &extras {
+            let _ = raw.close_session();
+        }
+        let made = sent?;
+
+        if job.preserve {
+            // Deepest first, so setting a parent's time is not undone by its children.
+            for (remote, e) in made.iter().rev() {
+                let attrs = FileAttributes {
+                    permissions: Some(e.mode & 0o7777),
+                    atime: Some(wire_time(e.atime)),
+                    mtime: Some(wire_time(e.mtime)),
+                    ..FileAttributes::empty()
+                };
+                if let Err(err) = self.raw.setstat(remote.as_str(), attrs).await {
+                    match self.fail(remote, err) {
+                        Fail::File(m) => report.failures.push(m),
+                        Fail::Fatal(err) => return Err(err),
+                    }
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Up to `n` more SFTP sessions, all opened at once; those the server
+    /// refuses (or that fail to start) are done without.
+    async fn open_extras(&self, n: usize) -> Vec<RawSftpSession> {
+        let Some(more) = self.more.filter(|_| n > 0) else {
+            return Vec::new();
+        };
+        let opening = (0..n).map(|_| async move {
+            let stream = more.open().await?;
+            let raw = RawSftpSession::new_with_config(self.heard.listen(stream), session_config());
+            raw.init().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(raw)
+        });
+        let mut extras = Vec::new();
+        for opened in futures::future::join_all(opening).await {
+            match opened {
+                Ok(mut raw) => {
+                    if let Some(limits) = self.limits {
+                        raw.set_limits(limits);
+                    }
+                    extras.push(raw);
+                }
+                Err(why) => {
+                    tracing::debug!("{}: one more SFTP channel not opened: {why}", self.host)
+                }
+            }
+        }
+        tracing::debug!(
+            "{}: uploading over {} SFTP channels ({} asked for)",
+            self.host,
+            extras.len() + 1,
+            n + 1
+        );
+        extras
+    }
+
+    /// Looks at the target, places the sources and makes the directories
+    /// (failures go to `report`): the directories made and the files to
+    /// send, or `None` when nothing can be placed.
+    #[allow(clippy::type_complexity)]
+    async fn prepare_upload<'e>(
+        &self,
+        entries: &'e [Entry],
+        sources: &[PathBuf],
+        target: &str,
+        report: &mut CopyReport,
+    ) -> Result<Option<(Vec<(String, &'e Entry)>, Vec<(&'e Entry, String)>)>, SkiffError> {
         let target = self.remote_path(target).await?;
         let target_is_dir = match self.stat(&target).await? {
             Ok(attrs) => Some(kind_of(&attrs) == RemoteKind::Dir),
@@ -512,7 +687,7 @@ impl<'a> Sftp<'a> {
             Ok(p) => p,
             Err(e) => {
                 report.failures.push(format!("{}:{e}", self.host));
-                return Ok(report);
+                return Ok(None);
             }
         };
 
@@ -550,8 +725,36 @@ impl<'a> Sftp<'a> {
                 Err(m) => report.failures.push(m),
             }
         }
-        let mut running = files_at_once(files, |(e, remote)| async move {
-            let r = self.upload_file(e, &remote, job.preserve, progress).await;
+        Ok(Some((made, files)))
+    }
+
+    /// Sends `files`, each starting on one of the channels in turn and
+    /// written through as many as [`sftp_channels::lanes_for_file`] says.
+    async fn upload_files(
+        &self,
+        files: Vec<(&Entry, String)>,
+        extras: &[RawSftpSession],
+        job: &CopyJob,
+        progress: &dyn Progress,
+        report: &mut CopyReport,
+    ) -> Result<(), SkiffError> {
+        let sessions: Vec<&RawSftpSession> = std::iter::once(&self.raw).chain(extras).collect();
+        let channels = sessions.len();
+        let sessions = &sessions;
+        let at_once = sftp_channels::files_at_once(channels, FILES_AT_ONCE);
+        let numbered: Vec<_> = files.into_iter().enumerate().collect();
+        let mut running = files_at_once(numbered, at_once, |(nth, (e, remote))| async move {
+            let home = sftp_channels::home_channel(nth, channels);
+            let lanes: Vec<&RawSftpSession> = sftp_channels::file_lanes(
+                home,
+                sftp_channels::lanes_for_file(e.size, channels),
+                channels,
+            )
+            .map(|i| sessions[i])
+            .collect();
+            let r = self
+                .upload_file(e, &remote, job.preserve, progress, &lanes)
+                .await;
             (remote, r)
         });
         while let Some((remote, result)) = running.next().await {
@@ -565,26 +768,7 @@ impl<'a> Sftp<'a> {
                 Err(Fail::Fatal(err)) => return Err(err),
             }
         }
-        drop(running);
-
-        if job.preserve {
-            // Deepest first, so setting a parent's time is not undone by its children.
-            for (remote, e) in made.iter().rev() {
-                let attrs = FileAttributes {
-                    permissions: Some(e.mode & 0o7777),
-                    atime: Some(wire_time(e.atime)),
-                    mtime: Some(wire_time(e.mtime)),
-                    ..FileAttributes::empty()
-                };
-                if let Err(err) = self.raw.setstat(remote.as_str(), attrs).await {
-                    match self.fail(remote, err) {
-                        Fail::File(m) => report.failures.push(m),
-                        Fail::Fatal(err) => return Err(err),
-                    }
-                }
-            }
-        }
-        Ok(report)
+        Ok(())
     }
 
     /// Creates a remote directory for a copied tree (fine if one is there).
@@ -612,55 +796,99 @@ impl<'a> Sftp<'a> {
         }
     }
 
-    /// Uploads one file to a temporary name beside `remote`, then renames it
-    /// into place. Returns the bytes sent.
+    /// Uploads one file to a temporary name beside `remote` through
+    /// `lanes` (the first creates, checks, syncs and renames it; the others
+    /// only write), then renames it into place. Returns the bytes sent.
     async fn upload_file(
         &self,
         e: &Entry,
         remote: &str,
         preserve: bool,
         progress: &dyn Progress,
+        lanes: &[&RawSftpSession],
     ) -> Result<u64, Fail> {
         let local_fail = |err: io::Error| Fail::File(FileError::io(&e.source, &err).to_string());
         let file = std::fs::File::open(&e.source).map_err(local_fail)?;
+        let (home, others) = match lanes.split_first() {
+            Some((home, others)) => (*home, others),
+            None => (&self.raw, &[][..]),
+        };
         let temp = remote_temp_name(remote);
         let attrs = FileAttributes {
             permissions: Some(e.mode & 0o777),
             ..FileAttributes::empty()
         };
         let flags = OpenFlags::WRITE | OpenFlags::CREATE | OpenFlags::EXCLUDE;
-        let handle = match self.raw.open(temp.as_str(), flags, attrs).await {
+        let handle = match home.open(temp.as_str(), flags, attrs).await {
             Ok(h) => h.handle,
             Err(err) => return Err(self.fail(remote, err)),
         };
-        let mut closed = false;
-        let result = self
-            .send_file(
-                file,
-                &handle,
-                &mut closed,
-                e,
-                &temp,
-                remote,
-                preserve,
-                progress,
-            )
-            .await;
-        if let Err(Fail::File(_)) = &result {
-            // Best effort: nothing may remain under the temporary name.
-            if !closed {
-                let _ = self.raw.close(handle.as_str()).await;
+        // The other channels open the file the first one made (never
+        // creating it: once it is removed, none can bring it back).
+        let mut helpers: Vec<(&RawSftpSession, String)> = Vec::new();
+        let mut result = Ok(0);
+        let opening = others.iter().map(|raw| {
+            let temp = temp.as_str();
+            async move {
+                let opened = raw.open(temp, OpenFlags::WRITE, FileAttributes::empty());
+                (*raw, opened.await)
             }
-            let _ = self.raw.remove(temp.as_str()).await;
+        });
+        for (raw, opened) in futures::future::join_all(opening).await {
+            match opened {
+                Ok(h) => helpers.push((raw, h.handle)),
+                Err(err) => match self.fail(remote, err) {
+                    Fail::File(m) => {
+                        tracing::debug!("{m}: written through one channel fewer")
+                    }
+                    fatal => result = Err(fatal),
+                },
+            }
+        }
+        let mut closed = false;
+        if result.is_ok() {
+            result = self
+                .send_file(
+                    file,
+                    home,
+                    &handle,
+                    &mut helpers,
+                    &mut closed,
+                    e,
+                    &temp,
+                    remote,
+                    preserve,
+                    progress,
+                )
+                .await;
+        }
+        if result.is_err() {
+            // Best effort: nothing may remain under the temporary name (a
+            // lost connection takes the open handles with it).
+            let cleanup = helpers
+                .iter()
+                .map(|(raw, h)| raw.close(h.as_str()))
+                .collect::<Vec<_>>();
+            let _ = futures::future::join_all(cleanup).await;
+            if !closed {
+                let _ = home.close(handle.as_str()).await;
+            }
+            let _ = home.remove(temp.as_str()).await;
         }
         result
     }
 
+    /// Writes `file` through `home`'s `handle` and the `helpers` (each
+    /// chunk to the channel with the fewest outstanding), then, once every
+    /// write succeeded and the helpers' handles are closed, checks the
+    /// size, syncs, closes and renames on `home`.
     #[allow(clippy::too_many_arguments)]
     async fn send_file(
         &self,
         mut file: std::fs::File,
+        home: &RawSftpSession,
         handle: &str,
+        helpers: &mut Vec<(&RawSftpSession, String)>,
         closed: &mut bool,
         e: &Entry,
         temp: &str,
@@ -702,31 +930,53 @@ impl<'a> Sftp<'a> {
             }
         });
 
+        let writers: Vec<(&RawSftpSession, &str)> = std::iter::once((home, handle))
+            .chain(helpers.iter().map(|(raw, h)| (*raw, h.as_str())))
+            .collect();
+        let most = sftp_channels::requests_for_file(writers.len(), REQUESTS_PER_FILE);
+        let mut outstanding = vec![0usize; writers.len()];
         let mut inflight = FuturesUnordered::new();
         let mut eof = false;
         let mut sent = 0u64;
         loop {
             tokio::select! {
                 biased;
-                Some(done) = inflight.next(), if !inflight.is_empty() => {
-                    let done: Result<u64, SftpError> = done;
+                Some((lane, done)) = inflight.next(), if !inflight.is_empty() => {
+                    let (lane, done): (usize, Result<u64, SftpError>) = (lane, done);
+                    outstanding[lane] -= 1;
                     let n = done.map_err(|err| self.fail(remote, err))?;
                     sent += n;
                     progress.advance(n);
                 }
-                msg = rx.recv(), if !eof && inflight.len() < REQUESTS_PER_FILE => match msg {
+                msg = rx.recv(), if !eof && inflight.len() < most => match msg {
                     None => eof = true,
                     Some(Err(err)) => return Err(local_fail(err)),
                     Some(Ok((offset, data))) => {
                         let n = data.len() as u64;
-                        let raw = &self.raw;
-                        inflight.push(async move { raw.write(handle, offset, data).await.map(|_| n) });
+                        let lane = (0..writers.len())
+                            .min_by_key(|&i| outstanding[i])
+                            .unwrap_or(0);
+                        outstanding[lane] += 1;
+                        let (raw, h) = writers[lane];
+                        inflight.push(async move { (lane, raw.write(h, offset, data).await.map(|_| n)) });
                     }
                 },
                 else => break,
             }
         }
         let _ = reader.await;
+        drop(inflight);
+
+        // Every write is answered; the helpers are done with the file.
+        let closing = helpers
+            .iter()
+            .map(|(raw, h)| raw.close(h.as_str()))
+            .collect::<Vec<_>>();
+        let closes = futures::future::join_all(closing).await;
+        helpers.clear();
+        for c in closes {
+            c.map_err(|err| self.fail(remote, err))?;
+        }
 
         if preserve {
             let attrs = FileAttributes {
@@ -735,32 +985,49 @@ impl<'a> Sftp<'a> {
                 mtime: Some(wire_time(e.mtime)),
                 ..FileAttributes::empty()
             };
-            self.raw
-                .fsetstat(handle, attrs)
+            home.fsetstat(handle, attrs)
                 .await
                 .map_err(|err| self.fail(remote, err))?;
         }
+        // What the server holds must be what was read, before it may
+        // replace anything.
+        let held = home
+            .fstat(handle)
+            .await
+            .map_err(|err| self.fail(remote, err))?
+            .attrs
+            .size;
+        if let Some(held) = held.filter(|&h| h != sent) {
+            return Err(Fail::File(format!(
+                "{}:{remote}: the server holds {held} bytes of the {sent} sent; not put in place",
+                self.host
+            )));
+        }
         if self.fsync {
-            match self.raw.fsync(handle).await {
+            match home.fsync(handle).await {
                 Ok(_) => {}
                 Err(SftpError::Status(s)) if s.status_code == StatusCode::OpUnsupported => {}
                 Err(err) => return Err(self.fail(remote, err)),
             }
         }
         *closed = true;
-        self.raw
-            .close(handle)
+        home.close(handle)
             .await
             .map_err(|err| self.fail(remote, err))?;
-        self.rename_over(temp, remote).await?;
+        self.rename_over(home, temp, remote).await?;
         Ok(sent)
     }
 
-    /// Renames `temp` over `target`, replacing it atomically where the server can.
-    async fn rename_over(&self, temp: &str, target: &str) -> Result<(), Fail> {
+    /// Renames `temp` over `target` on `raw`, replacing it atomically where
+    /// the server can.
+    async fn rename_over(
+        &self,
+        raw: &RawSftpSession,
+        temp: &str,
+        target: &str,
+    ) -> Result<(), Fail> {
         if self.posix_rename {
-            let reply = self
-                .raw
+            let reply = raw
                 .extended(POSIX_RENAME, ssh_strings(&[temp, target]))
                 .await;
             return match reply {
@@ -771,13 +1038,12 @@ impl<'a> Sftp<'a> {
             };
         }
         // SFTP v3 rename refuses an existing target: make room first.
-        match self.raw.rename(temp, target).await {
+        match raw.rename(temp, target).await {
             Ok(_) => Ok(()),
             Err(SftpError::Status(first)) => {
                 if let Ok(Ok(attrs)) = self.stat(target).await {
-                    if kind_of(&attrs) != RemoteKind::Dir && self.raw.remove(target).await.is_ok() {
-                        return self
-                            .raw
+                    if kind_of(&attrs) != RemoteKind::Dir && raw.remove(target).await.is_ok() {
+                        return raw
                             .rename(temp, target)
                             .await
                             .map(|_| ())
@@ -859,7 +1125,7 @@ impl<'a> Sftp<'a> {
             .filter(|e| e.kind == EntryKind::File && !is_under(&e.rel, &failed))
             .map(|e| (e, placement.path_for(&e.rel)))
             .collect();
-        let mut running = files_at_once(files, |(e, local)| async move {
+        let mut running = files_at_once(files, FILES_AT_ONCE, |(e, local)| async move {
             let r = self.download_file(e, &local, job.preserve, progress).await;
             (local, r)
         });

@@ -138,11 +138,14 @@ pub(crate) async fn via_agent(
                 if let Some(line) = skiff_engine::copy::sftp_fallback_notice(&host, mode) {
                     eprintln!("skiff: {line}");
                 }
+                let more = AgentChannels(agent_wire(&plan.destination, "sftp"));
                 skiff_engine::copy::sftp::copy_on(
                     ours,
                     &host,
                     &plan.job,
                     settings.progress_budget(),
+                    Some(&more),
+                    plane.streams.map(usize::from),
                     progress,
                 )
                 .await
@@ -191,6 +194,52 @@ pub(crate) async fn via_agent(
         }
     }
     None
+}
+
+/// More SFTP channels on the agent's connection, for an upload spread over
+/// several: each is asked for as the first was (the agent opens it and
+/// hands it over a socket pair); one the server refuses is done without.
+struct AgentChannels(skiff_proto::agent_wire::ExecWire);
+
+impl skiff_engine::copy::sftp::MoreChannels for AgentChannels {
+    fn open(
+        &self,
+    ) -> futures::future::BoxFuture<'_, Result<Box<dyn skiff_engine::copy::sftp::SftpStream>, String>>
+    {
+        let wire = self.0.clone();
+        Box::pin(async move {
+            let (ours, theirs) =
+                std::os::unix::net::UnixStream::pair().map_err(|e| format!("socket pair: {e}"))?;
+            let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+            // The thread holds the agent's request until the channel ends
+            // (our end closed), as the first channel's does.
+            std::thread::spawn(move || {
+                let mut opened_tx = Some(opened_tx);
+                let outcome = skiff_agent::client::subsystem_announced(
+                    wire,
+                    std::os::fd::AsFd::as_fd(&theirs),
+                    &mut |_opened| {
+                        if let Some(t) = opened_tx.take() {
+                            let _ = t.send(());
+                        }
+                    },
+                );
+                drop(theirs);
+                let _ = done_tx.send(outcome);
+            });
+            if opened_rx.await.is_err() {
+                return Err(match done_rx.await {
+                    Ok(outcome) => format!("the agent did not open it: {outcome:?}"),
+                    Err(_) => "the agent thread ended".into(),
+                });
+            }
+            ours.set_nonblocking(true)
+                .and_then(|_| tokio::net::UnixStream::from_std(ours))
+                .map(|s| Box::new(s) as Box<dyn skiff_engine::copy::sftp::SftpStream>)
+                .map_err(|e| format!("socket pair: {e}"))
+        })
+    }
 }
 
 /// The agent request that starts `subsystem` at the destination.
