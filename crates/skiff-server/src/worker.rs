@@ -37,6 +37,7 @@ const SESSIONS_END_WITHIN: Duration = Duration::from_secs(10);
 /// Serves the listener on `control` (one connection at most); returns the
 /// exit code.
 pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity) -> i32 {
+    let starting = crate::warm_start::StartingQuietly::begin();
     // As the listener's runtime was: measured, a single-threaded one served
     // a cold connection slower (docs/BENCHMARKS.md).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -55,7 +56,7 @@ pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity) -> i32 {
         // then wake each other on the same threads, not across the thread
         // that blocks here (measured: a cold connection served from
         // `block_on` took more context switches and ~1.5 ms longer).
-        let served = match tokio::spawn(serve_one(control, settings, host)).await {
+        let served = match tokio::spawn(serve_one(control, settings, host, starting)).await {
             Ok(served) => served,
             Err(e) => {
                 tracing::error!("connection process: {e}");
@@ -102,7 +103,12 @@ type Audit = Option<Arc<crate::audit_writer::AuditLog>>;
 
 /// Serves the listener until it hands over a connection, and that
 /// connection to its end: the exit code, and the audit log to flush.
-async fn serve_one(control: OwnedFd, settings: Settings, host: HostIdentity) -> (i32, Audit) {
+async fn serve_one(
+    control: OwnedFd,
+    settings: Settings,
+    host: HostIdentity,
+    starting: crate::warm_start::StartingQuietly,
+) -> (i32, Audit) {
     if let Err(e) = nix::fcntl::fcntl(
         &control,
         nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
@@ -151,6 +157,7 @@ async fn serve_one(control: OwnedFd, settings: Settings, host: HostIdentity) -> 
             return (1, None);
         }
     };
+    starting.done();
     if send(&control, &FromWorker::Ready.encode(), &[])
         .await
         .is_err()

@@ -225,6 +225,12 @@ struct PoolState {
     generation: u64,
     idle: VecDeque<Worker>,
     starting: usize,
+    /// Forked processes not ready yet: they start at a low priority
+    /// ([`crate::warm_start::StartingQuietly`]), raised when a connection
+    /// waits for one.
+    launching: Vec<i32>,
+    /// Connections waiting for a process.
+    waiting: usize,
     /// Processes that failed to start in a row: starting more waits
     /// ([`retry_delay`]) rather than spinning.
     failures: u32,
@@ -255,6 +261,8 @@ impl WorkerPool {
                 generation: 1,
                 idle: VecDeque::new(),
                 starting: 0,
+                launching: Vec::new(),
+                waiting: 0,
                 failures: 0,
                 paused: false,
             }),
@@ -278,7 +286,7 @@ impl WorkerPool {
             st.starting += 1;
             let (pool, zygote) = (self.clone(), zygote.clone());
             tokio::spawn(async move {
-                let started = start_worker(&zygote).await;
+                let started = start_worker(&pool, &zygote).await;
                 let mut st = pool.lock();
                 st.starting -= 1;
                 match started {
@@ -383,7 +391,17 @@ impl WorkerPool {
             if found.is_some() {
                 return found;
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            // A connection waits: the processes starting get the CPU now.
+            {
+                let mut st = self.lock();
+                st.waiting += 1;
+                for &pid in &st.launching {
+                    crate::warm_start::hurry(pid);
+                }
+            }
+            let waited = tokio::time::timeout_at(deadline, notified).await;
+            self.lock().waiting -= 1;
+            if waited.is_err() {
                 return None;
             }
         }
@@ -402,14 +420,21 @@ enum StartError {
 }
 
 /// Asks `zygote` for a process and waits until it says it is ready.
-async fn start_worker(zygote: &Zygote) -> Result<Worker, StartError> {
+async fn start_worker(pool: &WorkerPool, zygote: &Zygote) -> Result<Worker, StartError> {
     let (ours, theirs) = pair().map_err(|e| StartError::Process(format!("socketpair: {e}")))?;
     let pid = zygote.spawn(&theirs).await.map_err(StartError::Zygote)?;
     // The process has its own: ours closed, its end is seen when it ends.
     drop(theirs);
-    start_watching(pid, zygote.generation, ours)
-        .await
-        .map_err(StartError::Process)
+    {
+        let mut st = pool.lock();
+        st.launching.push(pid);
+        if st.waiting > 0 {
+            crate::warm_start::hurry(pid);
+        }
+    }
+    let started = start_watching(pid, zygote.generation, ours).await;
+    pool.lock().launching.retain(|&p| p != pid);
+    started.map_err(StartError::Process)
 }
 
 /// Waits until the process `pid` says on `ours` that it is ready.

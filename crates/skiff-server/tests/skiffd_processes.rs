@@ -334,3 +334,51 @@ fn sighup_applies_a_new_configuration_to_new_connections_only() {
     );
     assert_eq!(alices.finish(), Some(0), "{}", c("alice's session's end"));
 }
+
+/// The niceness of every thread of process `pid` (field 19 of each
+/// `/proc/PID/task/TID/stat`).
+fn thread_niceness(pid: u32) -> Vec<i64> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process's threads") {
+        let stat = std::fs::read_to_string(task.expect("a thread").path().join("stat"))
+            .expect("a thread's stat");
+        let after_name = &stat[stat.rfind(')').expect("stat's name") + 1..];
+        let nice = after_name
+            .split_whitespace()
+            .nth(16)
+            .expect("stat's niceness field");
+        found.push(nice.parse().expect("a niceness"));
+    }
+    found
+}
+
+/// Connection processes start at a low priority (so as not to slow the
+/// connections being served meanwhile), but serve theirs, and start its
+/// commands, at normal priority.
+#[test]
+fn a_connection_and_its_command_run_at_normal_priority() {
+    let Some((fx, d)) = skiffd(None) else {
+        return;
+    };
+    let mut a = Live::start(d.port(), user(), &fx.client_key, "echo $PPID $$; exec cat");
+    let line = a.line("the connection's pids");
+    let pids: Vec<u32> = line
+        .split_whitespace()
+        .map(|p| p.parse().expect("a pid"))
+        .collect();
+    let (server, command) = (pids[0], pids[1]);
+    assert!(
+        d.processes().contains(&server),
+        "{}",
+        ctx(&d, &format!("{server} is not one of skiffd's processes"))
+    );
+    for (what, pid) in [("the connection process", server), ("the command", command)] {
+        let nice = thread_niceness(pid);
+        assert!(
+            nice.iter().all(|&n| n == 0),
+            "{}",
+            ctx(&d, &format!("{what} ({pid}) runs niced: {nice:?}"))
+        );
+    }
+    assert_eq!(a.finish(), Some(0), "{}", ctx(&d, "the connection's end"));
+}
