@@ -360,7 +360,7 @@ fn a_connection_and_its_command_run_at_normal_priority() {
     let Some((fx, d)) = skiffd(None) else {
         return;
     };
-    let mut a = Live::start(d.port(), user(), &fx.client_key, "echo $PPID $$; exec cat");
+    let a = Live::start(d.port(), user(), &fx.client_key, "echo $PPID $$; exec cat");
     let line = a.line("the connection's pids");
     let pids: Vec<u32> = line
         .split_whitespace()
