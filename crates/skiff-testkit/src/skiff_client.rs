@@ -378,9 +378,17 @@ impl Drop for AgentHome {
 /// `skiff cp` with hermetic options (no agent, no config, a throwaway
 /// known_hosts), as the test account, to `port`.
 pub fn skiff_cp(port: u16, key: &Key, args: &[&str]) -> CmdOutput {
+    skiff_cp_env(port, key, &[], args)
+}
+
+/// [`skiff_cp`] with `env` set as well (`SKIFF_LOG`, say).
+pub fn skiff_cp_env(port: u16, key: &Key, env: &[(&str, &str)], args: &[&str]) -> CmdOutput {
     let scratch = tempdir();
-    Run::new(skiff_bin())
-        .env("HOME", scratch.path())
+    let mut run = Run::new(skiff_bin());
+    for (name, value) in env {
+        run = run.env(name, value);
+    }
+    run.env("HOME", scratch.path())
         .env("SKIFF_AGENT", "off")
         .env_remove("SSH_AUTH_SOCK")
         .args(["cp", "-F", "/dev/null", "-o", "BatchMode=yes"])

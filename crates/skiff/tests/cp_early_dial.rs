@@ -30,24 +30,16 @@ fn remote(path: &Path) -> String {
 
 /// `skiff cp` with the engine's debug log on stderr.
 fn cp_logged(port: u16, key: &Key, args: &[&str]) -> CmdOutput {
-    let scratch = tempdir();
-    Run::new(skiff_bin())
-        .env("HOME", scratch.path())
-        .env("SKIFF_AGENT", "off")
-        .env("SKIFF_LOG", "skiff_engine=debug")
-        .env_remove("SSH_AUTH_SOCK")
-        .args(["cp", "-F", "/dev/null", "-o", "BatchMode=yes"])
-        .args(["-o", "StrictHostKeyChecking=no", "-o", "ConnectTimeout=10"])
-        .arg(format!(
-            "-oUserKnownHostsFile={}",
-            scratch.path().join("kh").display()
-        ))
-        .arg("-i")
-        .arg(&key.private)
-        .args(["-P", &port.to_string()])
-        .args(args)
-        .timeout(BULK_TIMEOUT)
-        .run()
+    skiff_cp_env(port, key, &[("SKIFF_LOG", "skiff_engine=debug")], args)
+}
+
+/// skiffd with the transfer subsystem runnable by the test account.
+fn skiffd(fx: &Fixture) -> Skiffd {
+    let mut opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys);
+    if let Some(config) = transfer_subsystem_config() {
+        opts = opts.config(&config);
+    }
+    Skiffd::start_with(opts)
 }
 
 #[test]
@@ -56,11 +48,7 @@ fn every_stream_dialed_early_carries_the_copy_both_ways() {
         return;
     }
     let fx = Fixture::new();
-    let mut opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys);
-    if let Some(config) = transfer_subsystem_config() {
-        opts = opts.config(&config);
-    }
-    let d = Skiffd::start_with(opts);
+    let d = skiffd(&fx);
     let local = tempdir();
     let src = local.path().join("payload");
     let sum = random_file(&src, 24 * MIB + 5);
@@ -161,11 +149,7 @@ fn a_copy_through_the_agent_dials_early_too() {
         return;
     }
     let fx = Fixture::new();
-    let mut opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys);
-    if let Some(config) = transfer_subsystem_config() {
-        opts = opts.config(&config);
-    }
-    let d = Skiffd::start_with(opts);
+    let d = skiffd(&fx);
     let home = AgentHome::new();
     write_file(
         &home.home.ssh_dir().join("config"),
