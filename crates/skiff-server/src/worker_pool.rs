@@ -392,16 +392,11 @@ impl WorkerPool {
                 return found;
             }
             // A connection waits: the processes starting get the CPU now.
-            {
-                let mut st = self.lock();
-                st.waiting += 1;
-                for &pid in &st.launching {
-                    crate::warm_start::hurry(pid);
-                }
+            let waiting = Waiting::begin(self);
+            for &pid in &waiting.launching {
+                crate::warm_start::hurry(pid);
             }
-            let waited = tokio::time::timeout_at(deadline, notified).await;
-            self.lock().waiting -= 1;
-            if waited.is_err() {
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 return None;
             }
         }
@@ -425,16 +420,61 @@ async fn start_worker(pool: &WorkerPool, zygote: &Zygote) -> Result<Worker, Star
     let pid = zygote.spawn(&theirs).await.map_err(StartError::Zygote)?;
     // The process has its own: ours closed, its end is seen when it ends.
     drop(theirs);
-    {
-        let mut st = pool.lock();
-        st.launching.push(pid);
-        if st.waiting > 0 {
-            crate::warm_start::hurry(pid);
-        }
+    let launching = Launching::begin(pool, pid);
+    if launching.hurry {
+        crate::warm_start::hurry(pid);
     }
     let started = start_watching(pid, zygote.generation, ours).await;
-    pool.lock().launching.retain(|&p| p != pid);
+    drop(launching);
     started.map_err(StartError::Process)
+}
+
+/// A connection waiting in [`WorkerPool::take`], counted while it waits
+/// (whatever ends the wait, the future dropped included).
+struct Waiting<'a> {
+    pool: &'a WorkerPool,
+    /// The processes starting when it began to wait.
+    launching: Vec<i32>,
+}
+
+impl<'a> Waiting<'a> {
+    fn begin(pool: &'a WorkerPool) -> Waiting<'a> {
+        let mut st = pool.lock();
+        st.waiting += 1;
+        let launching = st.launching.clone();
+        Waiting { pool, launching }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.pool.lock().waiting -= 1;
+    }
+}
+
+/// A forked process not ready yet, listed while it starts (whatever ends
+/// the start), so that a waiting connection can raise it.
+struct Launching<'a> {
+    pool: &'a WorkerPool,
+    pid: i32,
+    /// A connection was already waiting when it was forked.
+    hurry: bool,
+}
+
+impl<'a> Launching<'a> {
+    fn begin(pool: &'a WorkerPool, pid: i32) -> Launching<'a> {
+        let mut st = pool.lock();
+        st.launching.push(pid);
+        let hurry = st.waiting > 0;
+        Launching { pool, pid, hurry }
+    }
+}
+
+impl Drop for Launching<'_> {
+    fn drop(&mut self) {
+        let pid = self.pid;
+        self.pool.lock().launching.retain(|&p| p != pid);
+    }
 }
 
 /// Waits until the process `pid` says on `ours` that it is ready.

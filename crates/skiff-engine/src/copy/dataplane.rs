@@ -259,12 +259,7 @@ pub async fn copy(
         .request_subsystem(true, dp::SUBSYSTEM)
         .await
         .map_err(lost)?;
-    // Only a skiffd understands a data-plane stream; another server would
-    // log the magic as a bad identification line.
-    let early = match conn.server_id.is_skiffd() {
-        true => dial_early(addr, opening.requested, options),
-        false => Vec::new(),
-    };
+    let early = dial_early(addr, opening.requested, options, conn.server_id.is_skiffd());
     // The opening messages go out while the reply is awaited. They wait for
     // window if there is none yet: OpenSSH grants a session channel's window
     // only once its command or subsystem has started.
@@ -340,10 +335,7 @@ where
     let mut control = ControlChannel::new(stream, host, Vec::new());
     let opening = Opening::new(job, options, opened.rtt);
     control.send_bytes(&opening.bytes).await?;
-    let early = match opened.skiffd {
-        true => dial_early(addr, opening.requested, options),
-        false => Vec::new(),
-    };
+    let early = dial_early(addr, opening.requested, options, opened.skiffd);
     run(
         control, opening, early, addr, job, options, placement, progress,
     )
@@ -466,10 +458,17 @@ const EARLY_DIAL_FRESH: Duration = Duration::from_secs(2);
 
 /// Dials `count` streams to a skiffd at `addr` at once, each on its own
 /// thread, while the server's `Welcome` (with their tokens) is on its way:
-/// the TCP handshake's round trip then overlaps the request's. Not in a
-/// fan-out, whose gate counts every connection waiting on a host.
-fn dial_early(addr: SocketAddr, count: u32, options: &PlaneOptions) -> Vec<EarlyDial> {
-    if options.gate.is_some() {
+/// the TCP handshake's round trip then overlaps the request's. Only when
+/// the server identified itself as a skiffd (`skiffd`: another server would
+/// log the magic as a bad identification line), and not in a fan-out, whose
+/// gate counts every connection waiting on a host.
+fn dial_early(
+    addr: SocketAddr,
+    count: u32,
+    options: &PlaneOptions,
+    skiffd: bool,
+) -> Vec<EarlyDial> {
+    if !skiffd || options.gate.is_some() {
         return Vec::new();
     }
     (0..count)
