@@ -24,7 +24,7 @@ const MAX_PACKET: u32 = 65535;
 
 /// The cap on channel receive windows: `SKIFF_MAX_WINDOW` (e.g. `128M`),
 /// else 64 MiB.
-fn max_window() -> u32 {
+pub(crate) fn max_window() -> u32 {
     std::env::var("SKIFF_MAX_WINDOW")
         .ok()
         .and_then(|v| skiff_proto::window::parse_size(&v))

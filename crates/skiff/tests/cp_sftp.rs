@@ -217,6 +217,34 @@ fn upload_and_download_round_trips() {
     assert_no_temporaries(&down, &c);
 }
 
+/// A file far larger than 64 reads of 256 KiB is read further ahead than
+/// that (up to its share of the receive window) and arrives whole.
+#[test]
+fn a_large_download_reads_further_ahead_and_arrives_whole() {
+    let Some(env) = Env::new() else { return };
+    let remote = env.remote_dir("big");
+    let down = env.local_dir("down");
+    let sum = random_file(&remote.join("big"), 48 * MIB);
+    let c = env.ctx("download of one 48 MiB file");
+    let out = env.cp(&["-v", &env.remote(&remote.join("big")), s(&down)]);
+    out.expect_code(0, &c);
+    assert_eq!(sha256(&down.join("big")), sum, "{c}");
+    // The debug line names the most reads that were outstanding at once.
+    let most: usize = out
+        .stderr
+        .lines()
+        .find_map(|l| {
+            let rest = l.split(": up to ").nth(1)?;
+            rest.split(' ').next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("{c}: no read-ahead line in the log:\n{}", out.stderr));
+    assert!(
+        most > 64,
+        "{c}: at most {most} reads were outstanding, no more than the fixed 64 of before"
+    );
+    assert_no_temporaries(&down, &c);
+}
+
 /// A tree with `-r -p` keeps every mode and mtime both ways, including a
 /// directory without write permission and a followed symlink; a
 /// directory's mtime is set after its contents are written.

@@ -6,6 +6,7 @@
 //! back. Local files are walked, placed and written with `skiff_files`.
 
 pub mod dataplane;
+pub mod read_ahead;
 pub mod sftp;
 pub mod sftp_channels;
 mod watchdog;

@@ -1,10 +1,11 @@
 //! The SFTP backend of `skiff cp`: works with any SSH server that has the
 //! `sftp` subsystem (stock OpenSSH, skiffd).
 //!
-//! * Pipelined: up to [`REQUESTS_PER_FILE`] reads or writes of up to 256 KiB
-//!   (or the server's `limits@openssh.com` values) are outstanding per file,
-//!   and up to [`FILES_AT_ONCE`] files move at once, so throughput is not
-//!   bound by round trips.
+//! * Pipelined: up to [`REQUESTS_PER_FILE`] writes of up to 256 KiB (or the
+//!   server's `limits@openssh.com` values) are outstanding per file, reads
+//!   as many as [`super::read_ahead`] allows (64 and up, to fill the
+//!   receive window), and up to [`FILES_AT_ONCE`] files move at once, so
+//!   throughput is not bound by round trips.
 //! * Uploads big enough to gain from it ([`super::sftp_channels`] decides)
 //!   are spread over several SFTP channels of the same connection, each
 //!   with its own window (a stock sshd's is 2 MiB per channel): files take
@@ -48,6 +49,7 @@ use skiff_files::{
 };
 use skiff_proto::terminal_text;
 
+use super::read_ahead::ReadAhead;
 use super::sftp_channels;
 use super::watchdog::Heard;
 use super::{misbehaved, safe_report, CopyJob, CopyReport, Direction, Progress};
@@ -63,7 +65,7 @@ const SAFE_WRITE_CHUNK: u32 = 32 * 1024;
 /// Read size for servers that do not state their limits (a server may
 /// answer with less; short reads are handled).
 const SAFE_READ_CHUNK: u32 = 64 * 1024;
-/// Outstanding read or write requests per file.
+/// Outstanding write requests per file (reads: [`super::read_ahead`]).
 pub const REQUESTS_PER_FILE: usize = 64;
 /// Files copied at the same time (small files are round-trip bound).
 pub const FILES_AT_ONCE: usize = 4;
@@ -1125,8 +1127,12 @@ impl<'a> Sftp<'a> {
             .filter(|e| e.kind == EntryKind::File && !is_under(&e.rel, &failed))
             .map(|e| (e, placement.path_for(&e.rel)))
             .collect();
+        let in_flight = files.len().min(FILES_AT_ONCE);
         let mut running = files_at_once(files, FILES_AT_ONCE, |(e, local)| async move {
-            let r = self.download_file(e, &local, job.preserve, progress).await;
+            let reads = ReadAhead::new(crate::connect::max_window(), self.read_len, in_flight);
+            let r = self
+                .download_file(e, &local, job.preserve, reads, progress)
+                .await;
             (local, r)
         });
         while let Some((local, result)) = running.next().await {
@@ -1374,6 +1380,7 @@ impl<'a> Sftp<'a> {
         e: &RemoteEntry,
         local: &Path,
         preserve: bool,
+        reads: ReadAhead,
         progress: &dyn Progress,
     ) -> Result<u64, Fail> {
         let local_fail = |err: FileError| Fail::File(err.to_string());
@@ -1387,7 +1394,7 @@ impl<'a> Sftp<'a> {
         };
         let result = match AtomicFile::create(local) {
             Ok(atomic) => {
-                self.receive_file(&handle, e, atomic, preserve, progress)
+                self.receive_file(&handle, e, atomic, preserve, reads, progress)
                     .await
             }
             Err(err) => Err(local_fail(err)),
@@ -1404,6 +1411,7 @@ impl<'a> Sftp<'a> {
         e: &RemoteEntry,
         atomic: AtomicFile,
         preserve: bool,
+        mut reads: ReadAhead,
         progress: &dyn Progress,
     ) -> Result<u64, Fail> {
         let local = atomic.final_path().to_path_buf();
@@ -1429,11 +1437,14 @@ impl<'a> Sftp<'a> {
         let mut inflight = FuturesUnordered::new();
         let raw = &self.raw;
         let read = |offset: u64, len: u32, probe: bool| async move {
-            (offset, len, probe, raw.read(handle, offset, len).await)
+            let sent = std::time::Instant::now();
+            let reply = raw.read(handle, offset, len).await;
+            (offset, len, probe, sent.elapsed(), reply)
         };
         let mut writer_gone = false;
+        let mut most_outstanding = 0;
         loop {
-            while inflight.len() < REQUESTS_PER_FILE {
+            while inflight.len() < reads.limit() {
                 let limit = eof_at.unwrap_or(u64::MAX);
                 if let Some(pos) = again.iter().position(|(o, _)| *o < limit) {
                     let (o, l) = again.remove(pos).expect("position is valid");
@@ -1449,9 +1460,11 @@ impl<'a> Sftp<'a> {
                     break;
                 }
             }
-            let Some((offset, len, probe, reply)) = inflight.next().await else {
+            most_outstanding = most_outstanding.max(inflight.len());
+            let Some((offset, len, probe, latency, reply)) = inflight.next().await else {
                 break;
             };
+            reads.answered(latency);
             if probe {
                 probing = false;
             }
@@ -1488,6 +1501,11 @@ impl<'a> Sftp<'a> {
             }
         }
         drop(tx);
+        tracing::debug!(
+            "sftp: {}: up to {most_outstanding} reads of {chunk} B outstanding (at most {})",
+            terminal_text::one_line(&e.path),
+            reads.most()
+        );
         let wrote = writer.await.unwrap_or_else(|j| Err(io::Error::other(j)));
         if let Err(err) = wrote {
             return Err(local_fail(err));
