@@ -11,6 +11,7 @@ mod cp;
 mod demo;
 mod escape_input;
 mod groups;
+mod heap;
 mod logging;
 mod remote_command;
 mod route;

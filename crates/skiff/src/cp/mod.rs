@@ -84,6 +84,7 @@ pub struct PlaneOptions {
 }
 
 pub fn run(args: CpArgs) -> i32 {
+    crate::heap::keep_freed_buffers();
     crate::logging::init_for_copy(args.conn.verbose, args.conn.log_file.as_deref());
     let plan = match plan(&args) {
         Ok(Planned::One(p)) => p,
