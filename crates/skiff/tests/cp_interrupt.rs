@@ -130,65 +130,25 @@ impl Env {
         }
     }
 
-    /// A sparse source file of `size` bytes.
     fn source(&self, size: u64) -> PathBuf {
-        let dir = self.root.path().join("src");
-        fs::create_dir_all(&dir).expect("mkdir src");
-        let path = dir.join("big");
-        fs::File::create(&path)
-            .and_then(|f| f.set_len(size))
-            .expect("make the source");
-        path
+        sparse_source(self.root.path(), size)
     }
 
-    /// A fresh directory the remote account owns.
     fn remote_dir(&self, name: &str) -> PathBuf {
-        let p = self.root.path().join(name);
-        fs::create_dir_all(&p).expect("mkdir remote");
-        let acct = account();
-        std::os::unix::fs::chown(&p, Some(acct.uid), Some(acct.gid)).expect("chown remote dir");
-        p
+        remote_dir(self.root.path(), name)
     }
 
-    /// A file the remote account owns, with random contents; their sum.
     fn old_file(&self, path: &Path) -> String {
-        let sum = random_file(path, 64 * 1024);
-        let acct = account();
-        std::os::unix::fs::chown(path, Some(acct.uid), Some(acct.gid)).expect("chown old file");
-        sum
+        old_file(path)
     }
 
     fn remote(&self, path: &Path) -> String {
-        format!("{}@127.0.0.1:{}", user(), path.display())
+        remote(path)
     }
 
-    /// `skiff cp -q ... ARGS` (without the agent unless `agent` says where
-    /// it lives), started.
+    /// `skiff cp -q ... ARGS` to this sshd (see [`spawn_cp`]).
     fn spawn_cp(&self, agent: Option<&AgentHome>, args: &[&str]) -> Running {
-        let mut cmd = Command::new(skiff_bin());
-        match agent {
-            Some(ah) => cmd
-                .env("SKIFF_AGENT", "on")
-                .env("XDG_RUNTIME_DIR", ah.runtime.path())
-                .env("XDG_STATE_HOME", ah.home.path().join("state")),
-            None => cmd.env("SKIFF_AGENT", "off"),
-        };
-        let child = cmd
-            .env_remove("SSH_AUTH_SOCK")
-            .env_remove("SSH_ASKPASS")
-            .env_remove("DISPLAY")
-            .env("HOME", self.home.path())
-            .args(["cp", "-q", "-F", "/dev/null", "-o", "BatchMode=yes", "-P"])
-            .arg(self.sshd.port().to_string())
-            .arg("-i")
-            .arg(&self.fx.client_key.private)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn skiff cp");
-        Running::new(child)
+        spawn_cp(&self.home, self.sshd.port(), &self.fx, agent, args)
     }
 
     /// `skiff cp -q --no-agent ARGS`, run to its end.
@@ -203,6 +163,42 @@ impl Env {
             self.channels()
         )
     }
+}
+
+/// `skiff cp -q ... ARGS` to the server on `port` that trusts `fx`'s
+/// client key (without the agent unless `agent` says where it lives),
+/// started.
+fn spawn_cp(
+    home: &ClientHome,
+    port: u16,
+    fx: &Fixture,
+    agent: Option<&AgentHome>,
+    args: &[&str],
+) -> Running {
+    let mut cmd = Command::new(skiff_bin());
+    match agent {
+        Some(ah) => cmd
+            .env("SKIFF_AGENT", "on")
+            .env("XDG_RUNTIME_DIR", ah.runtime.path())
+            .env("XDG_STATE_HOME", ah.home.path().join("state")),
+        None => cmd.env("SKIFF_AGENT", "off"),
+    };
+    let child = cmd
+        .env_remove("SSH_AUTH_SOCK")
+        .env_remove("SSH_ASKPASS")
+        .env_remove("DISPLAY")
+        .env("HOME", home.path())
+        .args(["cp", "-q", "-F", "/dev/null", "-o", "BatchMode=yes", "-P"])
+        .arg(port.to_string())
+        .arg("-i")
+        .arg(&fx.client_key.private)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn skiff cp");
+    Running::new(child)
 }
 
 /// A running `skiff`, its stderr gathered by a thread; killed and reaped
@@ -258,6 +254,38 @@ impl Drop for Running {
     }
 }
 
+/// A sparse source file of `size` bytes in `root/src`.
+fn sparse_source(root: &Path, size: u64) -> PathBuf {
+    let dir = root.join("src");
+    fs::create_dir_all(&dir).expect("mkdir src");
+    let path = dir.join("big");
+    fs::File::create(&path)
+        .and_then(|f| f.set_len(size))
+        .expect("make the source");
+    path
+}
+
+/// A fresh directory `root/name` the remote account owns.
+fn remote_dir(root: &Path, name: &str) -> PathBuf {
+    let p = root.join(name);
+    fs::create_dir_all(&p).expect("mkdir remote");
+    let acct = account();
+    std::os::unix::fs::chown(&p, Some(acct.uid), Some(acct.gid)).expect("chown remote dir");
+    p
+}
+
+/// A file the remote account owns, with random contents; their sum.
+fn old_file(path: &Path) -> String {
+    let sum = random_file(path, 64 * 1024);
+    let acct = account();
+    std::os::unix::fs::chown(path, Some(acct.uid), Some(acct.gid)).expect("chown old file");
+    sum
+}
+
+fn remote(path: &Path) -> String {
+    format!("{}@127.0.0.1:{}", user(), path.display())
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().expect("UTF-8 test path")
 }
@@ -295,6 +323,8 @@ struct Stop<'a> {
     streams: Option<&'a str>,
     /// Wait until this many SFTP channels have started.
     channels: usize,
+    /// The target's host as a node set of one (`127.0.0.[1]`).
+    node_set: bool,
 }
 
 impl Stop<'_> {
@@ -303,7 +333,10 @@ impl Stop<'_> {
     /// skiff to end; its exit code and stderr.
     fn run(&self, c: &str) -> (Option<i32>, String) {
         let source = self.env.source(BIG);
-        let target = self.env.remote(&self.dir.join("big"));
+        let mut target = self.env.remote(&self.dir.join("big"));
+        if self.node_set {
+            target = target.replacen("@127.0.0.1:", "@127.0.0.[1]:", 1);
+        }
         let mut args: Vec<&str> = Vec::new();
         if let Some(n) = self.streams {
             args.extend(["--streams", n]);
@@ -358,6 +391,7 @@ fn an_interrupted_upload_removes_its_temporary() {
         agent: None,
         streams: Some("1"),
         channels: 1,
+        node_set: false,
     };
     let c = env.ctx("SIGINT during a one-channel upload");
     let outcome = stop.run(&c);
@@ -378,6 +412,7 @@ fn an_interrupted_upload_over_several_channels_removes_its_temporary() {
         agent: None,
         streams: None,
         channels: 3,
+        node_set: false,
     };
     let c = env.ctx("SIGINT during an upload over several channels");
     let outcome = stop.run(&c);
@@ -399,6 +434,7 @@ fn an_interrupted_upload_through_the_agent_removes_its_temporary() {
         agent: Some(&ah),
         streams: None,
         channels: 3,
+        node_set: false,
     };
     let c = env.ctx("SIGINT during an upload through the agent");
     let outcome = stop.run(&c);
@@ -453,6 +489,40 @@ fn a_server_that_does_not_answer_does_not_hold_the_stop() {
     );
 }
 
+/// A second SIGINT while skiff waits for a server that does not answer
+/// ends the wait at once, saying how many temporaries were left. (The
+/// signal is sent again and again until skiff ends: the first may come
+/// before skiff listens for another.)
+#[test]
+fn a_second_interrupt_does_not_wait_for_the_server() {
+    let Some(env) = Env::new(Server::Paced) else {
+        return;
+    };
+    let dir = env.remote_dir("twice");
+    let source = env.source(BIG);
+    let target = env.remote(&dir.join("big"));
+    let c = env.ctx("two SIGINTs with the server's input frozen");
+    let mut skiff = env.spawn_cp(None, &["--streams", "1", s(&source), &target]);
+    wait_for(&mut skiff, &c, "temporary", || {
+        !temporaries(&dir).is_empty()
+    });
+    env.signal_pacers(libc::SIGSTOP);
+    let deadline = Instant::now() + PATIENCE;
+    while skiff.is_running() {
+        assert!(Instant::now() < deadline, "{c}: skiff did not end");
+        skiff.signal(libc::SIGINT);
+        thread::sleep(Duration::from_millis(20));
+    }
+    let (code, stderr) = skiff.wait(PATIENCE, &c);
+    env.signal_pacers(libc::SIGCONT);
+    let c = env.ctx(&c);
+    assert_eq!(code, Some(130), "{c}: exit status\n{stderr}");
+    assert!(
+        stderr.contains("interrupted again; 1 temporary file(s) left on the server"),
+        "{c}: says what it did not wait for\n{stderr}"
+    );
+}
+
 /// A file whose upload fails half-way (the server's write fails) removes
 /// its temporary, and the copy says which file failed (exit 1).
 #[test]
@@ -478,4 +548,94 @@ fn a_failed_upload_removes_its_temporary() {
             }
         }
     }
+}
+
+/// An upload to a node set (of one host, `--no-agent`): each host's copy
+/// holds its own connection, and its temporaries go all the same.
+#[test]
+fn an_interrupted_upload_to_a_node_set_removes_its_temporary() {
+    let Some(env) = Env::new(Server::Paced) else {
+        return;
+    };
+    let dir = env.remote_dir("set");
+    let old = env.old_file(&dir.join("big"));
+    let stop = Stop {
+        env: &env,
+        dir: dir.clone(),
+        agent: None,
+        streams: None,
+        channels: 3,
+        node_set: true,
+    };
+    let c = env.ctx("SIGINT during an upload to a node set");
+    let outcome = stop.run(&c);
+    check_stopped(&dir, &outcome, Some(&old), &env.ctx(&c));
+}
+
+/// An upload to skiffd stopped by SIGINT: over the data plane (`plane`)
+/// skiffd's transfer process writes the temporary, sees the client leave
+/// and removes it itself (soon after: polled); over SFTP (`DataPlane no`)
+/// skiff removes it, as with sshd.
+fn interrupt_an_upload_to_skiffd(plane: bool) {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let mut config = transfer_subsystem_config().unwrap_or_default();
+    config.push_str(&sftp_subsystem_config().unwrap_or_default());
+    if !plane {
+        config.push_str("DataPlane no\n");
+    }
+    let mut opts = SkiffdOptions::new(&fx.host_key, &fx.authorized_keys);
+    if !config.is_empty() {
+        opts = opts.config(&config);
+    }
+    let d = Skiffd::start_with(opts);
+    let home = ClientHome::new();
+    home.trust(d.port(), &fx.host_key);
+    let root = tempdir();
+    let dir = remote_dir(root.path(), "skiffd");
+    let old = old_file(&dir.join("big"));
+    // Sparse: read fast, but still seconds of copying at loopback speed.
+    let source = sparse_source(root.path(), 4 * BIG);
+    let target = remote(&dir.join("big"));
+    let how = if plane { "the data plane" } else { "SFTP" };
+    let c = ctx(&d, &format!("SIGINT during an upload to skiffd over {how}"));
+    let mut skiff = spawn_cp(&home, d.port(), &fx, None, &[s(&source), &target]);
+    wait_for(&mut skiff, &c, "temporary", || {
+        !temporaries(&dir).is_empty()
+    });
+    skiff.signal(libc::SIGINT);
+    let (code, stderr) = skiff.wait(PATIENCE, &c);
+    let c = ctx(&d, &c);
+    assert_eq!(code, Some(130), "{c}: exit status\n{stderr}");
+    let log = d.log();
+    let used = if plane { "mode aead" } else { "subsystem sftp" };
+    assert!(log.contains(used), "{c}: used {how}");
+    if plane {
+        let deadline = Instant::now() + PATIENCE;
+        while !temporaries(&dir).is_empty() {
+            let left = temporaries(&dir);
+            assert!(Instant::now() < deadline, "{c}: skiffd kept {left:?}");
+            thread::sleep(Duration::from_millis(20));
+        }
+    } else {
+        let left = temporaries(&dir);
+        assert!(left.is_empty(), "{c}: temporaries left: {left:?}\n{stderr}");
+    }
+    assert_eq!(
+        sha256(&dir.join("big")),
+        old,
+        "{c}: the old file was touched"
+    );
+}
+
+#[test]
+fn an_interrupted_data_plane_upload_leaves_no_temporary_on_skiffd() {
+    interrupt_an_upload_to_skiffd(true);
+}
+
+#[test]
+fn an_interrupted_sftp_upload_to_skiffd_removes_its_temporary() {
+    interrupt_an_upload_to_skiffd(false);
 }
