@@ -11,6 +11,11 @@
 //! server cannot see them in the other order. Only the exact names this
 //! process made (random per file) are ever removed: nothing is globbed.
 //!
+//! One registry serves every host of a copy (a node set's too); each
+//! host's SFTP copy works through a handle of its own
+//! ([`Temporaries::one_copy`]), so that one that fails as a whole removes
+//! its own temporaries and never another host's, still being written.
+//!
 //! [`Registry`] is the bookkeeping alone (no I/O); [`Temporaries`] holds
 //! one of SFTP sessions and does the removing, bounded by
 //! [`CLEANUP_LIMIT`] in all.
@@ -32,12 +37,17 @@ pub const CLEANUP_LIMIT: Duration = Duration::from_millis(2500);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Ticket(u64);
 
-/// Live temporaries: each with the host it is on (for messages), its exact
-/// path there, and the session `S` that created it.
+/// Which copy (one host's) a temporary belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyId(u64);
+
+/// Live temporaries: each with the copy it belongs to, the host it is on
+/// (for messages), its exact path there, and the session `S` that created
+/// it.
 #[derive(Debug)]
 pub struct Registry<S> {
     next: u64,
-    live: BTreeMap<Ticket, (String, String, S)>,
+    live: BTreeMap<Ticket, (CopyId, String, String, S)>,
 }
 
 impl<S> Default for Registry<S> {
@@ -50,12 +60,18 @@ impl<S> Default for Registry<S> {
 }
 
 impl<S> Registry<S> {
-    /// `path` on `host` is about to be created through `session`.
-    pub fn add(&mut self, host: &str, path: &str, session: S) -> Ticket {
-        let ticket = Ticket(self.next);
+    /// A number for one more copy (none of whose temporaries is live yet).
+    pub fn new_copy(&mut self) -> CopyId {
         self.next += 1;
+        CopyId(self.next)
+    }
+
+    /// `path` on `host` is about to be created through `session`, by `copy`.
+    pub fn add(&mut self, copy: CopyId, host: &str, path: &str, session: S) -> Ticket {
+        self.next += 1;
+        let ticket = Ticket(self.next);
         self.live
-            .insert(ticket, (host.to_string(), path.to_string(), session));
+            .insert(ticket, (copy, host.to_string(), path.to_string(), session));
         ticket
     }
 
@@ -75,10 +91,23 @@ impl<S> Registry<S> {
         self.live.is_empty()
     }
 
-    /// Every live temporary, oldest first, leaving none behind (so that
-    /// nothing keeps their sessions open once they are dealt with).
-    pub fn take_all(&mut self) -> Vec<(String, String, S)> {
-        std::mem::take(&mut self.live).into_values().collect()
+    /// Whether `copy` has a live temporary.
+    pub fn has(&self, copy: CopyId) -> bool {
+        self.live.values().any(|(c, ..)| *c == copy)
+    }
+
+    /// Every live temporary (of `copy` only, if given), oldest first,
+    /// leaving none of them behind (so that nothing keeps their sessions
+    /// open once they are dealt with).
+    pub fn take(&mut self, copy: Option<CopyId>) -> Vec<(String, String, S)> {
+        let (taken, kept) = std::mem::take(&mut self.live)
+            .into_iter()
+            .partition(|(_, (c, ..))| copy.is_none_or(|wanted| *c == wanted));
+        self.live = kept;
+        taken
+            .into_values()
+            .map(|(_, host, path, session)| (host, path, session))
+            .collect()
     }
 }
 
@@ -92,12 +121,14 @@ pub struct Cleanup {
 }
 
 /// The remote temporaries of one `skiff cp` (all its hosts): cheap to
-/// clone, every clone the same registry. Make one per copy and pass it to
-/// [`super::copy`] (or [`super::sftp::copy_on`]); after the copy was
-/// stopped, call [`Temporaries::remove_all`] before exiting.
+/// clone, every clone the same registry. Make one per `skiff cp` and pass
+/// it to [`super::copy`] (or [`super::sftp::copy_on`]) for each host; after
+/// the copy was stopped, call [`Temporaries::remove_all`] before exiting.
 #[derive(Clone, Default)]
 pub struct Temporaries {
     inner: Arc<Mutex<Registry<Arc<RawSftpSession>>>>,
+    /// The one host's copy this handle adds for ([`Temporaries::one_copy`]).
+    copy: Option<CopyId>,
 }
 
 impl std::fmt::Debug for Temporaries {
@@ -119,9 +150,22 @@ impl Temporaries {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// `path` on `host` is about to be created through `session`.
+    /// A handle on the same registry for one host's copy: what it adds is
+    /// its own ([`Temporaries::remove_own`]).
+    pub(crate) fn one_copy(&self) -> Temporaries {
+        Temporaries {
+            inner: self.inner.clone(),
+            copy: Some(self.registry().new_copy()),
+        }
+    }
+
+    /// `path` on `host` is about to be created through `session`. (A
+    /// handle that is not [`Temporaries::one_copy`]'s adds as a copy of
+    /// its own.)
     pub(crate) fn add(&self, host: &str, path: &str, session: &Arc<RawSftpSession>) -> Ticket {
-        self.registry().add(host, path, session.clone())
+        let mut registry = self.registry();
+        let copy = self.copy.unwrap_or_else(|| registry.new_copy());
+        registry.add(copy, host, path, session.clone())
     }
 
     /// The temporary is renamed into place or was removed.
@@ -139,13 +183,31 @@ impl Temporaries {
         self.registry().is_empty()
     }
 
-    /// Removes every live temporary over the session that created it, all
-    /// at once, for at most [`CLEANUP_LIMIT`]; then forgets them all, so
-    /// their sessions close. A name the server no longer has counts as
-    /// removed (it was renamed into place just before the stop, or never
-    /// created).
+    /// Whether this handle's copy ([`Temporaries::one_copy`]) has a live
+    /// temporary.
+    pub(crate) fn has_own(&self) -> bool {
+        self.copy.is_some_and(|c| self.registry().has(c))
+    }
+
+    /// [`Temporaries::remove_all`] for this handle's copy only.
+    pub(crate) async fn remove_own(&self) -> Cleanup {
+        match self.copy {
+            Some(copy) => self.remove(Some(copy)).await,
+            None => Cleanup::default(),
+        }
+    }
+
+    /// Removes every live temporary (every host's) over the session that
+    /// created it, all at once, for at most [`CLEANUP_LIMIT`]; then
+    /// forgets them all, so their sessions close. A name the server no
+    /// longer has counts as removed (it was renamed into place just before
+    /// the stop, or never created).
     pub async fn remove_all(&self) -> Cleanup {
-        let live = self.registry().take_all();
+        self.remove(None).await
+    }
+
+    async fn remove(&self, copy: Option<CopyId>) -> Cleanup {
+        let live = self.registry().take(copy);
         if live.is_empty() {
             return Cleanup::default();
         }
@@ -192,15 +254,16 @@ mod tests {
     #[test]
     fn settled_temporaries_are_not_removed() {
         let mut r = Registry::default();
-        let a = r.add("h", "d/.a.skiff-01", 1);
-        let b = r.add("h", "d/.b.skiff-02", 2);
-        let c = r.add("g", "/x/.c.skiff-03", 1);
+        let one = r.new_copy();
+        let a = r.add(one, "h", "d/.a.skiff-01", 1);
+        let b = r.add(one, "h", "d/.b.skiff-02", 2);
+        let c = r.add(one, "g", "/x/.c.skiff-03", 1);
         assert_eq!(r.len(), 3);
         r.settle(b);
         // Settling twice (a clean-up after a failure, then again) is harmless.
         r.settle(b);
         assert_eq!(
-            r.take_all(),
+            r.take(None),
             [
                 ("h".to_string(), "d/.a.skiff-01".to_string(), 1),
                 ("g".to_string(), "/x/.c.skiff-03".to_string(), 1)
@@ -209,18 +272,35 @@ mod tests {
         // Taken means gone: a second clean-up has nothing to do, and
         // settling an entry already taken changes nothing.
         assert!(r.is_empty());
-        assert!(r.take_all().is_empty());
+        assert!(r.take(None).is_empty());
         r.settle(a);
         r.settle(c);
         assert!(r.is_empty());
     }
 
     #[test]
+    fn one_copy_takes_only_its_own() {
+        let mut r = Registry::default();
+        let (one, two) = (r.new_copy(), r.new_copy());
+        assert_ne!(one, two);
+        r.add(one, "a", "p1", ());
+        r.add(two, "b", "p2", ());
+        r.add(one, "a", "p3", ());
+        assert!(r.has(one) && r.has(two));
+        let names = |v: Vec<(String, String, ())>| v.into_iter().map(|e| e.1).collect::<Vec<_>>();
+        assert_eq!(names(r.take(Some(one))), ["p1", "p3"]);
+        assert!(!r.has(one));
+        assert_eq!(r.len(), 1);
+        assert_eq!(names(r.take(None)), ["p2"]);
+    }
+
+    #[test]
     fn tickets_are_never_reused() {
         let mut r = Registry::default();
-        let a = r.add("h", "p", ());
+        let copy = r.new_copy();
+        let a = r.add(copy, "h", "p", ());
         r.settle(a);
-        let b = r.add("h", "p", ());
+        let b = r.add(copy, "h", "p", ());
         assert_ne!(a, b);
         // The old ticket does not settle the new entry with the same name.
         r.settle(a);
@@ -232,5 +312,8 @@ mod tests {
         let t = Temporaries::new();
         assert!(t.is_empty());
         assert_eq!(t.remove_all().await, Cleanup::default());
+        let own = t.one_copy();
+        assert!(!own.has_own());
+        assert_eq!(own.remove_own().await, Cleanup::default());
     }
 }

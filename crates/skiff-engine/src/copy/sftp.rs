@@ -123,10 +123,10 @@ impl MoreChannels for DirectChannels<'_> {
 /// channels ([`sftp_channels::DEFAULT_CHANNELS`] when `None`).
 /// The copy fails once the server has sent nothing for the connection's
 /// keepalive budget ([`crate::ConnectSettings::progress_budget`]). An
-/// upload's temporaries are in `temps` while they are being written; those
-/// of a copy that fails as a whole are removed before this returns, those
-/// of one dropped unfinished are the caller's to remove
-/// ([`Temporaries::remove_all`]).
+/// upload's temporaries are in `temps` while they are being written; any
+/// still there when the copy ends (one that failed as a whole) are removed
+/// before this returns, those of a copy dropped unfinished are the
+/// caller's to remove ([`Temporaries::remove_all`]).
 pub async fn copy(
     conn: &Connection,
     job: &CopyJob,
@@ -136,6 +136,7 @@ pub async fn copy(
 ) -> Result<CopyReport, SkiffError> {
     let heard = Heard::default();
     let direct = DirectChannels(conn);
+    let temps = &temps.one_copy();
     let copying = async {
         let mut sftp = Sftp::open(conn, &heard, temps).await?;
         sftp.more = Some(&direct);
@@ -150,13 +151,14 @@ pub async fn copy(
 }
 
 /// A copy that ended in an error (the watchdog's, say, which drops the
-/// copy mid-file) leaves no temporary behind it that can still be removed.
+/// copy mid-file, or a lost session, which drops the files in flight)
+/// leaves no temporary of its own behind that can still be removed.
 async fn finish(
     copied: Result<CopyReport, SkiffError>,
     temps: &Temporaries,
 ) -> Result<CopyReport, SkiffError> {
-    if copied.is_err() && !temps.is_empty() {
-        let cleanup = temps.remove_all().await;
+    if temps.has_own() {
+        let cleanup = temps.remove_own().await;
         for left in &cleanup.left {
             tracing::debug!("temporary not removed: {left}");
         }
@@ -184,6 +186,7 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let heard = Heard::default();
+    let temps = &temps.one_copy();
     let copying = async {
         let mut sftp =
             Sftp::start(heard.listen(stream), host.to_string(), None, &heard, temps).await?;
