@@ -169,6 +169,29 @@ pub fn require_tool(tool: &str, package: &str) -> bool {
     false
 }
 
+/// Where distributions put OpenSSH's `sftp-server`.
+const SFTP_SERVERS: &[&str] = &[
+    "/usr/lib/openssh/sftp-server",
+    "/usr/libexec/openssh/sftp-server",
+    "/usr/libexec/sftp-server",
+    "/usr/lib/ssh/sftp-server",
+];
+
+/// OpenSSH's `sftp-server` (for tests that wrap it in a `Subsystem sftp`
+/// script of their own), or `None` when it is missing: a failure under CI,
+/// elsewhere a notice, and the caller returns.
+pub fn openssh_sftp_server() -> Option<&'static str> {
+    if let Some(p) = SFTP_SERVERS.iter().find(|p| Path::new(p).is_file()) {
+        return Some(p);
+    }
+    let msg = format!("test needs OpenSSH's sftp-server (one of {SFTP_SERVERS:?})");
+    if in_ci() {
+        panic!("{msg}; CI=true so this test refuses to skip");
+    }
+    eprintln!("NOTICE: skipping test: {msg}");
+    None
+}
+
 /// True when the tests run as root (uid 0).
 pub fn is_root() -> bool {
     static ROOT: OnceLock<bool> = OnceLock::new();

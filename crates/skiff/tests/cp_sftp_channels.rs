@@ -18,27 +18,6 @@ use tempfile::TempDir;
 
 const MIB: usize = 1024 * 1024;
 
-/// Where distributions put OpenSSH's `sftp-server`.
-const SFTP_SERVERS: &[&str] = &[
-    "/usr/lib/openssh/sftp-server",
-    "/usr/libexec/openssh/sftp-server",
-    "/usr/libexec/sftp-server",
-    "/usr/lib/ssh/sftp-server",
-];
-
-/// OpenSSH's `sftp-server`, or `None` (a failure under CI) when it is missing.
-fn sftp_server() -> Option<&'static str> {
-    if let Some(p) = SFTP_SERVERS.iter().find(|p| Path::new(p).is_file()) {
-        return Some(p);
-    }
-    let msg = format!("test needs OpenSSH's sftp-server (one of {SFTP_SERVERS:?})");
-    if in_ci() {
-        panic!("{msg}; CI=true so this test refuses to skip");
-    }
-    eprintln!("NOTICE: skipping test: {msg}");
-    None
-}
-
 /// A private sshd whose sftp subsystem counts its starts, a client HOME
 /// that trusts it, and a scratch directory.
 struct Env {
@@ -57,7 +36,7 @@ impl Env {
         if !require_openssh() {
             return None;
         }
-        let real = sftp_server()?;
+        let real = openssh_sftp_server()?;
         let wrapping = tempdir();
         let counter = wrapping.path().join("count");
         write_file(&counter, "", 0o666);

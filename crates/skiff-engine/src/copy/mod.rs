@@ -4,8 +4,11 @@
 //! the SFTP backend ([`sftp`]) with any other SSH server: [`copy`] decides,
 //! and [`sftp_fallback_notice`] says what the user is told when it falls
 //! back. Local files are walked, placed and written with `skiff_files`.
+//! The remote temporaries of an SFTP upload in progress are kept in
+//! [`Temporaries`], which removes them after a copy that was stopped.
 
 pub mod dataplane;
+pub mod leftovers;
 pub mod read_ahead;
 pub mod sftp;
 pub mod sftp_channels;
@@ -17,6 +20,8 @@ use std::time::Duration;
 use skiff_proto::terminal_text;
 
 use crate::error::{ErrorKind, SkiffError};
+
+pub use leftovers::{Cleanup, Temporaries};
 
 /// Which way the files go, and between which paths.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,12 +67,16 @@ impl CopyJob {
 /// Copies `job` on `conn` over the skiff data plane when the server offers
 /// one, else over SFTP; `notice` gets the line the user should see when
 /// the fallback weakens what was asked for ([`sftp_fallback_notice`]).
+/// An SFTP upload's temporaries are in `temps` while they are written:
+/// after stopping the copy unfinished, remove them with
+/// [`Temporaries::remove_all`].
 pub async fn copy(
     conn: &crate::Connection,
     job: &CopyJob,
     options: &dataplane::PlaneOptions,
     progress: &dyn Progress,
     notice: &(dyn Fn(&str) + Sync),
+    temps: &Temporaries,
 ) -> Result<CopyReport, SkiffError> {
     if let Some(report) = dataplane::copy(conn, job, options, progress).await? {
         return Ok(report);
@@ -80,7 +89,7 @@ pub async fn copy(
         notice(&line);
     }
     let channels = options.streams.map(|n| n as usize);
-    sftp::copy(conn, job, channels, progress).await
+    sftp::copy(conn, job, channels, progress, temps).await
 }
 
 /// What the user is told when `host` has no skiff data plane and a copy

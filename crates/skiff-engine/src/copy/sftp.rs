@@ -20,7 +20,10 @@
 //!   server offers `fsync@openssh.com`, and renamed over the final name with
 //!   `posix-rename@openssh.com` (plain rename otherwise); local files are
 //!   written through [`skiff_files::AtomicFile`]. An interrupted copy never
-//!   leaves a truncated file under the final name.
+//!   leaves a truncated file under the final name. Each remote temporary
+//!   is in the copy's [`Temporaries`] from just before it is created until
+//!   it is renamed or removed, so that a copy stopped from outside can have
+//!   it removed; a file that fails removes its own.
 //! * scp's semantics: target placement, `-r`, `-p` (mode and times; SFTP
 //!   carries whole seconds), symlinks followed, relative remote paths
 //!   relative to the login directory, `~/` accepted.
@@ -37,6 +40,7 @@
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use russh::ChannelMsg;
@@ -49,6 +53,7 @@ use skiff_files::{
 };
 use skiff_proto::terminal_text;
 
+use super::leftovers::Temporaries;
 use super::read_ahead::ReadAhead;
 use super::sftp_channels;
 use super::watchdog::Heard;
@@ -119,31 +124,56 @@ impl MoreChannels for DirectChannels<'_> {
 /// Copies `job` over SFTP on `conn`; an upload uses up to `channels`
 /// channels ([`sftp_channels::DEFAULT_CHANNELS`] when `None`).
 /// The copy fails once the server has sent nothing for the connection's
-/// keepalive budget ([`crate::ConnectSettings::progress_budget`]).
+/// keepalive budget ([`crate::ConnectSettings::progress_budget`]). An
+/// upload's temporaries are in `temps` while they are being written; any
+/// still there when the copy ends (one that failed as a whole) are removed
+/// before this returns, those of a copy dropped unfinished are the
+/// caller's to remove ([`Temporaries::remove_all`]).
 pub async fn copy(
     conn: &Connection,
     job: &CopyJob,
     channels: Option<usize>,
     progress: &dyn Progress,
+    temps: &Temporaries,
 ) -> Result<CopyReport, SkiffError> {
     let heard = Heard::default();
     let direct = DirectChannels(conn);
+    let temps = &temps.one_copy();
     let copying = async {
-        let mut sftp = Sftp::open(conn, &heard).await?;
+        let mut sftp = Sftp::open(conn, &heard, temps).await?;
         sftp.more = Some(&direct);
         sftp.channels = channels;
         run(sftp, job, progress).await
     };
     let host = &conn.settings.original_host;
-    heard
+    let copied = heard
         .watch(copying, conn.settings.progress_budget(), host)
-        .await
+        .await;
+    finish(copied, temps).await
+}
+
+/// A copy that ended in an error (the watchdog's, say, which drops the
+/// copy mid-file, or a lost session, which drops the files in flight)
+/// leaves no temporary of its own behind that can still be removed.
+async fn finish(
+    copied: Result<CopyReport, SkiffError>,
+    temps: &Temporaries,
+) -> Result<CopyReport, SkiffError> {
+    if temps.has_own() {
+        let cleanup = temps.remove_own().await;
+        for left in &cleanup.left {
+            tracing::debug!("temporary not removed: {left}");
+        }
+    }
+    copied
 }
 
 /// Copies `job` over an SFTP subsystem already started on `stream` (a
 /// channel the agent holds, say). `host` names the server in messages;
 /// `stall` is how long the server may stay silent (see [`copy`]); an
-/// upload may add up to `channels` − 1 channels from `more`.
+/// upload may add up to `channels` − 1 channels from `more`; its
+/// temporaries are in `temps` (see [`copy`]).
+#[allow(clippy::too_many_arguments)]
 pub async fn copy_on<S>(
     stream: S,
     host: &str,
@@ -152,18 +182,22 @@ pub async fn copy_on<S>(
     more: Option<&dyn MoreChannels>,
     channels: Option<usize>,
     progress: &dyn Progress,
+    temps: &Temporaries,
 ) -> Result<CopyReport, SkiffError>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let heard = Heard::default();
+    let temps = &temps.one_copy();
     let copying = async {
-        let mut sftp = Sftp::start(heard.listen(stream), host.to_string(), None, &heard).await?;
+        let mut sftp =
+            Sftp::start(heard.listen(stream), host.to_string(), None, &heard, temps).await?;
         sftp.more = more;
         sftp.channels = channels;
         run(sftp, job, progress).await
     };
-    heard.watch(copying, stall, host).await
+    let copied = heard.watch(copying, stall, host).await;
+    finish(copied, temps).await
 }
 
 /// How every SFTP session of a copy is run.
@@ -390,7 +424,8 @@ where
 struct Sftp<'a> {
     /// The connection, when this process holds it (not through the agent).
     conn: Option<&'a Connection>,
-    raw: RawSftpSession,
+    /// Shared with `temps` while a temporary it created is live.
+    raw: Arc<RawSftpSession>,
     /// Where an upload's extra channels come from (none: one channel).
     more: Option<&'a dyn MoreChannels>,
     /// `--streams`: most channels an upload uses.
@@ -405,11 +440,17 @@ struct Sftp<'a> {
     expand_path: bool,
     /// What the server sent, for the copy's watchdog.
     heard: Heard,
+    /// The remote temporaries being written.
+    temps: &'a Temporaries,
 }
 
 impl<'a> Sftp<'a> {
     /// Opens a session channel, starts the `sftp` subsystem and negotiates.
-    async fn open(conn: &'a Connection, heard: &Heard) -> Result<Sftp<'a>, SkiffError> {
+    async fn open(
+        conn: &'a Connection,
+        heard: &Heard,
+        temps: &'a Temporaries,
+    ) -> Result<Sftp<'a>, SkiffError> {
         // Paths are shown as `host:path` with the host as typed.
         let host = conn.settings.original_host.clone();
         // The data-plane probe's channel, refused a moment ago, may still
@@ -428,7 +469,14 @@ impl<'a> Sftp<'a> {
                 other => break other?,
             }
         };
-        Self::start(heard.listen(channel.into_stream()), host, Some(conn), heard).await
+        Self::start(
+            heard.listen(channel.into_stream()),
+            host,
+            Some(conn),
+            heard,
+            temps,
+        )
+        .await
     }
 
     /// Negotiates SFTP on a stream where the subsystem has started.
@@ -437,6 +485,7 @@ impl<'a> Sftp<'a> {
         host: String,
         conn: Option<&'a Connection>,
         heard: &Heard,
+        temps: &'a Temporaries,
     ) -> Result<Sftp<'a>, SkiffError>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -480,7 +529,7 @@ impl<'a> Sftp<'a> {
         );
         Ok(Sftp {
             conn,
-            raw,
+            raw: Arc::new(raw),
             more: None,
             channels: None,
             limits: stated,
@@ -491,6 +540,7 @@ impl<'a> Sftp<'a> {
             expand_path: has(russh_sftp::extensions::EXPAND_PATH),
             host,
             heard: heard.clone(),
+            temps,
         })
     }
 
@@ -636,7 +686,7 @@ impl<'a> Sftp<'a> {
 
     /// Up to `n` more SFTP sessions, all opened at once; those the server
     /// refuses (or that fail to start) are done without.
-    async fn open_extras(&self, n: usize) -> Vec<RawSftpSession> {
+    async fn open_extras(&self, n: usize) -> Vec<Arc<RawSftpSession>> {
         let Some(more) = self.more.filter(|_| n > 0) else {
             return Vec::new();
         };
@@ -653,7 +703,7 @@ impl<'a> Sftp<'a> {
                     if let Some(limits) = self.limits {
                         raw.set_limits(limits);
                     }
-                    extras.push(raw);
+                    extras.push(Arc::new(raw));
                 }
                 Err(why) => {
                     tracing::debug!("{}: one more SFTP channel not opened: {why}", self.host)
@@ -735,19 +785,20 @@ impl<'a> Sftp<'a> {
     async fn upload_files(
         &self,
         files: Vec<(&Entry, String)>,
-        extras: &[RawSftpSession],
+        extras: &[Arc<RawSftpSession>],
         job: &CopyJob,
         progress: &dyn Progress,
         report: &mut CopyReport,
     ) -> Result<(), SkiffError> {
-        let sessions: Vec<&RawSftpSession> = std::iter::once(&self.raw).chain(extras).collect();
+        let sessions: Vec<&Arc<RawSftpSession>> =
+            std::iter::once(&self.raw).chain(extras).collect();
         let channels = sessions.len();
         let sessions = &sessions;
         let at_once = sftp_channels::files_at_once(channels, FILES_AT_ONCE);
         let numbered: Vec<_> = files.into_iter().enumerate().collect();
         let mut running = files_at_once(numbered, at_once, |(nth, (e, remote))| async move {
             let home = sftp_channels::home_channel(nth, channels);
-            let lanes: Vec<&RawSftpSession> = sftp_channels::file_lanes(
+            let lanes: Vec<&Arc<RawSftpSession>> = sftp_channels::file_lanes(
                 home,
                 sftp_channels::lanes_for_file(e.size, channels),
                 channels,
@@ -807,7 +858,7 @@ impl<'a> Sftp<'a> {
         remote: &str,
         preserve: bool,
         progress: &dyn Progress,
-        lanes: &[&RawSftpSession],
+        lanes: &[&Arc<RawSftpSession>],
     ) -> Result<u64, Fail> {
         let local_fail = |err: io::Error| Fail::File(FileError::io(&e.source, &err).to_string());
         let file = std::fs::File::open(&e.source).map_err(local_fail)?;
@@ -816,12 +867,37 @@ impl<'a> Sftp<'a> {
             None => (&self.raw, &[][..]),
         };
         let temp = remote_temp_name(remote);
+        // Live from before the server is asked to create it: a stop at any
+        // point after this has it removed (see `leftovers`).
+        let ticket = self.temps.add(&self.host, &temp, home);
+        let result = self
+            .write_temp(file, e, &temp, remote, preserve, progress, home, others)
+            .await;
+        self.temps.settle(ticket);
+        result
+    }
+
+    /// [`Sftp::upload_file`] once its temporary is named: creates it on
+    /// `home`, writes it through `home` and `others`, renames it into
+    /// place; a failure removes it (best effort).
+    #[allow(clippy::too_many_arguments)]
+    async fn write_temp(
+        &self,
+        file: std::fs::File,
+        e: &Entry,
+        temp: &str,
+        remote: &str,
+        preserve: bool,
+        progress: &dyn Progress,
+        home: &RawSftpSession,
+        others: &[&Arc<RawSftpSession>],
+    ) -> Result<u64, Fail> {
         let attrs = FileAttributes {
             permissions: Some(e.mode & 0o777),
             ..FileAttributes::empty()
         };
         let flags = OpenFlags::WRITE | OpenFlags::CREATE | OpenFlags::EXCLUDE;
-        let handle = match home.open(temp.as_str(), flags, attrs).await {
+        let handle = match home.open(temp, flags, attrs).await {
             Ok(h) => h.handle,
             Err(err) => return Err(self.fail(remote, err)),
         };
@@ -829,12 +905,9 @@ impl<'a> Sftp<'a> {
         // creating it: once it is removed, none can bring it back).
         let mut helpers: Vec<(&RawSftpSession, String)> = Vec::new();
         let mut result = Ok(0);
-        let opening = others.iter().map(|raw| {
-            let temp = temp.as_str();
-            async move {
-                let opened = raw.open(temp, OpenFlags::WRITE, FileAttributes::empty());
-                (*raw, opened.await)
-            }
+        let opening = others.iter().map(|raw| async move {
+            let opened = raw.open(temp, OpenFlags::WRITE, FileAttributes::empty());
+            (&***raw, opened.await)
         });
         for (raw, opened) in futures::future::join_all(opening).await {
             match opened {
@@ -857,7 +930,7 @@ impl<'a> Sftp<'a> {
                     &mut helpers,
                     &mut closed,
                     e,
-                    &temp,
+                    temp,
                     remote,
                     preserve,
                     progress,
@@ -875,7 +948,7 @@ impl<'a> Sftp<'a> {
             if !closed {
                 let _ = home.close(handle.as_str()).await;
             }
-            let _ = home.remove(temp.as_str()).await;
+            let _ = home.remove(temp).await;
         }
         result
     }

@@ -22,7 +22,7 @@
 use std::io::IsTerminal;
 use std::sync::Arc;
 
-use skiff_engine::copy::{CopyJob, CopyReport, Direction, NoProgress, Progress};
+use skiff_engine::copy::{CopyJob, CopyReport, Direction, NoProgress, Progress, Temporaries};
 use skiff_engine::fanout::{self, FanoutOptions, HostWork, Pace, RunEvent, Target};
 use skiff_engine::{prompt_screen, ConnectSettings, Destination, SkiffError};
 use skiff_proto::{nodeset, terminal_text};
@@ -109,7 +109,9 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
         })
         .unzip();
     let labels: Vec<String> = targets.iter().map(|t| t.label.clone()).collect();
+    let temps = Temporaries::new();
     let work = Arc::new(CopyToHosts {
+        temps: temps.clone(),
         plans,
         plane: super::plane_of(args),
         progress: match &bar {
@@ -127,7 +129,8 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
         let (events, mut received) = tokio::sync::mpsc::channel(64);
         // Stopped by a signal, listened for from the start so that one
         // between two hosts counts; the copies in progress are then dropped,
-        // which removes the temporaries of files not complete.
+        // which removes the local temporaries of files not complete, and
+        // the remote ones are removed over the channels still open.
         let copies = fanout::fan_out(targets, options, work, events, super::interrupted());
         tokio::pin!(copies);
         let mut results = Vec::new();
@@ -154,7 +157,7 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
             }
         };
         if let Some(signal) = stopped {
-            return Err(signal);
+            return Err((signal, super::remove_temporaries(&temps).await));
         }
         // Every host is done: what they said last is still queued.
         while let Some(event) = received.recv().await {
@@ -168,10 +171,7 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
     runtime.shutdown_background();
     match results {
         Ok(results) => summarize(&plan.hosts, &results),
-        Err(signal) => {
-            eprintln!("skiff: interrupted; files not yet complete were not written");
-            128 + signal
-        }
+        Err((signal, removal)) => super::report_stop(signal, &removal),
     }
 }
 
@@ -196,6 +196,8 @@ struct CopyToHosts {
     plane: PlaneOptions,
     progress: Arc<dyn Progress>,
     use_agent: bool,
+    /// Every host's remote temporaries in progress.
+    temps: Temporaries,
 }
 
 impl HostWork for CopyToHosts {
@@ -220,7 +222,8 @@ impl HostWork for CopyToHosts {
         }
         if self.use_agent {
             if let Some(result) =
-                super::one_host::via_agent(plan, &settings, &self.plane, progress).await
+                super::one_host::via_agent(plan, &settings, &self.plane, progress, &self.temps)
+                    .await
             {
                 return result;
             }
@@ -230,7 +233,15 @@ impl HostWork for CopyToHosts {
         for text in conn.notices.drain(..) {
             let _ = events.send(RunEvent::Notice { host, text }).await;
         }
-        super::one_host::copy_over(&conn, &settings, &plan.job, &self.plane, progress).await
+        super::one_host::copy_over(
+            &conn,
+            &settings,
+            &plan.job,
+            &self.plane,
+            progress,
+            &self.temps,
+        )
+        .await
     }
 }
 

@@ -2,7 +2,9 @@
 //! syntax (`[user@]host:path`, `-r`, `-p`, `-P PORT`), or to every host of
 //! a node set (`web[01-20]:path`, see [`many_hosts`]). Exit status: 0 when
 //! every file was copied, 1 when any failed (each named on stderr), 255
-//! when skiff could not connect or authenticate.
+//! when skiff could not connect or authenticate, 128+N when stopped by
+//! signal N (after the remote temporaries of files not complete were
+//! removed: [`stopped`]).
 //!
 //! This module holds the command line and the dispatch; [`plan`] reads the
 //! paths into a job and a destination, [`one_host`] copies to or from one
@@ -19,7 +21,7 @@ mod progress;
 use std::io::IsTerminal;
 
 use clap::{Args, ValueEnum};
-use skiff_engine::copy::CopyReport;
+use skiff_engine::copy::{Cleanup, CopyReport, Temporaries};
 use skiff_proto::terminal_text::one_line;
 
 use crate::cli_connect::ConnectArgs;
@@ -112,12 +114,8 @@ pub fn run(args: CpArgs) -> i32 {
     ));
     runtime.shutdown_background();
     match result {
-        Ok(Finish::Interrupted(signal)) => {
-            // Files not complete were never renamed into place, and their
-            // local temporaries are gone; remote ones may remain.
-            eprintln!("skiff: interrupted; files not yet complete were not written");
-            128 + signal
-        }
+        Ok(Finish::Interrupted(signal, cleanup)) => report_stop(signal, &cleanup),
+
         Ok(Finish::Done(report)) => {
             tracing::debug!(
                 "copied {} files and {} directories, {} bytes; {} failed",
@@ -172,8 +170,55 @@ pub(crate) fn agent_wanted(args: &CpArgs) -> bool {
 /// How a copy ended, short of an error.
 enum Finish {
     Done(CopyReport),
-    /// Stopped by this signal (INT, TERM or HUP).
-    Interrupted(i32),
+    /// Stopped by this signal (INT, TERM or HUP), and what became of the
+    /// remote temporaries.
+    Interrupted(i32, Removal),
+}
+
+/// What became of a stopped copy's remote temporaries.
+pub(crate) enum Removal {
+    /// Removed, or named as left (the engine's time limit ran out).
+    Done(Cleanup),
+    /// A second signal came first: these many were not waited for.
+    Skipped(usize),
+}
+
+/// A copy was stopped by `signal` (its future dropped): removes the remote
+/// temporaries it left, for as long as the engine allows, unless another
+/// signal says not to wait.
+async fn stopped(signal: i32, temps: &Temporaries) -> Finish {
+    Finish::Interrupted(signal, remove_temporaries(temps).await)
+}
+
+/// See [`stopped`].
+pub(crate) async fn remove_temporaries(temps: &Temporaries) -> Removal {
+    let live = temps.len();
+    if live == 0 {
+        return Removal::Done(Cleanup::default());
+    }
+    tokio::select! {
+        cleanup = temps.remove_all() => Removal::Done(cleanup),
+        _ = interrupted() => Removal::Skipped(live),
+    }
+}
+
+/// Says that the copy was stopped by `signal`, and what is left on the
+/// server; the exit status (128 + signal).
+pub(crate) fn report_stop(signal: i32, removal: &Removal) -> i32 {
+    // Files not complete were never renamed into place, and their local
+    // temporaries are gone.
+    eprintln!("skiff: interrupted; files not yet complete were not written");
+    match removal {
+        Removal::Done(cleanup) => {
+            for left in &cleanup.left {
+                eprintln!("skiff: temporary not removed: {}", one_line(left));
+            }
+        }
+        Removal::Skipped(n) => {
+            eprintln!("skiff: interrupted again; {n} temporary file(s) left on the server")
+        }
+    }
+    128 + signal
 }
 
 /// Waits for SIGINT, SIGTERM or SIGHUP and returns its number.

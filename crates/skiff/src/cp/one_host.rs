@@ -1,14 +1,16 @@
 //! One host's copy: through the agent's warm connection when there is one
 //! (the agent opens the subsystem, the data plane's streams go straight to
 //! the server), else on a connection of its own; Ctrl-C and friends stop
-//! it with the temporaries of files not complete removed.
+//! it with the temporaries of files not complete removed (the local ones
+//! as the copy is dropped, the remote ones through the engine's
+//! [`Temporaries`] while the connection is still open).
 
-use skiff_engine::copy::{CopyJob, CopyReport, NoProgress, Progress};
+use skiff_engine::copy::{CopyJob, CopyReport, NoProgress, Progress, Temporaries};
 use skiff_engine::{Connection, Destination, ErrorKind, SkiffError};
 
 use super::plan::Plan;
 use super::progress::Bar;
-use super::{interrupted, CipherMode, Finish, PlaneOptions};
+use super::{interrupted, stopped, CipherMode, Finish, PlaneOptions};
 
 pub(super) async fn cp_main(
     plan: &Plan,
@@ -28,12 +30,14 @@ pub(super) async fn cp_main(
         }
         report.map(Finish::Done)
     };
+    let temps = Temporaries::new();
     if use_agent {
-        // Stopping the copy drops it, which removes the temporaries of
-        // files not complete and closes the agent's channel.
+        // Stopping the copy drops it, which removes the local temporaries
+        // of files not complete; the remote ones are removed over the
+        // agent's channels, which stay open until then.
         let through_agent = tokio::select! {
-            r = via_agent(plan, &settings, plane, progress) => r,
-            signal = interrupted() => return Ok(Finish::Interrupted(signal)),
+            r = via_agent(plan, &settings, plane, progress, &temps) => r,
+            signal = interrupted() => return Ok(stopped(signal, &temps).await),
         };
         if let Some(report) = through_agent {
             return finish(report);
@@ -52,8 +56,8 @@ pub(super) async fn cp_main(
     // Only once connected: a passphrase prompt keeps the default signal
     // handling (and so its terminal restored).
     tokio::select! {
-        report = copy_over(&conn, &settings, &plan.job, plane, progress) => finish(report),
-        signal = interrupted() => Ok(Finish::Interrupted(signal)),
+        report = copy_over(&conn, &settings, &plan.job, plane, progress, &temps) => finish(report),
+        signal = interrupted() => Ok(stopped(signal, &temps).await),
     }
 }
 
@@ -85,6 +89,7 @@ pub(crate) async fn via_agent(
     settings: &skiff_engine::ConnectSettings,
     plane: &PlaneOptions,
     progress: &dyn Progress,
+    temps: &Temporaries,
 ) -> Option<Result<CopyReport, SkiffError>> {
     let host = settings.original_host.clone();
     for name in [skiff_proto::dataplane::SUBSYSTEM, "sftp"] {
@@ -147,6 +152,7 @@ pub(crate) async fn via_agent(
                     Some(&more),
                     plane.streams.map(usize::from),
                     progress,
+                    temps,
                 )
                 .await
             }
@@ -277,10 +283,16 @@ pub(crate) async fn copy_over(
     job: &CopyJob,
     plane: &PlaneOptions,
     progress: &dyn Progress,
+    temps: &Temporaries,
 ) -> Result<CopyReport, SkiffError> {
     let options = plane_options(plane, settings);
-    skiff_engine::copy::copy(conn, job, &options, progress, &|line| {
-        eprintln!("skiff: {line}")
-    })
+    skiff_engine::copy::copy(
+        conn,
+        job,
+        &options,
+        progress,
+        &|line| eprintln!("skiff: {line}"),
+        temps,
+    )
     .await
 }
