@@ -3,8 +3,8 @@
 //!
 //! * Pipelined: up to [`REQUESTS_PER_FILE`] writes of up to 256 KiB (or the
 //!   server's `limits@openssh.com` values) are outstanding per file, reads
-//!   as many as [`super::read_ahead`] allows (64 and up, to fill the
-//!   receive window), and up to [`FILES_AT_ONCE`] files move at once, so
+//!   as many as [`super::read_ahead`] allows (64, and more while the
+//!   answers show the path has room), and up to [`FILES_AT_ONCE`] files move at once, so
 //!   throughput is not bound by round trips.
 //! * Uploads big enough to gain from it ([`super::sftp_channels`] decides)
 //!   are spread over several SFTP channels of the same connection, each
