@@ -70,6 +70,12 @@ impl ServerId {
         self.get()
             .is_some_and(|id| id.starts_with("SSH-2.0-skiffd_"))
     }
+
+    /// Whether the server is OpenSSH's sshd (`SSH-2.0-OpenSSH_...`).
+    pub fn is_openssh(&self) -> bool {
+        self.get()
+            .is_some_and(|id| id.starts_with("SSH-2.0-OpenSSH_"))
+    }
 }
 
 /// The [`Tap`] that records the server's identification line (and the

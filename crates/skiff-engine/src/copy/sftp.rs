@@ -190,14 +190,47 @@ where
     let heard = Heard::default();
     let temps = &temps.one_copy();
     let copying = async {
-        let mut sftp =
-            Sftp::start(heard.listen(stream), host.to_string(), None, &heard, temps).await?;
+        let mut sftp = Sftp::start(
+            heard.listen(stream),
+            host.to_string(),
+            None,
+            AskLimits::AfterVersion,
+            &heard,
+            temps,
+        )
+        .await?;
         sftp.more = more;
         sftp.channels = channels;
         run(sftp, job, progress).await
     };
     let copied = heard.watch(copying, stall, host).await;
     finish(copied, temps).await
+}
+
+/// When the server's `limits@openssh.com` (the largest read and write) is
+/// asked for. A client normally waits for `VERSION` (which lists the
+/// extensions) before its first request, and some SFTP servers refuse a
+/// request that comes earlier. OpenSSH's sftp-server and skiffd's answer
+/// requests in order whatever came before, so behind an sshd or a skiffd
+/// the question goes out with `INIT`, in the same flight, saving one round
+/// trip at the start of every SFTP copy. If `VERSION` then does not list
+/// the extension, the early answer (an error) is ignored. Through the
+/// agent the server's software is not known here (only whether it is a
+/// skiffd), so such a copy asks after `VERSION`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AskLimits {
+    WithInit,
+    AfterVersion,
+}
+
+impl AskLimits {
+    fn for_server(server: &crate::server_id::ServerId) -> AskLimits {
+        if server.is_openssh() || server.is_skiffd() {
+            AskLimits::WithInit
+        } else {
+            AskLimits::AfterVersion
+        }
+    }
 }
 
 /// How every SFTP session of a copy is run.
@@ -469,10 +502,12 @@ impl<'a> Sftp<'a> {
                 other => break other?,
             }
         };
+        let ask = AskLimits::for_server(&conn.server_id);
         Self::start(
             heard.listen(channel.into_stream()),
             host,
             Some(conn),
+            ask,
             heard,
             temps,
         )
@@ -484,6 +519,7 @@ impl<'a> Sftp<'a> {
         stream: S,
         host: String,
         conn: Option<&'a Connection>,
+        ask: AskLimits,
         heard: &Heard,
         temps: &'a Temporaries,
     ) -> Result<Sftp<'a>, SkiffError>
@@ -499,12 +535,23 @@ impl<'a> Sftp<'a> {
             };
             SkiffError::new(kind, format!("{host}: SFTP session failed to start: {e}"))
         };
-        let version = raw.init().await.map_err(sftp_failed)?;
+        let (version, early) = match ask {
+            // Both go out in this order when first polled: one flight.
+            AskLimits::WithInit => {
+                let (version, limits) = tokio::join!(raw.init(), raw.limits());
+                (version, limits.ok())
+            }
+            AskLimits::AfterVersion => (raw.init().await, None),
+        };
+        let version = version.map_err(sftp_failed)?;
         let has = |name: &str| version.extensions.contains_key(name);
         let (mut read_len, mut write_len) = (SAFE_READ_CHUNK, SAFE_WRITE_CHUNK);
         let mut stated: Option<Limits> = None;
         if has(russh_sftp::extensions::LIMITS) {
-            let limits = raw.limits().await.map_err(sftp_failed)?;
+            let limits = match early {
+                Some(limits) => limits,
+                None => raw.limits().await.map_err(sftp_failed)?,
+            };
             // Leave room for the request header within the packet limit.
             let by_packet = (limits.max_packet_len > 1024).then(|| limits.max_packet_len - 1024);
             let cap = |stated: u64| {

@@ -1,0 +1,140 @@
+//! How `skiff cp` starts an SFTP session with a stock OpenSSH sshd: the
+//! `limits@openssh.com` question goes out right behind `INIT`, in the same
+//! flight, not one round trip later once `VERSION` has come back.
+//!
+//! The sshd's sftp subsystem is OpenSSH's `sftp-server` behind a small
+//! perl filter on its input. The filter holds the client's first packet
+//! (`INIT`) and looks whether a second one arrives while it holds it
+//! (within 10 s): only a client that sent it without waiting for
+//! `VERSION` can have sent it, since `VERSION` cannot come before `INIT`
+//! has reached the server. It writes down `early` or `late`, then passes
+//! everything on, so the copy itself goes on either way.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
+use tempfile::TempDir;
+
+/// How long the filter holds `INIT` waiting for a second packet.
+const HOLD_SECS: u32 = 10;
+
+struct Env {
+    fx: Fixture,
+    sshd: Sshd,
+    home: ClientHome,
+    /// The filter's verdicts, one line per SFTP session.
+    verdicts: PathBuf,
+    /// Holds the wrapper and `verdicts`.
+    _wrapping: TempDir,
+}
+
+impl Env {
+    fn new() -> Option<Env> {
+        if !require_openssh() || !require_tool("perl", "perl-base") {
+            return None;
+        }
+        let real = openssh_sftp_server()?;
+        let wrapping = tempdir();
+        let verdicts = wrapping.path().join("verdicts");
+        write_file(&verdicts, "", 0o666);
+        // Reads exactly n bytes of stdin (or dies at its end).
+        let filter = format!(
+            r#"sub rd {{ my ($n) = @_; my $b = ""; while (length($b) < $n) {{ my $r = sysread(STDIN, $b, $n - length($b), length($b)); exit 0 unless $r; }} return $b; }}
+my $len = rd(4); my $body = rd(unpack("N", $len));
+my $rin = ""; vec($rin, fileno(STDIN), 1) = 1;
+my $ready = select(my $rout = $rin, undef, undef, {HOLD_SECS});
+open(my $log, ">>", "{verdicts}") or die; print $log ($ready > 0 ? "early\n" : "late\n"); close $log;
+syswrite(STDOUT, $len . $body) or exit 0;
+while (sysread(STDIN, my $b, 65536)) {{ syswrite(STDOUT, $b) or exit 0; }}"#,
+            verdicts = verdicts.display()
+        );
+        let filter_file = wrapping.path().join("hold-init.pl");
+        write_file(&filter_file, filter, 0o644);
+        let wrapper = wrapping.path().join("wrapped-sftp-server");
+        write_file(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nperl '{}' | '{real}' \"$@\"\n",
+                filter_file.display()
+            ),
+            0o755,
+        );
+        let subsystem = format!("Subsystem sftp {}", wrapper.display());
+        let (fx, sshd) = sshd_setup(&[&subsystem])?;
+        let home = ClientHome::new();
+        home.trust(sshd.port(), &fx.host_key);
+        Some(Env {
+            fx,
+            sshd,
+            home,
+            verdicts,
+            _wrapping: wrapping,
+        })
+    }
+
+    /// `skiff cp --no-agent` to or from this sshd.
+    fn cp(&self, args: &[&str]) -> CmdOutput {
+        Run::new(skiff_bin())
+            .env("SKIFF_AGENT", "off")
+            .env_remove("SSH_AUTH_SOCK")
+            .env("HOME", self.home.path())
+            .arg("cp")
+            .args(["-F", "/dev/null", "-o", "BatchMode=yes", "-P"])
+            .arg(self.sshd.port().to_string())
+            .arg("-i")
+            .arg(&self.fx.client_key.private)
+            .args(args)
+            .timeout(BULK_TIMEOUT)
+            .run()
+    }
+
+    fn verdicts(&self) -> Vec<String> {
+        fs::read_to_string(&self.verdicts)
+            .expect("read the verdicts")
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+#[test]
+fn the_limits_question_goes_out_with_init_both_ways() {
+    let Some(env) = Env::new() else { return };
+    let local = tempdir();
+    let remote = account_dir();
+    let src = local.path().join("small.txt");
+    write_file(&src, "one flight\n", 0o644);
+
+    let c = ctx(&env.sshd, "upload of one small file");
+    env.cp(&[
+        s(&src),
+        &format!("{}@127.0.0.1:{}/", user(), remote.path().display()),
+    ])
+    .expect_code(0, &c);
+    assert_eq!(
+        fs::read_to_string(remote.path().join("small.txt")).expect("read the upload"),
+        "one flight\n",
+        "{c}"
+    );
+    assert_eq!(env.verdicts(), ["early"], "{c}");
+
+    let back = local.path().join("back.txt");
+    let c = ctx(&env.sshd, "download of the same file");
+    env.cp(&[
+        &format!("{}@127.0.0.1:{}/small.txt", user(), remote.path().display()),
+        s(&back),
+    ])
+    .expect_code(0, &c);
+    assert_eq!(
+        fs::read_to_string(&back).expect("read the download"),
+        "one flight\n",
+        "{c}"
+    );
+    assert_eq!(env.verdicts(), ["early", "early"], "{c}");
+}
