@@ -8,7 +8,8 @@
 //! (within 10 s): only a client that sent it without waiting for
 //! `VERSION` can have sent it, since `VERSION` cannot come before `INIT`
 //! has reached the server. It writes down `early` or `late`, then passes
-//! everything on, so the copy itself goes on either way.
+//! everything on, so the copy itself goes on either way. And the sshd is
+//! not asked for the skiff data plane, which only skiffd serves.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -104,7 +105,7 @@ fn s(p: &Path) -> &str {
 }
 
 #[test]
-fn the_limits_question_goes_out_with_init_both_ways() {
+fn a_copy_with_sshd_asks_limits_with_init_and_no_data_plane() {
     let Some(env) = Env::new() else { return };
     let local = tempdir();
     let remote = account_dir();
@@ -123,6 +124,12 @@ fn the_limits_question_goes_out_with_init_both_ways() {
         "{c}"
     );
     assert_eq!(env.verdicts(), ["early"], "{c}");
+    // A stock sshd has no skiff data plane: it is not asked for one (a
+    // channel and a refused request, two round trips). Its log names the
+    // subsystems it starts and those it refuses.
+    let log = env.sshd.log();
+    assert!(log.contains("subsystem 'sftp'"), "{c}\n{log}");
+    assert!(!log.contains("transfer@skiff"), "{c}\n{log}");
 
     let back = local.path().join("back.txt");
     let c = ctx(&env.sshd, "download of the same file");

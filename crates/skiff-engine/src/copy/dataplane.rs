@@ -242,6 +242,12 @@ pub async fn copy(
     progress: &dyn Progress,
 ) -> Result<Option<CopyReport>, SkiffError> {
     let host = conn.settings.hostname.clone();
+    // Only a skiffd serves the data plane (its streams come to skiffd's
+    // port, which routes them): asking any other server would cost a
+    // channel and a refused request, two round trips, for nothing.
+    if !conn.server_id.is_skiffd() {
+        return Ok(None);
+    }
     let Some(addr) = conn.peer_addr else {
         return Ok(None);
     };
