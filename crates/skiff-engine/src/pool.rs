@@ -391,9 +391,14 @@ impl Pool {
     async fn open(
         &self,
         settings: &ConnectSettings,
+        req: &ExecRequest,
     ) -> Result<((OpenSession, ChannelOpened), Slot, Vec<String>), SkiffError> {
+        let data_plane = req.subsystem && req.command == skiff_proto::dataplane::SUBSYSTEM;
         self.open_channel(settings, &|conn| {
             Box::pin(async move {
+                if let Some(refusal) = data_plane.then(|| not_skiffd(conn)).flatten() {
+                    return Err(refusal);
+                }
                 let started = Instant::now();
                 let session = open_session(conn).await?;
                 let opened = ChannelOpened {
@@ -494,7 +499,7 @@ impl Pool {
         O: AsyncWrite + Unpin,
         E: AsyncWrite + Unpin,
     {
-        let ((session, _), slot, notices) = self.open(settings).await?;
+        let ((session, _), slot, notices) = self.open(settings, req).await?;
         self.run_opened((session, slot, notices), req, stdin, stdout, stderr, resize)
             .await
     }
@@ -518,7 +523,7 @@ impl Pool {
         O: AsyncWrite + Unpin,
         E: AsyncWrite + Unpin,
     {
-        let ((session, open_time), slot, notices) = self.open(settings).await?;
+        let ((session, open_time), slot, notices) = self.open(settings, req).await?;
         let _ = opened.send(open_time);
         self.run_opened((session, slot, notices), req, stdin, stdout, stderr, None)
             .await
@@ -591,6 +596,22 @@ impl Pool {
         let name = &member.conn.settings.hostname;
         crate::stdio_forward::relay_stdio(channel, name, host, port, input, output).await
     }
+}
+
+/// The refusal of the data plane's subsystem on a connection to a server
+/// that is not a skiffd (only skiffd serves it: its streams come to
+/// skiffd's port, which routes them), made before a channel is opened:
+/// asking would cost a channel and a refused request, two round trips.
+fn not_skiffd(conn: &Connection) -> Option<SkiffError> {
+    (!conn.server_id.is_skiffd()).then(|| {
+        SkiffError::new(
+            ErrorKind::Refused,
+            format!(
+                "{}: not a skiffd, so no skiff data plane",
+                conn.settings.hostname
+            ),
+        )
+    })
 }
 
 /// A command's stream that adds what passes through it to its connection's

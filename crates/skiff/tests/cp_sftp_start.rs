@@ -91,6 +91,25 @@ while (sysread(STDIN, my $b, 65536)) {{ syswrite(STDOUT, $b) or exit 0; }}"#,
             .run()
     }
 
+    /// `skiff cp` through the agent that lives in `ah` (spawned by the
+    /// first such copy).
+    fn cp_through(&self, ah: &AgentHome, args: &[&str]) -> CmdOutput {
+        Run::new(skiff_bin())
+            .env("SKIFF_AGENT", "on")
+            .env("XDG_RUNTIME_DIR", ah.runtime.path())
+            .env("XDG_STATE_HOME", ah.home.path().join("state"))
+            .env_remove("SSH_AUTH_SOCK")
+            .env("HOME", self.home.path())
+            .arg("cp")
+            .args(["-F", "/dev/null", "-o", "BatchMode=yes", "-P"])
+            .arg(self.sshd.port().to_string())
+            .arg("-i")
+            .arg(&self.fx.client_key.private)
+            .args(args)
+            .timeout(BULK_TIMEOUT)
+            .run()
+    }
+
     fn verdicts(&self) -> Vec<String> {
         fs::read_to_string(&self.verdicts)
             .expect("read the verdicts")
@@ -144,4 +163,37 @@ fn a_copy_with_sshd_asks_limits_with_init_and_no_data_plane() {
         "{c}"
     );
     assert_eq!(env.verdicts(), ["early", "early"], "{c}");
+}
+
+/// Through the agent, sshd is not asked for the data plane either (the
+/// agent refuses it on a connection to a server that is not a skiffd,
+/// before opening a channel). The limits question waits for `VERSION`
+/// there: the copy learns only whether the server is a skiffd.
+#[test]
+fn through_the_agent_sshd_is_not_asked_for_the_data_plane() {
+    let Some(env) = Env::new() else { return };
+    let ah = AgentHome::new();
+    let local = tempdir();
+    let remote = account_dir();
+    let src = local.path().join("small.txt");
+    write_file(&src, "through the agent\n", 0o644);
+    let c = ctx(&env.sshd, "upload of one small file through the agent");
+    env.cp_through(
+        &ah,
+        &[
+            s(&src),
+            &format!("{}@127.0.0.1:{}/", user(), remote.path().display()),
+        ],
+    )
+    .expect_code(0, &c);
+    assert_eq!(
+        fs::read_to_string(remote.path().join("small.txt")).expect("read the upload"),
+        "through the agent\n",
+        "{c}"
+    );
+    assert_eq!(ah.agent_pids().len(), 1, "{c}: the agent carried the copy");
+    let log = env.sshd.log();
+    assert!(log.contains("subsystem 'sftp'"), "{c}\n{log}");
+    assert!(!log.contains("transfer@skiff"), "{c}\n{log}");
+    assert_eq!(env.verdicts(), ["late"], "{c}");
 }
