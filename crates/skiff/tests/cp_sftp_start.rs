@@ -75,30 +75,17 @@ while (sysread(STDIN, my $b, 65536)) {{ syswrite(STDOUT, $b) or exit 0; }}"#,
         })
     }
 
-    /// `skiff cp --no-agent` to or from this sshd.
-    fn cp(&self, args: &[&str]) -> CmdOutput {
-        Run::new(skiff_bin())
-            .env("SKIFF_AGENT", "off")
-            .env_remove("SSH_AUTH_SOCK")
-            .env("HOME", self.home.path())
-            .arg("cp")
-            .args(["-F", "/dev/null", "-o", "BatchMode=yes", "-P"])
-            .arg(self.sshd.port().to_string())
-            .arg("-i")
-            .arg(&self.fx.client_key.private)
-            .args(args)
-            .timeout(BULK_TIMEOUT)
-            .run()
-    }
-
-    /// `skiff cp` through the agent that lives in `ah` (spawned by the
-    /// first such copy).
-    fn cp_through(&self, ah: &AgentHome, args: &[&str]) -> CmdOutput {
-        Run::new(skiff_bin())
-            .env("SKIFF_AGENT", "on")
-            .env("XDG_RUNTIME_DIR", ah.runtime.path())
-            .env("XDG_STATE_HOME", ah.home.path().join("state"))
-            .env_remove("SSH_AUTH_SOCK")
+    /// `skiff cp` to or from this sshd: through the agent that lives in
+    /// `agent` (spawned by the first such copy), else `--no-agent`.
+    fn cp(&self, agent: Option<&AgentHome>, args: &[&str]) -> CmdOutput {
+        let run = match agent {
+            Some(ah) => Run::new(skiff_bin())
+                .env("SKIFF_AGENT", "on")
+                .env("XDG_RUNTIME_DIR", ah.runtime.path())
+                .env("XDG_STATE_HOME", ah.home.path().join("state")),
+            None => Run::new(skiff_bin()).env("SKIFF_AGENT", "off"),
+        };
+        run.env_remove("SSH_AUTH_SOCK")
             .env("HOME", self.home.path())
             .arg("cp")
             .args(["-F", "/dev/null", "-o", "BatchMode=yes", "-P"])
@@ -132,10 +119,13 @@ fn a_copy_with_sshd_asks_limits_with_init_and_no_data_plane() {
     write_file(&src, "one flight\n", 0o644);
 
     let c = ctx(&env.sshd, "upload of one small file");
-    env.cp(&[
-        s(&src),
-        &format!("{}@127.0.0.1:{}/", user(), remote.path().display()),
-    ])
+    env.cp(
+        None,
+        &[
+            s(&src),
+            &format!("{}@127.0.0.1:{}/", user(), remote.path().display()),
+        ],
+    )
     .expect_code(0, &c);
     assert_eq!(
         fs::read_to_string(remote.path().join("small.txt")).expect("read the upload"),
@@ -152,10 +142,13 @@ fn a_copy_with_sshd_asks_limits_with_init_and_no_data_plane() {
 
     let back = local.path().join("back.txt");
     let c = ctx(&env.sshd, "download of the same file");
-    env.cp(&[
-        &format!("{}@127.0.0.1:{}/small.txt", user(), remote.path().display()),
-        s(&back),
-    ])
+    env.cp(
+        None,
+        &[
+            &format!("{}@127.0.0.1:{}/small.txt", user(), remote.path().display()),
+            s(&back),
+        ],
+    )
     .expect_code(0, &c);
     assert_eq!(
         fs::read_to_string(&back).expect("read the download"),
@@ -178,8 +171,8 @@ fn through_the_agent_sshd_is_not_asked_for_the_data_plane() {
     let src = local.path().join("small.txt");
     write_file(&src, "through the agent\n", 0o644);
     let c = ctx(&env.sshd, "upload of one small file through the agent");
-    env.cp_through(
-        &ah,
+    env.cp(
+        Some(&ah),
         &[
             s(&src),
             &format!("{}@127.0.0.1:{}/", user(), remote.path().display()),
