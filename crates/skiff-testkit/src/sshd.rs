@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::daemon::{DaemonCore, Launch};
+use super::daemon::{Daemon, DaemonCore, Launch};
 use super::environment::{is_root, require_openssh, SSHD};
 use super::files::write_file;
 use super::keys::{Fixture, Key};
@@ -123,4 +123,46 @@ pub fn sshd_setup(extra: &[&str]) -> Option<(Fixture, Sshd)> {
     let fx = Fixture::new();
     let sshd = Sshd::start(&fx.host_key, &fx.authorized_keys, extra);
     Some((fx, sshd))
+}
+
+/// A private sshd whose `sftp` subsystem is a `/bin/sh` script of the
+/// test's own around OpenSSH's `sftp-server`, and a client home that
+/// trusts it.
+pub struct SftpScripted {
+    pub fx: Fixture,
+    pub sshd: Sshd,
+    pub home: super::skiff_client::ClientHome,
+    /// Holds the script and whatever files `script` made beside it.
+    pub dir: tempfile::TempDir,
+}
+
+/// Starts an [`SftpScripted`]: `script(dir, real)` gives the script's
+/// lines after `#!/bin/sh` (`dir`: where the script lives, for files the
+/// test reads back; `real`: the path of OpenSSH's `sftp-server`), `extra`
+/// more sshd_config lines. `None` (a failure under CI) without sshd or
+/// `sftp-server`.
+pub fn sshd_with_sftp_script(
+    script: impl FnOnce(&Path, &str) -> String,
+    extra: &[&str],
+) -> Option<SftpScripted> {
+    if !require_openssh() {
+        return None;
+    }
+    let real = super::environment::openssh_sftp_server()?;
+    let dir = super::files::tempdir();
+    let body = script(dir.path(), real);
+    let wrapper = dir.path().join("wrapped-sftp-server");
+    write_file(&wrapper, format!("#!/bin/sh\n{body}"), 0o755);
+    let subsystem = format!("Subsystem sftp {}", wrapper.display());
+    let mut lines: Vec<&str> = vec![&subsystem];
+    lines.extend_from_slice(extra);
+    let (fx, sshd) = sshd_setup(&lines)?;
+    let home = super::skiff_client::ClientHome::new();
+    home.trust(sshd.port(), &fx.host_key);
+    Some(SftpScripted {
+        fx,
+        sshd,
+        home,
+        dir,
+    })
 }

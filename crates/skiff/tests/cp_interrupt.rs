@@ -61,46 +61,39 @@ impl Env {
         if !require_openssh() || !require_tool("perl", "perl-base") {
             return None;
         }
-        let real = openssh_sftp_server()?;
-        let wrapping = tempdir();
-        let starts = wrapping.path().join("starts");
-        let pacers = wrapping.path().join("pacers");
-        write_file(&starts, "", 0o666);
-        write_file(&pacers, "", 0o666);
-        let run = match server {
-            // 64 KiB, then 2 ms: about 30 MB/s per channel.
-            Server::Paced => format!(
-                "perl -e 'open(my $p, \">>\", \"{}\") or die; print $p \"$$\\n\"; close $p; \
-                 while (sysread(STDIN, my $b, 65536)) {{ syswrite(STDOUT, $b) or exit; \
-                 select(undef, undef, undef, 0.002) }}' | '{real}' \"$@\"\n",
-                pacers.display()
-            ),
-            // In 1024-byte blocks (bash) or 512-byte ones (dash): either
-            // way well below the file sent. SIGXFSZ ignored, so the write
-            // fails rather than the server dying.
-            Server::FileLimit(kib) => format!(
-                "trap '' XFSZ\nulimit -f {kib}\nexec '{real}' \"$@\"\n",
-                kib = kib
-            ),
-        };
-        let wrapper = wrapping.path().join("wrapped-sftp-server");
-        write_file(
-            &wrapper,
-            format!("#!/bin/sh\necho started >> '{}'\n{run}", starts.display()),
-            0o755,
-        );
-        let subsystem = format!("Subsystem sftp {}", wrapper.display());
-        let (fx, sshd) = sshd_setup(&[&subsystem])?;
-        let home = ClientHome::new();
-        home.trust(sshd.port(), &fx.host_key);
+        let scripted = sshd_with_sftp_script(
+            |dir, real| {
+                let (starts, pacers) = (dir.join("starts"), dir.join("pacers"));
+                write_file(&starts, "", 0o666);
+                write_file(&pacers, "", 0o666);
+                let run = match server {
+                    // 64 KiB, then 2 ms: about 30 MB/s per channel.
+                    Server::Paced => format!(
+                        "perl -e 'open(my $p, \">>\", \"{}\") or die; print $p \"$$\\n\"; close $p; \
+                         while (sysread(STDIN, my $b, 65536)) {{ syswrite(STDOUT, $b) or exit; \
+                         select(undef, undef, undef, 0.002) }}' | '{real}' \"$@\"\n",
+                        pacers.display()
+                    ),
+                    // In 1024-byte blocks (bash) or 512-byte ones (dash): either
+                    // way well below the file sent. SIGXFSZ ignored, so the write
+                    // fails rather than the server dying.
+                    Server::FileLimit(kib) => format!(
+                        "trap '' XFSZ\nulimit -f {kib}\nexec '{real}' \"$@\"\n",
+                        kib = kib
+                    ),
+                };
+                format!("echo started >> '{}'\n{run}", starts.display())
+            },
+            &[],
+        )?;
         Some(Env {
-            fx,
-            sshd,
-            home,
+            starts: scripted.dir.path().join("starts"),
+            pacers: scripted.dir.path().join("pacers"),
+            fx: scripted.fx,
+            sshd: scripted.sshd,
+            home: scripted.home,
             root: tempdir(),
-            starts,
-            pacers,
-            _wrapping: wrapping,
+            _wrapping: scripted.dir,
         })
     }
 

@@ -33,35 +33,24 @@ struct Env {
 impl Env {
     /// With `extra` sshd_config lines besides the counting subsystem.
     fn new(extra: &[&str]) -> Option<Env> {
-        if !require_openssh() {
-            return None;
-        }
-        let real = openssh_sftp_server()?;
-        let wrapping = tempdir();
-        let counter = wrapping.path().join("count");
-        write_file(&counter, "", 0o666);
-        let wrapper = wrapping.path().join("counting-sftp-server");
-        write_file(
-            &wrapper,
-            format!(
-                "#!/bin/sh\necho started >> '{}'\nexec '{real}' \"$@\"\n",
-                counter.display()
-            ),
-            0o755,
-        );
-        let subsystem = format!("Subsystem sftp {}", wrapper.display());
-        let mut lines: Vec<&str> = vec![&subsystem];
-        lines.extend_from_slice(extra);
-        let (fx, sshd) = sshd_setup(&lines)?;
-        let home = ClientHome::new();
-        home.trust(sshd.port(), &fx.host_key);
+        let scripted = sshd_with_sftp_script(
+            |dir, real| {
+                let counter = dir.join("count");
+                write_file(&counter, "", 0o666);
+                format!(
+                    "echo started >> '{}'\nexec '{real}' \"$@\"\n",
+                    counter.display()
+                )
+            },
+            extra,
+        )?;
         Some(Env {
-            fx,
-            sshd,
-            home,
+            counter: scripted.dir.path().join("count"),
+            fx: scripted.fx,
+            sshd: scripted.sshd,
+            home: scripted.home,
             root: tempdir(),
-            counter,
-            _wrapping: wrapping,
+            _wrapping: scripted.dir,
         })
     }
 

@@ -36,42 +36,33 @@ impl Env {
         if !require_openssh() || !require_tool("perl", "perl-base") {
             return None;
         }
-        let real = openssh_sftp_server()?;
-        let wrapping = tempdir();
-        let verdicts = wrapping.path().join("verdicts");
-        write_file(&verdicts, "", 0o666);
-        // Reads exactly n bytes of stdin (or dies at its end).
-        let filter = format!(
-            r#"sub rd {{ my ($n) = @_; my $b = ""; while (length($b) < $n) {{ my $r = sysread(STDIN, $b, $n - length($b), length($b)); exit 0 unless $r; }} return $b; }}
+        let scripted = sshd_with_sftp_script(
+            |dir, real| {
+                let verdicts = dir.join("verdicts");
+                write_file(&verdicts, "", 0o666);
+                // Reads exactly n bytes of stdin (or dies at its end).
+                let filter = format!(
+                    r#"sub rd {{ my ($n) = @_; my $b = ""; while (length($b) < $n) {{ my $r = sysread(STDIN, $b, $n - length($b), length($b)); exit 0 unless $r; }} return $b; }}
 my $len = rd(4); my $body = rd(unpack("N", $len));
 my $rin = ""; vec($rin, fileno(STDIN), 1) = 1;
 my $ready = select(my $rout = $rin, undef, undef, {HOLD_SECS});
 open(my $log, ">>", "{verdicts}") or die; print $log ($ready > 0 ? "early\n" : "late\n"); close $log;
 syswrite(STDOUT, $len . $body) or exit 0;
 while (sysread(STDIN, my $b, 65536)) {{ syswrite(STDOUT, $b) or exit 0; }}"#,
-            verdicts = verdicts.display()
-        );
-        let filter_file = wrapping.path().join("hold-init.pl");
-        write_file(&filter_file, filter, 0o644);
-        let wrapper = wrapping.path().join("wrapped-sftp-server");
-        write_file(
-            &wrapper,
-            format!(
-                "#!/bin/sh\nperl '{}' | '{real}' \"$@\"\n",
-                filter_file.display()
-            ),
-            0o755,
-        );
-        let subsystem = format!("Subsystem sftp {}", wrapper.display());
-        let (fx, sshd) = sshd_setup(&[&subsystem])?;
-        let home = ClientHome::new();
-        home.trust(sshd.port(), &fx.host_key);
+                    verdicts = verdicts.display()
+                );
+                let filter_file = dir.join("hold-init.pl");
+                write_file(&filter_file, filter, 0o644);
+                format!("perl '{}' | '{real}' \"$@\"\n", filter_file.display())
+            },
+            &[],
+        )?;
         Some(Env {
-            fx,
-            sshd,
-            home,
-            verdicts,
-            _wrapping: wrapping,
+            verdicts: scripted.dir.path().join("verdicts"),
+            fx: scripted.fx,
+            sshd: scripted.sshd,
+            home: scripted.home,
+            _wrapping: scripted.dir,
         })
     }
 
