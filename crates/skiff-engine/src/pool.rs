@@ -599,11 +599,10 @@ impl Pool {
 }
 
 /// The refusal of the data plane's subsystem on a connection to a server
-/// that is not a skiffd (only skiffd serves it: its streams come to
-/// skiffd's port, which routes them), made before a channel is opened:
-/// asking would cost a channel and a refused request, two round trips.
+/// that cannot serve it ([`crate::copy::dataplane::served_by`]), made
+/// before a channel is opened.
 fn not_skiffd(conn: &Connection) -> Option<SkiffError> {
-    (!conn.server_id.is_skiffd()).then(|| {
+    (!crate::copy::dataplane::served_by(&conn.server_id)).then(|| {
         SkiffError::new(
             ErrorKind::Refused,
             format!(

@@ -242,10 +242,7 @@ pub async fn copy(
     progress: &dyn Progress,
 ) -> Result<Option<CopyReport>, SkiffError> {
     let host = conn.settings.hostname.clone();
-    // Only a skiffd serves the data plane (its streams come to skiffd's
-    // port, which routes them): asking any other server would cost a
-    // channel and a refused request, two round trips, for nothing.
-    if !conn.server_id.is_skiffd() {
+    if !served_by(&conn.server_id) {
         return Ok(None);
     }
     let Some(addr) = conn.peer_addr else {
@@ -265,7 +262,8 @@ pub async fn copy(
         .request_subsystem(true, dp::SUBSYSTEM)
         .await
         .map_err(lost)?;
-    let early = dial_early(addr, opening.requested, options, conn.server_id.is_skiffd());
+    // A skiffd: checked above.
+    let early = dial_early(addr, opening.requested, options, true);
     // The opening messages go out while the reply is awaited. They wait for
     // window if there is none yet: OpenSSH grants a session channel's window
     // only once its command or subsystem has started.
@@ -461,6 +459,14 @@ type EarlyDial = tokio::task::JoinHandle<Result<Dialed, StreamError>>;
 /// (`TOKEN_WAIT`), and the token still has to travel. An older one is
 /// closed and the stream dialed again.
 const EARLY_DIAL_FRESH: Duration = Duration::from_secs(2);
+
+/// Whether `server` can serve the data plane: only a skiffd does (its
+/// streams come to skiffd's port, which routes them). No other server is
+/// asked: that would cost a channel and a refused request, two round
+/// trips, for nothing.
+pub(crate) fn served_by(server: &crate::server_id::ServerId) -> bool {
+    server.is_skiffd()
+}
 
 /// Dials `count` streams to a skiffd at `addr` at once, each on its own
 /// thread, while the server's `Welcome` (with their tokens) is on its way:

@@ -1247,9 +1247,9 @@ impl<'a> Sftp<'a> {
             .filter(|e| e.kind == EntryKind::File && !is_under(&e.rel, &failed))
             .map(|e| (e, placement.path_for(&e.rel)))
             .collect();
-        let in_flight = files.len().min(FILES_AT_ONCE);
+        let (window, in_flight) = (crate::connect::max_window(), files.len().min(FILES_AT_ONCE));
         let mut running = files_at_once(files, FILES_AT_ONCE, |(e, local)| async move {
-            let reads = ReadAhead::new(crate::connect::max_window(), self.read_len, in_flight);
+            let reads = ReadAhead::new(window, self.read_len, in_flight);
             let r = self
                 .download_file(e, &local, job.preserve, reads, progress)
                 .await;

@@ -114,8 +114,7 @@ pub fn run(args: CpArgs) -> i32 {
     ));
     runtime.shutdown_background();
     match result {
-        Ok(Finish::Interrupted(signal, cleanup)) => report_stop(signal, &cleanup),
-
+        Ok(Finish::Interrupted(signal, removal)) => report_stop(signal, &removal),
         Ok(Finish::Done(report)) => {
             tracing::debug!(
                 "copied {} files and {} directories, {} bytes; {} failed",
