@@ -81,6 +81,7 @@ pub mod penalties;
 mod process;
 mod pty_owner;
 pub mod queue_budget;
+mod rehearsal;
 pub mod rekey_limit;
 pub mod security_keys;
 mod seqpacket;

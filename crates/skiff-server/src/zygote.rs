@@ -60,7 +60,7 @@ pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity) -> i32 {
     if let Err(e) = crate::descriptors::raise_open_file_limit() {
         tracing::warn!("cannot raise the open-file limit: {e}");
     }
-    warm_up();
+    warm_up(&settings, &host);
     if send_blocking(&control, &FromZygote::Ready.encode(), &[]).is_err() {
         return 1;
     }
@@ -116,10 +116,20 @@ fn reap() {
     }
 }
 
-/// What every connection process would otherwise do first on its own: the
-/// C library loads its name-service modules (`/etc/nsswitch.conf`: files,
-/// systemd, ...) at the first account lookup. Done once here, they are
-/// loaded in every process forked after.
-fn warm_up() {
+/// What every connection process would otherwise do first on its own,
+/// done once here so that every process forked after inherits it: the C
+/// library loads its name-service modules (`/etc/nsswitch.conf`: files,
+/// systemd, ...) at the first account lookup, and a first key exchange
+/// probes the CPU and builds what it needs (`crate::rehearsal`).
+fn warm_up(settings: &Settings, host: &HostIdentity) {
     let _ = crate::account::lookup("root");
+    if let Err(e) = crate::rehearsal::rehearse(settings, host) {
+        tracing::debug!(
+            "zygote: no key-exchange rehearsal ({e}); connection processes do it first"
+        );
+    }
+    // fork() is only safe while this process has one thread.
+    if let Some(n) = crate::rehearsal::threads().filter(|&n| n != 1) {
+        tracing::warn!("zygote: {n} threads after warming up (one expected)");
+    }
 }
