@@ -49,7 +49,13 @@ pub enum FromZygote {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToWorker {
     /// Serve this connection (the accepted socket is beside the message).
-    Serve { peer: SocketAddr, local: SocketAddr },
+    /// `ident_sent`: how many bytes of the server's identification line
+    /// the listener already wrote on it (the process writes the rest).
+    Serve {
+        peer: SocketAddr,
+        local: SocketAddr,
+        ident_sent: u32,
+    },
 }
 
 /// A worker to the listener.
@@ -190,10 +196,15 @@ impl ToWorker {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
         match self {
-            ToWorker::Serve { peer, local } => {
+            ToWorker::Serve {
+                peer,
+                local,
+                ident_sent,
+            } => {
                 w.u8(1);
                 put_addr(&mut w, peer);
                 put_addr(&mut w, local);
+                w.u32(*ident_sent);
             }
         }
         w.0
@@ -205,6 +216,7 @@ impl ToWorker {
             1 => ToWorker::Serve {
                 peer: get_addr(&mut r)?,
                 local: get_addr(&mut r)?,
+                ident_sent: r.u32()?,
             },
             t => return Err(WireError::Tag(t)),
         };
@@ -313,10 +325,12 @@ mod tests {
             ToWorker::Serve {
                 peer: v4(),
                 local: v6(),
+                ident_sent: 0,
             },
             ToWorker::Serve {
                 peer: v6(),
                 local: v4(),
+                ident_sent: 22,
             },
         ] {
             assert_eq!(ToWorker::decode(&m.encode()), Ok(m.clone()), "{m:?}");
@@ -338,6 +352,7 @@ mod tests {
         let good = ToWorker::Serve {
             peer: v6(),
             local: v4(),
+            ident_sent: 22,
         }
         .encode();
         for cut in 0..good.len() {

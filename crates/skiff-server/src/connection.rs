@@ -19,6 +19,7 @@ use crate::audit_writer::ConnectionLog;
 use crate::config::Settings;
 use crate::handler::ConnectionHandler;
 use crate::hostkey::HostIdentity;
+use crate::ident_ahead::IdentAhead;
 use crate::server_state::ServerState;
 use crate::startups::{Pending, Startups};
 use crate::stream_relay::{FirstBytes, Sniffed};
@@ -121,7 +122,18 @@ pub async fn serve_inetd(settings: Settings, host: HostIdentity) -> Result<()> {
             tracing::info!(%peer, "inetd mode: serving the connection on stdin");
             let local = stream.local_addr().ok();
             // One connection per process: no penalty outlives it.
-            let (result, _) = serve_connection(stream, peer, local, config, &state, pending).await;
+            let (result, _) = serve_connection(
+                Accepted {
+                    stream,
+                    ahead: IdentAhead::default(),
+                },
+                peer,
+                local,
+                config,
+                &state,
+                pending,
+            )
+            .await;
             result
         }
         None => {
@@ -169,7 +181,7 @@ pub async fn serve_inetd(settings: Settings, host: HostIdentity) -> Result<()> {
 /// when it opened and ended: how it ended, and how its unauthenticated part
 /// did (for `PerSourcePenalties`).
 pub async fn serve_connection(
-    stream: TcpStream,
+    accepted: Accepted,
     peer: SocketAddr,
     local: Option<SocketAddr>,
     config: Arc<russh::server::Config>,
@@ -180,7 +192,7 @@ pub async fn serve_connection(
     let mut outcome = Outcome::Ended;
     let log = ConnectionLog::new(state.audit.as_ref(), Some(peer), local);
     let result = handle_connection(
-        stream,
+        accepted,
         peer,
         config,
         state.clone(),
@@ -290,8 +302,15 @@ pub fn taken_over(socket: std::os::fd::OwnedFd) -> std::io::Result<TcpStream> {
     TcpStream::from_std(std_stream)
 }
 
+/// An accepted connection as its process gets it: the socket, and what
+/// of the identification line the listener already wrote on it.
+pub struct Accepted {
+    pub stream: TcpStream,
+    pub ahead: IdentAhead,
+}
+
 pub async fn handle_connection(
-    stream: TcpStream,
+    accepted: Accepted,
     peer: SocketAddr,
     config: Arc<russh::server::Config>,
     state: Arc<ServerState>,
@@ -300,6 +319,7 @@ pub async fn handle_connection(
     watch: Watch,
 ) -> Result<()> {
     let Watch { auth_failures, log } = watch;
+    let Accepted { stream, ahead } = accepted;
     stream.set_nodelay(true)?;
     let local = stream.local_addr()?;
     // A second handle on the socket, so the connection can be shut down from
@@ -315,7 +335,7 @@ pub async fn handle_connection(
     // Data-plane streams share the port: the sniffer sees their magic
     // before SSH would, and the socket is then served from `socket`.
     let first_bytes = FirstBytes::default();
-    let sniffed = Sniffed::new(stream, first_bytes.clone());
+    let sniffed = Sniffed::new(stream, first_bytes.clone(), ahead);
     let started = tokio::time::timeout_at(
         deadline,
         russh::server::run_stream(config, sniffed, handler),

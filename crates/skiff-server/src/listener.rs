@@ -67,7 +67,7 @@ pub fn russh_config(settings: &Settings, host: HostIdentity) -> russh::server::C
         ..Preferred::default()
     };
     russh::server::Config {
-        server_id: SshId::Standard(Cow::Owned(format!("SSH-2.0-{}", crate::SOFTWARE_VERSION))),
+        server_id: SshId::Standard(Cow::Owned(crate::ident_ahead::identification())),
         // The handler lists each login's own methods; these are the
         // server's, for russh's defaults.
         methods: {
@@ -414,7 +414,7 @@ async fn dispatch(
         let mut stream = stream;
         // What a connection process writes first, whatever the client is:
         // the data plane's client reads past it.
-        let banner = format!("SSH-2.0-{}\r\n", crate::SOFTWARE_VERSION);
+        let banner = crate::ident_ahead::identification_line();
         let mut magic = [0u8; skiff_proto::dataplane::MAGIC.len()];
         if stream.write_all(banner.as_bytes()).await.is_ok()
             && stream.read_exact(&mut magic).await.is_ok()
@@ -431,6 +431,14 @@ async fn dispatch(
             return;
         }
     };
+    // The identification line goes out now, not once the connection's
+    // process has it: the client's next flight (its KEXINIT) travels while
+    // the connection is handed over (`crate::ident_ahead`). A fresh
+    // socket takes these few bytes at once; whatever it did not take, the
+    // process writes.
+    let ident_sent = stream
+        .try_write(crate::ident_ahead::identification_line().as_bytes())
+        .unwrap_or(0);
     let mut socket: OwnedFd = match stream.into_std() {
         Ok(s) => s.into(),
         Err(e) => {
@@ -448,7 +456,7 @@ async fn dispatch(
             tracing::error!(%peer, "dropping connection: no connection process ready within {}s", DISPATCH_WITHIN.as_secs());
             return;
         };
-        match worker.serve(socket, peer, local, assignment) {
+        match worker.serve(socket, peer, local, ident_sent as u32, assignment) {
             Ok(()) => return,
             // That process was gone: the next one.
             Err((s, a)) => (socket, assignment) = (s, a),

@@ -22,6 +22,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::config::Settings;
+use crate::ident_ahead::IdentAhead;
 
 /// How long a stream token stays valid.
 const TOKEN_LIFETIME: Duration = Duration::from_secs(30);
@@ -379,6 +380,7 @@ pub struct Sniffed {
     inner: TcpStream,
     state: SniffState,
     verdict: FirstBytes,
+    ahead: IdentAhead,
 }
 
 /// What a [`Sniffed`] connection turned out to be, once its first read
@@ -399,11 +401,26 @@ enum SniffState {
 }
 
 impl Sniffed {
-    pub fn new(inner: TcpStream, verdict: FirstBytes) -> Sniffed {
+    /// `ahead`: what of the identification line the listener already
+    /// wrote, not written again ([`crate::ident_ahead`]).
+    pub fn new(inner: TcpStream, verdict: FirstBytes, ahead: IdentAhead) -> Sniffed {
         Sniffed {
             inner,
             state: SniffState::Sniffing(Vec::with_capacity(MAGIC.len())),
             verdict,
+            ahead,
+        }
+    }
+
+    /// For a write of `buf`: the part of it already written ahead, if any.
+    fn written_ahead(&mut self, buf: &[u8]) -> Option<io::Result<usize>> {
+        if !self.ahead.pending() {
+            return None;
+        }
+        match self.ahead.skip(buf) {
+            Ok(0) => None,
+            Ok(n) => Some(Ok(n)),
+            Err(e) => Some(Err(io::Error::new(io::ErrorKind::InvalidData, e))),
         }
     }
 }
@@ -476,6 +493,9 @@ impl AsyncWrite for Sniffed {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if let Some(done) = self.written_ahead(buf) {
+            return Poll::Ready(done);
+        }
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
@@ -492,6 +512,11 @@ impl AsyncWrite for Sniffed {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if let Some(first) = bufs.iter().find(|b| !b.is_empty()) {
+            if let Some(done) = self.written_ahead(first) {
+                return Poll::Ready(done);
+            }
+        }
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 

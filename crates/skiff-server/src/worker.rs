@@ -23,6 +23,7 @@ use tokio::io::unix::AsyncFd;
 use crate::config::Settings;
 use crate::connection::serve_connection;
 use crate::hostkey::HostIdentity;
+use crate::ident_ahead::IdentAhead;
 use crate::seqpacket::{recv, send, send_blocking};
 use crate::startups::Pending;
 
@@ -164,13 +165,18 @@ async fn serve_one(
     {
         return (0, None);
     }
-    let (peer, local, socket) = match recv(&control, MAX_MESSAGE).await {
+    let (peer, local, ident_sent, socket) = match recv(&control, MAX_MESSAGE).await {
         // Retired before it served anything.
         Ok(None) | Err(_) => return (0, None),
         Ok(Some((bytes, mut fds))) => match (ToWorker::decode(&bytes), fds.len()) {
-            (Ok(ToWorker::Serve { peer, local }), 1) => {
-                (peer, local, fds.pop().expect("one descriptor"))
-            }
+            (
+                Ok(ToWorker::Serve {
+                    peer,
+                    local,
+                    ident_sent,
+                }),
+                1,
+            ) => (peer, local, ident_sent, fds.pop().expect("one descriptor")),
             (decoded, n) => {
                 tracing::error!(
                     "connection process: a malformed request from the listener ({decoded:?}, {n} descriptors)"
@@ -178,6 +184,13 @@ async fn serve_one(
                 return (1, None);
             }
         },
+    };
+    let ahead = match IdentAhead::new(ident_sent as usize) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!(%peer, "connection process: a malformed request from the listener: {e}");
+            return (1, None);
+        }
     };
     let stream = match crate::connection::taken_over(socket) {
         Ok(s) => s,
@@ -193,8 +206,15 @@ async fn serve_one(
     // has heard how it ended: a client that failed to log in sees the
     // close only once its penalty is on its way to the listener.
     let held = std::os::fd::AsFd::as_fd(&stream).try_clone_to_owned().ok();
-    let (result, verdict) =
-        serve_connection(stream, peer, Some(local), config, &state, pending).await;
+    let (result, verdict) = serve_connection(
+        crate::connection::Accepted { stream, ahead },
+        peer,
+        Some(local),
+        config,
+        &state,
+        pending,
+    )
+    .await;
     if let Err(e) = &result {
         tracing::info!(%peer, "connection ended: {e}");
     }

@@ -196,14 +196,22 @@ pub struct Assignment {
 impl Worker {
     /// Hands the process `stream` and what the listener keeps of it. The
     /// stream is returned when the process is gone, for another one.
+    /// `ident_sent`: the bytes of the identification line already
+    /// written on it.
     pub fn serve(
         self,
         stream: OwnedFd,
         peer: SocketAddr,
         local: SocketAddr,
+        ident_sent: u32,
         assignment: Assignment,
     ) -> Result<(), (OwnedFd, Assignment)> {
-        let msg = ToWorker::Serve { peer, local }.encode();
+        let msg = ToWorker::Serve {
+            peer,
+            local,
+            ident_sent,
+        }
+        .encode();
         // Its socket was idle, so the message fits: never waits.
         if let Err(e) =
             crate::seqpacket::send_blocking(self.control.get_ref(), &msg, &[stream.as_raw_fd()])

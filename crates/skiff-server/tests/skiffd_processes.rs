@@ -382,3 +382,105 @@ fn a_connection_and_its_command_run_at_normal_priority() {
     }
     assert_eq!(a.finish(), Some(0), "{}", ctx(&d, "the connection's end"));
 }
+
+/// Processes stopped with SIGSTOP, continued when dropped (also when an
+/// assertion fails first).
+struct Stopped(Vec<u32>);
+
+impl Stopped {
+    fn all(pids: Vec<u32>) -> Stopped {
+        for &pid in &pids {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGSTOP);
+        }
+        Stopped(pids)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGCONT);
+        }
+    }
+}
+
+/// The listener writes the identification line as it accepts, so a
+/// client's next flight is on its way while the connection is handed to
+/// its process: with every other skiffd process stopped (the zygote, the
+/// ready connection processes), the line still comes. Once they continue,
+/// the handshake goes on without the line written twice: a raw client
+/// reads a binary packet next, and stock ssh logs in.
+#[test]
+fn the_listener_sends_the_identification_line_before_the_handover() {
+    use std::io::Read;
+    let Some((fx, d)) = skiffd(None) else {
+        return;
+    };
+    assert!(
+        logs_in(&d, user(), &fx.client_key),
+        "{}",
+        ctx(&d, "a first login")
+    );
+    let others: Vec<u32> = d
+        .processes()
+        .into_iter()
+        .filter(|&p| p != d.pid())
+        .collect();
+    assert!(
+        !others.is_empty(),
+        "{}",
+        ctx(&d, "no zygote or connection process found")
+    );
+    let stopped = Stopped::all(others);
+
+    let mut raw = std::net::TcpStream::connect(("127.0.0.1", d.port())).expect("connect");
+    raw.set_read_timeout(Some(WITHIN)).expect("read timeout");
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while line.len() < 255 && !line.ends_with(b"\n") {
+        match raw.read(&mut byte) {
+            Ok(1) => line.push(byte[0]),
+            _ => break,
+        }
+    }
+    let line = String::from_utf8_lossy(&line).into_owned();
+    assert!(
+        line.starts_with("SSH-2.0-skiffd_") && line.ends_with("\r\n"),
+        "{}",
+        ctx(
+            &d,
+            &format!("identification line with every other process stopped: {line:?}")
+        )
+    );
+    // Stock ssh reads the line and sends its KEXINIT meanwhile.
+    let live = Live::start(d.port(), user(), &fx.client_key, "echo after");
+    drop(stopped);
+
+    raw.write_all(b"SSH-2.0-rawclient_1.0\r\n")
+        .expect("send an identification");
+    let mut head = [0u8; 6];
+    raw.read_exact(&mut head)
+        .expect("the server's first packet");
+    assert!(
+        !head.starts_with(b"SSH-"),
+        "{}",
+        ctx(&d, "the identification line came twice")
+    );
+    let length = u32::from_be_bytes(head[..4].try_into().unwrap());
+    assert!(
+        (16..=35_000).contains(&length) && head[5] == 20,
+        "{}",
+        ctx(
+            &d,
+            &format!("not a KEXINIT packet after the line: {head:?}")
+        )
+    );
+    assert_eq!(
+        live.line("ssh's output"),
+        "after",
+        "{}",
+        ctx(&d, "ssh after the handover")
+    );
+    let mut live = live;
+    assert_eq!(live.exit_code(), Some(0), "{}", ctx(&d, "ssh's exit"));
+}
