@@ -1,52 +1,14 @@
 //! What keeps a connection process's start off its connection's path,
-//! beyond what the zygote did before forking it: while it waits for a
-//! connection it maps the program's code in ([`prefault_code`]), which a
-//! forked process would otherwise fault in page by page as its first
-//! handshake runs (the page tables of file mappings are not copied by
-//! `fork`); and it starts at a low priority ([`StartingQuietly`]) so as not
-//! to slow the connections being served meanwhile, raised at once when a
-//! connection waits for it ([`hurry`]).
-
-/// Maps in every executable mapping of the process now (its page tables
-/// filled from the page cache: `MADV_POPULATE_READ`, Linux 5.14), so that
-/// running that code later takes no page faults. Best effort: an older
-/// kernel refuses and nothing changes.
-pub fn prefault_code() {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return;
-    };
-    for line in maps.lines() {
-        let mut fields = line.split_whitespace();
-        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
-            continue;
-        };
-        if !perms.contains('x') {
-            continue;
-        }
-        let Some((start, end)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(start), Ok(end)) = (
-            usize::from_str_radix(start, 16),
-            usize::from_str_radix(end, 16),
-        ) else {
-            continue;
-        };
-        if end <= start {
-            continue;
-        }
-        // SAFETY: MADV_POPULATE_READ only reads pages of a mapping this
-        // process has (the range comes from its own /proc/self/maps); it
-        // changes no memory contents.
-        let _ = unsafe {
-            libc::madvise(
-                start as *mut libc::c_void,
-                end - start,
-                libc::MADV_POPULATE_READ,
-            )
-        };
-    }
-}
+//! beyond what the zygote did before forking it (`crate::rehearsal`): it
+//! starts at a low priority ([`StartingQuietly`]) so as not to slow the
+//! connections being served meanwhile, raised at once when a connection
+//! waits for it ([`hurry`]).
+//!
+//! It no longer maps the program's code in while it waits
+//! (`MADV_POPULATE_READ` over every executable mapping): that cost each
+//! process 0.6 ms of CPU for ~8 MB of code, most of which a connection
+//! never runs, and measured without it a cold exec was 0.2 ms faster on
+//! two CPUs (docs/BENCHMARKS.md).
 
 /// The niceness a connection process starts at: it gets the CPU only when
 /// nothing of normal priority (a connection being served, its commands)

@@ -117,9 +117,6 @@ async fn serve_one(
         tracing::error!("connection process: {e}");
         return (1, None);
     }
-    // While it waits: the program's code mapped in now, not page by page
-    // during its connection's handshake.
-    crate::warm_start::prefault_code();
     let inbox = match crate::stream_route::StreamInbox::bind() {
         Ok(inbox) => Some(inbox),
         Err(e) => {
