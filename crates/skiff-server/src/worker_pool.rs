@@ -3,7 +3,9 @@
 //! few wait ready at all times ([`IDLE_TARGET`]), and each accepted
 //! connection goes to one ([`WorkerPool::take`], [`Worker::serve`]). A
 //! connection thus never waits for a process to start, and is served in a
-//! process of its own.
+//! process of its own. The process replacing the one taken starts a moment
+//! later ([`REFILL_AFTER`]) while others are ready, so that its start does
+//! not run during the key exchange of the connection that took it.
 //!
 //! Each handed-over connection is watched until its process ends: its place
 //! among the unauthenticated (`MaxStartups`) is given back when the process
@@ -37,6 +39,35 @@ use crate::startups::Pending;
 
 /// Connection processes kept ready.
 pub const IDLE_TARGET: usize = 4;
+
+/// How long after a connection takes a ready process the one replacing it
+/// is started, while at least [`SPARE_FOR_LATER`] others are still ready.
+/// Started at once, the zygote's fork and the new process's start ran
+/// during that connection's key exchange, on the same CPUs: measured on two
+/// CPUs with cold execs 40 ms apart, a cold exec was 0.58 ms faster with
+/// the start put off (docs/BENCHMARKS.md). Back-to-back execs gain nothing
+/// (every moment has a connection) and lose nothing.
+const REFILL_AFTER: Duration = Duration::from_millis(25);
+
+/// Ready processes left that let a refill wait [`REFILL_AFTER`]; with
+/// fewer, a burst of connections could find none, so it starts at once.
+const SPARE_FOR_LATER: usize = 2;
+
+/// When to start the processes that bring the pool back to
+/// [`IDLE_TARGET`], once a connection took one and `left` are ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refill {
+    Now,
+    After(Duration),
+}
+
+fn refill_when(left: usize) -> Refill {
+    if left >= SPARE_FOR_LATER {
+        Refill::After(REFILL_AFTER)
+    } else {
+        Refill::Now
+    }
+}
 
 /// How long a new zygote or connection process may take to say it is ready.
 const START_WITHIN: Duration = Duration::from_secs(30);
@@ -243,6 +274,8 @@ struct PoolState {
     /// ([`retry_delay`]) rather than spinning.
     failures: u32,
     paused: bool,
+    /// A refill is on its way ([`WorkerPool::refill`]).
+    refill_due: bool,
 }
 
 /// How long to wait before starting processes again after `failures`
@@ -273,6 +306,7 @@ impl WorkerPool {
                 waiting: 0,
                 failures: 0,
                 paused: false,
+                refill_due: false,
             }),
             ready: Notify::new(),
         });
@@ -338,6 +372,28 @@ impl WorkerPool {
         }
     }
 
+    /// Brings the pool back to [`IDLE_TARGET`] after a connection took a
+    /// process: now, or shortly after ([`refill_when`]).
+    fn refill(self: &Arc<Self>) {
+        let mut st = self.lock();
+        match refill_when(st.idle.len()) {
+            Refill::Now => {
+                drop(st);
+                self.fill();
+            }
+            Refill::After(_) if st.refill_due => {}
+            Refill::After(delay) => {
+                st.refill_due = true;
+                let pool = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    pool.lock().refill_due = false;
+                    pool.fill();
+                });
+            }
+        }
+    }
+
     /// After a zygote failed: a new one with the configuration as it reads
     /// now, retried every few seconds until one starts.
     async fn restart_zygote(self: Arc<Self>) {
@@ -395,10 +451,11 @@ impl WorkerPool {
                 }
                 found
             };
-            self.fill();
             if found.is_some() {
+                self.refill();
                 return found;
             }
+            self.fill();
             // A connection waits: the processes starting get the CPU now.
             let waiting = Waiting::begin(self);
             for &pid in &waiting.launching {
@@ -579,5 +636,18 @@ async fn watch(
     if let (Some(offence), Some(p)) = (offence, penalties) {
         lock(&p).penalise(peer.ip(), offence, std::time::Instant::now());
         tracing::debug!(%peer, "penalty recorded: {offence:?}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refill_waits_only_while_spares_are_ready() {
+        assert_eq!(refill_when(IDLE_TARGET - 1), Refill::After(REFILL_AFTER));
+        assert_eq!(refill_when(SPARE_FOR_LATER), Refill::After(REFILL_AFTER));
+        assert_eq!(refill_when(SPARE_FOR_LATER - 1), Refill::Now);
+        assert_eq!(refill_when(0), Refill::Now);
     }
 }
