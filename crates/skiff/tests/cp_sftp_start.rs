@@ -101,17 +101,24 @@ fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
 
-#[test]
-fn a_copy_with_sshd_asks_limits_with_init_and_no_data_plane() {
-    let Some(env) = Env::new() else { return };
+/// Uploads a small file holding `text` to the sshd and downloads it back,
+/// through the agent in `agent` or `--no-agent`: each copy's `limits`
+/// question came with `INIT`, and the sshd was not asked for the data
+/// plane.
+fn upload_and_back(env: &Env, agent: Option<&AgentHome>, text: &str) {
     let local = tempdir();
     let remote = account_dir();
     let src = local.path().join("small.txt");
-    write_file(&src, "one flight\n", 0o644);
+    write_file(&src, text, 0o644);
+    let how = if agent.is_some() {
+        "through the agent"
+    } else {
+        "directly"
+    };
 
-    let c = ctx(&env.sshd, "upload of one small file");
+    let c = ctx(&env.sshd, &format!("upload of one small file {how}"));
     env.cp(
-        None,
+        agent,
         &[
             s(&src),
             &format!("{}@127.0.0.1:{}/", user(), remote.path().display()),
@@ -120,7 +127,7 @@ fn a_copy_with_sshd_asks_limits_with_init_and_no_data_plane() {
     .expect_code(0, &c);
     assert_eq!(
         fs::read_to_string(remote.path().join("small.txt")).expect("read the upload"),
-        "one flight\n",
+        text,
         "{c}"
     );
     assert_eq!(env.verdicts(), ["early"], "{c}");
@@ -132,9 +139,9 @@ fn a_copy_with_sshd_asks_limits_with_init_and_no_data_plane() {
     assert!(!log.contains("transfer@skiff"), "{c}\n{log}");
 
     let back = local.path().join("back.txt");
-    let c = ctx(&env.sshd, "download of the same file");
+    let c = ctx(&env.sshd, &format!("download of the same file {how}"));
     env.cp(
-        None,
+        agent,
         &[
             &format!("{}@127.0.0.1:{}/small.txt", user(), remote.path().display()),
             s(&back),
@@ -143,41 +150,27 @@ fn a_copy_with_sshd_asks_limits_with_init_and_no_data_plane() {
     .expect_code(0, &c);
     assert_eq!(
         fs::read_to_string(&back).expect("read the download"),
-        "one flight\n",
+        text,
         "{c}"
     );
     assert_eq!(env.verdicts(), ["early", "early"], "{c}");
 }
 
+#[test]
+fn a_copy_with_sshd_asks_limits_with_init_and_no_data_plane() {
+    let Some(env) = Env::new() else { return };
+    upload_and_back(&env, None, "one flight\n");
+}
+
 /// Through the agent, sshd is not asked for the data plane either (the
 /// agent refuses it on a connection to a server that is not a skiffd,
-/// before opening a channel). The limits question waits for `VERSION`
-/// there: the copy learns only whether the server is a skiffd.
+/// before opening a channel), and the limits question goes out with
+/// `INIT` as on a direct copy: the agent says what software the server
+/// runs when it hands the channel over.
 #[test]
-fn through_the_agent_sshd_is_not_asked_for_the_data_plane() {
+fn through_the_agent_limits_go_with_init_and_sshd_is_not_asked_for_the_data_plane() {
     let Some(env) = Env::new() else { return };
     let ah = AgentHome::new();
-    let local = tempdir();
-    let remote = account_dir();
-    let src = local.path().join("small.txt");
-    write_file(&src, "through the agent\n", 0o644);
-    let c = ctx(&env.sshd, "upload of one small file through the agent");
-    env.cp(
-        Some(&ah),
-        &[
-            s(&src),
-            &format!("{}@127.0.0.1:{}/", user(), remote.path().display()),
-        ],
-    )
-    .expect_code(0, &c);
-    assert_eq!(
-        fs::read_to_string(remote.path().join("small.txt")).expect("read the upload"),
-        "through the agent\n",
-        "{c}"
-    );
-    assert_eq!(ah.agent_pids().len(), 1, "{c}: the agent carried the copy");
-    let log = env.sshd.log();
-    assert!(log.contains("subsystem 'sftp'"), "{c}\n{log}");
-    assert!(!log.contains("transfer@skiff"), "{c}\n{log}");
-    assert_eq!(env.verdicts(), ["late"], "{c}");
+    upload_and_back(&env, Some(&ah), "through the agent\n");
+    assert_eq!(ah.agent_pids().len(), 1, "the agent carried both copies");
 }

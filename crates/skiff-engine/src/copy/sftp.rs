@@ -169,14 +169,15 @@ async fn finish(
 }
 
 /// Copies `job` over an SFTP subsystem already started on `stream` (a
-/// channel the agent holds, say). `host` names the server in messages;
-/// `stall` is how long the server may stay silent (see [`copy`]); an
+/// channel the agent holds, say). `host` names the server in messages,
+/// `server` says what it runs (as far as known); `stall` is how long the server may stay silent (see [`copy`]); an
 /// upload may add up to `channels` − 1 channels from `more`; its
 /// temporaries are in `temps` (see [`copy`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn copy_on<S>(
     stream: S,
     host: &str,
+    server: crate::ServerKind,
     job: &CopyJob,
     stall: Option<std::time::Duration>,
     more: Option<&dyn MoreChannels>,
@@ -194,7 +195,7 @@ where
             heard.listen(stream),
             host.to_string(),
             None,
-            AskLimits::AfterVersion,
+            AskLimits::for_server(server),
             &heard,
             temps,
         )
@@ -214,9 +215,9 @@ where
 /// requests in order whatever came before, so behind an sshd or a skiffd
 /// the question goes out with `INIT`, in the same flight, saving one round
 /// trip at the start of every SFTP copy. If `VERSION` then does not list
-/// the extension, the early answer (an error) is ignored. Through the
-/// agent the server's software is not known here (only whether it is a
-/// skiffd), so such a copy asks after `VERSION`.
+/// the extension, the early answer (an error) is ignored. Through an agent
+/// that does not say what software the server runs (older than
+/// `agent_wire::SUBSYSTEM_KIND_SINCE`), a copy asks after `VERSION`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AskLimits {
     WithInit,
@@ -224,11 +225,10 @@ enum AskLimits {
 }
 
 impl AskLimits {
-    fn for_server(server: &crate::server_id::ServerId) -> AskLimits {
-        if server.is_openssh() || server.is_skiffd() {
-            AskLimits::WithInit
-        } else {
-            AskLimits::AfterVersion
+    fn for_server(server: crate::ServerKind) -> AskLimits {
+        match server {
+            crate::ServerKind::OpenSsh | crate::ServerKind::Skiffd => AskLimits::WithInit,
+            crate::ServerKind::Other => AskLimits::AfterVersion,
         }
     }
 }
@@ -502,7 +502,7 @@ impl<'a> Sftp<'a> {
                 other => break other?,
             }
         };
-        let ask = AskLimits::for_server(&conn.server_id);
+        let ask = AskLimits::for_server(conn.server_id.kind());
         Self::start(
             heard.listen(channel.into_stream()),
             host,
