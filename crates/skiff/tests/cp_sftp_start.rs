@@ -1,15 +1,18 @@
 //! How `skiff cp` starts an SFTP session with a stock OpenSSH sshd: the
 //! `limits@openssh.com` question goes out right behind `INIT`, in the same
-//! flight, not one round trip later once `VERSION` has come back.
+//! flight, not one round trip later once `VERSION` has come back; and an
+//! upload into a `dir/` target asks for its first temporary right behind
+//! the target's `stat`, not once the answer has come.
 //!
 //! The sshd's sftp subsystem is OpenSSH's `sftp-server` behind a small
-//! perl filter on its input. The filter holds the client's first packet
-//! (`INIT`) and looks whether a second one arrives while it holds it
-//! (within 10 s): only a client that sent it without waiting for
-//! `VERSION` can have sent it, since `VERSION` cannot come before `INIT`
-//! has reached the server. It writes down `early` or `late`, then passes
-//! everything on, so the copy itself goes on either way. And the sshd is
-//! not asked for the skiff data plane, which only skiffd serves.
+//! perl filter on its input. The filter passes packets on until the first
+//! of one type (`INIT`, or `STAT`), holds it and looks whether another one
+//! arrives while it holds it (within 10 s): only a client that sent it
+//! without waiting for the answer can have sent it, since the server
+//! cannot answer a packet that has not reached it. It writes down `early`
+//! or `late`, then passes everything on, so the copy itself goes on either
+//! way. And the sshd is not asked for the skiff data plane, which only
+//! skiffd serves.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -18,8 +21,12 @@ use skiff_testkit::server_context as ctx;
 use skiff_testkit::*;
 use tempfile::TempDir;
 
-/// How long the filter holds `INIT` waiting for a second packet.
+/// How long the filter holds a packet waiting for another.
 const HOLD_SECS: u32 = 10;
+
+/// SFTP packet types the filter can hold.
+const SSH_FXP_INIT: u8 = 1;
+const SSH_FXP_STAT: u8 = 17;
 
 struct Env {
     fx: Fixture,
@@ -32,7 +39,8 @@ struct Env {
 }
 
 impl Env {
-    fn new() -> Option<Env> {
+    /// An sshd whose filter holds the first packet of type `hold`.
+    fn holding(hold: u8) -> Option<Env> {
         if !require_openssh() || !require_tool("perl", "perl-base") {
             return None;
         }
@@ -43,15 +51,16 @@ impl Env {
                 // Reads exactly n bytes of stdin (or dies at its end).
                 let filter = format!(
                     r#"sub rd {{ my ($n) = @_; my $b = ""; while (length($b) < $n) {{ my $r = sysread(STDIN, $b, $n - length($b), length($b)); exit 0 unless $r; }} return $b; }}
-my $len = rd(4); my $body = rd(unpack("N", $len));
+my ($len, $body);
+while (1) {{ $len = rd(4); $body = rd(unpack("N", $len)); last if ord($body) == {hold}; syswrite(STDOUT, $len . $body) or exit 0; }}
 my $rin = ""; vec($rin, fileno(STDIN), 1) = 1;
 my $ready = select(my $rout = $rin, undef, undef, {HOLD_SECS});
 open(my $log, ">>", "{verdicts}") or die; print $log ($ready > 0 ? "early\n" : "late\n"); close $log;
 syswrite(STDOUT, $len . $body) or exit 0;
 while (sysread(STDIN, my $b, 65536)) {{ syswrite(STDOUT, $b) or exit 0; }}"#,
-                    verdicts = verdicts.display()
+                    verdicts = verdicts.display(),
                 );
-                let filter_file = dir.join("hold-init.pl");
+                let filter_file = dir.join("hold.pl");
                 write_file(&filter_file, filter, 0o644);
                 format!("perl '{}' | '{real}' \"$@\"\n", filter_file.display())
             },
@@ -101,6 +110,21 @@ fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
 
+/// Uploads `src` into `dir/` on the sshd, and checks it arrived.
+fn upload_into(env: &Env, agent: Option<&AgentHome>, src: &Path, dir: &Path, c: &str) {
+    env.cp(
+        agent,
+        &[s(src), &format!("{}@127.0.0.1:{}/", user(), dir.display())],
+    )
+    .expect_code(0, c);
+    let name = src.file_name().expect("a file name");
+    assert_eq!(
+        fs::read(dir.join(name)).expect("read the upload"),
+        fs::read(src).expect("read the source"),
+        "{c}"
+    );
+}
+
 /// Uploads a small file holding `text` to the sshd and downloads it back,
 /// through the agent in `agent` or `--no-agent`: each copy's `limits`
 /// question came with `INIT`, and the sshd was not asked for the data
@@ -117,19 +141,7 @@ fn upload_and_back(env: &Env, agent: Option<&AgentHome>, text: &str) {
     };
 
     let c = ctx(&env.sshd, &format!("upload of one small file {how}"));
-    env.cp(
-        agent,
-        &[
-            s(&src),
-            &format!("{}@127.0.0.1:{}/", user(), remote.path().display()),
-        ],
-    )
-    .expect_code(0, &c);
-    assert_eq!(
-        fs::read_to_string(remote.path().join("small.txt")).expect("read the upload"),
-        text,
-        "{c}"
-    );
+    upload_into(env, agent, &src, remote.path(), &c);
     assert_eq!(env.verdicts(), ["early"], "{c}");
     // A stock sshd has no skiff data plane: it is not asked for one (a
     // channel and a refused request, two round trips). Its log names the
@@ -158,7 +170,9 @@ fn upload_and_back(env: &Env, agent: Option<&AgentHome>, text: &str) {
 
 #[test]
 fn a_copy_with_sshd_asks_limits_with_init_and_no_data_plane() {
-    let Some(env) = Env::new() else { return };
+    let Some(env) = Env::holding(SSH_FXP_INIT) else {
+        return;
+    };
     upload_and_back(&env, None, "one flight\n");
 }
 
@@ -169,8 +183,84 @@ fn a_copy_with_sshd_asks_limits_with_init_and_no_data_plane() {
 /// runs when it hands the channel over.
 #[test]
 fn through_the_agent_limits_go_with_init_and_sshd_is_not_asked_for_the_data_plane() {
-    let Some(env) = Env::new() else { return };
+    let Some(env) = Env::holding(SSH_FXP_INIT) else {
+        return;
+    };
     let ah = AgentHome::new();
     upload_and_back(&env, Some(&ah), "through the agent\n");
     assert_eq!(ah.agent_pids().len(), 1, "the agent carried both copies");
+}
+
+/// An upload into `dir/` (which can only be a directory) asks for the
+/// temporary inside it right behind the target's `stat`.
+#[test]
+fn an_upload_into_dir_slash_opens_its_temporary_with_the_stat() {
+    let Some(env) = Env::holding(SSH_FXP_STAT) else {
+        return;
+    };
+    let local = tempdir();
+    let remote = account_dir();
+    let src = local.path().join("small.txt");
+    write_file(&src, "with the stat\n", 0o644);
+    let c = ctx(&env.sshd, "upload into dir/");
+    upload_into(&env, None, &src, remote.path(), &c);
+    assert_eq!(env.verdicts(), ["early"], "{c}");
+}
+
+/// A `dir/` target that is a file, or nothing, fails as it did when the
+/// copy looked before it leapt, and leaves nothing behind; the temporary
+/// was still asked for with the `stat`. (sftp-server cannot `stat`
+/// `file/`, so both say the directory is not there.)
+#[test]
+fn an_upload_into_a_slash_target_that_is_no_directory_fails_as_before() {
+    let Some(env) = Env::holding(SSH_FXP_STAT) else {
+        return;
+    };
+    let local = tempdir();
+    let remote = account_dir();
+    let src = local.path().join("small.txt");
+    write_file(&src, "nowhere\n", 0o644);
+    let plain = remote.path().join("plain");
+    write_file(&plain, "stays\n", 0o644);
+    for (target, says) in [
+        ("plain/", "No such directory"),
+        ("missing/", "No such directory"),
+    ] {
+        let c = ctx(&env.sshd, &format!("upload into {target}"));
+        let out = env.cp(
+            None,
+            &[
+                s(&src),
+                &format!("{}@127.0.0.1:{}/{target}", user(), remote.path().display()),
+            ],
+        );
+        out.expect_code(1, &c);
+        assert!(out.stderr.contains(says), "{c}: says {says:?}\n{out}");
+        assert_eq!(
+            out.stderr.lines().filter(|l| !l.trim().is_empty()).count(),
+            1,
+            "{c}: one line, the target's\n{out}"
+        );
+        assert_eq!(
+            env.verdicts().last().map(String::as_str),
+            Some("early"),
+            "{c}"
+        );
+        let mut left: Vec<String> = fs::read_dir(remote.path())
+            .expect("list the remote directory")
+            .map(|d| {
+                d.expect("an entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        left.sort();
+        assert_eq!(left, ["plain"], "{c}: nothing else there");
+        assert_eq!(
+            fs::read_to_string(&plain).expect("read plain"),
+            "stays\n",
+            "{c}"
+        );
+    }
 }

@@ -437,6 +437,59 @@ fn is_under(rel: &Path, failed: &[PathBuf]) -> bool {
     failed.iter().any(|f| rel.starts_with(f))
 }
 
+/// `dir/` or `dir/.`: a target that can only be a directory.
+fn ends_with_slash(path: &str) -> bool {
+    path.ends_with('/') || path.ends_with("/.")
+}
+
+/// Whether files may be written into an upload's target: at once, or
+/// once the server has said that a `dir/` target is a directory (the
+/// temporaries are created meanwhile, so that their `open` goes out with
+/// the target's `stat`).
+struct TargetGate(Option<tokio::sync::watch::Receiver<Option<bool>>>);
+
+impl TargetGate {
+    /// Files may be written at once.
+    fn open() -> TargetGate {
+        TargetGate(None)
+    }
+
+    /// Files wait for the verdict sent on the returned sender.
+    fn pending() -> (tokio::sync::watch::Sender<Option<bool>>, TargetGate) {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        (tx, TargetGate(Some(rx)))
+    }
+
+    /// Waits for the verdict: `false` when the target is not a directory
+    /// (or no verdict will come).
+    async fn allows(&self) -> bool {
+        let Some(rx) = &self.0 else { return true };
+        let mut rx = rx.clone();
+        let verdict = match rx.wait_for(Option::is_some).await {
+            Ok(v) => *v == Some(true),
+            Err(_) => false,
+        };
+        verdict
+    }
+}
+
+/// Where an upload goes: the placement of its sources, the gate its
+/// files pass before they are written, and how many channels it wants.
+#[derive(Clone, Copy)]
+struct Upload<'a> {
+    placement: &'a Placement,
+    gate: &'a TargetGate,
+    wanted: usize,
+}
+
+/// An upload into a `dir/` target, before the server has said what it is.
+#[derive(Clone, Copy)]
+struct IntoDir<'a> {
+    target: &'a str,
+    source_count: usize,
+    wanted: usize,
+}
+
 /// An SFTP session on a connection, with what the server offers.
 /// `each` of `files`, `at_once` at a time, each outcome as it ends. (A function of its own so that a copy's future is `Send`: rustc
 /// cannot tell that of such a closure over borrowed entries written in
@@ -691,25 +744,39 @@ impl<'a> Sftp<'a> {
             .fold((0u64, 0u64), |(b, n), e| (b.saturating_add(e.size), n + 1));
         progress.add_total(bytes);
 
-        // Extra channels open while the target is looked at and the
-        // directories are made on the first.
         let wanted = sftp_channels::upload_channels(bytes, count, self.channels);
-        let (extras, prepared) = tokio::join!(
-            self.open_extras(wanted - 1),
-            self.prepare_upload(&entries, sources, target, &mut report)
-        );
-        let sent = match prepared {
-            Ok(Some((made, files))) => self
-                .upload_files(files, &extras, job, progress, &mut report)
-                .await
-                .map(|()| made),
-            Ok(None) => Ok(Vec::new()),
-            Err(err) => Err(err),
+        let target = self.remote_path(target).await?;
+        let made = if sources.is_empty() || !ends_with_slash(&target) {
+            // Where the sources go depends on what the target is.
+            match skiff_files::place(
+                Path::new(&target),
+                self.target_is_dir(&target).await?,
+                sources.len(),
+            ) {
+                Ok(placement) => {
+                    let gate = TargetGate::open();
+                    let to = Upload {
+                        placement: &placement,
+                        gate: &gate,
+                        wanted,
+                    };
+                    self.send_placed(&entries, to, job, progress, &mut report)
+                        .await?
+                }
+                Err(e) => {
+                    report.failures.push(format!("{}:{e}", self.host));
+                    Vec::new()
+                }
+            }
+        } else {
+            let to = IntoDir {
+                target: &target,
+                source_count: sources.len(),
+                wanted,
+            };
+            self.send_into_dir(&entries, to, job, progress, &mut report)
+                .await?
         };
-        for raw in &extras {
-            let _ = raw.close_session();
-        }
-        let made = sent?;
 
         if job.preserve {
             // Deepest first, so setting a parent's time is not undone by its children.
@@ -729,6 +796,91 @@ impl<'a> Sftp<'a> {
             }
         }
         Ok(report)
+    }
+
+    /// Uploads into `to.target`, a `dir/` (a directory or nothing),
+    /// without waiting to hear what it is: the `stat` goes out first and
+    /// the directories and the first files' temporaries are asked for in
+    /// the same flight. No file is written before the answer (see
+    /// [`TargetGate`]); when it says the target is not a directory, the
+    /// copy fails as it would have had it looked first, and whatever was
+    /// created (nothing can be, inside a non-directory) is removed.
+    async fn send_into_dir<'e>(
+        &self,
+        entries: &'e [Entry],
+        to: IntoDir<'_>,
+        job: &CopyJob,
+        progress: &dyn Progress,
+        report: &mut CopyReport,
+    ) -> Result<Vec<(String, &'e Entry)>, SkiffError> {
+        let before = report.failures.len();
+        let (tell, gate) = TargetGate::pending();
+        let placement = Placement::IntoDir(PathBuf::from(to.target));
+        let looking = async {
+            let is_dir = self.target_is_dir(to.target).await;
+            let _ = tell.send(Some(matches!(is_dir, Ok(Some(true)))));
+            is_dir
+        };
+        let upload = Upload {
+            placement: &placement,
+            gate: &gate,
+            wanted: to.wanted,
+        };
+        // `looking` is polled first: its `stat` goes out before the rest.
+        let (looked, sent) = tokio::join!(
+            looking,
+            self.send_placed(entries, upload, job, progress, report)
+        );
+        let target_is_dir = looked?;
+        let made = sent?;
+        if target_is_dir == Some(true) {
+            return Ok(made);
+        }
+        // Every file stopped at the gate; what they say is not the news.
+        report.failures.truncate(before);
+        (report.files, report.bytes, report.dirs) = (0, 0, 0);
+        if let Err(e) = skiff_files::place(Path::new(to.target), target_is_dir, to.source_count) {
+            report.failures.push(format!("{}:{e}", self.host));
+        }
+        Ok(Vec::new())
+    }
+
+    /// Whether `target` is a directory: `None` when the server cannot say
+    /// (it does not exist, say).
+    async fn target_is_dir(&self, target: &str) -> Result<Option<bool>, SkiffError> {
+        Ok(self
+            .stat(target)
+            .await?
+            .ok()
+            .map(|attrs| kind_of(&attrs) == RemoteKind::Dir))
+    }
+
+    /// Makes the directories and sends the files of an upload placed as
+    /// `to` says; extra channels open meanwhile. The directories made.
+    async fn send_placed<'e>(
+        &self,
+        entries: &'e [Entry],
+        to: Upload<'_>,
+        job: &CopyJob,
+        progress: &dyn Progress,
+        report: &mut CopyReport,
+    ) -> Result<Vec<(String, &'e Entry)>, SkiffError> {
+        // Extra channels open while the directories are made on the first.
+        let (extras, prepared) = tokio::join!(
+            self.open_extras(to.wanted - 1),
+            self.prepare_upload(entries, to.placement, report)
+        );
+        let sent = match prepared {
+            Ok((made, files)) => self
+                .upload_files(files, &extras, to.gate, job, progress, report)
+                .await
+                .map(|()| made),
+            Err(err) => Err(err),
+        };
+        for raw in &extras {
+            let _ = raw.close_session();
+        }
+        sent
     }
 
     /// Up to `n` more SFTP sessions, all opened at once; those the server
@@ -766,30 +918,15 @@ impl<'a> Sftp<'a> {
         extras
     }
 
-    /// Looks at the target, places the sources and makes the directories
-    /// (failures go to `report`): the directories made and the files to
-    /// send, or `None` when nothing can be placed.
+    /// Makes the directories of an upload placed by `placement` (failures
+    /// go to `report`): the directories made and the files to send.
     #[allow(clippy::type_complexity)]
     async fn prepare_upload<'e>(
         &self,
         entries: &'e [Entry],
-        sources: &[PathBuf],
-        target: &str,
+        placement: &Placement,
         report: &mut CopyReport,
-    ) -> Result<Option<(Vec<(String, &'e Entry)>, Vec<(&'e Entry, String)>)>, SkiffError> {
-        let target = self.remote_path(target).await?;
-        let target_is_dir = match self.stat(&target).await? {
-            Ok(attrs) => Some(kind_of(&attrs) == RemoteKind::Dir),
-            Err(_) => None,
-        };
-        let placement = match skiff_files::place(Path::new(&target), target_is_dir, sources.len()) {
-            Ok(p) => p,
-            Err(e) => {
-                report.failures.push(format!("{}:{e}", self.host));
-                return Ok(None);
-            }
-        };
-
+    ) -> Result<(Vec<(String, &'e Entry)>, Vec<(&'e Entry, String)>), SkiffError> {
         // Directories first, in walk order (parents before children).
         let mut failed: Vec<PathBuf> = Vec::new();
         let mut made: Vec<(String, &Entry)> = Vec::new();
@@ -797,7 +934,7 @@ impl<'a> Sftp<'a> {
             if is_under(&e.rel, &failed) {
                 continue;
             }
-            let outcome = match remote_path_for(&placement, &e.rel) {
+            let outcome = match remote_path_for(placement, &e.rel) {
                 Ok(remote) => self.make_remote_dir(&remote, e.mode).await.map(|()| remote),
                 Err(m) => Err(Fail::File(m)),
             };
@@ -819,12 +956,12 @@ impl<'a> Sftp<'a> {
             if is_under(&e.rel, &failed) {
                 continue;
             }
-            match remote_path_for(&placement, &e.rel) {
+            match remote_path_for(placement, &e.rel) {
                 Ok(remote) => files.push((e, remote)),
                 Err(m) => report.failures.push(m),
             }
         }
-        Ok(Some((made, files)))
+        Ok((made, files))
     }
 
     /// Sends `files`, each starting on one of the channels in turn and
@@ -833,6 +970,7 @@ impl<'a> Sftp<'a> {
         &self,
         files: Vec<(&Entry, String)>,
         extras: &[Arc<RawSftpSession>],
+        gate: &TargetGate,
         job: &CopyJob,
         progress: &dyn Progress,
         report: &mut CopyReport,
@@ -853,7 +991,7 @@ impl<'a> Sftp<'a> {
             .map(|i| sessions[i])
             .collect();
             let r = self
-                .upload_file(e, &remote, job.preserve, progress, &lanes)
+                .upload_file(e, &remote, job.preserve, progress, &lanes, gate)
                 .await;
             (remote, r)
         });
@@ -906,6 +1044,7 @@ impl<'a> Sftp<'a> {
         preserve: bool,
         progress: &dyn Progress,
         lanes: &[&Arc<RawSftpSession>],
+        gate: &TargetGate,
     ) -> Result<u64, Fail> {
         let local_fail = |err: io::Error| Fail::File(FileError::io(&e.source, &err).to_string());
         let file = std::fs::File::open(&e.source).map_err(local_fail)?;
@@ -918,7 +1057,9 @@ impl<'a> Sftp<'a> {
         // point after this has it removed (see `leftovers`).
         let ticket = self.temps.add(&self.host, &temp, home);
         let result = self
-            .write_temp(file, e, &temp, remote, preserve, progress, home, others)
+            .write_temp(
+                file, e, &temp, remote, preserve, progress, home, others, gate,
+            )
             .await;
         self.temps.settle(ticket);
         result
@@ -938,6 +1079,7 @@ impl<'a> Sftp<'a> {
         progress: &dyn Progress,
         home: &RawSftpSession,
         others: &[&Arc<RawSftpSession>],
+        gate: &TargetGate,
     ) -> Result<u64, Fail> {
         let attrs = FileAttributes {
             permissions: Some(e.mode & 0o777),
@@ -948,6 +1090,14 @@ impl<'a> Sftp<'a> {
             Ok(h) => h.handle,
             Err(err) => return Err(self.fail(remote, err)),
         };
+        if !gate.allows().await {
+            let _ = home.close(handle.as_str()).await;
+            let _ = home.remove(temp).await;
+            return Err(Fail::File(format!(
+                "{}:{remote}: the target is not a directory",
+                self.host
+            )));
+        }
         // The other channels open the file the first one made (never
         // creating it: once it is removed, none can bring it back).
         let mut helpers: Vec<(&RawSftpSession, String)> = Vec::new();
