@@ -106,6 +106,29 @@ while (sysread(STDIN, my $b, 65536)) {{ syswrite(STDOUT, $b) or exit 0; }}"#,
     }
 }
 
+/// A directory holding `small.txt`, which holds `text`.
+fn small_file(text: &str) -> (TempDir, PathBuf) {
+    let local = tempdir();
+    let src = local.path().join("small.txt");
+    write_file(&src, text, 0o644);
+    (local, src)
+}
+
+/// The names in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("list {}: {e}", dir.display()))
+        .map(|d| {
+            d.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
@@ -130,10 +153,8 @@ fn upload_into(env: &Env, agent: Option<&AgentHome>, src: &Path, dir: &Path, c: 
 /// question came with `INIT`, and the sshd was not asked for the data
 /// plane.
 fn upload_and_back(env: &Env, agent: Option<&AgentHome>, text: &str) {
-    let local = tempdir();
+    let (local, src) = small_file(text);
     let remote = account_dir();
-    let src = local.path().join("small.txt");
-    write_file(&src, text, 0o644);
     let how = if agent.is_some() {
         "through the agent"
     } else {
@@ -198,13 +219,60 @@ fn an_upload_into_dir_slash_opens_its_temporary_with_the_stat() {
     let Some(env) = Env::holding(SSH_FXP_STAT) else {
         return;
     };
-    let local = tempdir();
+    let (_local, src) = small_file("with the stat\n");
     let remote = account_dir();
-    let src = local.path().join("small.txt");
-    write_file(&src, "with the stat\n", 0o644);
     let c = ctx(&env.sshd, "upload into dir/");
     upload_into(&env, None, &src, remote.path(), &c);
     assert_eq!(env.verdicts(), ["early"], "{c}");
+}
+
+/// One file to a name: its temporary is asked for beside the name, right
+/// behind the name's `stat`. When the name turns out to be a directory,
+/// that temporary is removed and the file goes into the directory.
+#[test]
+fn one_file_to_a_name_opens_its_temporary_with_the_stat() {
+    let Some(env) = Env::holding(SSH_FXP_STAT) else {
+        return;
+    };
+    let (_local, src) = small_file("named\n");
+    let remote = account_dir();
+    let c = ctx(&env.sshd, "upload to a new name");
+    env.cp(
+        None,
+        &[
+            s(&src),
+            &format!("{}@127.0.0.1:{}/named.txt", user(), remote.path().display()),
+        ],
+    )
+    .expect_code(0, &c);
+    assert_eq!(
+        fs::read_to_string(remote.path().join("named.txt")).expect("read the upload"),
+        "named\n",
+        "{c}"
+    );
+    assert_eq!(env.verdicts(), ["early"], "{c}");
+
+    let inner = remote.path().join("inner");
+    fs::create_dir(&inner).expect("make inner");
+    fs::set_permissions(&inner, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .expect("chmod inner");
+    let c = ctx(&env.sshd, "upload to a name that is a directory");
+    env.cp(
+        None,
+        &[
+            s(&src),
+            &format!("{}@127.0.0.1:{}", user(), inner.display()),
+        ],
+    )
+    .expect_code(0, &c);
+    assert_eq!(
+        fs::read_to_string(inner.join("small.txt")).expect("read the upload"),
+        "named\n",
+        "{c}"
+    );
+    assert_eq!(env.verdicts(), ["early", "early"], "{c}");
+    let left = names_in(remote.path());
+    assert_eq!(left, ["inner", "named.txt"], "{c}: no temporary left");
 }
 
 /// A `dir/` target that is a file, or nothing, fails as it did when the
@@ -216,10 +284,8 @@ fn an_upload_into_a_slash_target_that_is_no_directory_fails_as_before() {
     let Some(env) = Env::holding(SSH_FXP_STAT) else {
         return;
     };
-    let local = tempdir();
+    let (_local, src) = small_file("nowhere\n");
     let remote = account_dir();
-    let src = local.path().join("small.txt");
-    write_file(&src, "nowhere\n", 0o644);
     let plain = remote.path().join("plain");
     write_file(&plain, "stays\n", 0o644);
     for (target, says) in [
@@ -246,16 +312,7 @@ fn an_upload_into_a_slash_target_that_is_no_directory_fails_as_before() {
             Some("early"),
             "{c}"
         );
-        let mut left: Vec<String> = fs::read_dir(remote.path())
-            .expect("list the remote directory")
-            .map(|d| {
-                d.expect("an entry")
-                    .file_name()
-                    .to_string_lossy()
-                    .into_owned()
-            })
-            .collect();
-        left.sort();
+        let left = names_in(remote.path());
         assert_eq!(left, ["plain"], "{c}: nothing else there");
         assert_eq!(
             fs::read_to_string(&plain).expect("read plain"),

@@ -437,15 +437,29 @@ fn is_under(rel: &Path, failed: &[PathBuf]) -> bool {
     failed.iter().any(|f| rel.starts_with(f))
 }
 
-/// `dir/` or `dir/.`: a target that can only be a directory.
-fn ends_with_slash(path: &str) -> bool {
-    path.ends_with('/') || path.ends_with("/.")
+/// Where an upload's sources go when that does not wait for the
+/// target's `stat`: into `dir/` (or `.`, `..`, `dir/.`, `dir/..`), which
+/// can only be a directory; one file as the target's name, which is right
+/// unless the target is a directory. `None`: look first (several sources,
+/// a tree).
+fn guess_placement(target: &str, entries: &[Entry], source_count: usize) -> Option<Placement> {
+    let last = target.rsplit('/').next().unwrap_or(target);
+    if source_count == 0 {
+        None
+    } else if matches!(last, "" | "." | "..") {
+        Some(Placement::IntoDir(PathBuf::from(target)))
+    } else if let [only] = entries {
+        (source_count == 1 && only.kind == EntryKind::File)
+            .then(|| Placement::AsName(PathBuf::from(target)))
+    } else {
+        None
+    }
 }
 
-/// Whether files may be written into an upload's target: at once, or
-/// once the server has said that a `dir/` target is a directory (the
-/// temporaries are created meanwhile, so that their `open` goes out with
-/// the target's `stat`).
+/// Whether files may be written where an upload placed them: at once, or
+/// once the server's answer about the target has shown that the placement
+/// guessed before it was right (the temporaries are created meanwhile,
+/// so that their `open` goes out with the target's `stat`).
 struct TargetGate(Option<tokio::sync::watch::Receiver<Option<bool>>>);
 
 impl TargetGate {
@@ -460,8 +474,8 @@ impl TargetGate {
         (tx, TargetGate(Some(rx)))
     }
 
-    /// Waits for the verdict: `false` when the target is not a directory
-    /// (or no verdict will come).
+    /// Waits for the verdict: `false` when the guess was wrong (or no
+    /// verdict will come).
     async fn allows(&self) -> bool {
         let Some(rx) = &self.0 else { return true };
         let mut rx = rx.clone();
@@ -482,9 +496,10 @@ struct Upload<'a> {
     wanted: usize,
 }
 
-/// An upload into a `dir/` target, before the server has said what it is.
+/// An upload's target as typed (made ready for the server), with how
+/// many sources go there and how many channels the upload wants.
 #[derive(Clone, Copy)]
-struct IntoDir<'a> {
+struct Target<'a> {
     target: &'a str,
     source_count: usize,
     wanted: usize,
@@ -746,36 +761,21 @@ impl<'a> Sftp<'a> {
 
         let wanted = sftp_channels::upload_channels(bytes, count, self.channels);
         let target = self.remote_path(target).await?;
-        let made = if sources.is_empty() || !ends_with_slash(&target) {
-            // Where the sources go depends on what the target is.
-            match skiff_files::place(
-                Path::new(&target),
-                self.target_is_dir(&target).await?,
-                sources.len(),
-            ) {
-                Ok(placement) => {
-                    let gate = TargetGate::open();
-                    let to = Upload {
-                        placement: &placement,
-                        gate: &gate,
-                        wanted,
-                    };
-                    self.send_placed(&entries, to, job, progress, &mut report)
-                        .await?
-                }
-                Err(e) => {
-                    report.failures.push(format!("{}:{e}", self.host));
-                    Vec::new()
-                }
+        let to = Target {
+            target: &target,
+            source_count: sources.len(),
+            wanted,
+        };
+        let made = match guess_placement(&target, &entries, sources.len()) {
+            Some(guess) => {
+                self.send_guessed(&entries, to, guess, job, progress, &mut report)
+                    .await?
             }
-        } else {
-            let to = IntoDir {
-                target: &target,
-                source_count: sources.len(),
-                wanted,
-            };
-            self.send_into_dir(&entries, to, job, progress, &mut report)
-                .await?
+            None => {
+                let target_is_dir = self.target_is_dir(&target).await?;
+                self.send_to(&entries, to, target_is_dir, job, progress, &mut report)
+                    .await?
+            }
         };
 
         if job.preserve {
@@ -798,31 +798,36 @@ impl<'a> Sftp<'a> {
         Ok(report)
     }
 
-    /// Uploads into `to.target`, a `dir/` (a directory or nothing),
-    /// without waiting to hear what it is: the `stat` goes out first and
-    /// the directories and the first files' temporaries are asked for in
-    /// the same flight. No file is written before the answer (see
-    /// [`TargetGate`]); when it says the target is not a directory, the
-    /// copy fails as it would have had it looked first, and whatever was
-    /// created (nothing can be, inside a non-directory) is removed.
-    async fn send_into_dir<'e>(
+    /// Uploads to `to.target` placed as `guess`, without waiting to hear
+    /// what the target is: the `stat` goes out first and the directories
+    /// and the first files' temporaries are asked for in the same flight.
+    /// No file is written before the answer (see [`TargetGate`]). When it
+    /// says the guess was wrong, the temporaries created are removed, what
+    /// the files said is dropped, and the upload goes on as if it had
+    /// looked first: placed by what the target is, or failed as it would
+    /// have been.
+    async fn send_guessed<'e>(
         &self,
         entries: &'e [Entry],
-        to: IntoDir<'_>,
+        to: Target<'_>,
+        guess: Placement,
         job: &CopyJob,
         progress: &dyn Progress,
         report: &mut CopyReport,
     ) -> Result<Vec<(String, &'e Entry)>, SkiffError> {
         let before = report.failures.len();
         let (tell, gate) = TargetGate::pending();
-        let placement = Placement::IntoDir(PathBuf::from(to.target));
+        let right = |is_dir: Option<bool>| match guess {
+            Placement::IntoDir(_) => is_dir == Some(true),
+            Placement::AsName(_) => is_dir != Some(true),
+        };
         let looking = async {
             let is_dir = self.target_is_dir(to.target).await;
-            let _ = tell.send(Some(matches!(is_dir, Ok(Some(true)))));
+            let _ = tell.send(Some(matches!(is_dir, Ok(d) if right(d))));
             is_dir
         };
         let upload = Upload {
-            placement: &placement,
+            placement: &guess,
             gate: &gate,
             wanted: to.wanted,
         };
@@ -833,16 +838,47 @@ impl<'a> Sftp<'a> {
         );
         let target_is_dir = looked?;
         let made = sent?;
-        if target_is_dir == Some(true) {
+        if right(target_is_dir) {
             return Ok(made);
         }
-        // Every file stopped at the gate; what they say is not the news.
+        tracing::debug!(
+            "{}:{}: placed wrongly before its stat; again",
+            self.host,
+            to.target
+        );
         report.failures.truncate(before);
         (report.files, report.bytes, report.dirs) = (0, 0, 0);
-        if let Err(e) = skiff_files::place(Path::new(to.target), target_is_dir, to.source_count) {
-            report.failures.push(format!("{}:{e}", self.host));
+        self.send_to(entries, to, target_is_dir, job, progress, report)
+            .await
+    }
+
+    /// Uploads to `to.target`, known to be a directory or not
+    /// (`target_is_dir`, see [`skiff_files::place`]).
+    async fn send_to<'e>(
+        &self,
+        entries: &'e [Entry],
+        to: Target<'_>,
+        target_is_dir: Option<bool>,
+        job: &CopyJob,
+        progress: &dyn Progress,
+        report: &mut CopyReport,
+    ) -> Result<Vec<(String, &'e Entry)>, SkiffError> {
+        match skiff_files::place(Path::new(to.target), target_is_dir, to.source_count) {
+            Ok(placement) => {
+                let gate = TargetGate::open();
+                let upload = Upload {
+                    placement: &placement,
+                    gate: &gate,
+                    wanted: to.wanted,
+                };
+                self.send_placed(entries, upload, job, progress, report)
+                    .await
+            }
+            Err(e) => {
+                report.failures.push(format!("{}:{e}", self.host));
+                Ok(Vec::new())
+            }
         }
-        Ok(Vec::new())
     }
 
     /// Whether `target` is a directory: `None` when the server cannot say
@@ -1094,7 +1130,7 @@ impl<'a> Sftp<'a> {
             let _ = home.close(handle.as_str()).await;
             let _ = home.remove(temp).await;
             return Err(Fail::File(format!(
-                "{}:{remote}: the target is not a directory",
+                "{}:{remote}: placed before the target's stat, wrongly",
                 self.host
             )));
         }
