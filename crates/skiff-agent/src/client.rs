@@ -2,7 +2,7 @@
 //! process's stdin, stdout and stderr with the command, and wait for the
 //! exit code. Everything here is blocking; one request per connection.
 
-use skiff_engine::ChannelOpened;
+use skiff_engine::{ChannelOpened, ServerKind};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
@@ -151,20 +151,35 @@ fn request_announced(
             agent_wire::decode_reply(&buf).map_err(|e| format!("bad reply from the agent: {e}"))?
         {
             match reply {
+                // An agent older than `SUBSYSTEM_KIND_SINCE` says less
+                // of what the server is (older than `SUBSYSTEM_ON_SINCE`,
+                // nothing).
                 Reply::Opened { rtt_us } => {
                     buf.drain(..used);
-                    // An agent older than `SUBSYSTEM_ON_SINCE` does not
-                    // say what the server is.
                     opened(ChannelOpened {
                         rtt: Duration::from_micros(rtt_us),
-                        skiffd: false,
+                        server: ServerKind::Other,
                     });
                 }
                 Reply::OpenedOn { rtt_us, skiffd } => {
                     buf.drain(..used);
                     opened(ChannelOpened {
                         rtt: Duration::from_micros(rtt_us),
-                        skiffd,
+                        server: match skiffd {
+                            true => ServerKind::Skiffd,
+                            false => ServerKind::Other,
+                        },
+                    });
+                }
+                Reply::OpenedKind { rtt_us, server } => {
+                    buf.drain(..used);
+                    opened(ChannelOpened {
+                        rtt: Duration::from_micros(rtt_us),
+                        server: match server {
+                            agent_wire::ServerKind::Skiffd => ServerKind::Skiffd,
+                            agent_wire::ServerKind::OpenSsh => ServerKind::OpenSsh,
+                            agent_wire::ServerKind::Other => ServerKind::Other,
+                        },
                     });
                 }
                 last => return Ok(made_safe(last)),
@@ -354,7 +369,9 @@ pub fn subsystem_announced(
     };
     let stderr = std::io::stderr();
     let fds = [io, io, stderr.as_fd()];
-    let req = if version >= agent_wire::SUBSYSTEM_ON_SINCE {
+    let req = if version >= agent_wire::SUBSYSTEM_KIND_SINCE {
+        Request::SubsystemKind(wire)
+    } else if version >= agent_wire::SUBSYSTEM_ON_SINCE {
         Request::SubsystemOn(wire)
     } else {
         Request::Subsystem(wire)
@@ -463,6 +480,7 @@ pub fn made_safe(reply: Reply) -> Reply {
         | Reply::RunOutput { .. }
         | Reply::Opened { .. }
         | Reply::OpenedOn { .. }
+        | Reply::OpenedKind { .. }
         | Reply::Controlled { .. }) => other,
     }
 }

@@ -221,9 +221,13 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
                 "client sent no complete request in time",
             )
         })??;
-    // `SubsystemOn` is `Subsystem` whose `Opened` also says what the
-    // server is.
-    let tells_kind = matches!(request, Request::SubsystemOn(_));
+    // `SubsystemOn` and `SubsystemKind` are `Subsystem` whose `Opened`
+    // also says what the server is (whether it is a skiffd; what it is).
+    let announcement = match &request {
+        Request::SubsystemOn(_) => Announcement::Skiffd,
+        Request::SubsystemKind(_) => Announcement::Kind,
+        _ => Announcement::Plain,
+    };
     let reply = match request {
         Request::Hello { .. } => Reply::Hello {
             version: agent_wire::PROTOCOL_VERSION,
@@ -289,7 +293,7 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
                 }
             }
         }
-        Request::Subsystem(wire) | Request::SubsystemOn(wire) => {
+        Request::Subsystem(wire) | Request::SubsystemOn(wire) | Request::SubsystemKind(wire) => {
             let (resize_tx, _) = tokio::sync::mpsc::channel(1);
             let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
             let work = exec(
@@ -303,12 +307,8 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
             // final reply waits for it: the sender goes with `work`, so
             // announcing ends by then, and never halfway through a frame.
             let announce = async {
-                if let Ok(skiff_engine::ChannelOpened { rtt, skiffd }) = opened_rx.await {
-                    let rtt_us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX);
-                    let reply = match tells_kind {
-                        true => Reply::OpenedOn { rtt_us, skiffd },
-                        false => Reply::Opened { rtt_us },
-                    };
+                if let Ok(opened) = opened_rx.await {
+                    let reply = announcement.reply(opened);
                     let frame = agent_wire::encode_reply(&reply);
                     if write_shared(&stream, &frame).await.is_err() {
                         tracing::debug!("could not tell the client its channel is open");
@@ -444,6 +444,40 @@ fn stdio_fds(fds: Vec<OwnedFd>) -> Result<[OwnedFd; 3], Reply> {
         kind: 5,
         message: format!("expected 3 file descriptors, got {}", v.len()),
     })
+}
+
+/// Which reply tells a client that its subsystem's channel is open, by
+/// the request it sent.
+#[derive(Debug, Clone, Copy)]
+enum Announcement {
+    /// `Opened` (for `Subsystem`).
+    Plain,
+    /// `OpenedOn` (for `SubsystemOn`).
+    Skiffd,
+    /// `OpenedKind` (for `SubsystemKind`).
+    Kind,
+}
+
+impl Announcement {
+    fn reply(self, opened: skiff_engine::ChannelOpened) -> Reply {
+        use skiff_engine::ServerKind;
+        let rtt_us = u64::try_from(opened.rtt.as_micros()).unwrap_or(u64::MAX);
+        match self {
+            Announcement::Plain => Reply::Opened { rtt_us },
+            Announcement::Skiffd => Reply::OpenedOn {
+                rtt_us,
+                skiffd: opened.server == ServerKind::Skiffd,
+            },
+            Announcement::Kind => Reply::OpenedKind {
+                rtt_us,
+                server: match opened.server {
+                    ServerKind::Skiffd => agent_wire::ServerKind::Skiffd,
+                    ServerKind::OpenSsh => agent_wire::ServerKind::OpenSsh,
+                    ServerKind::Other => agent_wire::ServerKind::Other,
+                },
+            },
+        }
+    }
 }
 
 /// What a client's command gets besides its stdio: window changes (`Exec`),

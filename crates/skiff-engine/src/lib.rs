@@ -36,4 +36,5 @@ pub use connect::{connect, Connection};
 pub use error::{ErrorKind, SkiffError};
 pub use exec::{exec, ExecRequest, ExitOutcome, PtyRequest, WindowSize};
 pub use pool::{ChannelOpened, Pool};
+pub use server_id::ServerKind;
 pub use settings::{ConnectSettings, Destination};

@@ -43,12 +43,12 @@ const MAX_OPEN_ATTEMPTS: usize = 16;
 pub const STALL_AFTER: Duration = Duration::from_millis(200);
 
 /// A channel [`Pool::exec_announcing_open`] opened: how long opening it
-/// took (one round trip to the server, on a warm connection) and whether
-/// the server identified itself as a skiffd.
+/// took (one round trip to the server, on a warm connection) and what the
+/// server identified itself as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChannelOpened {
     pub rtt: Duration,
-    pub skiffd: bool,
+    pub server: crate::server_id::ServerKind,
 }
 
 /// What makes two commands able to share a connection.
@@ -403,7 +403,7 @@ impl Pool {
                 let session = open_session(conn).await?;
                 let opened = ChannelOpened {
                     rtt: started.elapsed(),
-                    skiffd: conn.server_id.is_skiffd(),
+                    server: conn.server_id.kind(),
                 };
                 Ok((session, opened))
             })
@@ -505,8 +505,8 @@ impl Pool {
     }
 
     /// As [`Pool::exec`] without a terminal, and tells `opened` how long
-    /// the channel took to open, and whether the server is a skiffd (a round trip to the server, measured on a
-    /// warm connection) as soon as it is open, before the command or
+    /// the channel took to open (a round trip to the server, measured on a
+    /// warm connection) and what the server is as soon as it is open, before the command or
     /// subsystem is asked for. The caller can then pick what depends on the
     /// round trip, such as the data plane's stream count, without another.
     pub async fn exec_announcing_open<I, O, E>(

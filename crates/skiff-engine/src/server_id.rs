@@ -41,6 +41,17 @@ impl Seen {
     }
 }
 
+/// What software a server runs, as far as skiff's choices need to know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerKind {
+    /// skiffd: it serves the data plane.
+    Skiffd,
+    /// OpenSSH's sshd.
+    OpenSsh,
+    /// Any other server, or one whose software is not known.
+    Other,
+}
+
 /// Where a [`Recording`] stream leaves the identification line.
 #[derive(Debug, Clone, Default)]
 pub struct ServerId {
@@ -75,6 +86,17 @@ impl ServerId {
     pub fn is_openssh(&self) -> bool {
         self.get()
             .is_some_and(|id| id.starts_with("SSH-2.0-OpenSSH_"))
+    }
+
+    /// What the identification line says the server is.
+    pub fn kind(&self) -> ServerKind {
+        if self.is_skiffd() {
+            ServerKind::Skiffd
+        } else if self.is_openssh() {
+            ServerKind::OpenSsh
+        } else {
+            ServerKind::Other
+        }
     }
 }
 
@@ -155,6 +177,9 @@ mod tests {
             .set("SSH-2.0-OpenSSH_9.2p1 Debian".into())
             .unwrap();
         assert!(!other.is_skiffd());
+        assert_eq!(id.kind(), ServerKind::Skiffd);
+        assert_eq!(other.kind(), ServerKind::OpenSsh);
+        assert_eq!(ServerId::default().kind(), ServerKind::Other);
     }
 
     #[tokio::test]

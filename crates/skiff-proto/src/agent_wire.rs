@@ -29,9 +29,11 @@
 //! back exactly the same bytes.
 //!
 //! Request tags: `1` Hello, `2` Exec, `3` WindowChange, `4` Status, `5` Stop,
-//! `6` Forget, `7` Run, `8` Forward, `9` Subsystem, `10` Control, `11` SubsystemOn. Reply
-//! tags: `1` Hello, `2` Exit, `3` Failed, `4` NeedsUser, `5` Status, `6` Done, `7` RunOutput,
-//! `8` RunNotice, `9` RunDone, `10` Opened, `11` Controlled, `12` OpenedOn.
+//! `6` Forget, `7` Run, `8` Forward, `9` Subsystem, `10` Control, `11` SubsystemOn,
+//! `12` SubsystemKind. Reply tags: `1` Hello, `2` Exit, `3` Failed, `4` NeedsUser, `5` Status,
+//! `6` Done, `7` RunOutput, `8` RunNotice, `9` RunDone, `10` Opened, `11` Controlled,
+//! `12` OpenedOn, `13` OpenedKind. A [`ServerKind`] is one byte: `0` other, `1` skiffd,
+//! `2` OpenSSH (anything else is [`WireError::BadValue`]).
 //!
 //! A `Run` is answered by any number of `RunOutput`/`RunNotice` frames and
 //! one `RunDone` per host (hosts numbered in the order the node set expands
@@ -47,7 +49,7 @@ pub use crate::frame::MAX_FRAME;
 use crate::frame::{split_frame, Reader, Writer};
 
 /// The protocol version exchanged in `Hello`.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// The first version that takes `Forward`.
 pub const FORWARD_SINCE: u32 = 3;
@@ -66,6 +68,39 @@ pub const CONTROL_SINCE: u32 = 7;
 
 /// The first version that takes `SubsystemOn` (and answers `OpenedOn`).
 pub const SUBSYSTEM_ON_SINCE: u32 = 8;
+
+/// The first version that takes `SubsystemKind` (and answers `OpenedKind`).
+pub const SUBSYSTEM_KIND_SINCE: u32 = 9;
+
+/// What software the server of a connection runs, as far as a copy needs
+/// to know: a skiffd serves the data plane; an OpenSSH sshd's and a
+/// skiffd's SFTP servers answer a request sent before `VERSION`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerKind {
+    /// Neither, as far as its identification line says.
+    Other,
+    Skiffd,
+    OpenSsh,
+}
+
+impl ServerKind {
+    fn to_byte(self) -> u8 {
+        match self {
+            ServerKind::Other => 0,
+            ServerKind::Skiffd => 1,
+            ServerKind::OpenSsh => 2,
+        }
+    }
+
+    fn from_byte(b: u8) -> Result<ServerKind, WireError> {
+        match b {
+            0 => Ok(ServerKind::Other),
+            1 => Ok(ServerKind::Skiffd),
+            2 => Ok(ServerKind::OpenSsh),
+            _ => Err(WireError::BadValue("server software")),
+        }
+    }
+}
 
 /// What `ssh -O` asks of the agent about one destination's connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,6 +239,10 @@ pub enum Request {
     /// server is a skiffd (so `skiff cp` may dial its data-plane streams
     /// before their tokens come).
     SubsystemOn(ExecWire),
+    /// `Subsystem`, answered with `OpenedKind`, which says what software
+    /// the server runs (so `skiff cp` may also ask an sshd's SFTP server
+    /// for its limits before it has answered `INIT`).
+    SubsystemKind(ExecWire),
     /// `ssh -O check|stop|exit` for one destination; answered with
     /// `Controlled` (or `Failed`, when the destination does not resolve).
     Control(ControlWire),
@@ -246,6 +285,9 @@ pub enum Reply {
     /// `Opened` for a `SubsystemOn` request; `skiffd`: the server
     /// identified itself as a skiffd.
     OpenedOn { rtt_us: u64, skiffd: bool },
+    /// `Opened` for a `SubsystemKind` request; `server`: what the server's
+    /// identification line says it is.
+    OpenedKind { rtt_us: u64, server: ServerKind },
     /// Answer to `Request::Control`: how many live connections the
     /// destination had (before a `Stop` forgot them).
     Controlled { live: u32 },
@@ -263,6 +305,7 @@ const RQ_FORWARD: u8 = 8;
 const RQ_SUBSYSTEM: u8 = 9;
 const RQ_CONTROL: u8 = 10;
 const RQ_SUBSYSTEM_ON: u8 = 11;
+const RQ_SUBSYSTEM_KIND: u8 = 12;
 
 // Reply tags.
 const RP_HELLO: u8 = 1;
@@ -277,6 +320,7 @@ const RP_RUN_DONE: u8 = 9;
 const RP_OPENED: u8 = 10;
 const RP_CONTROLLED: u8 = 11;
 const RP_OPENED_ON: u8 = 12;
+const RP_OPENED_KIND: u8 = 13;
 
 // HostEnd tags.
 const END_STATUS: u8 = 0;
@@ -312,6 +356,11 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
         }
         Request::SubsystemOn(e) => {
             let mut w = Writer::new(RQ_SUBSYSTEM_ON);
+            encode_exec(&mut w, e);
+            w.finish()
+        }
+        Request::SubsystemKind(e) => {
+            let mut w = Writer::new(RQ_SUBSYSTEM_KIND);
             encode_exec(&mut w, e);
             w.finish()
         }
@@ -432,6 +481,12 @@ pub fn encode_reply(rep: &Reply) -> Vec<u8> {
             w.bool(*skiffd);
             w.finish()
         }
+        Reply::OpenedKind { rtt_us, server } => {
+            let mut w = Writer::new(RP_OPENED_KIND);
+            w.u64(*rtt_us);
+            w.u8(server.to_byte());
+            w.finish()
+        }
         Reply::Opened { rtt_us } => {
             let mut w = Writer::new(RP_OPENED);
             w.u64(*rtt_us);
@@ -502,6 +557,7 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Request, usize)>, WireError>
         RQ_EXEC => Request::Exec(decode_exec(&mut r)?),
         RQ_SUBSYSTEM => Request::Subsystem(decode_exec(&mut r)?),
         RQ_SUBSYSTEM_ON => Request::SubsystemOn(decode_exec(&mut r)?),
+        RQ_SUBSYSTEM_KIND => Request::SubsystemKind(decode_exec(&mut r)?),
         RQ_WINDOW_CHANGE => Request::WindowChange {
             cols: r.u32()?,
             rows: r.u32()?,
@@ -604,6 +660,10 @@ pub fn decode_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, WireError> {
         RP_OPENED_ON => Reply::OpenedOn {
             rtt_us: r.u64()?,
             skiffd: r.bool("server kind")?,
+        },
+        RP_OPENED_KIND => Reply::OpenedKind {
+            rtt_us: r.u64()?,
+            server: ServerKind::from_byte(r.u8()?)?,
         },
         RP_CONTROLLED => Reply::Controlled { live: r.u32()? },
         RP_RUN_OUTPUT => Reply::RunOutput {
@@ -746,6 +806,13 @@ mod tests {
                 subsystem: true,
                 ..Default::default()
             }),
+            Request::SubsystemKind(ExecWire {
+                host: "files".into(),
+                command: "sftp".into(),
+                subsystem: true,
+                ..Default::default()
+            }),
+            Request::SubsystemKind(full_exec()),
             Request::Control(ControlWire {
                 base: full_exec(),
                 action: ControlAction::Check,
@@ -808,6 +875,18 @@ mod tests {
             Reply::OpenedOn {
                 rtt_us: 0,
                 skiffd: false,
+            },
+            Reply::OpenedKind {
+                rtt_us: 0,
+                server: ServerKind::Other,
+            },
+            Reply::OpenedKind {
+                rtt_us: 41_000,
+                server: ServerKind::Skiffd,
+            },
+            Reply::OpenedKind {
+                rtt_us: u64::MAX,
+                server: ServerKind::OpenSsh,
             },
             Reply::RunOutput {
                 host: 0,
@@ -1069,7 +1148,7 @@ mod tests {
 
     #[test]
     fn unknown_tags() {
-        for tag in [0u8, 13, 200, 255] {
+        for tag in [0u8, 14, 200, 255] {
             assert_eq!(
                 decode_request(&frame(&[tag])),
                 Err(WireError::UnknownTag(tag))
@@ -1079,6 +1158,10 @@ mod tests {
                 Err(WireError::UnknownTag(tag))
             );
         }
+        assert_eq!(
+            decode_request(&frame(&[13])),
+            Err(WireError::UnknownTag(13))
+        );
     }
 
     #[test]
@@ -1101,6 +1184,43 @@ mod tests {
             decode_reply(&frame(&body)),
             Err(WireError::BadValue("server kind"))
         );
+    }
+
+    #[test]
+    fn a_server_software_other_than_0_to_2_is_refused() {
+        for bad in [3u8, 0x80, 255] {
+            let mut body = vec![RP_OPENED_KIND];
+            body.extend_from_slice(&7u64.to_be_bytes());
+            body.push(bad);
+            assert_eq!(
+                decode_reply(&frame(&body)),
+                Err(WireError::BadValue("server software"))
+            );
+        }
+    }
+
+    #[test]
+    fn opened_kind_encoding() {
+        assert_eq!(
+            encode_reply(&Reply::OpenedKind {
+                rtt_us: 0x0102,
+                server: ServerKind::OpenSsh
+            }),
+            [0, 0, 0, 10, 13, 0, 0, 0, 0, 0, 0, 1, 2, 2]
+        );
+        // One byte more than the reply has is refused, not ignored.
+        let mut long = encode_reply(&Reply::OpenedKind {
+            rtt_us: 1,
+            server: ServerKind::Skiffd,
+        });
+        long[3] += 1;
+        long.push(0);
+        assert_eq!(decode_reply(&long), Err(WireError::Trailing(1)));
+        // A frame that says it is larger than any reply may be is refused
+        // from its header, whatever its tag.
+        let mut huge = ((MAX_FRAME + 1) as u32).to_be_bytes().to_vec();
+        huge.push(RP_OPENED_KIND);
+        assert_eq!(decode_reply(&huge), Err(WireError::TooLarge(MAX_FRAME + 1)));
     }
 
     #[test]

@@ -339,7 +339,8 @@ where
     let mut control = ControlChannel::new(stream, host, Vec::new());
     let opening = Opening::new(job, options, opened.rtt);
     control.send_bytes(&opening.bytes).await?;
-    let early = dial_early(addr, opening.requested, options, opened.skiffd);
+    let skiffd = opened.server == crate::server_id::ServerKind::Skiffd;
+    let early = dial_early(addr, opening.requested, options, skiffd);
     run(
         control, opening, early, addr, job, options, placement, progress,
     )

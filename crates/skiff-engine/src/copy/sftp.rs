@@ -169,14 +169,15 @@ async fn finish(
 }
 
 /// Copies `job` over an SFTP subsystem already started on `stream` (a
-/// channel the agent holds, say). `host` names the server in messages;
-/// `stall` is how long the server may stay silent (see [`copy`]); an
+/// channel the agent holds, say). `host` names the server in messages,
+/// `server` says what it runs (as far as known); `stall` is how long the server may stay silent (see [`copy`]); an
 /// upload may add up to `channels` − 1 channels from `more`; its
 /// temporaries are in `temps` (see [`copy`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn copy_on<S>(
     stream: S,
     host: &str,
+    server: crate::ServerKind,
     job: &CopyJob,
     stall: Option<std::time::Duration>,
     more: Option<&dyn MoreChannels>,
@@ -194,7 +195,7 @@ where
             heard.listen(stream),
             host.to_string(),
             None,
-            AskLimits::AfterVersion,
+            AskLimits::for_server(server),
             &heard,
             temps,
         )
@@ -214,9 +215,9 @@ where
 /// requests in order whatever came before, so behind an sshd or a skiffd
 /// the question goes out with `INIT`, in the same flight, saving one round
 /// trip at the start of every SFTP copy. If `VERSION` then does not list
-/// the extension, the early answer (an error) is ignored. Through the
-/// agent the server's software is not known here (only whether it is a
-/// skiffd), so such a copy asks after `VERSION`.
+/// the extension, the early answer (an error) is ignored. Through an agent
+/// that does not say what software the server runs (older than
+/// `agent_wire::SUBSYSTEM_KIND_SINCE`), a copy asks after `VERSION`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AskLimits {
     WithInit,
@@ -224,11 +225,10 @@ enum AskLimits {
 }
 
 impl AskLimits {
-    fn for_server(server: &crate::server_id::ServerId) -> AskLimits {
-        if server.is_openssh() || server.is_skiffd() {
-            AskLimits::WithInit
-        } else {
-            AskLimits::AfterVersion
+    fn for_server(server: crate::ServerKind) -> AskLimits {
+        match server {
+            crate::ServerKind::OpenSsh | crate::ServerKind::Skiffd => AskLimits::WithInit,
+            crate::ServerKind::Other => AskLimits::AfterVersion,
         }
     }
 }
@@ -437,6 +437,74 @@ fn is_under(rel: &Path, failed: &[PathBuf]) -> bool {
     failed.iter().any(|f| rel.starts_with(f))
 }
 
+/// Where an upload's sources go when that does not wait for the
+/// target's `stat`: into `dir/` (or `.`, `..`, `dir/.`, `dir/..`), which
+/// can only be a directory; one file as the target's name, which is right
+/// unless the target is a directory. `None`: look first (several sources,
+/// a tree).
+fn guess_placement(target: &str, entries: &[Entry], source_count: usize) -> Option<Placement> {
+    let last = target.rsplit('/').next().unwrap_or(target);
+    if source_count == 0 {
+        None
+    } else if matches!(last, "" | "." | "..") {
+        Some(Placement::IntoDir(PathBuf::from(target)))
+    } else if let [only] = entries {
+        (source_count == 1 && only.kind == EntryKind::File)
+            .then(|| Placement::AsName(PathBuf::from(target)))
+    } else {
+        None
+    }
+}
+
+/// Whether files may be written where an upload placed them: at once, or
+/// once the server's answer about the target has shown that the placement
+/// guessed before it was right (the temporaries are created meanwhile,
+/// so that their `open` goes out with the target's `stat`).
+struct TargetGate(Option<tokio::sync::watch::Receiver<Option<bool>>>);
+
+impl TargetGate {
+    /// Files may be written at once.
+    fn open() -> TargetGate {
+        TargetGate(None)
+    }
+
+    /// Files wait for the verdict sent on the returned sender.
+    fn pending() -> (tokio::sync::watch::Sender<Option<bool>>, TargetGate) {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        (tx, TargetGate(Some(rx)))
+    }
+
+    /// Waits for the verdict: `false` when the guess was wrong (or no
+    /// verdict will come).
+    async fn allows(&self) -> bool {
+        let Some(rx) = &self.0 else { return true };
+        let mut rx = rx.clone();
+        let verdict = match rx.wait_for(Option::is_some).await {
+            Ok(v) => *v == Some(true),
+            Err(_) => false,
+        };
+        verdict
+    }
+}
+
+/// Where an upload goes: the placement of its sources, the gate its
+/// files pass before they are written, and how many channels it wants.
+#[derive(Clone, Copy)]
+struct Upload<'a> {
+    placement: &'a Placement,
+    gate: &'a TargetGate,
+    wanted: usize,
+}
+
+/// An upload's target as typed (made ready for the server), with how
+/// many sources go there and how many channels the upload wants.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    target: &'a str,
+    source_count: usize,
+    wanted: usize,
+}
+
 /// An SFTP session on a connection, with what the server offers.
 /// `each` of `files`, `at_once` at a time, each outcome as it ends. (A function of its own so that a copy's future is `Send`: rustc
 /// cannot tell that of such a closure over borrowed entries written in
@@ -502,7 +570,7 @@ impl<'a> Sftp<'a> {
                 other => break other?,
             }
         };
-        let ask = AskLimits::for_server(&conn.server_id);
+        let ask = AskLimits::for_server(conn.server_id.kind());
         Self::start(
             heard.listen(channel.into_stream()),
             host,
@@ -691,25 +759,24 @@ impl<'a> Sftp<'a> {
             .fold((0u64, 0u64), |(b, n), e| (b.saturating_add(e.size), n + 1));
         progress.add_total(bytes);
 
-        // Extra channels open while the target is looked at and the
-        // directories are made on the first.
         let wanted = sftp_channels::upload_channels(bytes, count, self.channels);
-        let (extras, prepared) = tokio::join!(
-            self.open_extras(wanted - 1),
-            self.prepare_upload(&entries, sources, target, &mut report)
-        );
-        let sent = match prepared {
-            Ok(Some((made, files))) => self
-                .upload_files(files, &extras, job, progress, &mut report)
-                .await
-                .map(|()| made),
-            Ok(None) => Ok(Vec::new()),
-            Err(err) => Err(err),
+        let target = self.remote_path(target).await?;
+        let to = Target {
+            target: &target,
+            source_count: sources.len(),
+            wanted,
         };
-        for raw in &extras {
-            let _ = raw.close_session();
-        }
-        let made = sent?;
+        let made = match guess_placement(&target, &entries, sources.len()) {
+            Some(guess) => {
+                self.send_guessed(&entries, to, guess, job, progress, &mut report)
+                    .await?
+            }
+            None => {
+                let target_is_dir = self.target_is_dir(&target).await?;
+                self.send_to(&entries, to, target_is_dir, job, progress, &mut report)
+                    .await?
+            }
+        };
 
         if job.preserve {
             // Deepest first, so setting a parent's time is not undone by its children.
@@ -729,6 +796,127 @@ impl<'a> Sftp<'a> {
             }
         }
         Ok(report)
+    }
+
+    /// Uploads to `to.target` placed as `guess`, without waiting to hear
+    /// what the target is: the `stat` goes out first and the directories
+    /// and the first files' temporaries are asked for in the same flight.
+    /// No file is written before the answer (see [`TargetGate`]). When it
+    /// says the guess was wrong, the temporaries created are removed, what
+    /// the files said is dropped, and the upload goes on as if it had
+    /// looked first: placed by what the target is, or failed as it would
+    /// have been.
+    async fn send_guessed<'e>(
+        &self,
+        entries: &'e [Entry],
+        to: Target<'_>,
+        guess: Placement,
+        job: &CopyJob,
+        progress: &dyn Progress,
+        report: &mut CopyReport,
+    ) -> Result<Vec<(String, &'e Entry)>, SkiffError> {
+        let before = report.failures.len();
+        let (tell, gate) = TargetGate::pending();
+        let right = |is_dir: Option<bool>| match guess {
+            Placement::IntoDir(_) => is_dir == Some(true),
+            Placement::AsName(_) => is_dir != Some(true),
+        };
+        let looking = async {
+            let is_dir = self.target_is_dir(to.target).await;
+            let _ = tell.send(Some(matches!(is_dir, Ok(d) if right(d))));
+            is_dir
+        };
+        let upload = Upload {
+            placement: &guess,
+            gate: &gate,
+            wanted: to.wanted,
+        };
+        // `looking` is polled first: its `stat` goes out before the rest.
+        let (looked, sent) = tokio::join!(
+            looking,
+            self.send_placed(entries, upload, job, progress, report)
+        );
+        let target_is_dir = looked?;
+        let made = sent?;
+        if right(target_is_dir) {
+            return Ok(made);
+        }
+        tracing::debug!(
+            "{}:{}: placed wrongly before its stat; again",
+            self.host,
+            to.target
+        );
+        report.failures.truncate(before);
+        (report.files, report.bytes, report.dirs) = (0, 0, 0);
+        self.send_to(entries, to, target_is_dir, job, progress, report)
+            .await
+    }
+
+    /// Uploads to `to.target`, known to be a directory or not
+    /// (`target_is_dir`, see [`skiff_files::place`]).
+    async fn send_to<'e>(
+        &self,
+        entries: &'e [Entry],
+        to: Target<'_>,
+        target_is_dir: Option<bool>,
+        job: &CopyJob,
+        progress: &dyn Progress,
+        report: &mut CopyReport,
+    ) -> Result<Vec<(String, &'e Entry)>, SkiffError> {
+        match skiff_files::place(Path::new(to.target), target_is_dir, to.source_count) {
+            Ok(placement) => {
+                let gate = TargetGate::open();
+                let upload = Upload {
+                    placement: &placement,
+                    gate: &gate,
+                    wanted: to.wanted,
+                };
+                self.send_placed(entries, upload, job, progress, report)
+                    .await
+            }
+            Err(e) => {
+                report.failures.push(format!("{}:{e}", self.host));
+                Ok(Vec::new())
+            }
+        }
+    }
+
+    /// Whether `target` is a directory: `None` when the server cannot say
+    /// (it does not exist, say).
+    async fn target_is_dir(&self, target: &str) -> Result<Option<bool>, SkiffError> {
+        Ok(self
+            .stat(target)
+            .await?
+            .ok()
+            .map(|attrs| kind_of(&attrs) == RemoteKind::Dir))
+    }
+
+    /// Makes the directories and sends the files of an upload placed as
+    /// `to` says; extra channels open meanwhile. The directories made.
+    async fn send_placed<'e>(
+        &self,
+        entries: &'e [Entry],
+        to: Upload<'_>,
+        job: &CopyJob,
+        progress: &dyn Progress,
+        report: &mut CopyReport,
+    ) -> Result<Vec<(String, &'e Entry)>, SkiffError> {
+        // Extra channels open while the directories are made on the first.
+        let (extras, prepared) = tokio::join!(
+            self.open_extras(to.wanted - 1),
+            self.prepare_upload(entries, to.placement, report)
+        );
+        let sent = match prepared {
+            Ok((made, files)) => self
+                .upload_files(files, &extras, to.gate, job, progress, report)
+                .await
+                .map(|()| made),
+            Err(err) => Err(err),
+        };
+        for raw in &extras {
+            let _ = raw.close_session();
+        }
+        sent
     }
 
     /// Up to `n` more SFTP sessions, all opened at once; those the server
@@ -766,30 +954,15 @@ impl<'a> Sftp<'a> {
         extras
     }
 
-    /// Looks at the target, places the sources and makes the directories
-    /// (failures go to `report`): the directories made and the files to
-    /// send, or `None` when nothing can be placed.
+    /// Makes the directories of an upload placed by `placement` (failures
+    /// go to `report`): the directories made and the files to send.
     #[allow(clippy::type_complexity)]
     async fn prepare_upload<'e>(
         &self,
         entries: &'e [Entry],
-        sources: &[PathBuf],
-        target: &str,
+        placement: &Placement,
         report: &mut CopyReport,
-    ) -> Result<Option<(Vec<(String, &'e Entry)>, Vec<(&'e Entry, String)>)>, SkiffError> {
-        let target = self.remote_path(target).await?;
-        let target_is_dir = match self.stat(&target).await? {
-            Ok(attrs) => Some(kind_of(&attrs) == RemoteKind::Dir),
-            Err(_) => None,
-        };
-        let placement = match skiff_files::place(Path::new(&target), target_is_dir, sources.len()) {
-            Ok(p) => p,
-            Err(e) => {
-                report.failures.push(format!("{}:{e}", self.host));
-                return Ok(None);
-            }
-        };
-
+    ) -> Result<(Vec<(String, &'e Entry)>, Vec<(&'e Entry, String)>), SkiffError> {
         // Directories first, in walk order (parents before children).
         let mut failed: Vec<PathBuf> = Vec::new();
         let mut made: Vec<(String, &Entry)> = Vec::new();
@@ -797,7 +970,7 @@ impl<'a> Sftp<'a> {
             if is_under(&e.rel, &failed) {
                 continue;
             }
-            let outcome = match remote_path_for(&placement, &e.rel) {
+            let outcome = match remote_path_for(placement, &e.rel) {
                 Ok(remote) => self.make_remote_dir(&remote, e.mode).await.map(|()| remote),
                 Err(m) => Err(Fail::File(m)),
             };
@@ -819,12 +992,12 @@ impl<'a> Sftp<'a> {
             if is_under(&e.rel, &failed) {
                 continue;
             }
-            match remote_path_for(&placement, &e.rel) {
+            match remote_path_for(placement, &e.rel) {
                 Ok(remote) => files.push((e, remote)),
                 Err(m) => report.failures.push(m),
             }
         }
-        Ok(Some((made, files)))
+        Ok((made, files))
     }
 
     /// Sends `files`, each starting on one of the channels in turn and
@@ -833,6 +1006,7 @@ impl<'a> Sftp<'a> {
         &self,
         files: Vec<(&Entry, String)>,
         extras: &[Arc<RawSftpSession>],
+        gate: &TargetGate,
         job: &CopyJob,
         progress: &dyn Progress,
         report: &mut CopyReport,
@@ -853,7 +1027,7 @@ impl<'a> Sftp<'a> {
             .map(|i| sessions[i])
             .collect();
             let r = self
-                .upload_file(e, &remote, job.preserve, progress, &lanes)
+                .upload_file(e, &remote, job.preserve, progress, &lanes, gate)
                 .await;
             (remote, r)
         });
@@ -906,6 +1080,7 @@ impl<'a> Sftp<'a> {
         preserve: bool,
         progress: &dyn Progress,
         lanes: &[&Arc<RawSftpSession>],
+        gate: &TargetGate,
     ) -> Result<u64, Fail> {
         let local_fail = |err: io::Error| Fail::File(FileError::io(&e.source, &err).to_string());
         let file = std::fs::File::open(&e.source).map_err(local_fail)?;
@@ -918,7 +1093,9 @@ impl<'a> Sftp<'a> {
         // point after this has it removed (see `leftovers`).
         let ticket = self.temps.add(&self.host, &temp, home);
         let result = self
-            .write_temp(file, e, &temp, remote, preserve, progress, home, others)
+            .write_temp(
+                file, e, &temp, remote, preserve, progress, home, others, gate,
+            )
             .await;
         self.temps.settle(ticket);
         result
@@ -938,6 +1115,7 @@ impl<'a> Sftp<'a> {
         progress: &dyn Progress,
         home: &RawSftpSession,
         others: &[&Arc<RawSftpSession>],
+        gate: &TargetGate,
     ) -> Result<u64, Fail> {
         let attrs = FileAttributes {
             permissions: Some(e.mode & 0o777),
@@ -948,6 +1126,14 @@ impl<'a> Sftp<'a> {
             Ok(h) => h.handle,
             Err(err) => return Err(self.fail(remote, err)),
         };
+        if !gate.allows().await {
+            let _ = home.close(handle.as_str()).await;
+            let _ = home.remove(temp).await;
+            return Err(Fail::File(format!(
+                "{}:{remote}: placed before the target's stat, wrongly",
+                self.host
+            )));
+        }
         // The other channels open the file the first one made (never
         // creating it: once it is removed, none can bring it back).
         let mut helpers: Vec<(&RawSftpSession, String)> = Vec::new();

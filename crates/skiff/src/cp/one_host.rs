@@ -138,7 +138,7 @@ pub(crate) async fn via_agent(
                 skiff_engine::ErrorKind::Connect,
                 format!("{host}: the agent's channel lost before it opened"),
             )),
-            Ok(_) if name == "sftp" => {
+            Ok(opened) if name == "sftp" => {
                 let mode = plane_options(plane, settings).mode;
                 if let Some(line) = skiff_engine::copy::sftp_fallback_notice(&host, mode) {
                     eprintln!("skiff: {line}");
@@ -147,6 +147,7 @@ pub(crate) async fn via_agent(
                 skiff_engine::copy::sftp::copy_on(
                     ours,
                     &host,
+                    opened.server,
                     &plan.job,
                     settings.progress_budget(),
                     Some(&more),
