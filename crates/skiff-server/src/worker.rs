@@ -35,13 +35,21 @@ const FLUSH_WITHIN: Duration = Duration::from_secs(10);
 /// hung up.
 const SESSIONS_END_WITHIN: Duration = Duration::from_secs(10);
 
+/// The async runtime's worker threads in a connection process.
+const CONNECTION_WORKER_THREADS: usize = 1;
+
 /// Serves the listener on `control` (one connection at most); returns the
 /// exit code.
 pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity) -> i32 {
     let starting = crate::warm_start::StartingQuietly::begin();
-    // As the listener's runtime was: measured, a single-threaded one served
-    // a cold connection slower (docs/BENCHMARKS.md).
+    // One worker thread for one connection, beside the thread that waits
+    // in `block_on` (and the blocking pool, started on demand). Measured on
+    // two CPUs: a cold exec 0.3 ms faster and 0.4-0.7 ms less CPU than with
+    // one worker per CPU, whose start and exit every process paid for; a
+    // current-thread runtime serving from `block_on` was slower still
+    // (docs/BENCHMARKS.md).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(CONNECTION_WORKER_THREADS)
         .enable_all()
         .build()
     {
