@@ -67,6 +67,7 @@ pub mod forward_policy;
 mod forward_relay;
 mod handler;
 pub mod hostkey;
+mod hot_code;
 mod ident_ahead;
 mod listener;
 pub mod log_file;

@@ -4,11 +4,8 @@
 //! connections being served meanwhile, raised at once when a connection
 //! waits for it ([`hurry`]).
 //!
-//! It no longer maps the program's code in while it waits
-//! (`MADV_POPULATE_READ` over every executable mapping): that cost each
-//! process 0.6 ms of CPU for ~8 MB of code, most of which a connection
-//! never runs, and measured without it a cold exec was 0.2 ms faster on
-//! two CPUs (docs/BENCHMARKS.md).
+//! The code a connection runs is mapped in while the process waits by
+//! `crate::hot_code`.
 
 /// The niceness a connection process starts at: it gets the CPU only when
 /// nothing of normal priority (a connection being served, its commands)

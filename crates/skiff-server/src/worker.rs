@@ -23,6 +23,7 @@ use tokio::io::unix::AsyncFd;
 use crate::config::Settings;
 use crate::connection::serve_connection;
 use crate::hostkey::HostIdentity;
+use crate::hot_code::HotCode;
 use crate::ident_ahead::IdentAhead;
 use crate::seqpacket::{recv, send, send_blocking};
 use crate::startups::Pending;
@@ -40,7 +41,7 @@ const CONNECTION_WORKER_THREADS: usize = 1;
 
 /// Serves the listener on `control` (one connection at most); returns the
 /// exit code.
-pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity) -> i32 {
+pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity, hot: &HotCode) -> i32 {
     let starting = crate::warm_start::StartingQuietly::begin();
     // One worker thread for one connection, beside the thread that waits
     // in `block_on` (and the blocking pool, started on demand). Measured on
@@ -65,7 +66,7 @@ pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity) -> i32 {
         // then wake each other on the same threads, not across the thread
         // that blocks here (measured: a cold connection served from
         // `block_on` took more context switches and ~1.5 ms longer).
-        let served = match tokio::spawn(serve_one(control, settings, host, starting)).await {
+        let served = match tokio::spawn(serve_one(control, settings, host, hot.clone(), starting)).await {
             Ok(served) => served,
             Err(e) => {
                 tracing::error!("connection process: {e}");
@@ -116,6 +117,7 @@ async fn serve_one(
     control: OwnedFd,
     settings: Settings,
     host: HostIdentity,
+    hot: HotCode,
     starting: crate::warm_start::StartingQuietly,
 ) -> (i32, Audit) {
     if let Err(e) = nix::fcntl::fcntl(
@@ -125,6 +127,9 @@ async fn serve_one(
         tracing::error!("connection process: {e}");
         return (1, None);
     }
+    // While it waits: the code a connection runs mapped in now, not a
+    // folio at a time during its handshake.
+    hot.map_in();
     let inbox = match crate::stream_route::StreamInbox::bind() {
         Ok(inbox) => Some(inbox),
         Err(e) => {

@@ -61,6 +61,12 @@ pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity) -> i32 {
         tracing::warn!("cannot raise the open-file limit: {e}");
     }
     warm_up(&settings, &host);
+    // The code the rehearsal ran: what each connection process maps in.
+    let hot = crate::hot_code::HotCode::of_this_process();
+    tracing::debug!(
+        "zygote: {} KiB of code for each connection process to map in",
+        hot.bytes() / 1024
+    );
     if send_blocking(&control, &FromZygote::Ready.encode(), &[]).is_err() {
         return 1;
     }
@@ -86,7 +92,7 @@ pub fn serve(control: OwnedFd, settings: Settings, host: HostIdentity) -> i32 {
                 match unsafe { fork() } {
                     Ok(ForkResult::Child) => {
                         drop(control);
-                        return crate::worker::serve(socket, settings, host);
+                        return crate::worker::serve(socket, settings, host, &hot);
                     }
                     Ok(ForkResult::Parent { child }) => FromZygote::Spawned {
                         pid: child.as_raw(),
