@@ -46,14 +46,13 @@ pub struct TooLong {
 impl IdentAhead {
     /// `sent` bytes of [`identification_line`] are already written.
     pub fn new(sent: usize) -> Result<IdentAhead, TooLong> {
-        let line = identification_line().into_bytes();
+        let mut line = identification_line().into_bytes();
         if sent > line.len() {
             return Err(TooLong {
                 sent,
                 len: line.len(),
             });
         }
-        let mut line = line;
         line.truncate(sent);
         Ok(IdentAhead { line, skipped: 0 })
     }

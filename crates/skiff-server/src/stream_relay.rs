@@ -512,9 +512,11 @@ impl AsyncWrite for Sniffed {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if let Some(first) = bufs.iter().find(|b| !b.is_empty()) {
-            if let Some(done) = self.written_ahead(first) {
-                return Poll::Ready(done);
+        if self.ahead.pending() {
+            if let Some(first) = bufs.iter().find(|b| !b.is_empty()) {
+                if let Some(done) = self.written_ahead(first) {
+                    return Poll::Ready(done);
+                }
             }
         }
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)

@@ -15,7 +15,8 @@ const STARTING_NICENESS: libc::c_int = 19;
 /// A connection process's start (its runtime, the program's code mapped in,
 /// its share of the configuration) at the lowest priority, so that it does
 /// not slow the connection another process is serving meanwhile: every
-/// accepted connection starts the next process at once. Measured on two
+/// connection handed over starts the next process, at once or shortly
+/// after (`crate::worker_pool`). Measured on two
 /// CPUs (docs/BENCHMARKS.md), a cold exec was about 0.8 ms faster. When a
 /// connection has to wait for a process, the listener raises the ones
 /// starting ([`hurry`]), so a busy host does not keep it waiting.

@@ -347,15 +347,7 @@ impl WorkerPool {
                             "cannot start a connection process: {e} (trying again in {} ms)",
                             delay.as_millis()
                         );
-                        if !st.paused {
-                            st.paused = true;
-                            let pool = pool.clone();
-                            tokio::spawn(async move {
-                                tokio::time::sleep(delay).await;
-                                pool.lock().paused = false;
-                                pool.fill();
-                            });
-                        }
+                        pool.fill_after(&mut st, delay, |s| &mut s.paused);
                         // The zygote is unusable: start another (once).
                         let zygote_failed = matches!(e, StartError::Zygote(_));
                         if zygote_failed
@@ -381,17 +373,28 @@ impl WorkerPool {
                 drop(st);
                 self.fill();
             }
-            Refill::After(_) if st.refill_due => {}
-            Refill::After(delay) => {
-                st.refill_due = true;
-                let pool = self.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    pool.lock().refill_due = false;
-                    pool.fill();
-                });
-            }
+            Refill::After(delay) => self.fill_after(&mut st, delay, |s| &mut s.refill_due),
         }
+    }
+
+    /// Fills the pool `delay` from now, unless a fill for the same reason
+    /// is already on its way: `due` picks the state's flag that says so
+    /// (set here, cleared just before that fill).
+    fn fill_after(
+        self: &Arc<Self>,
+        st: &mut PoolState,
+        delay: Duration,
+        due: fn(&mut PoolState) -> &mut bool,
+    ) {
+        if std::mem::replace(due(st), true) {
+            return;
+        }
+        let pool = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            *due(&mut pool.lock()) = false;
+            pool.fill();
+        });
     }
 
     /// After a zygote failed: a new one with the configuration as it reads
