@@ -175,11 +175,7 @@ fn request_announced(
                     buf.drain(..used);
                     opened(ChannelOpened {
                         rtt: Duration::from_micros(rtt_us),
-                        server: match server {
-                            agent_wire::ServerKind::Skiffd => ServerKind::Skiffd,
-                            agent_wire::ServerKind::OpenSsh => ServerKind::OpenSsh,
-                            agent_wire::ServerKind::Other => ServerKind::Other,
-                        },
+                        server: server.into(),
                     });
                 }
                 last => return Ok(made_safe(last)),

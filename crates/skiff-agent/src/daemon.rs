@@ -470,11 +470,7 @@ impl Announcement {
             },
             Announcement::Kind => Reply::OpenedKind {
                 rtt_us,
-                server: match opened.server {
-                    ServerKind::Skiffd => agent_wire::ServerKind::Skiffd,
-                    ServerKind::OpenSsh => agent_wire::ServerKind::OpenSsh,
-                    ServerKind::Other => agent_wire::ServerKind::Other,
-                },
+                server: opened.server.into(),
             },
         }
     }

@@ -52,6 +52,28 @@ pub enum ServerKind {
     Other,
 }
 
+/// The agent's protocol carries a [`ServerKind`] as its own type.
+impl From<ServerKind> for skiff_proto::agent_wire::ServerKind {
+    fn from(kind: ServerKind) -> Self {
+        match kind {
+            ServerKind::Skiffd => Self::Skiffd,
+            ServerKind::OpenSsh => Self::OpenSsh,
+            ServerKind::Other => Self::Other,
+        }
+    }
+}
+
+impl From<skiff_proto::agent_wire::ServerKind> for ServerKind {
+    fn from(kind: skiff_proto::agent_wire::ServerKind) -> Self {
+        use skiff_proto::agent_wire::ServerKind as Wire;
+        match kind {
+            Wire::Skiffd => Self::Skiffd,
+            Wire::OpenSsh => Self::OpenSsh,
+            Wire::Other => Self::Other,
+        }
+    }
+}
+
 /// Where a [`Recording`] stream leaves the identification line.
 #[derive(Debug, Clone, Default)]
 pub struct ServerId {
@@ -180,6 +202,14 @@ mod tests {
         assert_eq!(id.kind(), ServerKind::Skiffd);
         assert_eq!(other.kind(), ServerKind::OpenSsh);
         assert_eq!(ServerId::default().kind(), ServerKind::Other);
+        for kind in [ServerKind::Skiffd, ServerKind::OpenSsh, ServerKind::Other] {
+            let wire = skiff_proto::agent_wire::ServerKind::from(kind);
+            assert_eq!(
+                ServerKind::from(wire),
+                kind,
+                "{kind:?} through the agent's wire"
+            );
+        }
     }
 
     #[tokio::test]

@@ -815,7 +815,12 @@ impl<'a> Sftp<'a> {
         progress: &dyn Progress,
         report: &mut CopyReport,
     ) -> Result<Vec<(String, &'e Entry)>, SkiffError> {
-        let before = report.failures.len();
+        let before = (
+            report.failures.len(),
+            report.files,
+            report.bytes,
+            report.dirs,
+        );
         let (tell, gate) = TargetGate::pending();
         let right = |is_dir: Option<bool>| match guess {
             Placement::IntoDir(_) => is_dir == Some(true),
@@ -846,8 +851,9 @@ impl<'a> Sftp<'a> {
             self.host,
             to.target
         );
-        report.failures.truncate(before);
-        (report.files, report.bytes, report.dirs) = (0, 0, 0);
+        let (failures, files, bytes, dirs) = before;
+        report.failures.truncate(failures);
+        (report.files, report.bytes, report.dirs) = (files, bytes, dirs);
         self.send_to(entries, to, target_is_dir, job, progress, report)
             .await
     }
