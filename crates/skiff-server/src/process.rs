@@ -269,6 +269,7 @@ pub async fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
         }
         None => {
             let (in_r, in_w) = spawn::pipe()?;
+            widen_input_pipe(&in_w);
             let (out_r, out_w) = spawn::pipe()?;
             let (err_r, err_w) = spawn::pipe()?;
             let child = start_child(
@@ -295,6 +296,29 @@ pub async fn spawn(req: SpawnRequest<'_>) -> io::Result<Spawned> {
         io,
         tty: tty_name,
     })
+}
+
+/// What a command's stdin pipe holds (the kernel's default is 64 KiB).
+/// With one async worker thread per connection process, the session's
+/// decryption and its writes into the pipe take turns on one thread, and a
+/// 64 KiB pipe made it wait for the command every two packets: SSH-channel
+/// uploads into skiffd ran ~7% below the single-process skiffd's; with
+/// 1 MiB they run above it (256 KiB was not enough; docs/BENCHMARKS.md).
+/// Bytes in the pipe are input the command has not read, outside
+/// `MaxConnectionQueue`: at most this much per session.
+pub const INPUT_PIPE_CAPACITY: usize = 1 << 20;
+
+/// Gives a command's stdin pipe [`INPUT_PIPE_CAPACITY`]. A kernel that
+/// refuses (an unprivileged skiffd past the user's pipe allowance) leaves
+/// the default, which only costs speed.
+fn widen_input_pipe(write_end: &OwnedFd) {
+    use nix::fcntl::{fcntl, FcntlArg};
+    if let Err(e) = fcntl(
+        write_end,
+        FcntlArg::F_SETPIPE_SZ(INPUT_PIPE_CAPACITY as i32),
+    ) {
+        tracing::debug!("a command's stdin pipe keeps the kernel's default size: {e}");
+    }
 }
 
 fn winsize(cols: u32, rows: u32, pw: u32, ph: u32) -> Winsize {

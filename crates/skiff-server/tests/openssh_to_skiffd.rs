@@ -47,6 +47,24 @@ fn exec_big_stdin_checksum() {
     );
 }
 
+/// A command's stdin is a pipe of 1 MiB, not the kernel's 64 KiB: with
+/// one async worker per connection process, the smaller pipe made uploads
+/// through a channel wait on the command every two packets. The command
+/// asks the kernel (`F_GETPIPE_SZ` is 1032; perl is in Debian's base
+/// system).
+#[test]
+fn a_commands_stdin_pipe_holds_a_mebibyte() {
+    let Some((fx, d)) = setup() else { return };
+    let out = ssh_cmd(
+        d.port(),
+        user(),
+        &fx.client_key,
+        &["perl -e 'print fcntl(STDIN, 1032, 0)'"],
+    );
+    let c = ctx(&d, "stdin pipe size");
+    out.expect_code(0, &c).expect_stdout("1048576", &c);
+}
+
 /// 10 MB round trip through remote cat (stdin and stdout flowing at once).
 #[test]
 fn exec_round_trip_cat() {
