@@ -504,7 +504,59 @@ struct Progress {
     overdue: AtomicBool,
 }
 
-/// Runs `work` on a new thread that first takes `reader`'s rights (a
+/// One read, with the rights it takes, for a thread of its own.
+type ReadJob = Box<dyn FnOnce() + Send>;
+
+/// A reading thread started ahead of need, waiting for its one read.
+struct SpareReader(Mutex<Option<std::sync::mpsc::Sender<ReadJob>>>);
+
+/// The process's spare reader ([`start_spare_reader`]).
+static SPARE_READER: SpareReader = SpareReader(Mutex::new(None));
+
+fn reading_thread() -> std::thread::Builder {
+    std::thread::Builder::new().name("skiffd-read".into())
+}
+
+impl SpareReader {
+    /// Starts the thread the next read will run on (replacing a spare not
+    /// used yet, whose thread then ends): its id.
+    fn start(&self) -> io::Result<std::thread::ThreadId> {
+        let (tx, rx) = std::sync::mpsc::channel::<ReadJob>();
+        let thread = reading_thread().spawn(move || {
+            if let Ok(read) = rx.recv() {
+                read();
+            }
+        })?;
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        Ok(thread.thread().id())
+    }
+
+    /// Runs `read` on the spare thread if one waits, else on a new one.
+    fn run(&self, read: ReadJob) -> io::Result<()> {
+        let spare = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let read = match spare {
+            Some(tx) => match tx.send(read) {
+                Ok(()) => return Ok(()),
+                // The spare is gone (it cannot be, short of a panic).
+                Err(std::sync::mpsc::SendError(read)) => read,
+            },
+            None => read,
+        };
+        reading_thread().spawn(read).map(drop)
+    }
+}
+
+/// Starts the thread the next read will run on, so that starting it is not
+/// part of that read's time: a connection's process calls this while it
+/// waits to be handed its connection, whose login reads `authorized_keys`
+/// first. The thread has no rights of its own until the read takes them,
+/// and ends with that read, as every reading thread does.
+pub fn start_spare_reader() -> io::Result<()> {
+    SPARE_READER.start().map(drop)
+}
+
+/// Runs `work` on a thread of its own (the spare one if it waits, else a
+/// new one) that first takes `reader`'s rights (a
 /// thread's own: it ends with the work, so nothing is restored), and waits
 /// at most `policy.timeout` for it without blocking an async worker.
 pub async fn off_worker<T, F>(reader: &Reader, policy: &ReadPolicy, work: F) -> Result<T, Refusal>
@@ -521,28 +573,26 @@ where
     let progress = Arc::new(Progress::default());
     let theirs = progress.clone();
     let creds = reader.creds.clone();
-    std::thread::Builder::new()
-        .name("skiffd-read".into())
-        .spawn(move || {
-            let result = match &creds {
-                Some(c) => crate::account_fs::take_credentials(c)
-                    .map_err(Refusal::Open)
-                    .and_then(|()| work()),
-                None => work(),
-            };
-            let _ = tx.send(result);
-            let mut counts = overdue();
-            theirs.finished.store(true, Ordering::Relaxed);
-            if theirs.overdue.load(Ordering::Relaxed) {
-                if let Some(n) = counts.get_mut(&key) {
-                    *n -= 1;
-                    if *n == 0 {
-                        counts.remove(&key);
-                    }
+    let read: ReadJob = Box::new(move || {
+        let result = match &creds {
+            Some(c) => crate::account_fs::take_credentials(c)
+                .map_err(Refusal::Open)
+                .and_then(|()| work()),
+            None => work(),
+        };
+        let _ = tx.send(result);
+        let mut counts = overdue();
+        theirs.finished.store(true, Ordering::Relaxed);
+        if theirs.overdue.load(Ordering::Relaxed) {
+            if let Some(n) = counts.get_mut(&key) {
+                *n -= 1;
+                if *n == 0 {
+                    counts.remove(&key);
                 }
             }
-        })
-        .map_err(Refusal::Read)?;
+        }
+    });
+    SPARE_READER.run(read).map_err(Refusal::Read)?;
     match tokio::time::timeout(policy.timeout, &mut rx).await {
         Ok(Ok(result)) => result,
         Ok(Err(_)) => Err(Refusal::Read(io::Error::other(
@@ -846,6 +896,31 @@ mod tests {
             // A key no other test uses.
             key: OverdueKey::Account(u32::MAX - 1),
         }
+    }
+
+    /// A thread started ahead runs the next read; the one after gets a
+    /// thread of its own (rights taken by a read die with its thread).
+    #[test]
+    fn a_spare_reader_takes_the_next_read_and_only_that_one() {
+        let spare = SpareReader(Mutex::new(None));
+        let started = spare.start().expect("start the spare");
+        let ran_on = || {
+            let (tx, rx) = std::sync::mpsc::channel();
+            spare
+                .run(Box::new(move || {
+                    let me = std::thread::current();
+                    let _ = tx.send((me.id(), me.name().map(str::to_owned)));
+                }))
+                .expect("run a read");
+            rx.recv_timeout(Duration::from_secs(60))
+                .expect("the read ran")
+        };
+        let (first, name) = ran_on();
+        assert_eq!(first, started, "the first read runs on the spare");
+        assert_eq!(name.as_deref(), Some("skiffd-read"));
+        let (second, name) = ran_on();
+        assert_ne!(second, started, "a thread serves one read, then ends");
+        assert_eq!(name.as_deref(), Some("skiffd-read"));
     }
 
     /// A read that hangs is given up after the timeout without holding up

@@ -150,6 +150,11 @@ async fn serve_one(
         state.registry.inbox_listens();
         tokio::spawn(inbox.serve(state.registry.clone()));
     }
+    // The login's first read (`authorized_keys`) then finds its thread
+    // already started.
+    if let Err(e) = crate::account_files::start_spare_reader() {
+        tracing::debug!("connection process: no reading thread started ahead: {e}");
+    }
     // A plain descriptor for the "authenticated" note, which is sent from
     // wherever the handshake stands.
     let tell = match control.try_clone() {
