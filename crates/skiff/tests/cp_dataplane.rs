@@ -484,7 +484,11 @@ fn wait_until(mut ok: impl FnMut() -> bool, what: &str) {
 /// refused by skiffd. The copy fails at once with that refusal, both in
 /// aead mode, where records follow the token without waiting for the
 /// acknowledgement, and in integrity mode, which waits for it; the file
-/// under the final name keeps its old contents.
+/// under the final name is never a partial one. (It keeps its old contents
+/// unless the other stream happened to carry every chunk before the
+/// refusal stopped the copy: in aead mode records follow the token without
+/// waiting, so a sender that is slow to start may find the queue empty,
+/// and the server then has the whole file, checked, and commits it.)
 #[test]
 fn a_refused_stream_fails_the_copy_at_once() {
     if !require_openssh() {
@@ -510,10 +514,11 @@ fn a_refused_stream_fails_the_copy_at_once() {
             "{}",
             ctx(&d, &format!("{c}: the failure took {took:?}\n{out}"))
         );
-        assert_eq!(
-            fs::read_to_string(&dst).unwrap_or_default(),
-            "old contents\n",
-            "{c}: destination changed"
+        let now = fs::read(&dst).unwrap_or_default();
+        assert!(
+            now == b"old contents\n" || now == fs::read(&src).unwrap(),
+            "{c}: the destination is neither its old contents nor the whole source ({} bytes)",
+            now.len()
         );
     }
 }
