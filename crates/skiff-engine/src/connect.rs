@@ -87,6 +87,24 @@ impl Connection {
         self.host_keys.wait().await;
     }
 
+    /// Ends the connection as ssh does: `SSH_MSG_DISCONNECT` ("by
+    /// application"), then the socket's write side closed. Waits until
+    /// that has gone out (local work, no round trip), at most
+    /// [`GOODBYE_WAIT`], so a process that exits next does not cut it
+    /// short; the server then logs a client that left rather than one
+    /// that vanished mid-connection.
+    pub async fn goodbye(&self) {
+        let said = self
+            .handle
+            .disconnect(russh::Disconnect::ByApplication, "", "en")
+            .await;
+        if said.is_ok() {
+            let mut ending = self.ending.0.clone();
+            let gone = ending.wait_for(|e| *e != Ending::Open);
+            let _ = tokio::time::timeout(GOODBYE_WAIT, gone).await;
+        }
+    }
+
     /// Returns once the connection has ended (the server closed it, or
     /// keepalives found it dead).
     pub async fn closed(&self) {
@@ -100,6 +118,10 @@ impl Connection {
 /// channel of the connection keeps to explain its own end).
 #[derive(Clone)]
 pub(crate) struct EndWatch(tokio::sync::watch::Receiver<Ending>);
+
+/// How long [`Connection::goodbye`] waits for its disconnect message to go
+/// out.
+const GOODBYE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long a caller that saw the connection fail waits for its handler to
 /// learn how it ended.

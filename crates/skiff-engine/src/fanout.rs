@@ -278,12 +278,7 @@ async fn run_one(
     )
     .await;
     // Done with this host: say goodbye rather than just dropping the socket.
-    let _ = tokio::time::timeout(
-        Duration::from_secs(1),
-        conn.handle
-            .disconnect(russh::Disconnect::ByApplication, "", "en"),
-    )
-    .await;
+    conn.goodbye().await;
     result
 }
 

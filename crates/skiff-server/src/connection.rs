@@ -286,8 +286,34 @@ pub fn end_reason(result: &Result<()>, outcome: Outcome) -> String {
     match (result, outcome) {
         (_, Outcome::GraceExceeded) => "LoginGraceTime expired".into(),
         (Ok(()), _) => "connection closed".into(),
+        (Err(e), _) if closed_by_client(e) => CLOSED_WITHOUT_GOODBYE.into(),
         (Err(e), _) => format!("{e:#}"),
     }
+}
+
+/// The `disconnect` reason of a connection the client closed (or reset)
+/// without `SSH_MSG_DISCONNECT`.
+pub const CLOSED_WITHOUT_GOODBYE: &str = "closed by the client without a disconnect message";
+
+/// Whether a connection ended because the client closed or reset it
+/// without a disconnect message: how a killed client ends (and how a
+/// careless one leaves), not a fault of skiffd's.
+pub fn closed_by_client(e: &anyhow::Error) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    let peer_closed = |io: &std::io::Error| {
+        matches!(
+            io.kind(),
+            UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe
+        )
+    };
+    e.chain().any(|cause| {
+        if let Some(russh::Error::IO(io)) = cause.downcast_ref::<russh::Error>() {
+            return peer_closed(io);
+        }
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(peer_closed)
+    })
 }
 
 /// What a connection that does not begin with an SSH identification line

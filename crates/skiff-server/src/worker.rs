@@ -229,8 +229,14 @@ async fn serve_one(
         pending,
     )
     .await;
-    if let Err(e) = &result {
-        tracing::info!(%peer, "connection ended: {e}");
+    match &result {
+        // sshd's "Disconnected from user …" (or its pre-authentication
+        // line) has said it already.
+        Err(e) if crate::connection::closed_by_client(e) => {
+            tracing::debug!(%peer, "connection closed by the client without a disconnect message");
+        }
+        Err(e) => tracing::info!(%peer, "connection ended: {e}"),
+        Ok(()) => {}
     }
     let _ = send(&control, &FromWorker::Ended(verdict).encode(), &[]).await;
     drop(held);

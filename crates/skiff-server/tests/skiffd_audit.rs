@@ -216,6 +216,84 @@ fn a_scripted_session_leaves_the_expected_records() {
     assert!(!text.contains(blob), "key material in the audit log");
 }
 
+/// A client that says goodbye (skiff sends `SSH_MSG_DISCONNECT` at its
+/// end, as ssh does) leaves a `disconnect` record of "connection closed";
+/// one killed mid-session (the kernel closes its socket, no goodbye) one
+/// that says so, and skiffd does not log that end as an error.
+#[test]
+fn a_client_killed_mid_session_is_told_from_one_that_said_goodbye() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let dir = tempdir();
+    let audit = dir.path().join("audit.jsonl");
+    let config = format!("AuditLog {}\n", audit.display());
+    let d =
+        Skiffd::start_with(SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&config));
+    let c = |what: &str| ctx(&d, what);
+
+    // 1. skiff, to its end.
+    let home = ClientHome::new();
+    skiff_cmd(&home, d.port(), user(), &fx.client_key, "true").expect_code(0, &c("skiff"));
+    records(&audit, 1, &d);
+
+    // 2. A stock ssh killed once its command runs.
+    let mut ssh = std::process::Command::new("ssh")
+        .args([
+            "-F",
+            "/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+        ])
+        .args([
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+        ])
+        .args(["-o", "LogLevel=ERROR", "-p", &d.port().to_string(), "-i"])
+        .arg(&fx.client_key.private)
+        .arg(format!("{}@127.0.0.1", user()))
+        .arg("echo started; exec sleep 60")
+        .env_remove("SSH_AUTH_SOCK")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn ssh");
+    let mut first = String::new();
+    let stdout = ssh.stdout.take().expect("piped stdout");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut first)
+        .expect("read ssh's output");
+    assert_eq!(first, "started\n", "{}", c("the command's first line"));
+    ssh.kill().expect("kill ssh");
+    ssh.wait().expect("reap ssh");
+
+    let all = records(&audit, 2, &d);
+    let reasons: Vec<&str> = all
+        .iter()
+        .filter(|r| r["event"] == "disconnect")
+        .map(|r| r["reason"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "connection closed",
+            "closed by the client without a disconnect message"
+        ],
+        "{all:#?}"
+    );
+    let log = d.log();
+    assert!(
+        !log.contains("connection ended"),
+        "{}",
+        c("a client's close logged as an error")
+    );
+}
+
 #[test]
 fn login_lines_read_as_sshds() {
     if !require_openssh() {

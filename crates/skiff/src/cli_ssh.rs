@@ -174,6 +174,7 @@ fn forwarding_session(
                 }
                 _ = stop_requested() => {
                     drop(forwarding);
+                    conn.goodbye().await;
                     return Ok(255);
                 }
             }
@@ -182,6 +183,7 @@ fn forwarding_session(
             remote_command::exec_on(&conn, inv, &settings, pty).await?
         };
         forwarding.finish().await;
+        conn.goodbye().await;
         Ok(code)
     })
 }
@@ -249,15 +251,16 @@ fn forward_stdio(settings: &ConnectSettings, host: &str, port: u16) -> i32 {
         for notice in &conn.notices {
             eprintln!("{}", skiff_proto::terminal_text::lines(notice));
         }
-        skiff_engine::stdio_forward::forward_stdio(
+        let forwarded = skiff_engine::stdio_forward::forward_stdio(
             &conn,
             host,
             port,
             tokio::io::stdin(),
             tokio::io::stdout(),
         )
-        .await
-        .map(|()| 0)
+        .await;
+        conn.goodbye().await;
+        forwarded.map(|()| 0)
     })
 }
 

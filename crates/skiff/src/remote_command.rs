@@ -125,7 +125,9 @@ async fn exec_main(
         eprintln!("{}", skiff_proto::terminal_text::lines(notice));
     }
     run_local_command(&settings).await;
-    exec_on(&conn, args, &settings, pty).await
+    let status = exec_on(&conn, args, &settings, pty).await;
+    conn.goodbye().await;
+    status
 }
 
 /// `LocalCommand` (under `PermitLocalCommand yes`), once the session's

@@ -233,7 +233,7 @@ impl HostWork for CopyToHosts {
         for text in conn.notices.drain(..) {
             let _ = events.send(RunEvent::Notice { host, text }).await;
         }
-        super::one_host::copy_over(
+        let copied = super::one_host::copy_over(
             &conn,
             &settings,
             &plan.job,
@@ -241,7 +241,9 @@ impl HostWork for CopyToHosts {
             progress,
             &self.temps,
         )
-        .await
+        .await;
+        conn.goodbye().await;
+        copied
     }
 }
 

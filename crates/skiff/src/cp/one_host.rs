@@ -55,10 +55,12 @@ pub(super) async fn cp_main(
     }
     // Only once connected: a passphrase prompt keeps the default signal
     // handling (and so its terminal restored).
-    tokio::select! {
-        report = copy_over(&conn, &settings, &plan.job, plane, progress, &temps) => finish(report),
-        signal = interrupted() => Ok(stopped(signal, &temps).await),
-    }
+    let copied = tokio::select! {
+        report = copy_over(&conn, &settings, &plan.job, plane, progress, &temps) => report,
+        signal = interrupted() => return Ok(stopped(signal, &temps).await),
+    };
+    conn.goodbye().await;
+    finish(copied)
 }
 
 /// The data-plane mode `--cipher` asks for, and the host's progress budget.
