@@ -53,6 +53,25 @@ pub fn ssh(port: u16, user: &str, key: &Key) -> Ssh {
     }
 }
 
+/// A stock `ssh` as `user` to 127.0.0.1:`port` with `key` alone, as a
+/// [`Command`] for a test that acts on the running client (kills it, say):
+/// no config file and no agent, batch mode, any host key accepted and
+/// none recorded. The caller adds the remote command and the stdio.
+pub fn ssh_command(port: u16, user: &str, key: &Key) -> Command {
+    let mut cmd = Command::new("ssh");
+    cmd.env_remove("SSH_AUTH_SOCK")
+        .args(["-F", "/dev/null", "-o", "BatchMode=yes"])
+        .args(["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"])
+        .args(["-o", "StrictHostKeyChecking=no"])
+        .args(["-o", "UserKnownHostsFile=/dev/null"])
+        .arg("-p")
+        .arg(port.to_string())
+        .arg("-i")
+        .arg(&key.private)
+        .arg(format!("{user}@127.0.0.1"));
+    cmd
+}
+
 /// Runs `ssh ... user@127.0.0.1 args...` and returns its result.
 pub fn ssh_cmd(port: u16, user: &str, key: &Key, args: &[&str]) -> CmdOutput {
     ssh(port, user, key).args(args).run()
