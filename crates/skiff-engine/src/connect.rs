@@ -89,20 +89,23 @@ impl Connection {
 
     /// Ends the connection as ssh does: `SSH_MSG_DISCONNECT` ("by
     /// application"), then the socket's write side closed. Waits until
-    /// that has gone out (local work, no round trip), at most
-    /// [`GOODBYE_WAIT`], so a process that exits next does not cut it
-    /// short; the server then logs a client that left rather than one
-    /// that vanished mid-connection.
+    /// that has gone out (local work, no round trip), so a process that
+    /// exits next does not cut it short; the server then logs a client
+    /// that left rather than one that vanished mid-connection. Gives up
+    /// after [`GOODBYE_WAIT`] in all: on a frozen path the session may
+    /// take no message at all (its queue full, its writes stuck).
     pub async fn goodbye(&self) {
-        let said = self
-            .handle
-            .disconnect(russh::Disconnect::ByApplication, "", "en")
-            .await;
-        if said.is_ok() {
-            let mut ending = self.ending.0.clone();
-            let gone = ending.wait_for(|e| *e != Ending::Open);
-            let _ = tokio::time::timeout(GOODBYE_WAIT, gone).await;
-        }
+        let said_and_gone = async {
+            let said = self
+                .handle
+                .disconnect(russh::Disconnect::ByApplication, "", "en")
+                .await;
+            if said.is_ok() {
+                let mut ending = self.ending.0.clone();
+                let _ = ending.wait_for(|e| *e != Ending::Open).await;
+            }
+        };
+        let _ = tokio::time::timeout(GOODBYE_WAIT, said_and_gone).await;
     }
 
     /// Returns once the connection has ended (the server closed it, or
