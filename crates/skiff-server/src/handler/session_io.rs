@@ -215,7 +215,8 @@ pub(super) async fn run_session_io(
             (input, Box::pin(output))
         }
     };
-    let status = supervise(&mut child, output, &mut control, &mut flow, pty, &clock).await;
+    let drain = pty.then(|| PtyDrain::new(bytes_out.clone()));
+    let status = supervise(&mut child, output, &mut control, &mut flow, drain, &clock).await;
     // The session is over: its logout is recorded, and its terminal goes
     // back to whoever had it, as with sshd, before the client hears the
     // exit status.
@@ -297,12 +298,68 @@ async fn send_input_reports(
 /// meanwhile. When the connection lets go of the session (channel closed,
 /// also for idleness, or connection gone) while the process runs, its
 /// process group gets SIGHUP.
+/// How long a terminal session's output is still read once its command
+/// has exited: a terminal reads EOF only when its last holder closes it,
+/// and a background job may keep it open. The reading goes on while output
+/// still moves ([`PtyDrain::quiet_for`] without a byte ends it), up to
+/// [`PtyDrain::AT_MOST`] in all, so that a loaded machine, where the
+/// output's task may not run for a while, does not cut the command's last
+/// lines short.
+struct PtyDrain {
+    sent: Arc<AtomicU64>,
+    seen: u64,
+    until: Option<tokio::time::Instant>,
+    last_call: Option<tokio::time::Instant>,
+}
+
+impl PtyDrain {
+    /// No output for this long after the command's exit ends the session.
+    const QUIET: std::time::Duration = std::time::Duration::from_millis(200);
+    /// The most a session waits for its terminal after the command's exit.
+    const AT_MOST: std::time::Duration = std::time::Duration::from_secs(2);
+
+    fn new(sent: Arc<AtomicU64>) -> PtyDrain {
+        PtyDrain {
+            sent,
+            seen: 0,
+            until: None,
+            last_call: None,
+        }
+    }
+
+    /// The command exited: the drain starts.
+    fn start(&mut self, now: tokio::time::Instant) {
+        self.seen = self.sent.load(Ordering::Relaxed);
+        self.until = Some(now + Self::QUIET);
+        self.last_call = Some(now + Self::AT_MOST);
+    }
+
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.until
+    }
+
+    /// The deadline came: true when the drain is over (nothing moved since
+    /// the last look, or the whole allowance is spent), else it is pushed on.
+    fn quiet_for(&mut self, now: tokio::time::Instant) -> bool {
+        let sent = self.sent.load(Ordering::Relaxed);
+        let moved = sent != self.seen;
+        self.seen = sent;
+        match self.last_call {
+            Some(last) if moved && now < last => {
+                self.until = Some((now + Self::QUIET).min(last));
+                false
+            }
+            _ => true,
+        }
+    }
+}
+
 async fn supervise(
     child: &mut crate::process::SessionChild,
     output: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
     control: &mut tokio::sync::mpsc::UnboundedReceiver<Control>,
     flow: &mut SessionFlow,
-    pty: bool,
+    mut drain: Option<PtyDrain>,
     clock: &crate::channel_idle::ChannelClock,
 ) -> std::io::Result<std::process::ExitStatus> {
     let expired = clock.expired();
@@ -311,25 +368,28 @@ async fn supervise(
     let mut output_done = false;
     let mut status = None;
     let mut connected = true;
-    // A terminal reads EOF only when its last holder closes it; a background
-    // job may keep it open, so after the shell exits allow a short drain.
-    let mut drain_until: Option<tokio::time::Instant> = None;
     loop {
         if output_done {
             if let Some(st) = status.take() {
                 return st;
             }
         }
+        let drain_deadline = drain.as_ref().and_then(PtyDrain::deadline);
         tokio::select! {
+            // Output first: when it can move and the drain's deadline has
+            // come too, the output is read.
+            biased;
             _ = &mut output, if !output_done => output_done = true,
             st = child.wait(), if status.is_none() => {
-                if pty {
-                    drain_until = Some(tokio::time::Instant::now() + std::time::Duration::from_millis(200));
+                if let Some(d) = drain.as_mut() {
+                    d.start(tokio::time::Instant::now());
                 }
                 status = Some(st);
             }
-            _ = async { tokio::time::sleep_until(drain_until.expect("guarded")).await }, if drain_until.is_some() && !output_done => {
-                output_done = true;
+            _ = async { tokio::time::sleep_until(drain_deadline.expect("guarded")).await }, if drain_deadline.is_some() && !output_done => {
+                if drain.as_mut().is_some_and(|d| d.quiet_for(tokio::time::Instant::now())) {
+                    output_done = true;
+                }
             }
             () = &mut expired, if connected => {
                 connected = false;
@@ -469,5 +529,48 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Counted<W> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_terminals_drain_goes_on_while_output_moves_and_no_longer() {
+        let sent = Arc::new(AtomicU64::new(0));
+        let mut drain = PtyDrain::new(sent.clone());
+        assert_eq!(drain.deadline(), None, "no drain before the exit");
+        let exit = tokio::time::Instant::now();
+        drain.start(exit);
+        assert_eq!(drain.deadline(), Some(exit + PtyDrain::QUIET));
+        // Output moved since the exit: the drain goes on.
+        sent.fetch_add(100, Ordering::Relaxed);
+        let first = exit + PtyDrain::QUIET;
+        assert!(!drain.quiet_for(first));
+        assert_eq!(drain.deadline(), Some(first + PtyDrain::QUIET));
+        // Nothing since: it ends.
+        assert!(drain.quiet_for(first + PtyDrain::QUIET));
+    }
+
+    #[test]
+    fn a_terminals_drain_ends_when_its_allowance_is_spent() {
+        let sent = Arc::new(AtomicU64::new(0));
+        let mut drain = PtyDrain::new(sent.clone());
+        let exit = tokio::time::Instant::now();
+        drain.start(exit);
+        let mut looks = 0;
+        let now = loop {
+            let now = drain.deadline().expect("a deadline while draining");
+            sent.fetch_add(1, Ordering::Relaxed); // a job that never stops writing
+            looks += 1;
+            if drain.quiet_for(now) {
+                break now;
+            }
+            assert!(looks < 100, "the drain never ended");
+        };
+        assert!(now >= exit + PtyDrain::AT_MOST - Duration::from_millis(1));
+        assert!(now <= exit + PtyDrain::AT_MOST);
     }
 }
