@@ -294,22 +294,18 @@ async fn send_input_reports(
     }
 }
 
-/// Waits for the output to end and the process to exit, delivering signals
-/// meanwhile. When the connection lets go of the session (channel closed,
-/// also for idleness, or connection gone) while the process runs, its
-/// process group gets SIGHUP.
 /// How long a terminal session's output is still read once its command
 /// has exited: a terminal reads EOF only when its last holder closes it,
 /// and a background job may keep it open. The reading goes on while output
-/// still moves ([`PtyDrain::quiet_for`] without a byte ends it), up to
+/// still moves ([`PtyDrain::QUIET`] without a byte ends it), up to
 /// [`PtyDrain::AT_MOST`] in all, so that a loaded machine, where the
 /// output's task may not run for a while, does not cut the command's last
 /// lines short.
 struct PtyDrain {
     sent: Arc<AtomicU64>,
     seen: u64,
-    until: Option<tokio::time::Instant>,
-    last_call: Option<tokio::time::Instant>,
+    /// Once the command has exited: the next look, and the last one.
+    window: Option<(tokio::time::Instant, tokio::time::Instant)>,
 }
 
 impl PtyDrain {
@@ -322,20 +318,18 @@ impl PtyDrain {
         PtyDrain {
             sent,
             seen: 0,
-            until: None,
-            last_call: None,
+            window: None,
         }
     }
 
     /// The command exited: the drain starts.
     fn start(&mut self, now: tokio::time::Instant) {
         self.seen = self.sent.load(Ordering::Relaxed);
-        self.until = Some(now + Self::QUIET);
-        self.last_call = Some(now + Self::AT_MOST);
+        self.window = Some((now + Self::QUIET, now + Self::AT_MOST));
     }
 
     fn deadline(&self) -> Option<tokio::time::Instant> {
-        self.until
+        self.window.map(|(next, _)| next)
     }
 
     /// The deadline came: true when the drain is over (nothing moved since
@@ -344,9 +338,9 @@ impl PtyDrain {
         let sent = self.sent.load(Ordering::Relaxed);
         let moved = sent != self.seen;
         self.seen = sent;
-        match self.last_call {
-            Some(last) if moved && now < last => {
-                self.until = Some((now + Self::QUIET).min(last));
+        match &mut self.window {
+            Some((next, last)) if moved && now < *last => {
+                *next = (now + Self::QUIET).min(*last);
                 false
             }
             _ => true,
@@ -354,6 +348,10 @@ impl PtyDrain {
     }
 }
 
+/// Waits for the output to end and the process to exit, delivering signals
+/// meanwhile. When the connection lets go of the session (channel closed,
+/// also for idleness, or connection gone) while the process runs, its
+/// process group gets SIGHUP.
 async fn supervise(
     child: &mut crate::process::SessionChild,
     output: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
