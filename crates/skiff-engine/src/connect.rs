@@ -622,15 +622,11 @@ async fn handshake(
 /// something it or we said: how servers drop connections they will not
 /// authenticate now (see [`ErrorKind::Busy`]).
 fn closed_by_server(e: &russh::Error) -> bool {
-    use std::io::ErrorKind as Io;
     match e {
         // The end of the stream before the identification or the key
         // exchange's end, or a disconnect message during it.
         russh::Error::Disconnect | russh::Error::HUP => true,
-        russh::Error::IO(io) => matches!(
-            io.kind(),
-            Io::ConnectionReset | Io::ConnectionAborted | Io::UnexpectedEof | Io::BrokenPipe
-        ),
+        russh::Error::IO(io) => skiff_proto::peer_close::is_peer_close(io.kind()),
         _ => false,
     }
 }

@@ -21,6 +21,7 @@ pub mod nodeset;
 pub mod openssh_key;
 pub mod pam_session_wire;
 pub mod pattern;
+pub mod peer_close;
 pub mod signals;
 pub mod socks;
 pub mod ssh_config;

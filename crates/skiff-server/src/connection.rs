@@ -299,13 +299,7 @@ pub const CLOSED_WITHOUT_GOODBYE: &str = "closed by the client without a disconn
 /// without a disconnect message: how a killed client ends (and how a
 /// careless one leaves), not a fault of skiffd's.
 pub fn closed_by_client(e: &anyhow::Error) -> bool {
-    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
-    let peer_closed = |io: &std::io::Error| {
-        matches!(
-            io.kind(),
-            UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe
-        )
-    };
+    let peer_closed = |io: &std::io::Error| skiff_proto::peer_close::is_peer_close(io.kind());
     e.chain().any(|cause| {
         if let Some(russh::Error::IO(io)) = cause.downcast_ref::<russh::Error>() {
             return peer_closed(io);
