@@ -556,9 +556,9 @@ pub fn start_spare_reader() -> io::Result<()> {
 }
 
 /// Runs `work` on a thread of its own (the spare one if it waits, else a
-/// new one) that first takes `reader`'s rights (a
-/// thread's own: it ends with the work, so nothing is restored), and waits
-/// at most `policy.timeout` for it without blocking an async worker.
+/// new one) that first takes `reader`'s rights (a thread's own: it ends
+/// with the work, so nothing is restored), and waits at most
+/// `policy.timeout` for it without blocking an async worker.
 pub async fn off_worker<T, F>(reader: &Reader, policy: &ReadPolicy, work: F) -> Result<T, Refusal>
 where
     T: Send + 'static,

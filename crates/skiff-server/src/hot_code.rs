@@ -16,7 +16,7 @@
 //! for no measurable CPU (docs/BENCHMARKS.md).
 //!
 //! The parsing of `/proc/self/maps` and of pagemap entries is pure and
-//! tested here; reading them and `madvise` are the only I/O.
+//! tested here; reading those two files is the only I/O.
 
 use std::ops::Range;
 

@@ -38,15 +38,16 @@ fn records(path: &Path, want: usize, d: &Skiffd) -> Vec<Value> {
     }
 }
 
-/// A skiffd writing its `AuditLog` to `audit.jsonl` in the returned
-/// directory.
-fn audited_skiffd() -> (Fixture, tempfile::TempDir, Skiffd) {
+/// A skiffd writing its `AuditLog` to the returned path, in the returned
+/// directory (kept while the test runs).
+fn audited_skiffd() -> (Fixture, tempfile::TempDir, std::path::PathBuf, Skiffd) {
     let fx = Fixture::new();
     let dir = tempdir();
-    let config = format!("AuditLog {}\n", dir.path().join("audit.jsonl").display());
+    let audit = dir.path().join("audit.jsonl");
+    let config = format!("AuditLog {}\n", audit.display());
     let d =
         Skiffd::start_with(SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&config));
-    (fx, dir, d)
+    (fx, dir, audit, d)
 }
 
 /// The records grouped by connection, connections in order of their first
@@ -95,8 +96,7 @@ fn a_scripted_session_leaves_the_expected_records() {
     if !require_openssh() {
         return;
     }
-    let (fx, dir, d) = audited_skiffd();
-    let audit = dir.path().join("audit.jsonl");
+    let (fx, dir, audit, d) = audited_skiffd();
     let c = |what: &str| ctx(&d, what);
     let me = user();
 
@@ -232,8 +232,7 @@ fn a_client_killed_mid_session_is_told_from_one_that_said_goodbye() {
     if !require_openssh() {
         return;
     }
-    let (fx, dir, d) = audited_skiffd();
-    let audit = dir.path().join("audit.jsonl");
+    let (fx, _dir, audit, d) = audited_skiffd();
     let c = |what: &str| ctx(&d, what);
 
     // 1. skiff, to its end.
