@@ -30,8 +30,10 @@ pub mod tcp;
 pub mod watch;
 
 pub use accept::{Accepted, Accepting, Misbehaved};
-pub use offer::{offer_tree, source_path, Offered};
-pub use receive::{AnnouncedTwice, FileTable, Incoming, Settled};
+pub use offer::{
+    offer_tree, read_small_tree, source_path, Offered, SmallEntry, SmallLimits, SmallTree,
+};
+pub use receive::{AnnouncedTwice, FileTable, Incoming, InlineError, Settled};
 pub use send::{ChunkQueue, Outgoing};
 pub use stream::{connect, dial, Dialed, RecordReader, RecordWriter, StreamError, Unacknowledged};
 pub use watch::{Stall, StreamWatch};

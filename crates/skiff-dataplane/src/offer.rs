@@ -73,6 +73,90 @@ pub fn offer_tree(
     queue.close();
 }
 
+/// How much an upload may hold to be read whole ahead of time
+/// ([`read_small_tree`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SmallLimits {
+    /// File bytes, all files together.
+    pub bytes: u64,
+    /// Entries, directories included.
+    pub entries: usize,
+}
+
+/// One entry of a [`SmallTree`]: its announcement (a file's `size` is the
+/// number of bytes read), where it comes from, and a file's bytes.
+#[derive(Debug)]
+pub struct SmallEntry {
+    pub wire: EntryWire,
+    pub source: PathBuf,
+    pub bytes: Vec<u8>,
+}
+
+/// An upload read whole, for the control channel: each entry in walk order.
+#[derive(Debug, Default)]
+pub struct SmallTree {
+    pub entries: Vec<SmallEntry>,
+    /// What cannot be sent, as [`Offered::Unsendable`] says it.
+    pub unsendable: Vec<String>,
+    /// File bytes, all files together.
+    pub bytes: u64,
+}
+
+/// Walks `sources` (`-r`: `recursive`) as [`offer_tree`] does, reading
+/// every file whole, or `None` as soon as the walk goes past `limits`
+/// (so a large tree costs at most that much reading before the caller
+/// sends it the usual way). A file read while it changes is sent as read.
+pub fn read_small_tree(
+    sources: &[PathBuf],
+    recursive: bool,
+    limits: SmallLimits,
+) -> Option<SmallTree> {
+    use std::io::Read;
+    let mut tree = SmallTree::default();
+    for source in sources {
+        for entry in skiff_files::walk(source, recursive) {
+            let entry = match entry {
+                Ok(e) => e,
+                Err(e) => {
+                    tree.unsendable.push(e.to_string());
+                    continue;
+                }
+            };
+            if tree.entries.len() >= limits.entries || entry.size > limits.bytes - tree.bytes {
+                return None;
+            }
+            let id = tree.entries.len() as u32;
+            let (mut wire, file) = match sendable(&entry, id) {
+                Ok(ready) => ready,
+                Err(why) => {
+                    tree.unsendable.push(why);
+                    continue;
+                }
+            };
+            let mut bytes = Vec::new();
+            if let Some(file) = file {
+                let room = limits.bytes - tree.bytes;
+                if let Err(e) = file.take(room + 1).read_to_end(&mut bytes) {
+                    tree.unsendable
+                        .push(FileError::io(&entry.source, &e).to_string());
+                    continue;
+                }
+                if bytes.len() as u64 > room {
+                    return None;
+                }
+                wire.size = bytes.len() as u64;
+                tree.bytes += wire.size;
+            }
+            tree.entries.push(SmallEntry {
+                wire,
+                source: entry.source,
+                bytes,
+            });
+        }
+    }
+    Some(tree)
+}
+
 /// The announcement for `entry` under `id`, with its file opened (none for
 /// a directory), or why it cannot be sent.
 fn sendable(
@@ -130,14 +214,21 @@ mod tests {
         seen
     }
 
-    #[test]
-    fn entries_that_cannot_be_sent_take_no_id() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().join("d");
+    /// `root/d` holding `a` (3 bytes), a name that is not UTF-8, and `c`
+    /// (5 bytes).
+    fn mixed_tree(root: &Path) -> PathBuf {
+        let d = root.join("d");
         std::fs::create_dir(&d).unwrap();
         std::fs::write(d.join("a"), b"abc").unwrap();
         std::fs::write(d.join(std::ffi::OsStr::from_bytes(b"b\xff")), b"x").unwrap();
         std::fs::write(d.join("c"), b"hello").unwrap();
+        d
+    }
+
+    #[test]
+    fn entries_that_cannot_be_sent_take_no_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = mixed_tree(dir.path());
         let seen = offered(&[d.clone(), dir.path().join("missing")], true);
         assert_eq!(seen.len(), 5, "{seen:?}");
         assert_eq!(&seen[..2], ["0 d 0", "1 d/a 3"]);
@@ -170,6 +261,60 @@ mod tests {
         // a sender drains it and ends.
         assert_eq!(queue.queued(), 1);
         assert!(queue.is_closed());
+    }
+
+    #[test]
+    fn a_small_tree_is_read_whole_in_walk_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = mixed_tree(dir.path());
+        let limits = SmallLimits {
+            bytes: 8,
+            entries: 3,
+        };
+        let tree = read_small_tree(&[d.clone(), dir.path().join("missing")], true, limits)
+            .expect("within the limits");
+        let seen: Vec<_> = tree
+            .entries
+            .iter()
+            .map(|e| {
+                (
+                    e.wire.id,
+                    e.wire.rel.as_str(),
+                    e.wire.size,
+                    e.bytes.as_slice(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (0, "d", 0, &b""[..]),
+                (1, "d/a", 3, &b"abc"[..]),
+                (2, "d/c", 5, &b"hello"[..])
+            ]
+        );
+        assert_eq!(tree.bytes, 8);
+        assert_eq!(tree.unsendable.len(), 2, "{:?}", tree.unsendable);
+        assert!(tree.unsendable[0].contains("not UTF-8"));
+        assert!(tree.unsendable[1].contains("missing"));
+    }
+
+    #[test]
+    fn a_tree_past_either_limit_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        for (n, len) in [("a", 5usize), ("b", 5)] {
+            std::fs::write(dir.path().join(n), vec![1u8; len]).unwrap();
+        }
+        let sources: Vec<PathBuf> = ["a", "b"].iter().map(|n| dir.path().join(n)).collect();
+        let fits = SmallLimits {
+            bytes: 10,
+            entries: 2,
+        };
+        assert_eq!(read_small_tree(&sources, false, fits).unwrap().bytes, 10);
+        let fewer_bytes = SmallLimits { bytes: 9, ..fits };
+        assert!(read_small_tree(&sources, false, fewer_bytes).is_none());
+        let fewer_entries = SmallLimits { entries: 1, ..fits };
+        assert!(read_small_tree(&sources, false, fewer_entries).is_none());
     }
 
     #[test]

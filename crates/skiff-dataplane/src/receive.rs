@@ -108,6 +108,18 @@ enum WriteError {
     Overrun(String),
 }
 
+/// Why bytes carried on the control channel were refused
+/// ([`FileTable::write_inline`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InlineError {
+    /// The peer's error: the transfer is over.
+    #[error("{0}")]
+    Peer(String),
+    /// The transfer had already been aborted.
+    #[error("the transfer was aborted")]
+    Aborted,
+}
+
 /// A file's fate, as reported to the control side.
 #[derive(Debug)]
 pub enum Settled {
@@ -342,6 +354,78 @@ impl FileTable {
         !t.aborted
     }
 
+    /// Writes bytes of an announced `file` at `offset`, committing it when
+    /// they were its last. A local failure fails that file alone; `Err`
+    /// is the peer's error (bytes past the file's size), which ends the
+    /// transfer.
+    fn take(
+        &self,
+        file: &Incoming,
+        offset: u64,
+        bytes: &[u8],
+        received: &(dyn Fn(u64) + Sync),
+    ) -> Result<(), String> {
+        match file.write(offset, bytes) {
+            Ok(false) => received(bytes.len() as u64),
+            Ok(true) => {
+                received(bytes.len() as u64);
+                self.committing.fetch_add(1, Ordering::Relaxed);
+                let result = file.commit().map_err(|e| e.to_string());
+                self.committing.fetch_sub(1, Ordering::Relaxed);
+                self.finish(file, result);
+            }
+            Err(WriteError::Local(e)) => {
+                file.abandon();
+                self.finish(file, Err(e));
+            }
+            Err(WriteError::Overrun(what)) => return Err(what),
+        }
+        Ok(())
+    }
+
+    /// Bytes of file `id` that came on the control channel (version 2's
+    /// `Data`), behind the file's announcement on the same channel: an id
+    /// not announced by then is the peer's error, as are bytes past the
+    /// file's size. Either ends the transfer (every file not complete is
+    /// dropped) and is returned; a local failure fails that file alone.
+    pub fn write_inline(
+        &self,
+        id: u32,
+        offset: u64,
+        bytes: &[u8],
+        received: &(dyn Fn(u64) + Sync),
+    ) -> Result<(), InlineError> {
+        let file = {
+            let t = self.table.lock().expect("table lock");
+            if t.aborted {
+                return Err(InlineError::Aborted);
+            }
+            match t.slots.get(&id) {
+                Some(Slot::Open(f)) => f.clone(),
+                // Failed or abandoned: its bytes are discarded.
+                Some(Slot::Dropped) => return Ok(()),
+                None => {
+                    drop(t);
+                    return Err(self.fail_inline(format!(
+                        "data for entry id {id}, which was not announced before it"
+                    )));
+                }
+            }
+        };
+        self.take(&file, offset, bytes, received)
+            .map_err(|what| self.fail_inline(what))
+    }
+
+    /// Ends the transfer for a peer's error in inline data.
+    fn fail_inline(&self, what: String) -> InlineError {
+        self.reason
+            .lock()
+            .expect("reason lock")
+            .get_or_insert_with(|| what.clone());
+        self.abort();
+        InlineError::Peer(what)
+    }
+
     /// One stream's receiver: writes chunks until the end-of-stream record.
     /// `received(bytes)` reports progress. A stream error (a bad tag, a
     /// truncated stream) aborts the whole transfer and is returned.
@@ -377,22 +461,8 @@ impl FileTable {
                     })
                 }
             };
-            match file.write(chunk.offset, bytes) {
-                Ok(false) => received(bytes.len() as u64),
-                Ok(true) => {
-                    received(bytes.len() as u64);
-                    self.committing.fetch_add(1, Ordering::Relaxed);
-                    let result = file.commit().map_err(|e| e.to_string());
-                    self.committing.fetch_sub(1, Ordering::Relaxed);
-                    self.finish(&file, result);
-                }
-                Err(WriteError::Local(e)) => {
-                    file.abandon();
-                    self.finish(&file, Err(e));
-                }
-                Err(WriteError::Overrun(what)) => {
-                    break Err(StreamError::Protocol { stream, what })
-                }
+            if let Err(what) = self.take(&file, chunk.offset, bytes, received) {
+                break Err(StreamError::Protocol { stream, what });
             }
         };
         if let Err(e) = &result {
@@ -500,6 +570,49 @@ mod tests {
         let e = receiver.join().unwrap().unwrap_err();
         assert!(e.to_string().contains("never announced"), "{e}");
         assert_eq!(std::fs::read(dir.path().join("f7")).unwrap(), b"hello");
+    }
+
+    #[test]
+    fn inline_bytes_commit_a_file_and_drop_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let settled = Arc::new(Mutex::new(Vec::new()));
+        let t = {
+            let settled = settled.clone();
+            FileTable::new(move |s| settled.lock().unwrap().push(format!("{s:?}")))
+        };
+        t.open(incoming(dir.path(), 1, 5)).unwrap();
+        t.refuse(2).unwrap();
+        t.write_inline(1, 0, b"he", &|_| {}).unwrap();
+        // A refused entry's bytes are discarded.
+        t.write_inline(2, 0, b"zzz", &|_| {}).unwrap();
+        assert_eq!(t.pending(), 1);
+        t.write_inline(1, 2, b"llo", &|_| {}).unwrap();
+        assert_eq!(std::fs::read(dir.path().join("f1")).unwrap(), b"hello");
+        assert_eq!(*settled.lock().unwrap(), ["Stored(1)"]);
+        assert!(t.wait_settled());
+    }
+
+    #[test]
+    fn inline_bytes_for_an_unannounced_id_or_past_the_size_end_the_transfer() {
+        for (id, offset, what) in [(3, 0, "not announced"), (1, 4, "past the announced size")] {
+            let dir = tempfile::tempdir().unwrap();
+            let t = table();
+            t.open(incoming(dir.path(), 1, 5)).unwrap();
+            match t.write_inline(id, offset, b"xy", &|_| {}) {
+                Err(InlineError::Peer(e)) => assert!(e.contains(what), "{e}"),
+                other => panic!("{id}@{offset}: {other:?}"),
+            }
+            assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
+            assert!(!t.wait_settled(), "the transfer is aborted");
+            assert_eq!(
+                t.abort_reason().as_deref().map(|r| r.contains(what)),
+                Some(true)
+            );
+            assert_eq!(
+                t.write_inline(1, 0, b"x", &|_| {}),
+                Err(InlineError::Aborted)
+            );
+        }
     }
 
     #[test]

@@ -36,8 +36,19 @@ pub const TAG_LEN: usize = 16;
 /// Bytes at the front of a data record's payload naming the file and offset.
 pub const CHUNK_HEADER: usize = 12;
 
-/// Version of the control protocol.
-pub const VERSION: u32 = 1;
+/// Version of the control protocol this build speaks by default. Version 2
+/// adds files carried on the control channel itself ([`ClientMsg::Data`])
+/// and `Hello` with no streams (a copy that needs none).
+pub const VERSION: u32 = 2;
+
+/// The oldest version a skiffd still serves (and skiff falls back to when
+/// a skiffd refuses version 2).
+pub const OLDEST_VERSION: u32 = 1;
+
+/// The most file bytes one [`ClientMsg::Data`] carries: well under a
+/// control frame's limit, and small enough that a file's bytes interleave
+/// with other messages.
+pub const INLINE_CHUNK: usize = 64 * 1024;
 
 /// Records one stream may carry in one direction under one key: far more
 /// than any transfer needs, and far below AES-GCM's limits.
@@ -462,6 +473,14 @@ pub enum ClientMsg {
     Entry(EntryWire),
     /// No more entries.
     PutEnd,
+    /// Bytes of file `id` at `offset`, carried on the control channel
+    /// itself (version 2) instead of a data stream: at most
+    /// [`INLINE_CHUNK`] of them. The entry is announced before its bytes.
+    Data {
+        id: u32,
+        offset: u64,
+        bytes: Vec<u8>,
+    },
     /// Start a download.
     Get {
         sources: Vec<String>,
@@ -500,6 +519,7 @@ const CM_PUT: u8 = 2;
 const CM_ENTRY: u8 = 3;
 const CM_PUT_END: u8 = 4;
 const CM_GET: u8 = 5;
+const CM_DATA: u8 = 6;
 
 const SM_WELCOME: u8 = 1;
 const SM_REFUSED: u8 = 2;
@@ -575,6 +595,13 @@ pub fn encode_client(msg: &ClientMsg) -> Vec<u8> {
             w
         }
         ClientMsg::PutEnd => Writer::new(CM_PUT_END),
+        ClientMsg::Data { id, offset, bytes } => {
+            let mut w = Writer::new(CM_DATA);
+            w.u32(*id);
+            w.u64(*offset);
+            w.bytes(bytes);
+            w
+        }
         ClientMsg::Get {
             sources,
             recursive,
@@ -615,6 +642,13 @@ pub fn decode_client(buf: &[u8]) -> Result<Option<(ClientMsg, usize)>, WireError
         },
         CM_ENTRY => ClientMsg::Entry(read_entry(&mut r)?),
         CM_PUT_END => ClientMsg::PutEnd,
+        CM_DATA => {
+            let (id, offset, bytes) = (r.u32()?, r.u64()?, r.bytes()?);
+            if bytes.len() > INLINE_CHUNK {
+                return Err(WireError::BadValue("inline data length"));
+            }
+            ClientMsg::Data { id, offset, bytes }
+        }
         CM_GET => ClientMsg::Get {
             sources: r.strs()?,
             recursive: r.bool("recursive flag")?,
@@ -1046,6 +1080,24 @@ mod tests {
     }
 
     #[test]
+    fn inline_data_longer_than_a_chunk_is_refused() {
+        let mut bytes = encode_client(&ClientMsg::Data {
+            id: 1,
+            offset: 0,
+            bytes: vec![0; INLINE_CHUNK + 1],
+        });
+        assert_eq!(
+            decode_client(&bytes),
+            Err(WireError::BadValue("inline data length"))
+        );
+        // A length field that runs past the frame is truncation, not a
+        // large allocation.
+        let at = 4 + 1 + 4 + 8;
+        bytes[at..at + 4].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(decode_client(&bytes), Err(WireError::Truncated));
+    }
+
+    #[test]
     fn control_messages_round_trip_and_reject_garbage() {
         let entry = EntryWire {
             id: 4,
@@ -1073,6 +1125,16 @@ mod tests {
                 streams: 3,
             },
             ClientMsg::Entry(entry.clone()),
+            ClientMsg::Data {
+                id: 4,
+                offset: 1 << 35,
+                bytes: b"file bytes".to_vec(),
+            },
+            ClientMsg::Data {
+                id: 0,
+                offset: 0,
+                bytes: vec![7; INLINE_CHUNK],
+            },
             ClientMsg::PutEnd,
             ClientMsg::Get {
                 sources: vec!["x".into(), "y z".into()],

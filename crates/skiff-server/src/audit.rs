@@ -134,15 +134,16 @@ pub struct ForwardRecord {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TransferRecord {
     pub user: String,
-    /// The data plane's mode: `aead`, `integrity` or `none`.
+    /// The data plane's mode: `aead`, `integrity` or `none`; `channel`
+    /// when the files came on the SSH channel alone (no streams).
     pub mode: String,
-    /// The streams granted.
+    /// The streams granted (0: the channel alone).
     pub streams: u32,
     /// `upload` (client to server) or `download`.
     pub direction: Option<&'static str>,
     /// Files transferred in full.
     pub files: Option<u64>,
-    /// File bytes carried by the data streams.
+    /// File bytes carried by the data streams or the channel.
     pub bytes: Option<u64>,
     /// Files (or sources) that failed.
     pub failed: Option<u64>,
@@ -161,7 +162,10 @@ impl TransferRecord {
         let report = end.report.as_ref();
         TransferRecord {
             user,
-            mode: end.mode.to_string(),
+            mode: match end.streams {
+                0 => "channel".into(),
+                _ => end.mode.to_string(),
+            },
             streams: end.streams,
             direction: report.map(|r| r.direction.as_str()),
             files: report.map(|r| r.files),

@@ -219,10 +219,17 @@ pub fn spawn_relay(
                 }
                 Ok(RelayMsg::Request { mode, streams }) => {
                     asked = true;
-                    if !(1..=MAX_STREAMS).contains(&streams) {
+                    if streams == 0 && settings.data_plane {
+                        // The files travel on the SSH channel alone: no
+                        // token, and nothing leaves the session's
+                        // encryption, whatever mode was asked.
+                        tracing::debug!(%peer, "data plane: no streams, the channel alone");
+                        granted = Some((mode, 0, Instant::now()));
+                        RelayMsg::Granted { tokens: Vec::new() }
+                    } else if !(1..=MAX_STREAMS).contains(&streams) {
                         RelayMsg::Denied {
                             reason: format!(
-                                "{streams} streams asked; skiffd allows 1 to {MAX_STREAMS}"
+                                "{streams} streams asked; skiffd allows 0 to {MAX_STREAMS}"
                             ),
                         }
                     } else if !registry.takes_streams() {

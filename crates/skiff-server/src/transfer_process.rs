@@ -2,8 +2,10 @@
 //! `transfer@skiff` subsystem (`skiffd --transfer-server`). Control messages
 //! come and go on stdin/stdout (the SSH channel); fd 3 is a socket to
 //! skiffd, which applies the server's policy, issues stream tokens, and
-//! passes each data-plane stream's socket once its token checks out. All
-//! file I/O and record crypto happen here, with the account's rights.
+//! passes each data-plane stream's socket once its token checks out. A
+//! small upload may come on the channel alone (version 2: `Data`
+//! messages, no streams). All file I/O and record crypto happen here, with
+//! the account's rights.
 //! When the transfer ends, however it ends, the process tells skiffd what
 //! it moved ([`Tally`]), for the audit log.
 
@@ -23,7 +25,7 @@ use skiff_dataplane::{
 };
 use skiff_proto::dataplane::{
     self as dp, ClientMsg, Keys, Mode, RelayMsg, ServerMsg, Side, TransferDirection,
-    TransferReport, SECRET_LEN, VERSION,
+    TransferReport, OLDEST_VERSION, SECRET_LEN, VERSION,
 };
 
 /// The descriptor skiffd gives the transfer process.
@@ -332,14 +334,22 @@ pub fn serve_stdio() -> Result<()> {
     else {
         bail!("the client did not start with Hello");
     };
-    if version != VERSION {
+    if !(OLDEST_VERSION..=VERSION).contains(&version) {
         control.send(&ServerMsg::Refused {
             reason: format!(
-                "data plane version {version} is not supported (this skiffd speaks {VERSION})"
+                "data plane version {version} is not supported (this skiffd speaks {OLDEST_VERSION} to {VERSION})"
             ),
         });
         return Ok(());
     }
+    if streams == 0 && version < 2 {
+        control.send(&ServerMsg::Refused {
+            reason: "a transfer without data streams needs data plane version 2".into(),
+        });
+        return Ok(());
+    }
+    // No streams: the files come on this channel; skiffd still hears of
+    // the transfer, for its audit record.
     relay.send(&RelayMsg::Request { mode, streams })?;
     let tokens = match relay.recv()?.0 {
         RelayMsg::Granted { tokens } => tokens,
@@ -353,7 +363,7 @@ pub fn serve_stdio() -> Result<()> {
     rand::fill(&mut server_secret);
     let keys = Arc::new(dp::derive_keys(&secret, &server_secret, mode));
     control.send(&ServerMsg::Welcome {
-        version: VERSION,
+        version,
         mode,
         secret: server_secret,
         tokens: tokens.clone(),
@@ -380,6 +390,13 @@ pub fn serve_stdio() -> Result<()> {
             preserve,
             &on_hangup,
         ),
+        Some(ClientMsg::Get { streams, .. }) if streams.min(plane.streams) == 0 => {
+            // Version 2 carries an upload's bytes on the channel, never a
+            // download's.
+            control.fail(u32::MAX, "a download needs a data stream");
+            control.send(&ServerMsg::Done);
+            Ok(())
+        }
         Some(ClientMsg::Get {
             sources,
             recursive,
@@ -404,9 +421,10 @@ struct Plane {
 }
 
 impl Plane {
-    /// The client opens `streams` of the granted streams (at least one).
+    /// The client opens `streams` of the granted streams: none when it
+    /// carries everything on the channel.
     fn opening(mut self, streams: u32) -> Plane {
-        self.streams = streams.clamp(1, self.streams);
+        self.streams = streams.min(self.streams);
         self
     }
 
@@ -535,6 +553,12 @@ fn put(
                 Ok(_) => {}
                 Err(broke) => fatal(&control, &table, broke.to_string()),
             },
+            Ok(Some(ClientMsg::Data { id, offset, bytes })) => {
+                if let Err(e) = table.write_inline(id, offset, &bytes, &|n| tally.add_bytes(n)) {
+                    let reason = table.abort_reason().unwrap_or_else(|| e.to_string());
+                    fatal(&control, &table, reason);
+                }
+            }
             Ok(Some(ClientMsg::PutEnd)) => {
                 table.close_announcements();
                 break;

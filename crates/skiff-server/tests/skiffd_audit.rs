@@ -489,6 +489,8 @@ fn a_data_plane_copy_leaves_a_transfer_record() {
         &[
             "--cipher",
             "integrity",
+            "--streams",
+            "1",
             &local.display().to_string(),
             &target,
         ],

@@ -6,7 +6,6 @@
 //! is not there, are recorded as not completed.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use skiff_testkit::server_context as ctx;
@@ -14,23 +13,7 @@ use skiff_testkit::*;
 
 /// The audit log's `transfer` records once there are `want` of them.
 fn transfers(path: &Path, want: usize, d: &Skiffd) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let found: Vec<Value> = text
-            .lines()
-            .map(|l| {
-                serde_json::from_str::<Value>(l)
-                    .unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}\n{}", ctx(d, "audit")))
-            })
-            .filter(|r| r["event"] == "transfer")
-            .collect();
-        if found.len() >= want || Instant::now() > deadline {
-            assert_eq!(found.len(), want, "{text}\n{}", ctx(d, "transfer records"));
-            return found;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    audit_events(path, "transfer", want, d)
 }
 
 fn skiffd_with_audit(fx: &Fixture, audit: &Path) -> Skiffd {
@@ -172,6 +155,8 @@ fn an_upload_to_a_missing_directory_is_recorded_as_not_completed() {
     let args = [
         "--cipher".to_string(),
         "integrity".to_string(),
+        "--streams".to_string(),
+        "1".to_string(),
         a.display().to_string(),
         b.display().to_string(),
         remote(&rdir.path().join("no-such-directory")),

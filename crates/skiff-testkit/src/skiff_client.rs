@@ -381,6 +381,29 @@ pub fn skiff_cp(port: u16, key: &Key, args: &[&str]) -> CmdOutput {
     skiff_cp_env(port, key, &[], args)
 }
 
+/// `skiff cp ARGS` through the agent of `ah` (started for the first copy,
+/// kept for the next), to 127.0.0.1:`port`, bounded by [`BULK_TIMEOUT`].
+pub fn skiff_cp_via_agent(ah: &AgentHome, port: u16, key: &Key, args: &[&str]) -> CmdOutput {
+    Run::new(skiff_bin())
+        .env("HOME", ah.home.path())
+        .env("SKIFF_AGENT", "on")
+        .env("XDG_RUNTIME_DIR", ah.runtime.path())
+        .env("XDG_STATE_HOME", ah.home.path().join("state"))
+        .env_remove("SSH_AUTH_SOCK")
+        .args(["cp", "-F", "/dev/null", "-o", "BatchMode=yes"])
+        .args(["-o", "StrictHostKeyChecking=no"])
+        .arg(format!(
+            "-oUserKnownHostsFile={}",
+            ah.home.path().join("known_hosts").display()
+        ))
+        .arg("-i")
+        .arg(&key.private)
+        .args(["-P", &port.to_string()])
+        .args(args)
+        .timeout(BULK_TIMEOUT)
+        .run()
+}
+
 /// [`skiff_cp`] with `env` set as well (`SKIFF_LOG`, say).
 pub fn skiff_cp_env(port: u16, key: &Key, env: &[(&str, &str)], args: &[&str]) -> CmdOutput {
     let scratch = tempdir();

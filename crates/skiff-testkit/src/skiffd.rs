@@ -440,6 +440,66 @@ pub fn account_skiffd() -> &'static Path {
     path
 }
 
+/// The test peer `name` of `package` ([`crate::test_peer`]) at a path the
+/// test account can run: the one built, or (run as root, when a directory
+/// above it is closed to others) a copy, made once per peer and test
+/// process, in a directory it can reach.
+pub fn account_test_peer(manifest_dir: &str, package: &str, name: &str) -> PathBuf {
+    /// Copies the test account can run, by peer name, in one directory.
+    #[derive(Default)]
+    struct Copies {
+        dir: Option<TempDir>,
+        made: Vec<(String, PathBuf)>,
+    }
+    static COPIES: OnceLock<std::sync::Mutex<Copies>> = OnceLock::new();
+    let built = crate::test_peer(manifest_dir, package, name);
+    if !is_root() || runnable_by_others(&built) {
+        return built;
+    }
+    let mut copies = COPIES.get_or_init(Default::default).lock().unwrap();
+    if let Some((_, p)) = copies.made.iter().find(|(n, _)| n == name) {
+        return p.clone();
+    }
+    let dir = copies.dir.get_or_insert_with(tempdir).path().to_path_buf();
+    let copy = dir.join(name);
+    fs::copy(&built, &copy).expect("copy test peer");
+    fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).expect("chmod test peer");
+    copies.made.push((name.to_string(), copy.clone()));
+    copy
+}
+
+/// The records of `event` in the `AuditLog` of `d` at `path`, once there
+/// are `want` of them (30 s at most; then there must be exactly `want`).
+/// A line that is not JSON fails the test.
+pub fn audit_events(path: &Path, event: &str, want: usize, d: &Skiffd) -> Vec<serde_json::Value> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = fs::read_to_string(path).unwrap_or_default();
+        let found: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| {
+                    panic!(
+                        "not JSON ({e}): {l:?}\n{}",
+                        crate::server_context(d, "audit")
+                    )
+                })
+            })
+            .filter(|r| r["event"] == event)
+            .collect();
+        if found.len() >= want || std::time::Instant::now() > deadline {
+            assert_eq!(
+                found.len(),
+                want,
+                "{text}\n{}",
+                crate::server_context(d, &format!("{event} records"))
+            );
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The `--config` text skiffd needs to serve SFTP here: nothing when the
 /// default (skiffd's own path) works, else a `Subsystem sftp` line naming
 /// the copy.

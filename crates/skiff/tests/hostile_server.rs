@@ -21,7 +21,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -46,31 +46,10 @@ const MIB: usize = 1 << 20;
 // ---------------------------------------------------------------------------
 // Test peers
 
-/// The test peer `name`, built by `cargo test` as an example of this
-/// package, at a path the test account can run (copied out of a checkout
-/// it cannot reach, as `account_skiffd` does for skiffd).
+/// The test peer `name` (built by `cargo test` as an example of this
+/// package), at a path the test account can run.
 fn peer(name: &str) -> PathBuf {
-    /// Copies the test account can run, by peer name, in one directory.
-    #[derive(Default)]
-    struct Copies {
-        dir: Option<TempDir>,
-        made: Vec<(String, PathBuf)>,
-    }
-    static COPIES: OnceLock<Mutex<Copies>> = OnceLock::new();
-    let built = test_peer(env!("CARGO_MANIFEST_DIR"), "skiff", name);
-    if !is_root() || runnable_by_others(&built) {
-        return built;
-    }
-    let mut copies = COPIES.get_or_init(Default::default).lock().unwrap();
-    if let Some((_, p)) = copies.made.iter().find(|(n, _)| n == name) {
-        return p.clone();
-    }
-    let dir = copies.dir.get_or_insert_with(tempdir).path().to_path_buf();
-    let copy = dir.join(name);
-    fs::copy(&built, &copy).expect("copy test peer");
-    fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).expect("chmod test peer");
-    copies.made.push((name.to_string(), copy.clone()));
-    copy
+    account_test_peer(env!("CARGO_MANIFEST_DIR"), "skiff", name)
 }
 
 /// A skiffd with one of its subsystems played by a hostile test peer.

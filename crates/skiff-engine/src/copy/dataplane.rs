@@ -22,12 +22,13 @@ use std::time::Duration;
 
 use russh::ChannelMsg;
 use skiff_dataplane::{
-    offer_tree, Accepted, Accepting, ChunkQueue, Dialed, FileTable, Offered, RecordWriter, Settled,
-    Stall, StreamError, StreamWatch,
+    offer_tree, read_small_tree, Accepted, Accepting, ChunkQueue, Dialed, FileTable, Offered,
+    RecordWriter, Settled, SmallLimits, SmallTree, Stall, StreamError, StreamWatch,
 };
 use skiff_files::Requested;
 use skiff_proto::dataplane::{
-    self as dp, ClientMsg, EntryWire, Keys, Mode, ServerMsg, SECRET_LEN, TOKEN_LEN, VERSION,
+    self as dp, ClientMsg, EntryWire, Keys, Mode, ServerMsg, INLINE_CHUNK, OLDEST_VERSION,
+    SECRET_LEN, TOKEN_LEN, VERSION,
 };
 use skiff_proto::terminal_text;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -51,6 +52,72 @@ pub struct PlaneOptions {
     /// data stream waits for room in it and tells it whether the server let
     /// it in, as the fan-out's connections do.
     pub gate: Option<Arc<Gate>>,
+    /// A small upload may travel on the control channel alone, with no
+    /// data stream (data plane version 2; see [`INLINE_NEAR`]), unless the
+    /// user named a stream count. Turned off to copy again when a skiffd
+    /// refused that ([`Attempted::InlineRefused`]).
+    pub inline: bool,
+}
+
+/// How a data-plane copy on one channel ended.
+#[derive(Debug)]
+pub enum Attempted {
+    Copied(CopyReport),
+    /// The server refused a small upload on the channel alone (a skiffd
+    /// older than version 2 of the data plane refuses that `Hello`):
+    /// nothing was written, and the copy goes again on a new channel with
+    /// [`PlaneOptions::inline`] off.
+    InlineRefused,
+}
+
+/// The most an upload may hold to travel on the control channel alone, on a
+/// path whose round trip is [`NEAR`] or less: there a data stream's setup
+/// (a TCP handshake, its token and acknowledgement, a thread) costs more
+/// than carrying a mebibyte on the channel. The entries bound the commits
+/// the server makes one after another on the channel's thread.
+pub const INLINE_NEAR: SmallLimits = SmallLimits {
+    bytes: 1 << 20,
+    entries: 64,
+};
+
+/// Bytes an upload may hold to travel on the channel alone on a longer
+/// path. There the SSH connection's congestion window is still about that
+/// of a fresh TCP connection (its setup moved little data), so a copy much
+/// larger than a few of its flights gets to the server sooner on several
+/// streams, each with a window of its own, even with the round trip they
+/// add.
+pub const INLINE_FAR_BYTES: u64 = 128 << 10;
+
+/// The round trip up to which [`INLINE_NEAR`] applies.
+pub const NEAR: Duration = Duration::from_millis(2);
+
+/// Whether a small upload of `bytes` goes on the channel alone on a path
+/// whose round trip is `rtt`.
+fn fits_inline(bytes: u64, rtt: Duration) -> bool {
+    bytes
+        <= match rtt <= NEAR {
+            true => INLINE_NEAR.bytes,
+            false => INLINE_FAR_BYTES,
+        }
+}
+
+/// Reads an upload whole, on a blocking thread, when it may go on the
+/// channel alone and is small enough to ([`INLINE_NEAR`]); the caller
+/// settles the round trip's own limit with [`fits_inline`].
+fn read_small_upload(
+    job: &CopyJob,
+    options: &PlaneOptions,
+) -> Option<tokio::task::JoinHandle<Option<SmallTree>>> {
+    let Direction::Upload { sources, .. } = &job.direction else {
+        return None;
+    };
+    if !options.inline || options.streams.is_some() {
+        return None;
+    }
+    let (sources, recursive) = (sources.clone(), job.recursive);
+    Some(tokio::task::spawn_blocking(move || {
+        read_small_tree(&sources, recursive, INLINE_NEAR)
+    }))
 }
 
 /// How often a running transfer checks that it still moves.
@@ -196,24 +263,100 @@ fn request(job: &CopyJob, streams: u32) -> ClientMsg {
 /// opening the channel), so the request goes out with `Hello` and the
 /// stream count is settled without waiting for the server's answer (the
 /// server grants at most what was asked, and both sides then use the
-/// smaller of the request and the grant).
+/// smaller of the request and the grant). A small upload goes whole behind
+/// them, on the channel, with no stream.
 struct Opening {
     secret: [u8; SECRET_LEN],
+    /// The data plane version of `Hello`.
+    version: u32,
     /// The stream count asked for in `Hello` and in the request.
     requested: u32,
     bytes: Vec<u8>,
+    /// An upload sent whole on the channel.
+    inline: Option<InlineUpload>,
+}
+
+/// What the client keeps of an upload sent on the channel, to account for
+/// the server's answers.
+struct InlineUpload {
+    /// File id to size and local path.
+    files: std::collections::HashMap<u32, (u64, String)>,
+    /// File bytes, all files together.
+    bytes: u64,
+    /// What could not be sent.
+    unsendable: Vec<String>,
 }
 
 impl Opening {
-    fn new(job: &CopyJob, options: &PlaneOptions, rtt: Duration) -> Opening {
-        let mut secret = [0u8; SECRET_LEN];
-        rand::fill(&mut secret);
+    /// The opening for `job` on a path whose round trip is `rtt`; `small`
+    /// is the upload read whole ([`read_small_upload`]), if it was.
+    async fn new(
+        job: &CopyJob,
+        options: &PlaneOptions,
+        rtt: Duration,
+        small: Option<tokio::task::JoinHandle<Option<SmallTree>>>,
+    ) -> Opening {
+        let small = match small {
+            Some(reading) => reading.await.ok().flatten(),
+            None => None,
+        };
+        match small.filter(|tree| fits_inline(tree.bytes, rtt)) {
+            Some(tree) => Opening::inline(job, options, tree),
+            None => Opening::with_streams(job, options, rtt),
+        }
+    }
+
+    /// Streams carry the files. Nothing of version 2 is needed, so it
+    /// speaks version 1, which every skiffd serves.
+    fn with_streams(job: &CopyJob, options: &PlaneOptions, rtt: Duration) -> Opening {
         let requested = options
             .streams
             .unwrap_or_else(|| default_streams(rtt))
             .clamp(1, MAX_STREAMS);
+        Opening::begin(job, options, OLDEST_VERSION, requested)
+    }
+
+    /// The whole upload on the channel: `Hello` with no streams, the
+    /// request, every entry followed by its file's bytes, the end.
+    fn inline(job: &CopyJob, options: &PlaneOptions, tree: SmallTree) -> Opening {
+        let mut opening = Opening::begin(job, options, VERSION, 0);
+        let mut files = std::collections::HashMap::new();
+        for entry in tree.entries {
+            let id = entry.wire.id;
+            if !entry.wire.is_dir {
+                files.insert(id, (entry.wire.size, entry.source.display().to_string()));
+            }
+            opening
+                .bytes
+                .extend_from_slice(&dp::encode_client(&ClientMsg::Entry(entry.wire)));
+            let mut offset = 0u64;
+            for piece in entry.bytes.chunks(INLINE_CHUNK) {
+                opening
+                    .bytes
+                    .extend_from_slice(&dp::encode_client(&ClientMsg::Data {
+                        id,
+                        offset,
+                        bytes: piece.to_vec(),
+                    }));
+                offset += piece.len() as u64;
+            }
+        }
+        opening
+            .bytes
+            .extend_from_slice(&dp::encode_client(&ClientMsg::PutEnd));
+        opening.inline = Some(InlineUpload {
+            files,
+            bytes: tree.bytes,
+            unsendable: tree.unsendable,
+        });
+        opening
+    }
+
+    fn begin(job: &CopyJob, options: &PlaneOptions, version: u32, requested: u32) -> Opening {
+        let mut secret = [0u8; SECRET_LEN];
+        rand::fill(&mut secret);
         let mut bytes = dp::encode_client(&ClientMsg::Hello {
-            version: VERSION,
+            version,
             mode: options.mode,
             streams: requested,
             secret,
@@ -221,8 +364,10 @@ impl Opening {
         bytes.extend_from_slice(&dp::encode_client(&request(job, requested)));
         Opening {
             secret,
+            version,
             requested,
             bytes,
+            inline: None,
         }
     }
 }
@@ -234,30 +379,63 @@ const MAX_STREAMS: u32 = 16;
 ///
 /// The subsystem request, `Hello` and the transfer request leave together:
 /// the channel opening has just measured the round trip, which picks the
-/// stream count.
+/// stream count, or whether a small upload goes whole with them. A skiffd
+/// that refuses the latter gets the copy again, with streams, on a new
+/// channel.
 pub async fn copy(
     conn: &Connection,
     job: &CopyJob,
     options: &PlaneOptions,
     progress: &dyn Progress,
 ) -> Result<Option<CopyReport>, SkiffError> {
-    let host = conn.settings.hostname.clone();
     if !served_by(&conn.server_id) {
         return Ok(None);
     }
+    match attempt(conn, job, options, progress).await? {
+        Some(Attempted::InlineRefused) if options.inline => {
+            tracing::debug!(
+                "{}: the server refused a copy on the channel alone; copying with streams",
+                conn.settings.hostname
+            );
+            let options = PlaneOptions {
+                inline: false,
+                ..options.clone()
+            };
+            match attempt(conn, job, &options, progress).await? {
+                Some(Attempted::Copied(report)) => Ok(Some(report)),
+                Some(Attempted::InlineRefused) => unreachable!("asked with streams"),
+                None => Ok(None),
+            }
+        }
+        Some(Attempted::InlineRefused) => unreachable!("asked with streams"),
+        Some(Attempted::Copied(report)) => Ok(Some(report)),
+        None => Ok(None),
+    }
+}
+
+/// One try of [`copy`], on a channel of its own.
+async fn attempt(
+    conn: &Connection,
+    job: &CopyJob,
+    options: &PlaneOptions,
+    progress: &dyn Progress,
+) -> Result<Option<Attempted>, SkiffError> {
+    let host = conn.settings.hostname.clone();
     let Some(addr) = conn.peer_addr else {
         return Ok(None);
     };
     let placement = match local_placement(job) {
         Ok(p) => p,
-        Err(report) => return Ok(Some(report)),
+        Err(report) => return Ok(Some(Attempted::Copied(report))),
     };
     let lost = |e: russh::Error| {
         SkiffError::new(ErrorKind::Connect, format!("{host}: connection lost: {e}"))
     };
+    // A small upload is read while the channel opens.
+    let small = read_small_upload(job, options);
     let opened = std::time::Instant::now();
     let mut channel = crate::exec::open_session(conn).await?.into_channel();
-    let opening = Opening::new(job, options, opened.elapsed());
+    let opening = Opening::new(job, options, opened.elapsed(), small).await;
     channel
         .request_subsystem(true, dp::SUBSYSTEM)
         .await
@@ -294,6 +472,10 @@ pub async fn copy(
     }
     match sending.await {
         Ok(Ok(())) => {}
+        // An older skiffd that refused an upload on the channel alone
+        // may have closed the channel before taking all of it: its
+        // refusal is read below.
+        Ok(Err(_)) if opening.inline.is_some() => {}
         Ok(Err(e)) => {
             return Err(SkiffError::new(
                 ErrorKind::Connect,
@@ -318,8 +500,12 @@ pub async fn copy(
 /// Copies over the data plane, with the `transfer@skiff` subsystem already
 /// asked for on `stream` (a channel the agent holds, say); the data streams
 /// go to `addr`, the SSH server's address. `opened`: the round trip
-/// measured opening the channel picks the stream count, and the streams are
-/// dialed while the request is on its way when the server is a skiffd.
+/// measured opening the channel picks the stream count (or a small upload
+/// goes whole on the channel), and the streams are dialed while the
+/// request is on its way when the server is a skiffd. When the server
+/// refuses a small upload on the channel alone
+/// ([`Attempted::InlineRefused`]), the caller asks for a new channel and
+/// calls again with [`PlaneOptions::inline`] off.
 pub async fn copy_on<S>(
     stream: S,
     host: &str,
@@ -328,17 +514,22 @@ pub async fn copy_on<S>(
     options: &PlaneOptions,
     opened: crate::ChannelOpened,
     progress: &dyn Progress,
-) -> Result<CopyReport, SkiffError>
+) -> Result<Attempted, SkiffError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let placement = match local_placement(job) {
         Ok(p) => p,
-        Err(report) => return Ok(report),
+        Err(report) => return Ok(Attempted::Copied(report)),
     };
+    let small = read_small_upload(job, options);
+    let opening = Opening::new(job, options, opened.rtt, small).await;
     let mut control = ControlChannel::new(stream, host, Vec::new());
-    let opening = Opening::new(job, options, opened.rtt);
-    control.send_bytes(&opening.bytes).await?;
+    match control.send_bytes(&opening.bytes).await {
+        // As in `attempt`: a refusal may have closed the channel early.
+        Err(_) if opening.inline.is_some() => {}
+        sent => sent?,
+    }
     let skiffd = opened.server == crate::server_id::ServerKind::Skiffd;
     let early = dial_early(addr, opening.requested, options, skiffd);
     run(
@@ -375,7 +566,7 @@ async fn run(
     options: &PlaneOptions,
     placement: Option<skiff_files::Placement>,
     progress: &dyn Progress,
-) -> Result<CopyReport, SkiffError> {
+) -> Result<Attempted, SkiffError> {
     let host = control.host.clone();
     let (server_secret, tokens) = match control.recv().await? {
         ServerMsg::Welcome {
@@ -384,17 +575,20 @@ async fn run(
             secret,
             tokens,
         } => {
-            if version != VERSION
-                || mode != options.mode
-                || tokens.is_empty()
-                || tokens.len() > opening.requested as usize
-            {
+            let streams_fit = match opening.requested {
+                0 => tokens.is_empty(),
+                asked => !tokens.is_empty() && tokens.len() <= asked as usize,
+            };
+            if version != opening.version || mode != options.mode || !streams_fit {
                 return Err(SkiffError::new(
                     ErrorKind::Protocol,
                     format!("{host}: the server answered the data-plane request with other terms (version {version}, mode {mode}, {} streams)", tokens.len()),
                 ));
             }
             (secret, tokens)
+        }
+        ServerMsg::Refused { .. } if opening.inline.is_some() => {
+            return Ok(Attempted::InlineRefused)
         }
         ServerMsg::Refused { reason } => {
             return Err(SkiffError::new(
@@ -433,16 +627,71 @@ async fn run(
         gate: options.gate.clone(),
         early,
     };
-    let copied = match (&job.direction, placement) {
-        (Direction::Upload { sources, .. }, _) => upload(session, sources, job, progress).await,
-        (Direction::Download { sources, .. }, Some(placement)) => {
+    let copied = match (&job.direction, placement, opening.inline) {
+        (Direction::Upload { .. }, _, Some(sent)) => settle_inline(session, sent, progress).await,
+        (Direction::Upload { sources, .. }, _, None) => {
+            upload(session, sources, job, progress).await
+        }
+        (Direction::Download { sources, .. }, Some(placement), _) => {
             download(session, sources, job, placement, progress).await
         }
-        (Direction::Download { .. }, None) => {
+        (Direction::Download { .. }, None, _) => {
             unreachable!("a download's placement is resolved first")
         }
     };
-    copied.map(safe_report)
+    copied.map(safe_report).map(Attempted::Copied)
+}
+
+/// The rest of an upload sent whole on the channel: the server's answers,
+/// as each file is stored or fails, up to its `Done`. Nothing moves but
+/// control messages, so the transfer stalls when they stop for the
+/// keepalive budget.
+async fn settle_inline(
+    mut s: Session,
+    mut sent: InlineUpload,
+    progress: &dyn Progress,
+) -> Result<CopyReport, SkiffError> {
+    let host = s.control.host.clone();
+    let mut report = CopyReport {
+        failures: std::mem::take(&mut sent.unsendable),
+        ..CopyReport::default()
+    };
+    progress.add_total(sent.bytes);
+    let mut stall = Stall::new(s.stall, std::time::Instant::now());
+    let mut tick = tokio::time::interval(STALL_TICK);
+    // Why the server gave up on the whole transfer, if it said.
+    let mut server_reason = None;
+    loop {
+        tokio::select! {
+            msg = s.control.recv() => {
+                stall.progress(std::time::Instant::now());
+                let msg = msg.map(|m| {
+                    let take = |id| sent.files.remove(&id);
+                    upload_answer(m, take, &mut report, &mut server_reason, progress)
+                });
+                match msg {
+                    // No stream counts the bytes as they go.
+                    Ok(Answer::Stored(size)) => progress.advance(size),
+                    Ok(Answer::Settled) | Ok(Answer::Other(ServerMsg::Ready)) => {}
+                    Ok(Answer::Other(ServerMsg::Done)) => return Ok(report),
+                    Ok(Answer::Other(other)) => {
+                        return Err(misbehaved(&host, format_args!("unexpected {other:?}")))
+                    }
+                    // The server's own account of why it ended (bytes it
+                    // refused, say) is the better message when it sent one.
+                    Err(e) => return Err(match server_reason {
+                        Some(reason) => stream_failed(&host, reason),
+                        None => e,
+                    }),
+                }
+            },
+            _ = tick.tick() => {
+                if let Some(idle) = stall.check(0, std::time::Instant::now()) {
+                    return Err(stalled(&host, idle));
+                }
+            }
+        }
+    }
 }
 
 /// Streams being opened: every one dialed at once, each on its own thread.
@@ -821,25 +1070,16 @@ async fn upload(
             },
             msg = s.control.recv() => {
                 stall.progress(std::time::Instant::now());
+                let msg = msg.map(|m| {
+                    let take = |id| sizes.lock().expect("lock").remove(&id);
+                    upload_answer(m, take, &mut report, &mut server_reason, progress)
+                });
                 match msg {
-                    Ok(ServerMsg::Stored { id }) => {
-                        if let Some((size, path)) = sizes.lock().expect("lock").remove(&id) {
-                            report.files += 1;
-                            report.bytes += size;
-                            progress.file_done(&path);
-                        }
+                    Ok(Answer::Stored(_) | Answer::Settled) => {}
+                    Ok(Answer::Other(ServerMsg::Done)) => break Ok(()),
+                    Ok(Answer::Other(other)) => {
+                        break Err(misbehaved(&host, format_args!("unexpected {other:?}")))
                     }
-                    Ok(ServerMsg::Failed { id: u32::MAX, message }) => {
-                        let message = server_text(&message);
-                        server_reason = Some(message.clone());
-                        report.failures.push(message);
-                    }
-                    Ok(ServerMsg::Failed { id, message }) => {
-                        sizes.lock().expect("lock").remove(&id);
-                        report.failures.push(server_text(&message));
-                    }
-                    Ok(ServerMsg::Done) => break Ok(()),
-                    Ok(other) => break Err(misbehaved(&host, format_args!("unexpected {other:?}"))),
                     Err(e) => break Err(e),
                 }
             },
@@ -910,6 +1150,55 @@ async fn upload(
         }
     }
     Ok(report)
+}
+
+/// An upload's server answer, once [`upload_answer`] has applied it.
+enum Answer {
+    /// A file of this many bytes is stored under its final name.
+    Stored(u64),
+    /// A file, or the whole transfer, failed: in the report.
+    Settled,
+    /// Anything else, for the caller.
+    Other(ServerMsg),
+}
+
+/// Applies an upload's `Stored` or `Failed` to `report`: `take` hands
+/// over, and forgets, the size and local path of the file the server
+/// settled; a failure of the whole transfer is kept in `server_reason` as
+/// well, as its cause.
+fn upload_answer(
+    msg: ServerMsg,
+    take: impl FnOnce(u32) -> Option<(u64, String)>,
+    report: &mut CopyReport,
+    server_reason: &mut Option<String>,
+    progress: &dyn Progress,
+) -> Answer {
+    match msg {
+        ServerMsg::Stored { id } => match take(id) {
+            Some((size, path)) => {
+                report.files += 1;
+                report.bytes += size;
+                progress.file_done(&path);
+                Answer::Stored(size)
+            }
+            None => Answer::Settled,
+        },
+        ServerMsg::Failed {
+            id: u32::MAX,
+            message,
+        } => {
+            let message = server_text(&message);
+            *server_reason = Some(message.clone());
+            report.failures.push(message);
+            Answer::Settled
+        }
+        ServerMsg::Failed { id, message } => {
+            take(id);
+            report.failures.push(server_text(&message));
+            Answer::Settled
+        }
+        other => Answer::Other(other),
+    }
 }
 
 /// The server's reason for ending a whole transfer, if it gives one within

@@ -5,6 +5,7 @@
 //! as the copy is dropped, the remote ones through the engine's
 //! [`Temporaries`] while the connection is still open).
 
+use skiff_engine::copy::dataplane::Attempted;
 use skiff_engine::copy::{CopyJob, CopyReport, NoProgress, Progress, Temporaries};
 use skiff_engine::{Connection, Destination, ErrorKind, SkiffError};
 
@@ -78,6 +79,7 @@ fn plane_options(
         streams: plane.streams.map(u32::from),
         stall: settings.progress_budget(),
         gate: settings.pre_auth_gate(),
+        inline: true,
     }
 }
 
@@ -94,7 +96,12 @@ pub(crate) async fn via_agent(
     temps: &Temporaries,
 ) -> Option<Result<CopyReport, SkiffError>> {
     let host = settings.original_host.clone();
-    for name in [skiff_proto::dataplane::SUBSYSTEM, "sftp"] {
+    // A small upload goes on the data plane's channel alone; a skiffd that
+    // refuses that gets the copy again with streams, on a new channel.
+    let mut inline = true;
+    let mut names = vec![skiff_proto::dataplane::SUBSYSTEM, "sftp"];
+    while !names.is_empty() {
+        let name = names.remove(0);
         let (ours, theirs) = match std::os::unix::net::UnixStream::pair() {
             Ok(p) => p,
             Err(e) => {
@@ -161,16 +168,29 @@ pub(crate) async fn via_agent(
             }
             Ok(opened) => match server_address(settings).await {
                 Ok(addr) => {
-                    skiff_engine::copy::dataplane::copy_on(
-                        ours,
-                        &host,
-                        addr,
-                        &plan.job,
-                        &plane_options(plane, settings),
-                        opened,
-                        progress,
+                    let options = skiff_engine::copy::dataplane::PlaneOptions {
+                        inline,
+                        ..plane_options(plane, settings)
+                    };
+                    match skiff_engine::copy::dataplane::copy_on(
+                        ours, &host, addr, &plan.job, &options, opened, progress,
                     )
                     .await
+                    {
+                        Ok(Attempted::Copied(report)) => Ok(report),
+                        Ok(Attempted::InlineRefused) => {
+                            tracing::debug!(
+                                "{host}: the server refused a copy on the channel alone; copying with streams"
+                            );
+                            // The refused channel ends with our end; the
+                            // agent's answer for it says nothing new.
+                            let _ = rx.await;
+                            inline = false;
+                            names.insert(0, name);
+                            continue;
+                        }
+                        Err(e) => Err(e),
+                    }
                 }
                 Err(e) => Err(e),
             },

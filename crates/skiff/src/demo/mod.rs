@@ -232,6 +232,7 @@ async fn copy_demo(settings: &skiff_engine::ConnectSettings, dir: &Path) -> anyh
         streams: None,
         stall: settings.progress_budget(),
         gate: None,
+        inline: true,
     };
     let remote = dir.join("uploaded");
     let back = dir.join("downloaded");

@@ -31,7 +31,7 @@ use anyhow::{bail, Context, Result};
 use nix::sys::socket::{self, ControlMessageOwned, MsgFlags};
 use skiff_proto::dataplane::{
     self as dp, Chunk, ClientMsg, EntryWire, Keys, Mode, RecordKind, RelayMsg, Sealer, ServerMsg,
-    Side, CHUNK_HEADER, RECORD_HEADER, SECRET_LEN, TAG_LEN, VERSION,
+    Side, CHUNK_HEADER, OLDEST_VERSION, RECORD_HEADER, SECRET_LEN, TAG_LEN, VERSION,
 };
 
 /// The descriptor skiffd gives the transfer process.
@@ -263,7 +263,7 @@ fn set_up(scenario: &str, mut control: Control, mut input: Input) -> Result<Opti
         input.linger();
         return Ok(None);
     }
-    if version != VERSION {
+    if !(OLDEST_VERSION..=VERSION).contains(&version) {
         bail!("the client speaks data plane version {version}");
     }
     let relay = Relay::open()?;
@@ -281,7 +281,7 @@ fn set_up(scenario: &str, mut control: Control, mut input: Input) -> Result<Opti
     rand::fill(&mut server_secret);
     let keys = dp::derive_keys(&secret, &server_secret, mode);
     control.send(&ServerMsg::Welcome {
-        version: VERSION,
+        version,
         mode,
         secret: server_secret,
         tokens: tokens.clone(),

@@ -1,0 +1,239 @@
+//! skiffd's transfer process against a client that writes the data
+//! plane's control frames itself (version 2: an upload on the channel
+//! alone), through a stock OpenSSH `ssh -s transfer@skiff`: a well-formed
+//! upload is stored as sent; bytes for an entry not announced before them,
+//! or past an entry's size, end the transfer with the server's reason and
+//! leave nothing behind, neither under the final name nor as a temporary;
+//! a download asks for streams it must have; and a `Hello` of a version
+//! skiffd does not speak, or without streams before version 2, is refused.
+
+use std::fs;
+use std::path::Path;
+
+use skiff_proto::dataplane::{self as dp, ClientMsg, EntryWire, Mode, ServerMsg};
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
+
+fn skiffd(fx: &Fixture) -> Skiffd {
+    let config = transfer_subsystem_config().unwrap_or_default();
+    Skiffd::start_with(SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&config))
+}
+
+/// Sends `msgs` as the client's side of one `transfer@skiff` channel (then
+/// its end) and returns what the server answered, frame by frame.
+fn exchange(d: &Skiffd, fx: &Fixture, msgs: &[ClientMsg]) -> Vec<ServerMsg> {
+    let bytes: Vec<u8> = msgs.iter().flat_map(dp::encode_client).collect();
+    let out = ssh(d.port(), user(), &fx.client_key)
+        .flag("-s")
+        .args(&["transfer@skiff"])
+        .input(Input::Bytes(bytes))
+        .run();
+    let mut got = Vec::new();
+    let mut rest = out.stdout.as_slice();
+    while let Some((msg, used)) = dp::decode_server(rest)
+        .unwrap_or_else(|e| panic!("{e}: {}", ctx(d, &format!("server frames\n{out}"))))
+    {
+        got.push(msg);
+        rest = &rest[used..];
+    }
+    assert!(
+        rest.is_empty(),
+        "{}",
+        ctx(d, &format!("a cut frame\n{out}"))
+    );
+    got
+}
+
+fn hello(version: u32, streams: u32) -> ClientMsg {
+    ClientMsg::Hello {
+        version,
+        mode: Mode::Aead,
+        streams,
+        secret: [4; dp::SECRET_LEN],
+    }
+}
+
+fn put(target: &Path) -> ClientMsg {
+    ClientMsg::Put {
+        target: target.display().to_string(),
+        sources: 1,
+        recursive: false,
+        preserve: false,
+        streams: 0,
+    }
+}
+
+fn entry(id: u32, name: &str, size: u64) -> ClientMsg {
+    ClientMsg::Entry(EntryWire {
+        id,
+        rel: name.into(),
+        size,
+        mode: 0o640,
+        ..EntryWire::default()
+    })
+}
+
+fn data(id: u32, offset: u64, bytes: &[u8]) -> ClientMsg {
+    ClientMsg::Data {
+        id,
+        offset,
+        bytes: bytes.to_vec(),
+    }
+}
+
+/// What is in `dir`, by name.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn an_upload_on_the_channel_alone_is_stored_as_sent() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let d = skiffd(&fx);
+    let rdir = account_dir();
+    let target = rdir.path().join("f");
+    let got = exchange(
+        &d,
+        &fx,
+        &[
+            hello(2, 0),
+            put(&target),
+            entry(0, "f", 11),
+            data(0, 6, b"world"),
+            data(0, 0, b"hello "),
+            ClientMsg::PutEnd,
+        ],
+    );
+    let [ServerMsg::Welcome {
+        version: 2,
+        mode: Mode::Aead,
+        tokens,
+        ..
+    }, ServerMsg::Ready, ServerMsg::Stored { id: 0 }, ServerMsg::Done] = got.as_slice()
+    else {
+        panic!("{got:?}\n{}", ctx(&d, "inline upload"));
+    };
+    assert!(tokens.is_empty(), "no stream, no token: {tokens:?}");
+    assert_eq!(fs::read(&target).unwrap(), b"hello world");
+    assert_eq!(names(rdir.path()), ["f"]);
+}
+
+/// Bytes for an entry announced after them, and bytes past an entry's
+/// size: the transfer ends, the server says why, and nothing of it is
+/// left in the target directory.
+#[test]
+fn bytes_the_client_had_no_right_to_send_end_the_transfer_and_leave_nothing() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let d = skiffd(&fx);
+    let cases: [(&str, Vec<ClientMsg>); 2] = [
+        (
+            "not announced",
+            vec![data(0, 0, b"early"), entry(0, "f", 5)],
+        ),
+        (
+            "past the announced size",
+            vec![entry(0, "f", 5), data(0, 3, b"xyz")],
+        ),
+    ];
+    for (why, middle) in cases {
+        let rdir = account_dir();
+        let mut msgs = vec![hello(2, 0), put(&rdir.path().join("f"))];
+        msgs.extend(middle);
+        msgs.push(ClientMsg::PutEnd);
+        let got = exchange(&d, &fx, &msgs);
+        let reason = got.iter().find_map(|m| match m {
+            ServerMsg::Failed {
+                id: u32::MAX,
+                message,
+            } => Some(message.as_str()),
+            _ => None,
+        });
+        assert!(
+            reason.is_some_and(|r| r.contains(why)),
+            "{why}: {got:?}\n{}",
+            ctx(&d, why)
+        );
+        assert!(
+            !got.iter().any(|m| matches!(m, ServerMsg::Stored { .. })),
+            "{why}: {got:?}"
+        );
+        assert!(
+            names(rdir.path()).is_empty(),
+            "{why}: left {:?}",
+            names(rdir.path())
+        );
+    }
+}
+
+#[test]
+fn a_download_without_streams_is_refused() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let d = skiffd(&fx);
+    let got = exchange(
+        &d,
+        &fx,
+        &[
+            hello(2, 0),
+            ClientMsg::Get {
+                sources: vec!["/etc/hostname".into()],
+                recursive: false,
+                preserve: false,
+                streams: 0,
+            },
+        ],
+    );
+    assert!(
+        matches!(
+            got.as_slice(),
+            [ServerMsg::Welcome { .. }, ServerMsg::Failed { id: u32::MAX, message }, ServerMsg::Done]
+                if message.contains("needs a data stream")
+        ),
+        "{got:?}\n{}",
+        ctx(&d, "download without streams")
+    );
+}
+
+/// Version 1 never had uploads without streams, and a version skiffd does
+/// not know is refused before anything else happens.
+#[test]
+fn a_hello_skiffd_cannot_serve_is_refused() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let d = skiffd(&fx);
+    let rdir = account_dir();
+    for (version, streams) in [(1, 0), (0, 2), (dp::VERSION + 1, 2)] {
+        let got = exchange(
+            &d,
+            &fx,
+            &[
+                hello(version, streams),
+                put(&rdir.path().join("f")),
+                entry(0, "f", 1),
+                data(0, 0, b"x"),
+                ClientMsg::PutEnd,
+            ],
+        );
+        assert!(
+            matches!(got.as_slice(), [ServerMsg::Refused { .. }]),
+            "version {version}, {streams} streams: {got:?}\n{}",
+            ctx(&d, "refused hello")
+        );
+    }
+    assert!(names(rdir.path()).is_empty(), "{:?}", names(rdir.path()));
+}
