@@ -515,6 +515,22 @@ fn data_plane_gives_up_on_a_silent_server() {
     assert_no_temporaries(dir.path(), &c);
 }
 
+/// A small upload goes on the channel alone and asks for no stream; a
+/// server that hands it a stream token all the same is answering another
+/// request, and the copy fails.
+#[test]
+fn data_plane_refuses_tokens_it_did_not_ask_for() {
+    let Some(h) = Hostile::data_plane("tokens-for-inline") else {
+        return;
+    };
+    let dir = tempdir();
+    let src = dir.path().join("small");
+    write_file(&src, "a small upload\n", 0o644);
+    let out = h.cp(&[s(&src), &remote("dst")]);
+    let c = h.ctx(&format!("tokens-for-inline\n{out}"));
+    expect_failure(&out, 255, &["other terms"], &c);
+}
+
 // ---------------------------------------------------------------------------
 // Data plane: server text on the terminal
 

@@ -16,12 +16,15 @@
 //!
 //! After its last message it keeps the channel and the streams open until
 //! the client hangs up (stdin ends), so a client cannot lean on the channel
-//! closing to notice that something is missing. Downloads only (`Get`).
+//! closing to notice that something is missing. Downloads only (`Get`),
+//! but for `tokens-for-inline`, which answers an upload sent on the
+//! channel alone (no streams asked) with a stream token.
 //!
 //! Scenarios (ROOT is the last component of the first source asked for):
 //! `extra-files`, `dir-for-file`, `outside-tree`, `setuid`,
 //! `chmod-existing`, `duplicate-id`, `oversize`, `short-end`, `stall`,
-//! `refused-escapes`, `failed-escapes`, `name-escapes`; see [`play`].
+//! `refused-escapes`, `failed-escapes`, `name-escapes`, `tokens-for-inline`;
+//! see [`play`] and [`set_up`].
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -267,6 +270,12 @@ fn set_up(scenario: &str, mut control: Control, mut input: Input) -> Result<Opti
         bail!("the client speaks data plane version {version}");
     }
     let relay = Relay::open()?;
+    // A copy on the channel alone asked for no stream; this one gets a
+    // token all the same.
+    let streams = match scenario {
+        "tokens-for-inline" => streams.max(1),
+        _ => streams,
+    };
     relay.send(&RelayMsg::Request { mode, streams })?;
     let tokens = match relay.recv()?.0 {
         RelayMsg::Granted { tokens } => tokens,
@@ -286,6 +295,10 @@ fn set_up(scenario: &str, mut control: Control, mut input: Input) -> Result<Opti
         secret: server_secret,
         tokens: tokens.clone(),
     })?;
+    if scenario == "tokens-for-inline" {
+        input.linger();
+        return Ok(None);
+    }
     let (sources, recursive, opening) = match input.next()? {
         Some(ClientMsg::Get {
             sources,
