@@ -33,7 +33,7 @@ pub use accept::{Accepted, Accepting, Misbehaved};
 pub use offer::{
     offer_tree, read_small_tree, source_path, Offered, SmallEntry, SmallLimits, SmallTree,
 };
-pub use receive::{AnnouncedTwice, FileTable, Incoming, InlineError, Settled};
+pub use receive::{AnnouncedTwice, FileTable, Incoming, InlineError, Settled, INLINE_COMMITS};
 pub use send::{ChunkQueue, Outgoing};
 pub use stream::{connect, dial, Dialed, RecordReader, RecordWriter, StreamError, Unacknowledged};
 pub use watch::{Stall, StreamWatch};

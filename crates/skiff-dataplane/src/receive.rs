@@ -148,6 +148,10 @@ struct Table {
     slots: HashMap<u32, Slot>,
     /// Files announced and not yet settled.
     pending: usize,
+    /// Files settled whose outcome is being reported (the `settled`
+    /// callback is running): settled for [`FileTable::wait_settled`] only
+    /// once it has returned.
+    reporting: usize,
     aborted: bool,
     /// Every entry is announced: a chunk for an unknown id is an error.
     closed: bool,
@@ -174,7 +178,13 @@ pub struct FileTable {
     reason: Mutex<Option<String>>,
     /// Files being flushed and renamed into place right now.
     committing: std::sync::atomic::AtomicUsize,
+    /// Commits running on threads of their own ([`FileTable::write_inline`]).
+    inline_commits: std::sync::atomic::AtomicUsize,
 }
+
+/// Files completed by bytes on the control channel that may be committed
+/// at once, each on a thread of its own.
+pub const INLINE_COMMITS: usize = 4;
 
 impl FileTable {
     /// `settled` is called once per announced file, from whichever thread
@@ -186,6 +196,7 @@ impl FileTable {
             settled: Box::new(settled),
             reason: Mutex::new(None),
             committing: Default::default(),
+            inline_commits: Default::default(),
         })
     }
 
@@ -243,22 +254,27 @@ impl FileTable {
 
     /// The files announced and not complete, each dropped (its temporary
     /// removed) and described (`path (N of M bytes)`). Called once every
-    /// stream has ended: what is missing will not come.
+    /// stream has ended: what is missing will not come. A file with all its
+    /// bytes is not among them: it is being committed, and
+    /// [`Self::wait_settled`] waits for it.
     pub fn incomplete(&self) -> Vec<String> {
         let mut t = self.table.lock().expect("table lock");
         let mut short = Vec::new();
+        // A file with all its bytes is being committed (on a thread of its
+        // own, for bytes from the control channel): it settles on its own.
+        let mut committing = 0;
         for slot in t.slots.values_mut() {
-            if let Slot::Open(f) = std::mem::replace(slot, Slot::Dropped) {
-                f.abandon();
-                short.push(format!(
-                    "{} ({} of {} bytes)",
-                    f.display,
-                    f.received.load(Ordering::Acquire),
-                    f.size
-                ));
+            let Slot::Open(f) = slot else { continue };
+            let received = f.received.load(Ordering::Acquire);
+            if received == f.size {
+                committing += 1;
+                continue;
             }
+            f.abandon();
+            short.push(format!("{} ({received} of {} bytes)", f.display, f.size));
+            *slot = Slot::Dropped;
         }
-        t.pending = 0;
+        t.pending = committing;
         self.changed.notify_all();
         short.sort();
         short
@@ -308,9 +324,12 @@ impl FileTable {
                 return; // abandoned meanwhile
             }
             t.pending -= 1;
-            self.changed.notify_all();
+            t.reporting += 1;
         }
         self.report(file.id, result);
+        let mut t = self.table.lock().expect("table lock");
+        t.reporting -= 1;
+        self.changed.notify_all();
     }
 
     /// Ends the transfer: every file not yet complete is dropped (its
@@ -348,39 +367,43 @@ impl FileTable {
     /// Returns false when aborted.
     pub fn wait_settled(&self) -> bool {
         let mut t = self.table.lock().expect("table lock");
-        while t.pending > 0 && !t.aborted {
+        while (t.pending > 0 || t.reporting > 0) && !t.aborted {
             t = self.changed.wait(t).expect("table lock");
         }
         !t.aborted
     }
 
-    /// Writes bytes of an announced `file` at `offset`, committing it when
-    /// they were its last. A local failure fails that file alone; `Err`
-    /// is the peer's error (bytes past the file's size), which ends the
-    /// transfer.
+    /// Writes bytes of an announced `file` at `offset`: `Ok(true)` when
+    /// they were its last, and it is to be committed ([`Self::commit`]). A
+    /// local failure fails that file alone (`Ok(false)`); `Err` is the
+    /// peer's error (bytes past the file's size), which ends the transfer.
     fn take(
         &self,
         file: &Incoming,
         offset: u64,
         bytes: &[u8],
         received: &(dyn Fn(u64) + Sync),
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         match file.write(offset, bytes) {
-            Ok(false) => received(bytes.len() as u64),
-            Ok(true) => {
+            Ok(last) => {
                 received(bytes.len() as u64);
-                self.committing.fetch_add(1, Ordering::Relaxed);
-                let result = file.commit().map_err(|e| e.to_string());
-                self.committing.fetch_sub(1, Ordering::Relaxed);
-                self.finish(file, result);
+                Ok(last)
             }
             Err(WriteError::Local(e)) => {
                 file.abandon();
                 self.finish(file, Err(e));
+                Ok(false)
             }
-            Err(WriteError::Overrun(what)) => return Err(what),
+            Err(WriteError::Overrun(what)) => Err(what),
         }
-        Ok(())
+    }
+
+    /// Commits a complete file (fsync, mode, times, rename) and reports it.
+    fn commit(&self, file: &Incoming) {
+        self.committing.fetch_add(1, Ordering::Relaxed);
+        let result = file.commit().map_err(|e| e.to_string());
+        self.committing.fetch_sub(1, Ordering::Relaxed);
+        self.finish(file, result);
     }
 
     /// Bytes of file `id` that came on the control channel (version 2's
@@ -388,8 +411,14 @@ impl FileTable {
     /// not announced by then is the peer's error, as are bytes past the
     /// file's size. Either ends the transfer (every file not complete is
     /// dropped) and is returned; a local failure fails that file alone.
+    ///
+    /// A file these bytes complete is committed on a thread of its own,
+    /// up to [`INLINE_COMMITS`] at once (beyond that, on the caller's), so
+    /// that the channel is read on while earlier files are flushed to disk,
+    /// as the threads of several streams would; [`Self::wait_settled`]
+    /// waits for them.
     pub fn write_inline(
-        &self,
+        self: &Arc<Self>,
         id: u32,
         offset: u64,
         bytes: &[u8],
@@ -412,8 +441,22 @@ impl FileTable {
                 }
             }
         };
-        self.take(&file, offset, bytes, received)
-            .map_err(|what| self.fail_inline(what))
+        let last = self
+            .take(&file, offset, bytes, received)
+            .map_err(|what| self.fail_inline(what))?;
+        if last {
+            if self.inline_commits.fetch_add(1, Ordering::AcqRel) < INLINE_COMMITS {
+                let table = self.clone();
+                std::thread::spawn(move || {
+                    table.commit(&file);
+                    table.inline_commits.fetch_sub(1, Ordering::AcqRel);
+                });
+            } else {
+                self.inline_commits.fetch_sub(1, Ordering::AcqRel);
+                self.commit(&file);
+            }
+        }
+        Ok(())
     }
 
     /// Ends the transfer for a peer's error in inline data.
@@ -461,8 +504,10 @@ impl FileTable {
                     })
                 }
             };
-            if let Err(what) = self.take(&file, chunk.offset, bytes, received) {
-                break Err(StreamError::Protocol { stream, what });
+            match self.take(&file, chunk.offset, bytes, received) {
+                Ok(true) => self.commit(&file),
+                Ok(false) => {}
+                Err(what) => break Err(StreamError::Protocol { stream, what }),
             }
         };
         if let Err(e) = &result {
@@ -587,9 +632,39 @@ mod tests {
         t.write_inline(2, 0, b"zzz", &|_| {}).unwrap();
         assert_eq!(t.pending(), 1);
         t.write_inline(1, 2, b"llo", &|_| {}).unwrap();
+        // Committed on a thread of its own: settled once that is done.
+        assert!(t.wait_settled());
         assert_eq!(std::fs::read(dir.path().join("f1")).unwrap(), b"hello");
         assert_eq!(*settled.lock().unwrap(), ["Stored(1)"]);
+    }
+
+    #[test]
+    fn more_inline_files_than_commit_threads_are_all_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let stored = Arc::new(AtomicU64::new(0));
+        let t = {
+            let stored = stored.clone();
+            FileTable::new(move |s| {
+                assert!(matches!(s, Settled::Stored(_)), "{s:?}");
+                stored.fetch_add(1, Ordering::Relaxed);
+            })
+        };
+        let n = 3 * INLINE_COMMITS as u32;
+        for id in 0..n {
+            t.open(incoming(dir.path(), id, 3)).unwrap();
+            t.write_inline(id, 0, b"abc", &|_| {}).unwrap();
+        }
+        // Asked right away, while commits may still run: none of these is
+        // short, and none is dropped.
+        assert!(t.incomplete().is_empty());
         assert!(t.wait_settled());
+        assert_eq!(stored.load(Ordering::Relaxed), u64::from(n));
+        for id in 0..n {
+            assert_eq!(
+                std::fs::read(dir.path().join(format!("f{id}"))).unwrap(),
+                b"abc"
+            );
+        }
     }
 
     #[test]

@@ -8,7 +8,11 @@
 //! skiffd does not speak, or without streams before version 2, is refused.
 
 use std::fs;
+use std::io::{Read, Write};
 use std::path::Path;
+use std::process::Stdio;
+use std::sync::mpsc;
+use std::time::Duration;
 
 use skiff_proto::dataplane::{self as dp, ClientMsg, EntryWire, Mode, ServerMsg};
 use skiff_testkit::server_context as ctx;
@@ -19,27 +23,62 @@ fn skiffd(fx: &Fixture) -> Skiffd {
     Skiffd::start_with(SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&config))
 }
 
-/// Sends `msgs` as the client's side of one `transfer@skiff` channel (then
-/// its end) and returns what the server answered, frame by frame.
+/// How long one exchange may take: a hang fails the test.
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Sends `msgs` as the client's side of one `transfer@skiff` channel and
+/// returns what the server answered, frame by frame, up to its last word
+/// (`Done` or `Refused`) or the channel's end. The client's side stays
+/// open until then, as skiff's does: the transfer process takes the end of
+/// its input for the client leaving.
 fn exchange(d: &Skiffd, fx: &Fixture, msgs: &[ClientMsg]) -> Vec<ServerMsg> {
+    let mut child = ssh_command(d.port(), user(), &fx.client_key)
+        .args(["-s", "transfer@skiff"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start ssh");
+    let pid = child.id();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if done_rx.recv_timeout(LIMIT).is_err() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    });
+    let mut stdin = child.stdin.take().expect("ssh's stdin");
     let bytes: Vec<u8> = msgs.iter().flat_map(dp::encode_client).collect();
-    let out = ssh(d.port(), user(), &fx.client_key)
-        .flag("-s")
-        .args(&["transfer@skiff"])
-        .input(Input::Bytes(bytes))
-        .run();
-    let mut got = Vec::new();
-    let mut rest = out.stdout.as_slice();
-    while let Some((msg, used)) = dp::decode_server(rest)
-        .unwrap_or_else(|e| panic!("{e}: {}", ctx(d, &format!("server frames\n{out}"))))
-    {
-        got.push(msg);
-        rest = &rest[used..];
+    let _ = stdin.write_all(&bytes);
+    let mut stdout = child.stdout.take().expect("ssh's stdout");
+    let (mut got, mut buf) = (Vec::new(), Vec::new());
+    'read: loop {
+        while let Some((msg, used)) = dp::decode_server(&buf)
+            .unwrap_or_else(|e| panic!("{e}: {}", ctx(d, &format!("server frames {got:?}"))))
+        {
+            buf.drain(..used);
+            let last = matches!(msg, ServerMsg::Done | ServerMsg::Refused { .. });
+            got.push(msg);
+            if last {
+                break 'read;
+            }
+        }
+        let mut chunk = [0u8; 16 * 1024];
+        match stdout.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
     }
+    drop(stdin);
+    let _ = child.wait();
+    let _ = done_tx.send(());
+    let _ = watchdog.join();
     assert!(
-        rest.is_empty(),
+        buf.is_empty(),
         "{}",
-        ctx(d, &format!("a cut frame\n{out}"))
+        ctx(d, &format!("a cut frame after {got:?}"))
     );
     got
 }
