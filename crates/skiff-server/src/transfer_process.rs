@@ -497,6 +497,7 @@ fn put(
     on_hangup: &OnHangup,
 ) -> Result<()> {
     let control = plane.control.clone();
+    let on_channel_alone = plane.streams == 0;
     let tally = Tally::begin(plane.relay.clone(), TransferDirection::Upload);
     let target = if target.is_empty() { "." } else { target };
     let placement = match skiff_files::resolve_target(Path::new(target), sources as usize) {
@@ -578,10 +579,17 @@ fn put(
         }
     }
     let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    stop_when_client_leaves(input, finished.clone(), {
-        let table = table.clone();
-        move || table.abort()
-    });
+    // With streams, bytes may still be on their way: a client that leaves
+    // now takes the transfer with it. On the channel alone every byte is
+    // in, and a client that has closed its side (as `ssh -s` does at the
+    // end of its input) still gets what it sent; a connection that is
+    // gone hangs the process up (`handle_hangups`).
+    if !on_channel_alone {
+        stop_when_client_leaves(input, finished.clone(), {
+            let table = table.clone();
+            move || table.abort()
+        });
+    }
     // Each stream reads up to its end record; a file still short then will
     // not be completed.
     match receivers.join() {

@@ -165,6 +165,63 @@ fn an_upload_on_the_channel_alone_is_stored_as_sent() {
     assert_eq!(names(rdir.path()), ["f"]);
 }
 
+/// A client that closes its side of the channel once it has sent the
+/// whole upload (`ssh -s` at the end of its input) still gets every file
+/// stored and its `Done`: on the channel alone, every byte is in by then.
+#[test]
+fn an_upload_whose_client_closed_its_side_after_sending_is_still_stored() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let d = skiffd(&fx);
+    let rdir = account_dir();
+    let names_sent: Vec<String> = (0..6).map(|i| format!("f{i}")).collect();
+    let mut msgs = vec![
+        hello(2, 0),
+        ClientMsg::Put {
+            target: rdir.path().display().to_string(),
+            sources: names_sent.len() as u32,
+            recursive: false,
+            preserve: false,
+            streams: 0,
+        },
+    ];
+    for (id, name) in names_sent.iter().enumerate() {
+        msgs.push(entry(id as u32, name, 4));
+        msgs.push(data(id as u32, 0, b"four"));
+    }
+    msgs.push(ClientMsg::PutEnd);
+    let bytes: Vec<u8> = msgs.iter().flat_map(dp::encode_client).collect();
+    let out = ssh(d.port(), user(), &fx.client_key)
+        .flag("-s")
+        .args(&["transfer@skiff"])
+        .input(Input::Bytes(bytes))
+        .timeout(LIMIT)
+        .run();
+    let mut got = Vec::new();
+    let mut rest = out.stdout.as_slice();
+    while let Ok(Some((msg, used))) = dp::decode_server(rest) {
+        got.push(msg);
+        rest = &rest[used..];
+    }
+    let stored = got
+        .iter()
+        .filter(|m| matches!(m, ServerMsg::Stored { .. }))
+        .count();
+    assert_eq!(
+        stored,
+        names_sent.len(),
+        "{got:?}\n{}",
+        ctx(&d, "closed side")
+    );
+    assert!(matches!(got.last(), Some(ServerMsg::Done)), "{got:?}");
+    assert_eq!(names(rdir.path()), names_sent);
+    for name in &names_sent {
+        assert_eq!(fs::read(rdir.path().join(name)).unwrap(), b"four");
+    }
+}
+
 /// Bytes for an entry announced after them, and bytes past an entry's
 /// size: the transfer ends, the server says why, and nothing of it is
 /// left in the target directory.
