@@ -26,7 +26,7 @@ use skiff_testkit::*;
 
 /// The most an upload may hold to go on the channel alone on loopback
 /// (`skiff_engine::copy::dataplane::INLINE_NEAR`).
-const INLINE_BYTES: usize = 1 << 20;
+const INLINE_BYTES: usize = 512 << 10;
 
 fn remote(path: &Path) -> String {
     format!("{}@127.0.0.1:{}", user(), path.display())

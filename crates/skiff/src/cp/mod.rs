@@ -48,7 +48,7 @@ pub struct CpArgs {
     pub quiet: bool,
     /// Parallel data-plane streams, 1 to 16 (skiffd). Default: 2, 4 or 8 for
     /// round trips up to 2 ms, up to 20 ms, or longer, and none for a small
-    /// upload (up to 1 MiB and 64 entries within 2 ms, 128 KiB beyond),
+    /// upload (up to 512 KiB and 64 entries within 2 ms, 128 KiB beyond),
     /// which goes on the SSH channel itself. Uploads over SFTP (other
     /// servers) use at most N channels (default 8), more only for jobs of
     /// 16 MiB or more.
