@@ -731,7 +731,10 @@ pub struct Appended {
 
 /// Appends one line with a single write, creating the file 0600 (and its
 /// directory 0700) when missing and adding a newline first if the file
-/// does not end with one. Existing content is never rewritten.
+/// does not end with one. Existing content is never rewritten. A regular
+/// file is flushed to disk; anything else (`UserKnownHostsFile /dev/null`,
+/// the usual way of keeping nothing, whose data cannot be synced) just
+/// takes the write, as OpenSSH's does.
 pub fn append_line(path: &Path, line: &str) -> std::io::Result<Appended> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         if !dir.exists() {
@@ -763,8 +766,11 @@ pub fn append_line(path: &Path, line: &str) -> std::io::Result<Appended> {
         text.push('\n');
     }
     file.write_all(text.as_bytes())?;
-    file.sync_data()?;
-    let after = FileStamp::of(&file.metadata()?);
+    let written = file.metadata()?;
+    if written.is_file() {
+        file.sync_data()?;
+    }
+    let after = FileStamp::of(&written);
     Ok(Appended {
         before,
         after,
@@ -887,6 +893,13 @@ mod tests {
         // A clock before the epoch or a stamp from the future: never trusted.
         assert!(at(1_000_001, 0).racy(now));
         assert!(at(5, 5).racy(UNIX_EPOCH - Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn appending_to_dev_null_keeps_nothing_and_is_no_error() {
+        let appended = append_line(Path::new("/dev/null"), "a ssh-ed25519 AAAA\n").unwrap();
+        assert_eq!(appended.text, "a ssh-ed25519 AAAA\n");
+        assert_eq!(appended.after.size, 0);
     }
 
     #[test]
