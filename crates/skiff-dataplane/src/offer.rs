@@ -34,42 +34,14 @@ pub fn offer_tree(
     queue: &ChunkQueue,
     announce: &mut dyn FnMut(Offered) -> bool,
 ) {
-    let mut next_id = 0u32;
-    'sources: for source in sources {
-        for entry in skiff_files::walk(source, recursive) {
-            let entry = match entry {
-                Ok(e) => e,
-                Err(e) => {
-                    if !announce(Offered::Unsendable(e.to_string())) {
-                        break 'sources;
-                    }
-                    continue;
-                }
-            };
-            let (wire, file) = match sendable(&entry, next_id) {
-                Ok(ready) => ready,
-                Err(why) => {
-                    if !announce(Offered::Unsendable(why)) {
-                        break 'sources;
-                    }
-                    continue;
-                }
-            };
-            next_id += 1;
+    walk_sendable(sources, recursive, &mut |walked| match walked {
+        Walked::Unsendable(why) => announce(Offered::Unsendable(why)),
+        Walked::Entry { wire, source, file } => {
             let (id, size) = (wire.id, wire.size);
-            if !announce(Offered::Entry {
-                wire,
-                source: entry.source,
-            }) {
-                break 'sources;
-            }
-            if let Some(file) = file {
-                if !queue.push(Outgoing::new(id, file, size)) {
-                    break 'sources;
-                }
-            }
+            announce(Offered::Entry { wire, source })
+                && file.is_none_or(|file| queue.push(Outgoing::new(id, file, size)))
         }
-    }
+    });
     queue.close();
 }
 
@@ -105,7 +77,8 @@ pub struct SmallTree {
 /// Walks `sources` (`-r`: `recursive`) as [`offer_tree`] does, reading
 /// every file whole, or `None` as soon as the walk goes past `limits`
 /// (so a large tree costs at most that much reading before the caller
-/// sends it the usual way). A file read while it changes is sent as read.
+/// sends it the usual way). A file read while it changes is sent as read;
+/// one that cannot be read is reported and its id left unused.
 pub fn read_small_tree(
     sources: &[PathBuf],
     recursive: bool,
@@ -113,48 +86,83 @@ pub fn read_small_tree(
 ) -> Option<SmallTree> {
     use std::io::Read;
     let mut tree = SmallTree::default();
+    let mut fits = true;
+    walk_sendable(sources, recursive, &mut |walked| {
+        let (mut wire, source, file) = match walked {
+            Walked::Unsendable(why) => {
+                tree.unsendable.push(why);
+                return true;
+            }
+            Walked::Entry { wire, source, file } => (wire, source, file),
+        };
+        let room = limits.bytes - tree.bytes;
+        if tree.entries.len() >= limits.entries || wire.size > room {
+            fits = false;
+            return false;
+        }
+        let mut bytes = Vec::new();
+        if let Some(file) = file {
+            if let Err(e) = file.take(room + 1).read_to_end(&mut bytes) {
+                tree.unsendable.push(FileError::io(&source, &e).to_string());
+                return true;
+            }
+            if bytes.len() as u64 > room {
+                fits = false;
+                return false;
+            }
+            wire.size = bytes.len() as u64;
+            tree.bytes += wire.size;
+        }
+        tree.entries.push(SmallEntry {
+            wire,
+            source,
+            bytes,
+        });
+        true
+    });
+    fits.then_some(tree)
+}
+
+/// One step of walking the sources to send them.
+enum Walked {
+    /// An entry that can be sent, under the next id, with its file opened
+    /// (none for a directory).
+    Entry {
+        wire: EntryWire,
+        source: PathBuf,
+        file: Option<std::fs::File>,
+    },
+    /// A source or entry that cannot be sent, and why: it takes no id, so
+    /// the receiver never waits for it.
+    Unsendable(String),
+}
+
+/// Walks `sources` in scp's order ([`skiff_files::walk`]), numbering the
+/// entries that can be sent from 0, and hands each step to `step` until it
+/// returns false.
+fn walk_sendable(sources: &[PathBuf], recursive: bool, step: &mut dyn FnMut(Walked) -> bool) {
+    let mut next_id = 0u32;
     for source in sources {
         for entry in skiff_files::walk(source, recursive) {
-            let entry = match entry {
-                Ok(e) => e,
-                Err(e) => {
-                    tree.unsendable.push(e.to_string());
-                    continue;
-                }
+            let walked = match entry {
+                Err(e) => Walked::Unsendable(e.to_string()),
+                Ok(entry) => match sendable(&entry, next_id) {
+                    Ok((wire, file)) => {
+                        next_id += 1;
+                        Walked::Entry {
+                            wire,
+                            source: entry.source,
+                            file,
+                        }
+                    }
+                    Err(why) => Walked::Unsendable(why),
+                },
             };
-            if tree.entries.len() >= limits.entries || entry.size > limits.bytes - tree.bytes {
-                return None;
+            if !step(walked) {
+                return;
             }
-            let id = tree.entries.len() as u32;
-            let (mut wire, file) = match sendable(&entry, id) {
-                Ok(ready) => ready,
-                Err(why) => {
-                    tree.unsendable.push(why);
-                    continue;
-                }
-            };
-            let mut bytes = Vec::new();
-            if let Some(file) = file {
-                let room = limits.bytes - tree.bytes;
-                if let Err(e) = file.take(room + 1).read_to_end(&mut bytes) {
-                    tree.unsendable
-                        .push(FileError::io(&entry.source, &e).to_string());
-                    continue;
-                }
-                if bytes.len() as u64 > room {
-                    return None;
-                }
-                wire.size = bytes.len() as u64;
-                tree.bytes += wire.size;
-            }
-            tree.entries.push(SmallEntry {
-                wire,
-                source: entry.source,
-                bytes,
-            });
         }
     }
-    Some(tree)
 }
 
 /// The announcement for `entry` under `id`, with its file opened (none for

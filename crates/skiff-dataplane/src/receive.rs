@@ -461,12 +461,18 @@ impl FileTable {
 
     /// Ends the transfer for a peer's error in inline data.
     fn fail_inline(&self, what: String) -> InlineError {
+        self.abort_because(|| what.clone());
+        InlineError::Peer(what)
+    }
+
+    /// Aborts the transfer, keeping `why` as its reason unless an earlier
+    /// failure already gave one.
+    fn abort_because(&self, why: impl FnOnce() -> String) {
         self.reason
             .lock()
             .expect("reason lock")
-            .get_or_insert_with(|| what.clone());
+            .get_or_insert_with(why);
         self.abort();
-        InlineError::Peer(what)
     }
 
     /// One stream's receiver: writes chunks until the end-of-stream record.
@@ -511,11 +517,7 @@ impl FileTable {
             }
         };
         if let Err(e) = &result {
-            self.reason
-                .lock()
-                .expect("reason lock")
-                .get_or_insert_with(|| e.to_string());
-            self.abort();
+            self.abort_because(|| e.to_string());
         }
         result
     }

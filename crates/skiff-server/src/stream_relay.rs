@@ -219,27 +219,27 @@ pub fn spawn_relay(
                 }
                 Ok(RelayMsg::Request { mode, streams }) => {
                     asked = true;
-                    if streams == 0 && settings.data_plane {
+                    if !settings.data_plane {
+                        RelayMsg::Denied {
+                            reason: "the data plane is turned off on this server (DataPlane no)"
+                                .into(),
+                        }
+                    } else if streams == 0 {
                         // The files travel on the SSH channel alone: no
                         // token, and nothing leaves the session's
                         // encryption, whatever mode was asked.
                         tracing::debug!(%peer, "data plane: no streams, the channel alone");
                         granted = Some((mode, 0, Instant::now()));
                         RelayMsg::Granted { tokens: Vec::new() }
-                    } else if !(1..=MAX_STREAMS).contains(&streams) {
+                    } else if streams > MAX_STREAMS {
                         RelayMsg::Denied {
                             reason: format!(
-                                "{streams} streams asked; skiffd allows 0 to {MAX_STREAMS}"
+                                "{streams} streams asked; skiffd allows 1 to {MAX_STREAMS} (or none, for the channel alone)"
                             ),
                         }
                     } else if !registry.takes_streams() {
                         RelayMsg::Denied {
                             reason: "this connection's skiffd process cannot take data-plane streams (see the server's log); copy without the data plane"
-                                .into(),
-                        }
-                    } else if !settings.data_plane {
-                        RelayMsg::Denied {
-                            reason: "the data plane is turned off on this server (DataPlane no)"
                                 .into(),
                         }
                     } else if mode != dp::Mode::Aead

@@ -54,16 +54,13 @@ fn exchange(d: &Skiffd, fx: &Fixture, msgs: &[ClientMsg]) -> Vec<ServerMsg> {
     let _ = stdin.write_all(&bytes);
     let mut stdout = child.stdout.take().expect("ssh's stdout");
     let (mut got, mut buf) = (Vec::new(), Vec::new());
-    'read: loop {
-        while let Some((msg, used)) = dp::decode_server(&buf)
-            .unwrap_or_else(|e| panic!("{e}: {}", ctx(d, &format!("server frames {got:?}"))))
+    loop {
+        got.extend(take_frames(&mut buf, d));
+        if got
+            .iter()
+            .any(|m| matches!(m, ServerMsg::Done | ServerMsg::Refused { .. }))
         {
-            buf.drain(..used);
-            let last = matches!(msg, ServerMsg::Done | ServerMsg::Refused { .. });
-            got.push(msg);
-            if last {
-                break 'read;
-            }
+            break;
         }
         let mut chunk = [0u8; 16 * 1024];
         match stdout.read(&mut chunk) {
@@ -83,6 +80,19 @@ fn exchange(d: &Skiffd, fx: &Fixture, msgs: &[ClientMsg]) -> Vec<ServerMsg> {
     got
 }
 
+/// The server's whole frames at the front of `buf`, taken out of it; a
+/// malformed one fails the test.
+fn take_frames(buf: &mut Vec<u8>, d: &Skiffd) -> Vec<ServerMsg> {
+    let mut got = Vec::new();
+    while let Some((msg, used)) = dp::decode_server(buf)
+        .unwrap_or_else(|e| panic!("{e}: {}", ctx(d, &format!("server frames {got:?}"))))
+    {
+        buf.drain(..used);
+        got.push(msg);
+    }
+    got
+}
+
 fn hello(version: u32, streams: u32) -> ClientMsg {
     ClientMsg::Hello {
         version,
@@ -92,10 +102,10 @@ fn hello(version: u32, streams: u32) -> ClientMsg {
     }
 }
 
-fn put(target: &Path) -> ClientMsg {
+fn put(target: &Path, sources: u32) -> ClientMsg {
     ClientMsg::Put {
         target: target.display().to_string(),
-        sources: 1,
+        sources,
         recursive: false,
         preserve: false,
         streams: 0,
@@ -144,7 +154,7 @@ fn an_upload_on_the_channel_alone_is_stored_as_sent() {
         &fx,
         &[
             hello(2, 0),
-            put(&target),
+            put(&target, 1),
             entry(0, "f", 11),
             data(0, 6, b"world"),
             data(0, 0, b"hello "),
@@ -177,16 +187,7 @@ fn an_upload_whose_client_closed_its_side_after_sending_is_still_stored() {
     let d = skiffd(&fx);
     let rdir = account_dir();
     let names_sent: Vec<String> = (0..6).map(|i| format!("f{i}")).collect();
-    let mut msgs = vec![
-        hello(2, 0),
-        ClientMsg::Put {
-            target: rdir.path().display().to_string(),
-            sources: names_sent.len() as u32,
-            recursive: false,
-            preserve: false,
-            streams: 0,
-        },
-    ];
+    let mut msgs = vec![hello(2, 0), put(rdir.path(), names_sent.len() as u32)];
     for (id, name) in names_sent.iter().enumerate() {
         msgs.push(entry(id as u32, name, 4));
         msgs.push(data(id as u32, 0, b"four"));
@@ -199,12 +200,9 @@ fn an_upload_whose_client_closed_its_side_after_sending_is_still_stored() {
         .input(Input::Bytes(bytes))
         .timeout(LIMIT)
         .run();
-    let mut got = Vec::new();
-    let mut rest = out.stdout.as_slice();
-    while let Ok(Some((msg, used))) = dp::decode_server(rest) {
-        got.push(msg);
-        rest = &rest[used..];
-    }
+    let mut rest = out.stdout.clone();
+    let got = take_frames(&mut rest, &d);
+    assert!(rest.is_empty(), "a cut frame after {got:?}\n{out}");
     let stored = got
         .iter()
         .filter(|m| matches!(m, ServerMsg::Stored { .. }))
@@ -244,7 +242,7 @@ fn bytes_the_client_had_no_right_to_send_end_the_transfer_and_leave_nothing() {
     ];
     for (why, middle) in cases {
         let rdir = account_dir();
-        let mut msgs = vec![hello(2, 0), put(&rdir.path().join("f"))];
+        let mut msgs = vec![hello(2, 0), put(&rdir.path().join("f"), 1)];
         msgs.extend(middle);
         msgs.push(ClientMsg::PutEnd);
         let got = exchange(&d, &fx, &msgs);
@@ -319,7 +317,7 @@ fn a_hello_skiffd_cannot_serve_is_refused() {
             &fx,
             &[
                 hello(version, streams),
-                put(&rdir.path().join("f")),
+                put(&rdir.path().join("f"), 1),
                 entry(0, "f", 1),
                 data(0, 0, b"x"),
                 ClientMsg::PutEnd,

@@ -384,46 +384,51 @@ pub fn skiff_cp(port: u16, key: &Key, args: &[&str]) -> CmdOutput {
 /// `skiff cp ARGS` through the agent of `ah` (started for the first copy,
 /// kept for the next), to 127.0.0.1:`port`, bounded by [`BULK_TIMEOUT`].
 pub fn skiff_cp_via_agent(ah: &AgentHome, port: u16, key: &Key, args: &[&str]) -> CmdOutput {
-    Run::new(skiff_bin())
-        .env("HOME", ah.home.path())
-        .env("SKIFF_AGENT", "on")
-        .env("XDG_RUNTIME_DIR", ah.runtime.path())
-        .env("XDG_STATE_HOME", ah.home.path().join("state"))
-        .env_remove("SSH_AUTH_SOCK")
-        .args(["cp", "-F", "/dev/null", "-o", "BatchMode=yes"])
-        .args(["-o", "StrictHostKeyChecking=no"])
-        .arg(format!(
-            "-oUserKnownHostsFile={}",
-            ah.home.path().join("known_hosts").display()
-        ))
-        .arg("-i")
-        .arg(&key.private)
-        .args(["-P", &port.to_string()])
-        .args(args)
-        .timeout(BULK_TIMEOUT)
-        .run()
+    skiff_cp_in(ah.home.path(), Some(ah.runtime.path()), port, key, args)
+}
+
+/// `skiff cp ARGS` with HOME `home` (its known_hosts there, host keys
+/// accepted), through the agent whose runtime directory is `runtime`
+/// (none: directly), to 127.0.0.1:`port`, bounded by [`BULK_TIMEOUT`].
+pub fn skiff_cp_in(
+    home: &Path,
+    runtime: Option<&Path>,
+    port: u16,
+    key: &Key,
+    args: &[&str],
+) -> CmdOutput {
+    cp_command(home, runtime, port, key).args(args).run()
 }
 
 /// [`skiff_cp`] with `env` set as well (`SKIFF_LOG`, say).
 pub fn skiff_cp_env(port: u16, key: &Key, env: &[(&str, &str)], args: &[&str]) -> CmdOutput {
     let scratch = tempdir();
-    let mut run = Run::new(skiff_bin());
+    let mut run = cp_command(scratch.path(), None, port, key);
     for (name, value) in env {
         run = run.env(name, value);
     }
-    run.env("HOME", scratch.path())
-        .env("SKIFF_AGENT", "off")
+    run.args(args).run()
+}
+
+/// `skiff cp` with its hermetic options and no arguments yet, as
+/// [`skiff_cp_in`] describes.
+fn cp_command(home: &Path, runtime: Option<&Path>, port: u16, key: &Key) -> Run {
+    let run = Run::new(skiff_bin())
+        .env("HOME", home)
         .env_remove("SSH_AUTH_SOCK")
-        .args(["cp", "-F", "/dev/null", "-o", "BatchMode=yes"])
+        .env("XDG_STATE_HOME", home.join("state"));
+    let run = match runtime {
+        Some(dir) => run.env("SKIFF_AGENT", "on").env("XDG_RUNTIME_DIR", dir),
+        None => run.env("SKIFF_AGENT", "off"),
+    };
+    run.args(["cp", "-F", "/dev/null", "-o", "BatchMode=yes"])
         .args(["-o", "StrictHostKeyChecking=no", "-o", "ConnectTimeout=10"])
         .arg(format!(
             "-oUserKnownHostsFile={}",
-            scratch.path().join("kh").display()
+            home.join("known_hosts").display()
         ))
         .arg("-i")
         .arg(&key.private)
         .args(["-P", &port.to_string()])
-        .args(args)
         .timeout(BULK_TIMEOUT)
-        .run()
 }

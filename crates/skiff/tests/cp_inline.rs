@@ -33,12 +33,10 @@ fn remote(path: &Path) -> String {
 }
 
 /// skiffd with an audit log at `audit` and `extra` config; the data plane's
-/// transfer process is skiffd's own unless `extra` names another.
-fn skiffd_with_audit(fx: &Fixture, audit: &Path, extra: &str) -> Skiffd {
-    let mut config = String::new();
-    if !extra.contains("Subsystem transfer@skiff") {
-        config.push_str(&transfer_subsystem_config().unwrap_or_default());
-    }
+/// transfer process is `transfer` (a `Subsystem transfer@skiff` line), or
+/// skiffd's own.
+fn skiffd_with_audit(fx: &Fixture, audit: &Path, transfer: Option<String>, extra: &str) -> Skiffd {
+    let mut config = transfer.unwrap_or_else(|| transfer_subsystem_config().unwrap_or_default());
     config.push_str(&format!("AuditLog {}\n{extra}", audit.display()));
     Skiffd::start_with(SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&config))
 }
@@ -117,7 +115,7 @@ fn a_small_upload_goes_on_the_channel_alone_whatever_mode_was_asked() {
     let fx = Fixture::new();
     let work = tempdir();
     let audit = work.path().join("audit.jsonl");
-    let d = skiffd_with_audit(&fx, &audit, "DataPlaneUnencrypted no\n");
+    let d = skiffd_with_audit(&fx, &audit, None, "DataPlaneUnencrypted no\n");
     let (tree, bytes) = small_tree(work.path());
     let rdir = account_dir();
     let out = cp(
@@ -150,7 +148,7 @@ fn a_larger_upload_or_a_named_stream_count_takes_streams() {
     let fx = Fixture::new();
     let work = tempdir();
     let audit = work.path().join("audit.jsonl");
-    let d = skiffd_with_audit(&fx, &audit, "");
+    let d = skiffd_with_audit(&fx, &audit, None, "");
     let big = work.path().join("big");
     let big_sum = random_file(&big, INLINE_BYTES + 1);
     let small = work.path().join("small");
@@ -189,17 +187,13 @@ fn a_skiffd_older_than_version_two_gets_the_copy_with_streams() {
     let audit = work.path().join("audit.jsonl");
     let seen_dir = account_dir();
     let seen = seen_dir.path().join("hellos");
-    let d = skiffd_with_audit(
-        &fx,
-        &audit,
-        &format!(
-            "Subsystem transfer@skiff '{}' '{}' '{}'\n",
-            account_test_peer(env!("CARGO_MANIFEST_DIR"), "skiff", "version_one_transfer")
-                .display(),
-            account_skiffd().display(),
-            seen.display()
-        ),
+    let old_transfer = format!(
+        "Subsystem transfer@skiff '{}' '{}' '{}'\n",
+        account_test_peer(env!("CARGO_MANIFEST_DIR"), "skiff", "version_one_transfer").display(),
+        account_skiffd().display(),
+        seen.display()
     );
+    let d = skiffd_with_audit(&fx, &audit, Some(old_transfer), "");
     let src = work.path().join("f");
     let sum = random_file(&src, 5000);
     let ah = AgentHome::new();

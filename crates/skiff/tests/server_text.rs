@@ -5,7 +5,6 @@
 //! over the data plane and over SFTP. Real skiffd, real sockets.
 
 use std::fs;
-use std::path::Path;
 
 use skiff_testkit::server_context as ctx;
 use skiff_testkit::*;
@@ -111,31 +110,6 @@ fn a_banners_control_characters_are_shown_escaped() {
     }
 }
 
-/// `skiff cp` to skiffd at `port`, through the agent whose runtime
-/// directory is `runtime` (none: directly).
-fn cp_run(home: &Path, runtime: Option<&Path>, port: u16, key: &Key, args: &[&str]) -> CmdOutput {
-    let mut run = Run::new(skiff_bin())
-        .env("HOME", home)
-        .env_remove("SSH_AUTH_SOCK")
-        .env("XDG_STATE_HOME", home.join("state"));
-    run = match runtime {
-        Some(dir) => run.env("SKIFF_AGENT", "on").env("XDG_RUNTIME_DIR", dir),
-        None => run.env("SKIFF_AGENT", "off"),
-    };
-    run.args(["cp", "-F", "/dev/null", "-o", "BatchMode=yes"])
-        .args(["-o", "StrictHostKeyChecking=no", "-o", "ConnectTimeout=10"])
-        .arg(format!(
-            "-oUserKnownHostsFile={}",
-            home.join("known_hosts").display()
-        ))
-        .arg("-i")
-        .arg(&key.private)
-        .args(["-P", &port.to_string()])
-        .args(args)
-        .timeout(BULK_TIMEOUT)
-        .run()
-}
-
 /// A file name with an escape sequence and a carriage return in a failed
 /// `skiff cp` is shown escaped: a missing source named by the server's
 /// answer, and (as root, where the server side runs as the test account)
@@ -177,7 +151,7 @@ fn file_names_in_cp_failures_are_shown_escaped() {
             let home = ah.home.path();
             let local = tempdir();
             let source = format!("{}@127.0.0.1:{missing}", user());
-            let out = cp_run(
+            let out = skiff_cp_in(
                 home,
                 runtime,
                 d.port(),
@@ -190,7 +164,7 @@ fn file_names_in_cp_failures_are_shown_escaped() {
 
             if is_root() {
                 let source = format!("{}@127.0.0.1:{}", user(), tree.display());
-                let out = cp_run(
+                let out = skiff_cp_in(
                     home,
                     runtime,
                     d.port(),

@@ -269,8 +269,6 @@ fn request(job: &CopyJob, streams: u32) -> ClientMsg {
 /// them, on the channel, with no stream.
 struct Opening {
     secret: [u8; SECRET_LEN],
-    /// The data plane version of `Hello`.
-    version: u32,
     /// The stream count asked for in `Hello` and in the request.
     requested: u32,
     bytes: Vec<u8>,
@@ -308,20 +306,19 @@ impl Opening {
         }
     }
 
-    /// Streams carry the files. Nothing of version 2 is needed, so it
-    /// speaks version 1, which every skiffd serves.
+    /// Streams carry the files.
     fn with_streams(job: &CopyJob, options: &PlaneOptions, rtt: Duration) -> Opening {
         let requested = options
             .streams
             .unwrap_or_else(|| default_streams(rtt))
             .clamp(1, MAX_STREAMS);
-        Opening::begin(job, options, OLDEST_VERSION, requested)
+        Opening::begin(job, options, requested)
     }
 
     /// The whole upload on the channel: `Hello` with no streams, the
     /// request, every entry followed by its file's bytes, the end.
     fn inline(job: &CopyJob, options: &PlaneOptions, tree: SmallTree) -> Opening {
-        let mut opening = Opening::begin(job, options, VERSION, 0);
+        let mut opening = Opening::begin(job, options, 0);
         let mut files = std::collections::HashMap::new();
         for entry in tree.entries {
             let id = entry.wire.id;
@@ -354,11 +351,11 @@ impl Opening {
         opening
     }
 
-    fn begin(job: &CopyJob, options: &PlaneOptions, version: u32, requested: u32) -> Opening {
+    fn begin(job: &CopyJob, options: &PlaneOptions, requested: u32) -> Opening {
         let mut secret = [0u8; SECRET_LEN];
         rand::fill(&mut secret);
         let mut bytes = dp::encode_client(&ClientMsg::Hello {
-            version,
+            version: hello_version(requested),
             mode: options.mode,
             streams: requested,
             secret,
@@ -366,11 +363,20 @@ impl Opening {
         bytes.extend_from_slice(&dp::encode_client(&request(job, requested)));
         Opening {
             secret,
-            version,
             requested,
             bytes,
             inline: None,
         }
+    }
+}
+
+/// The data plane version a `Hello` asking for `streams` speaks: a copy
+/// without streams needs version 2; one with streams needs nothing of it,
+/// so it speaks version 1, which every skiffd serves.
+fn hello_version(streams: u32) -> u32 {
+    match streams {
+        0 => VERSION,
+        _ => OLDEST_VERSION,
     }
 }
 
@@ -393,25 +399,21 @@ pub async fn copy(
     if !served_by(&conn.server_id) {
         return Ok(None);
     }
-    match attempt(conn, job, options, progress).await? {
-        Some(Attempted::InlineRefused) if options.inline => {
-            tracing::debug!(
-                "{}: the server refused a copy on the channel alone; copying with streams",
-                conn.settings.hostname
-            );
-            let options = PlaneOptions {
-                inline: false,
-                ..options.clone()
-            };
-            match attempt(conn, job, &options, progress).await? {
-                Some(Attempted::Copied(report)) => Ok(Some(report)),
-                Some(Attempted::InlineRefused) => unreachable!("asked with streams"),
-                None => Ok(None),
+    let mut options = std::borrow::Cow::Borrowed(options);
+    loop {
+        match attempt(conn, job, &options, progress).await? {
+            Some(Attempted::Copied(report)) => return Ok(Some(report)),
+            None => return Ok(None),
+            // Only a copy on the channel alone is refused so, and the next
+            // try asks for streams.
+            Some(Attempted::InlineRefused) => {
+                tracing::debug!(
+                    "{}: the server refused a copy on the channel alone; copying with streams",
+                    conn.settings.hostname
+                );
+                options.to_mut().inline = false;
             }
         }
-        Some(Attempted::InlineRefused) => unreachable!("asked with streams"),
-        Some(Attempted::Copied(report)) => Ok(Some(report)),
-        None => Ok(None),
     }
 }
 
@@ -581,7 +583,7 @@ async fn run(
                 0 => tokens.is_empty(),
                 asked => !tokens.is_empty() && tokens.len() <= asked as usize,
             };
-            if version != opening.version || mode != options.mode || !streams_fit {
+            if version != hello_version(opening.requested) || mode != options.mode || !streams_fit {
                 return Err(SkiffError::new(
                     ErrorKind::Protocol,
                     format!("{host}: the server answered the data-plane request with other terms (version {version}, mode {mode}, {} streams)", tokens.len()),

@@ -99,9 +99,8 @@ pub(crate) async fn via_agent(
     // A small upload goes on the data plane's channel alone; a skiffd that
     // refuses that gets the copy again with streams, on a new channel.
     let mut inline = true;
-    let mut names = vec![skiff_proto::dataplane::SUBSYSTEM, "sftp"];
-    while !names.is_empty() {
-        let name = names.remove(0);
+    let mut names = std::collections::VecDeque::from([skiff_proto::dataplane::SUBSYSTEM, "sftp"]);
+    while let Some(name) = names.pop_front() {
         let (ours, theirs) = match std::os::unix::net::UnixStream::pair() {
             Ok(p) => p,
             Err(e) => {
@@ -186,7 +185,7 @@ pub(crate) async fn via_agent(
                             // agent's answer for it says nothing new.
                             let _ = rx.await;
                             inline = false;
-                            names.insert(0, name);
+                            names.push_front(name);
                             continue;
                         }
                         Err(e) => Err(e),

@@ -7,8 +7,8 @@
 //! appends its version to LOG, one line per `Hello`. A version other than
 //! 1 gets the refusal such a skiffd sent, and the process ends. Version 1
 //! is served by the real transfer process (`SKIFFD --transfer-server`),
-//! which gets the `Hello` and then the rest of the channel, and fd 3 (the
-//! socket to skiffd) as this process got it.
+//! which gets what was read with the `Hello` and then the rest of the
+//! channel, and fd 3 (the socket to skiffd) as this process got it.
 
 use std::fs::OpenOptions;
 use std::io::{self, Read, Write};
@@ -30,8 +30,19 @@ fn run() -> Result<()> {
         bail!("usage: version_one_transfer SKIFFD LOG");
     };
     let mut stdin = io::stdin().lock();
-    let frame = first_frame(&mut stdin)?;
-    let Some((ClientMsg::Hello { version, .. }, _)) = dp::decode_client(&frame)? else {
+    // Read until `Hello` is whole; whatever came with it goes on too.
+    let mut read = Vec::new();
+    let first = loop {
+        if let Some((msg, _)) = dp::decode_client(&read)? {
+            break msg;
+        }
+        let mut chunk = [0u8; 64 * 1024];
+        match stdin.read(&mut chunk)? {
+            0 => bail!("the channel ended before Hello"),
+            n => read.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let ClientMsg::Hello { version, .. } = first else {
         bail!("the client did not start with Hello");
     };
     let mut seen = OpenOptions::new()
@@ -55,24 +66,11 @@ fn run() -> Result<()> {
         .spawn()
         .with_context(|| format!("starting {skiffd} --transfer-server"))?;
     let mut to_child = child.stdin.take().context("the child's stdin")?;
-    to_child.write_all(&frame)?;
+    to_child.write_all(&read)?;
     // The rest of the channel, as it comes; the child sees its end when
     // the client's input ends.
     let _ = io::copy(&mut stdin, &mut to_child);
     drop(to_child);
     let status = child.wait()?;
     std::process::exit(status.code().unwrap_or(1));
-}
-
-/// The first control frame, whole: its 4-byte length, then the body.
-fn first_frame(input: &mut impl Read) -> Result<Vec<u8>> {
-    let mut frame = vec![0u8; 4];
-    input.read_exact(&mut frame).context("reading Hello")?;
-    let len = u32::from_be_bytes(frame[..4].try_into().expect("four bytes")) as usize;
-    if len > dp::MAX_RECORD {
-        bail!("a first frame of {len} bytes");
-    }
-    frame.resize(4 + len, 0);
-    input.read_exact(&mut frame[4..]).context("reading Hello")?;
-    Ok(frame)
 }
