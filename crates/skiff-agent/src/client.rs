@@ -131,6 +131,22 @@ pub fn request_with(
 
 /// Like [`request_with`]; an `Opened` or `OpenedOn` reply on the way goes
 /// to `opened` and the final reply is returned.
+/// What an agent's `Opened` reply says of the channel. An agent older than
+/// [`agent_wire::SUBSYSTEM_SERVER_SINCE`] does not say which data plane a
+/// skiffd speaks: it is taken to be version 2, as for a skiffd that does
+/// not say.
+fn announced(rtt_us: u64, server: ServerKind, data_plane: Option<u32>) -> ChannelOpened {
+    let data_plane = data_plane.unwrap_or(match server {
+        ServerKind::Skiffd => skiff_proto::dataplane::INLINE_UPLOAD_SINCE,
+        _ => 0,
+    });
+    ChannelOpened {
+        rtt: Duration::from_micros(rtt_us),
+        server,
+        data_plane,
+    }
+}
+
 fn request_announced(
     mut stream: UnixStream,
     req: &Request,
@@ -151,32 +167,32 @@ fn request_announced(
             agent_wire::decode_reply(&buf).map_err(|e| format!("bad reply from the agent: {e}"))?
         {
             match reply {
-                // An agent older than `SUBSYSTEM_KIND_SINCE` says less
+                // An agent older than `SUBSYSTEM_SERVER_SINCE` says less
                 // of what the server is (older than `SUBSYSTEM_ON_SINCE`,
                 // nothing).
                 Reply::Opened { rtt_us } => {
                     buf.drain(..used);
-                    opened(ChannelOpened {
-                        rtt: Duration::from_micros(rtt_us),
-                        server: ServerKind::Other,
-                    });
+                    opened(announced(rtt_us, ServerKind::Other, None));
                 }
                 Reply::OpenedOn { rtt_us, skiffd } => {
                     buf.drain(..used);
-                    opened(ChannelOpened {
-                        rtt: Duration::from_micros(rtt_us),
-                        server: match skiffd {
-                            true => ServerKind::Skiffd,
-                            false => ServerKind::Other,
-                        },
-                    });
+                    let server = match skiffd {
+                        true => ServerKind::Skiffd,
+                        false => ServerKind::Other,
+                    };
+                    opened(announced(rtt_us, server, None));
                 }
                 Reply::OpenedKind { rtt_us, server } => {
                     buf.drain(..used);
-                    opened(ChannelOpened {
-                        rtt: Duration::from_micros(rtt_us),
-                        server: server.into(),
-                    });
+                    opened(announced(rtt_us, server.into(), None));
+                }
+                Reply::OpenedServer {
+                    rtt_us,
+                    server,
+                    data_plane,
+                } => {
+                    buf.drain(..used);
+                    opened(announced(rtt_us, server.into(), Some(data_plane)));
                 }
                 last => return Ok(made_safe(last)),
             }
@@ -365,7 +381,9 @@ pub fn subsystem_announced(
     };
     let stderr = std::io::stderr();
     let fds = [io, io, stderr.as_fd()];
-    let req = if version >= agent_wire::SUBSYSTEM_KIND_SINCE {
+    let req = if version >= agent_wire::SUBSYSTEM_SERVER_SINCE {
+        Request::SubsystemServer(wire)
+    } else if version >= agent_wire::SUBSYSTEM_KIND_SINCE {
         Request::SubsystemKind(wire)
     } else if version >= agent_wire::SUBSYSTEM_ON_SINCE {
         Request::SubsystemOn(wire)
@@ -477,6 +495,7 @@ pub fn made_safe(reply: Reply) -> Reply {
         | Reply::Opened { .. }
         | Reply::OpenedOn { .. }
         | Reply::OpenedKind { .. }
+        | Reply::OpenedServer { .. }
         | Reply::Controlled { .. }) => other,
     }
 }

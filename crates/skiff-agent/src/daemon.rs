@@ -221,11 +221,13 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
                 "client sent no complete request in time",
             )
         })??;
-    // `SubsystemOn` and `SubsystemKind` are `Subsystem` whose `Opened`
-    // also says what the server is (whether it is a skiffd; what it is).
+    // `SubsystemOn`, `SubsystemKind` and `SubsystemServer` are `Subsystem`
+    // whose `Opened` also says what the server is (whether it is a skiffd;
+    // what it is; and which data plane it speaks).
     let announcement = match &request {
         Request::SubsystemOn(_) => Announcement::Skiffd,
         Request::SubsystemKind(_) => Announcement::Kind,
+        Request::SubsystemServer(_) => Announcement::Server,
         _ => Announcement::Plain,
     };
     let reply = match request {
@@ -293,7 +295,10 @@ async fn client(agent: Arc<Agent>, mut stream: tokio::net::UnixStream) -> std::i
                 }
             }
         }
-        Request::Subsystem(wire) | Request::SubsystemOn(wire) | Request::SubsystemKind(wire) => {
+        Request::Subsystem(wire)
+        | Request::SubsystemOn(wire)
+        | Request::SubsystemKind(wire)
+        | Request::SubsystemServer(wire) => {
             let (resize_tx, _) = tokio::sync::mpsc::channel(1);
             let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
             let work = exec(
@@ -456,6 +461,8 @@ enum Announcement {
     Skiffd,
     /// `OpenedKind` (for `SubsystemKind`).
     Kind,
+    /// `OpenedServer` (for `SubsystemServer`).
+    Server,
 }
 
 impl Announcement {
@@ -471,6 +478,11 @@ impl Announcement {
             Announcement::Kind => Reply::OpenedKind {
                 rtt_us,
                 server: opened.server.into(),
+            },
+            Announcement::Server => Reply::OpenedServer {
+                rtt_us,
+                server: opened.server.into(),
+                data_plane: opened.data_plane,
             },
         }
     }

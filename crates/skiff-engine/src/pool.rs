@@ -49,6 +49,9 @@ pub const STALL_AFTER: Duration = Duration::from_millis(200);
 pub struct ChannelOpened {
     pub rtt: Duration,
     pub server: crate::server_id::ServerKind,
+    /// The newest data-plane version the server is taken to speak
+    /// ([`crate::server_id::ServerId::data_plane`]).
+    pub data_plane: u32,
 }
 
 /// What makes two commands able to share a connection.
@@ -404,6 +407,7 @@ impl Pool {
                 let opened = ChannelOpened {
                     rtt: started.elapsed(),
                     server: conn.server_id.kind(),
+                    data_plane: conn.server_id.data_plane(),
                 };
                 Ok((session, opened))
             })

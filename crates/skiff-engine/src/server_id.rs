@@ -110,6 +110,15 @@ impl ServerId {
             .is_some_and(|id| id.starts_with("SSH-2.0-OpenSSH_"))
     }
 
+    /// The newest data-plane version the server is taken to speak, from
+    /// its identification line: 0 for a server that is not a skiffd.
+    /// skiffd 0.2.0 brought version 3 (a small download on the channel);
+    /// an older skiffd is taken to speak version 2, and one that speaks
+    /// only version 1 refuses it, after which a copy asks for version 1.
+    pub fn data_plane(&self) -> u32 {
+        data_plane_of(self.get())
+    }
+
     /// What the identification line says the server is.
     pub fn kind(&self) -> ServerKind {
         if self.is_skiffd() {
@@ -119,6 +128,25 @@ impl ServerId {
         } else {
             ServerKind::Other
         }
+    }
+}
+
+/// [`ServerId::data_plane`] for an identification line.
+fn data_plane_of(line: Option<&str>) -> u32 {
+    let Some(software) = line.and_then(|l| l.strip_prefix("SSH-2.0-skiffd_")) else {
+        return 0;
+    };
+    // `MAJOR.MINOR.PATCH`, then perhaps a space and comments.
+    let mut numbers = software
+        .split([' ', '-', '+'])
+        .next()
+        .unwrap_or_default()
+        .split('.')
+        .map(|n| n.parse::<u32>().ok());
+    use skiff_proto::dataplane::{INLINE_DOWNLOAD_SINCE, INLINE_UPLOAD_SINCE};
+    match (numbers.next().flatten(), numbers.next().flatten()) {
+        (Some(major), Some(minor)) if (major, minor) >= (0, 2) => INLINE_DOWNLOAD_SINCE,
+        _ => INLINE_UPLOAD_SINCE,
     }
 }
 
@@ -185,6 +213,29 @@ mod tests {
             Some("SSH-2.0-OpenSSH_9.2")
         );
         assert_eq!(seen(&[b"SSH-2.0-no-newline-yet"]), None);
+    }
+
+    #[test]
+    fn the_data_plane_version_follows_skiffd_s_release() {
+        for (line, version) in [
+            ("SSH-2.0-OpenSSH_9.2p1 Debian", 0),
+            ("SSH-2.0-skiffd_0.1.0", 2),
+            ("SSH-2.0-skiffd_0.1.7 comment", 2),
+            ("SSH-2.0-skiffd_garbage", 2),
+            ("SSH-2.0-skiffd_0.2.0", 3),
+            ("SSH-2.0-skiffd_0.2.1-rc1", 3),
+            ("SSH-2.0-skiffd_1.0.0 debian", 3),
+        ] {
+            assert_eq!(data_plane_of(Some(line)), version, "{line}");
+        }
+        assert_eq!(data_plane_of(None), 0);
+        // This build's own server speaks this build's newest version.
+        let own = format!("SSH-2.0-skiffd_{}", env!("CARGO_PKG_VERSION"));
+        assert_eq!(
+            data_plane_of(Some(&own)),
+            skiff_proto::dataplane::VERSION,
+            "bump the release that marks the data plane's version"
+        );
     }
 
     #[test]

@@ -30,9 +30,10 @@
 //!
 //! Request tags: `1` Hello, `2` Exec, `3` WindowChange, `4` Status, `5` Stop,
 //! `6` Forget, `7` Run, `8` Forward, `9` Subsystem, `10` Control, `11` SubsystemOn,
-//! `12` SubsystemKind. Reply tags: `1` Hello, `2` Exit, `3` Failed, `4` NeedsUser, `5` Status,
-//! `6` Done, `7` RunOutput, `8` RunNotice, `9` RunDone, `10` Opened, `11` Controlled,
-//! `12` OpenedOn, `13` OpenedKind. A [`ServerKind`] is one byte: `0` other, `1` skiffd,
+//! `12` SubsystemKind, `13` SubsystemServer. Reply tags: `1` Hello, `2` Exit, `3` Failed,
+//! `4` NeedsUser, `5` Status, `6` Done, `7` RunOutput, `8` RunNotice, `9` RunDone, `10` Opened,
+//! `11` Controlled, `12` OpenedOn, `13` OpenedKind, `14` OpenedServer. A [`ServerKind`] is one
+//! byte: `0` other, `1` skiffd,
 //! `2` OpenSSH (anything else is [`WireError::BadValue`]).
 //!
 //! A `Run` is answered by any number of `RunOutput`/`RunNotice` frames and
@@ -49,7 +50,7 @@ pub use crate::frame::MAX_FRAME;
 use crate::frame::{split_frame, Reader, Writer};
 
 /// The protocol version exchanged in `Hello`.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// The first version that takes `Forward`.
 pub const FORWARD_SINCE: u32 = 3;
@@ -71,6 +72,10 @@ pub const SUBSYSTEM_ON_SINCE: u32 = 8;
 
 /// The first version that takes `SubsystemKind` (and answers `OpenedKind`).
 pub const SUBSYSTEM_KIND_SINCE: u32 = 9;
+
+/// The first version that takes `SubsystemServer` (and answers
+/// `OpenedServer`).
+pub const SUBSYSTEM_SERVER_SINCE: u32 = 10;
 
 /// What software the server of a connection runs, as far as a copy needs
 /// to know: a skiffd serves the data plane; an OpenSSH sshd's and a
@@ -243,6 +248,10 @@ pub enum Request {
     /// the server runs (so `skiff cp` may also ask an sshd's SFTP server
     /// for its limits before it has answered `INIT`).
     SubsystemKind(ExecWire),
+    /// `Subsystem`, answered with `OpenedServer`, which also says which
+    /// data-plane version a skiffd speaks (so `skiff cp` may offer it a
+    /// download on the channel alone).
+    SubsystemServer(ExecWire),
     /// `ssh -O check|stop|exit` for one destination; answered with
     /// `Controlled` (or `Failed`, when the destination does not resolve).
     Control(ControlWire),
@@ -288,6 +297,14 @@ pub enum Reply {
     /// `Opened` for a `SubsystemKind` request; `server`: what the server's
     /// identification line says it is.
     OpenedKind { rtt_us: u64, server: ServerKind },
+    /// `Opened` for a `SubsystemServer` request: what the server is, and
+    /// the newest data-plane version its identification line says it
+    /// speaks (0 when it is not a skiffd).
+    OpenedServer {
+        rtt_us: u64,
+        server: ServerKind,
+        data_plane: u32,
+    },
     /// Answer to `Request::Control`: how many live connections the
     /// destination had (before a `Stop` forgot them).
     Controlled { live: u32 },
@@ -306,6 +323,7 @@ const RQ_SUBSYSTEM: u8 = 9;
 const RQ_CONTROL: u8 = 10;
 const RQ_SUBSYSTEM_ON: u8 = 11;
 const RQ_SUBSYSTEM_KIND: u8 = 12;
+const RQ_SUBSYSTEM_SERVER: u8 = 13;
 
 // Reply tags.
 const RP_HELLO: u8 = 1;
@@ -321,6 +339,7 @@ const RP_OPENED: u8 = 10;
 const RP_CONTROLLED: u8 = 11;
 const RP_OPENED_ON: u8 = 12;
 const RP_OPENED_KIND: u8 = 13;
+const RP_OPENED_SERVER: u8 = 14;
 
 // HostEnd tags.
 const END_STATUS: u8 = 0;
@@ -361,6 +380,11 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
         }
         Request::SubsystemKind(e) => {
             let mut w = Writer::new(RQ_SUBSYSTEM_KIND);
+            encode_exec(&mut w, e);
+            w.finish()
+        }
+        Request::SubsystemServer(e) => {
+            let mut w = Writer::new(RQ_SUBSYSTEM_SERVER);
             encode_exec(&mut w, e);
             w.finish()
         }
@@ -487,6 +511,17 @@ pub fn encode_reply(rep: &Reply) -> Vec<u8> {
             w.u8(server.to_byte());
             w.finish()
         }
+        Reply::OpenedServer {
+            rtt_us,
+            server,
+            data_plane,
+        } => {
+            let mut w = Writer::new(RP_OPENED_SERVER);
+            w.u64(*rtt_us);
+            w.u8(server.to_byte());
+            w.u32(*data_plane);
+            w.finish()
+        }
         Reply::Opened { rtt_us } => {
             let mut w = Writer::new(RP_OPENED);
             w.u64(*rtt_us);
@@ -558,6 +593,7 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Request, usize)>, WireError>
         RQ_SUBSYSTEM => Request::Subsystem(decode_exec(&mut r)?),
         RQ_SUBSYSTEM_ON => Request::SubsystemOn(decode_exec(&mut r)?),
         RQ_SUBSYSTEM_KIND => Request::SubsystemKind(decode_exec(&mut r)?),
+        RQ_SUBSYSTEM_SERVER => Request::SubsystemServer(decode_exec(&mut r)?),
         RQ_WINDOW_CHANGE => Request::WindowChange {
             cols: r.u32()?,
             rows: r.u32()?,
@@ -664,6 +700,11 @@ pub fn decode_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, WireError> {
         RP_OPENED_KIND => Reply::OpenedKind {
             rtt_us: r.u64()?,
             server: ServerKind::from_byte(r.u8()?)?,
+        },
+        RP_OPENED_SERVER => Reply::OpenedServer {
+            rtt_us: r.u64()?,
+            server: ServerKind::from_byte(r.u8()?)?,
+            data_plane: r.u32()?,
         },
         RP_CONTROLLED => Reply::Controlled { live: r.u32()? },
         RP_RUN_OUTPUT => Reply::RunOutput {
@@ -813,6 +854,7 @@ mod tests {
                 ..Default::default()
             }),
             Request::SubsystemKind(full_exec()),
+            Request::SubsystemServer(full_exec()),
             Request::Control(ControlWire {
                 base: full_exec(),
                 action: ControlAction::Check,
@@ -887,6 +929,16 @@ mod tests {
             Reply::OpenedKind {
                 rtt_us: u64::MAX,
                 server: ServerKind::OpenSsh,
+            },
+            Reply::OpenedServer {
+                rtt_us: 41_000,
+                server: ServerKind::Skiffd,
+                data_plane: 3,
+            },
+            Reply::OpenedServer {
+                rtt_us: 0,
+                server: ServerKind::Other,
+                data_plane: 0,
             },
             Reply::RunOutput {
                 host: 0,
@@ -1148,7 +1200,7 @@ mod tests {
 
     #[test]
     fn unknown_tags() {
-        for tag in [0u8, 14, 200, 255] {
+        for tag in [0u8, 15, 200, 255] {
             assert_eq!(
                 decode_request(&frame(&[tag])),
                 Err(WireError::UnknownTag(tag))
@@ -1159,8 +1211,8 @@ mod tests {
             );
         }
         assert_eq!(
-            decode_request(&frame(&[13])),
-            Err(WireError::UnknownTag(13))
+            decode_request(&frame(&[14])),
+            Err(WireError::UnknownTag(14))
         );
     }
 

@@ -36,10 +36,23 @@ pub const TAG_LEN: usize = 16;
 /// Bytes at the front of a data record's payload naming the file and offset.
 pub const CHUNK_HEADER: usize = 12;
 
-/// Version of the control protocol this build speaks by default. Version 2
-/// adds files carried on the control channel itself ([`ClientMsg::Data`])
-/// and `Hello` with no streams (a copy that needs none).
-pub const VERSION: u32 = 2;
+/// The newest version of the control protocol this build speaks.
+///
+/// - Version 2 adds files carried on the control channel itself
+///   ([`ClientMsg::Data`]) and `Hello` with no streams (an upload that
+///   needs none).
+/// - Version 3 lets the server answer a small download on the control
+///   channel too ([`ClientMsg::Get`] with `inline` limits, answered by a
+///   `Welcome` without tokens and [`ServerMsg::Data`]). A version-3 client
+///   sends its request right behind `Hello`, and the server reads it
+///   before it answers, to choose.
+pub const VERSION: u32 = 3;
+
+/// The first version whose upload may come on the control channel alone.
+pub const INLINE_UPLOAD_SINCE: u32 = 2;
+
+/// The first version whose download may come on the control channel.
+pub const INLINE_DOWNLOAD_SINCE: u32 = 3;
 
 /// The oldest version a skiffd still serves (and skiff falls back to when
 /// a skiffd refuses version 2).
@@ -488,7 +501,21 @@ pub enum ClientMsg {
         preserve: bool,
         /// Streams the client will open (at most the tokens granted).
         streams: u32,
+        /// Version 3: the server may answer on the control channel alone
+        /// when the download holds no more than this.
+        inline: Option<InlineLimits>,
     },
+}
+
+/// How much a download may hold for the server to send it on the control
+/// channel alone ([`ClientMsg::Get`]): the client picks from the path's
+/// round trip, and the server reads no more than this ahead of time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InlineLimits {
+    /// File bytes, all files together.
+    pub bytes: u64,
+    /// Entries, directories included.
+    pub entries: u32,
 }
 
 /// Server to client.
@@ -512,6 +539,14 @@ pub enum ServerMsg {
     Stored { id: u32 },
     /// Upload: everything is settled. Download: no more entries.
     Done,
+    /// Download, version 3: bytes of file `id` at `offset` on the control
+    /// channel (a `Welcome` without tokens said so), at most
+    /// [`INLINE_CHUNK`]. The entry is announced before its bytes.
+    Data {
+        id: u32,
+        offset: u64,
+        bytes: Vec<u8>,
+    },
 }
 
 const CM_HELLO: u8 = 1;
@@ -520,6 +555,7 @@ const CM_ENTRY: u8 = 3;
 const CM_PUT_END: u8 = 4;
 const CM_GET: u8 = 5;
 const CM_DATA: u8 = 6;
+const CM_GET_INLINE: u8 = 7;
 
 const SM_WELCOME: u8 = 1;
 const SM_REFUSED: u8 = 2;
@@ -528,6 +564,7 @@ const SM_ENTRY: u8 = 4;
 const SM_FAILED: u8 = 5;
 const SM_STORED: u8 = 6;
 const SM_DONE: u8 = 7;
+const SM_DATA: u8 = 8;
 
 fn write_entry(w: &mut Writer, e: &EntryWire) {
     w.u32(e.id);
@@ -607,12 +644,21 @@ pub fn encode_client(msg: &ClientMsg) -> Vec<u8> {
             recursive,
             preserve,
             streams,
+            inline,
         } => {
-            let mut w = Writer::new(CM_GET);
+            // Without limits, the version-1 message every skiffd reads.
+            let mut w = Writer::new(match inline {
+                None => CM_GET,
+                Some(_) => CM_GET_INLINE,
+            });
             w.strs(sources);
             w.bool(*recursive);
             w.bool(*preserve);
             w.u32(*streams);
+            if let Some(limits) = inline {
+                w.u64(limits.bytes);
+                w.u32(limits.entries);
+            }
             w
         }
     };
@@ -649,11 +695,18 @@ pub fn decode_client(buf: &[u8]) -> Result<Option<(ClientMsg, usize)>, WireError
             }
             ClientMsg::Data { id, offset, bytes }
         }
-        CM_GET => ClientMsg::Get {
+        tag @ (CM_GET | CM_GET_INLINE) => ClientMsg::Get {
             sources: r.strs()?,
             recursive: r.bool("recursive flag")?,
             preserve: r.bool("preserve flag")?,
             streams: r.u32()?,
+            inline: match tag {
+                CM_GET => None,
+                _ => Some(InlineLimits {
+                    bytes: r.u64()?,
+                    entries: r.u32()?,
+                }),
+            },
         },
         tag => return Err(WireError::UnknownTag(tag)),
     };
@@ -702,6 +755,13 @@ pub fn encode_server(msg: &ServerMsg) -> Vec<u8> {
             w
         }
         ServerMsg::Done => Writer::new(SM_DONE),
+        ServerMsg::Data { id, offset, bytes } => {
+            let mut w = Writer::new(SM_DATA);
+            w.u32(*id);
+            w.u64(*offset);
+            w.bytes(bytes);
+            w
+        }
     };
     w.finish()
 }
@@ -738,6 +798,13 @@ pub fn decode_server(buf: &[u8]) -> Result<Option<(ServerMsg, usize)>, WireError
         },
         SM_STORED => ServerMsg::Stored { id: r.u32()? },
         SM_DONE => ServerMsg::Done,
+        SM_DATA => {
+            let (id, offset, bytes) = (r.u32()?, r.u64()?, r.bytes()?);
+            if bytes.len() > INLINE_CHUNK {
+                return Err(WireError::BadValue("inline data length"));
+            }
+            ServerMsg::Data { id, offset, bytes }
+        }
         tag => return Err(WireError::UnknownTag(tag)),
     };
     r.end()?;
@@ -1098,6 +1165,41 @@ mod tests {
     }
 
     #[test]
+    fn a_download_without_inline_limits_is_the_message_every_skiffd_reads() {
+        let get = |inline| ClientMsg::Get {
+            sources: vec!["f".into()],
+            recursive: false,
+            preserve: false,
+            streams: 2,
+            inline,
+        };
+        let plain = encode_client(&get(None));
+        assert_eq!(plain[4], CM_GET);
+        let limits = InlineLimits {
+            bytes: 1,
+            entries: 1,
+        };
+        let offered = encode_client(&get(Some(limits)));
+        assert_eq!(offered[4], CM_GET_INLINE);
+        // The same fields, then the limits.
+        assert_eq!(offered[5..plain.len()], plain[5..]);
+        assert_eq!(offered.len(), plain.len() + 12);
+    }
+
+    #[test]
+    fn server_data_longer_than_a_chunk_is_refused() {
+        let bytes = encode_server(&ServerMsg::Data {
+            id: 1,
+            offset: 0,
+            bytes: vec![0; INLINE_CHUNK + 1],
+        });
+        assert_eq!(
+            decode_server(&bytes),
+            Err(WireError::BadValue("inline data length"))
+        );
+    }
+
+    #[test]
     fn control_messages_round_trip_and_reject_garbage() {
         let entry = EntryWire {
             id: 4,
@@ -1141,6 +1243,17 @@ mod tests {
                 recursive: false,
                 preserve: true,
                 streams: 1,
+                inline: None,
+            },
+            ClientMsg::Get {
+                sources: vec!["x".into()],
+                recursive: true,
+                preserve: false,
+                streams: 8,
+                inline: Some(InlineLimits {
+                    bytes: 128 << 10,
+                    entries: 64,
+                }),
             },
         ];
         for m in &client {
@@ -1169,6 +1282,11 @@ mod tests {
             },
             ServerMsg::Stored { id: 3 },
             ServerMsg::Done,
+            ServerMsg::Data {
+                id: 2,
+                offset: 1 << 16,
+                bytes: vec![5; INLINE_CHUNK],
+            },
         ];
         for m in &server {
             let bytes = encode_server(m);

@@ -135,7 +135,7 @@ pub struct ForwardRecord {
 pub struct TransferRecord {
     pub user: String,
     /// The data plane's mode: `aead`, `integrity` or `none`; `channel`
-    /// when the files came on the SSH channel alone (no streams).
+    /// when the files went on the SSH channel alone (no streams), either way.
     pub mode: String,
     /// The streams granted (0: the channel alone).
     pub streams: u32,

@@ -364,8 +364,10 @@ pub async fn read_token(stream: &mut TcpStream, peer: SocketAddr) -> Option<[u8;
     let mut token = [0u8; TOKEN_LEN];
     match tokio::time::timeout(TOKEN_WAIT, stream.read_exact(&mut token)).await {
         Ok(Ok(_)) => Some(token),
+        // A client dials its streams while its request is on the way, and
+        // closes them unused when the files came on the channel instead.
         Ok(Err(_)) => {
-            tracing::info!(%peer, "data-plane connection closed before its token");
+            tracing::debug!(%peer, "data-plane connection closed before its token");
             None
         }
         Err(_) => {

@@ -4,8 +4,10 @@
 //! skiffd, which applies the server's policy, issues stream tokens, and
 //! passes each data-plane stream's socket once its token checks out. A
 //! small upload may come on the channel alone (version 2: `Data`
-//! messages, no streams). All file I/O and record crypto happen here, with
-//! the account's rights.
+//! messages, no streams), and a small download may go back on it
+//! (version 3: the process reads the request before it answers, and
+//! chooses). All file I/O and record crypto happen here, with the
+//! account's rights.
 //! When the transfer ends, however it ends, the process tells skiffd what
 //! it moved ([`Tally`]), for the audit log.
 
@@ -20,12 +22,13 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use nix::sys::socket::{self, ControlMessageOwned, MsgFlags};
 use skiff_dataplane::{
-    offer_tree, source_path, Accepted, Accepting, ChunkQueue, FileTable, Offered, RecordReader,
-    RecordWriter, Settled,
+    offer_tree, read_small_tree, source_path, Accepted, Accepting, ChunkQueue, FileTable, Offered,
+    RecordReader, RecordWriter, Settled, SmallLimits, SmallTree,
 };
 use skiff_proto::dataplane::{
-    self as dp, ClientMsg, Keys, Mode, RelayMsg, ServerMsg, Side, TransferDirection,
-    TransferReport, OLDEST_VERSION, SECRET_LEN, VERSION,
+    self as dp, ClientMsg, InlineLimits, Keys, Mode, RelayMsg, ServerMsg, Side, TransferDirection,
+    TransferReport, INLINE_CHUNK, INLINE_DOWNLOAD_SINCE, INLINE_UPLOAD_SINCE, OLDEST_VERSION,
+    SECRET_LEN, VERSION,
 };
 
 /// The descriptor skiffd gives the transfer process.
@@ -36,6 +39,13 @@ const STREAM_WAIT: Duration = Duration::from_secs(30);
 
 /// Chunks queued ahead of the senders.
 const QUEUE_CHUNKS: usize = 64;
+
+/// The most a download sent on the channel alone may hold, whatever the
+/// client asks: what one request can make the process read ahead of time.
+const INLINE_DOWNLOAD_MAX: SmallLimits = SmallLimits {
+    bytes: 1 << 20,
+    entries: 64,
+};
 
 /// How long a process whose client has gone waits for its transfer's own
 /// ending (the senders finishing) before it reports what it has and exits.
@@ -134,6 +144,17 @@ impl Control {
         let out = self.0.lock().expect("control lock");
         let mut out = out.lock();
         // If the client is gone, the next read of stdin ends the process.
+        let _ = out.write_all(&bytes).and_then(|_| out.flush());
+    }
+
+    /// Sends `msgs` in one write, so that they leave in one flight.
+    fn send_all(&self, msgs: impl IntoIterator<Item = ServerMsg>) {
+        let mut bytes = Vec::new();
+        for msg in msgs {
+            bytes.extend_from_slice(&dp::encode_server(&msg));
+        }
+        let out = self.0.lock().expect("control lock");
+        let mut out = out.lock();
         let _ = out.write_all(&bytes).and_then(|_| out.flush());
     }
 
@@ -342,14 +363,33 @@ pub fn serve_stdio() -> Result<()> {
         });
         return Ok(());
     }
-    if streams == 0 && version < 2 {
+    if streams == 0 && version < INLINE_UPLOAD_SINCE {
         control.send(&ServerMsg::Refused {
             reason: "a transfer without data streams needs data plane version 2".into(),
         });
         return Ok(());
     }
-    // No streams: the files come on this channel; skiffd still hears of
-    // the transfer, for its audit record.
+    // From version 3 the request comes right behind `Hello`: it is read
+    // first, so that a small download can be answered on this channel.
+    let early_request = match version >= INLINE_DOWNLOAD_SINCE {
+        true => Some(input.next()?),
+        false => None,
+    };
+    let small = match &early_request {
+        Some(Some(ClientMsg::Get {
+            sources,
+            recursive,
+            inline: Some(limits),
+            ..
+        })) => read_small_download(sources, *recursive, *limits),
+        _ => None,
+    };
+    // No streams: the files come, or go, on this channel; skiffd still
+    // hears of the transfer, for its audit record.
+    let streams = match small {
+        Some(_) => 0,
+        None => streams,
+    };
     relay.send(&RelayMsg::Request { mode, streams })?;
     let tokens = match relay.recv()?.0 {
         RelayMsg::Granted { tokens } => tokens,
@@ -362,12 +402,22 @@ pub fn serve_stdio() -> Result<()> {
     let mut server_secret = [0u8; SECRET_LEN];
     rand::fill(&mut server_secret);
     let keys = Arc::new(dp::derive_keys(&secret, &server_secret, mode));
-    control.send(&ServerMsg::Welcome {
+    let welcome = ServerMsg::Welcome {
         version,
         mode,
         secret: server_secret,
         tokens: tokens.clone(),
-    });
+    };
+    if let Some(tree) = small {
+        get_inline(
+            &control,
+            welcome,
+            tree,
+            Tally::begin(relay, TransferDirection::Download),
+        );
+        return Ok(());
+    }
+    control.send(&welcome);
     let plane = Plane {
         relay,
         keys,
@@ -375,7 +425,11 @@ pub fn serve_stdio() -> Result<()> {
         streams: tokens.len() as u32,
         control: control.clone(),
     };
-    let result = match input.next()? {
+    let request = match early_request {
+        Some(request) => request,
+        None => input.next()?,
+    };
+    let result = match request {
         Some(ClientMsg::Put {
             target,
             sources,
@@ -390,9 +444,14 @@ pub fn serve_stdio() -> Result<()> {
             preserve,
             &on_hangup,
         ),
+        Some(ClientMsg::Get {
+            inline: Some(_), ..
+        }) if version < INLINE_DOWNLOAD_SINCE => {
+            bail!("a download on the channel needs data plane version {INLINE_DOWNLOAD_SINCE}")
+        }
         Some(ClientMsg::Get { streams, .. }) if streams.min(plane.streams) == 0 => {
-            // Version 2 carries an upload's bytes on the channel, never a
-            // download's.
+            // Only a small download goes on the channel, and only when the
+            // server chose so (above).
             control.fail(u32::MAX, "a download needs a data stream");
             control.send(&ServerMsg::Done);
             Ok(())
@@ -402,6 +461,7 @@ pub fn serve_stdio() -> Result<()> {
             recursive,
             preserve,
             streams,
+            inline: _,
         }) => get(plane.opening(streams), input, &sources, recursive, preserve),
         Some(other) => bail!("unexpected control message {other:?}"),
         None => Ok(()),
@@ -632,6 +692,56 @@ fn fatal(control: &Control, table: &FileTable, reason: String) -> ! {
         std::process::exit(1);
     });
     unreachable!("the first caller exits the process")
+}
+
+/// The download whole, when it holds no more than the client's `limits`
+/// (and [`INLINE_DOWNLOAD_MAX`]): it then goes on the channel alone.
+fn read_small_download(
+    sources: &[String],
+    recursive: bool,
+    limits: InlineLimits,
+) -> Option<SmallTree> {
+    let limits = SmallLimits {
+        bytes: limits.bytes.min(INLINE_DOWNLOAD_MAX.bytes),
+        entries: (limits.entries as usize).min(INLINE_DOWNLOAD_MAX.entries),
+    };
+    let sources: Vec<_> = sources.iter().map(|s| source_path(s).to_owned()).collect();
+    read_small_tree(&sources, recursive, limits)
+}
+
+/// A download read whole, sent on the channel behind `welcome` (which
+/// grants no streams) in one write: each entry followed by its file's
+/// bytes, what could not be sent, then `Done`.
+fn get_inline(control: &Control, welcome: ServerMsg, tree: SmallTree, tally: Arc<Tally>) {
+    let mut msgs = vec![welcome];
+    for entry in tree.entries {
+        let id = entry.wire.id;
+        if !entry.wire.is_dir {
+            tally.add_file();
+            tally.add_bytes(entry.wire.size);
+        }
+        msgs.push(ServerMsg::Entry(entry.wire));
+        let mut offset = 0u64;
+        for piece in entry.bytes.chunks(INLINE_CHUNK) {
+            msgs.push(ServerMsg::Data {
+                id,
+                offset,
+                bytes: piece.to_vec(),
+            });
+            offset += piece.len() as u64;
+        }
+    }
+    for why in tree.unsendable {
+        tally.add_failed();
+        msgs.push(ServerMsg::Failed {
+            id: u32::MAX,
+            message: why,
+        });
+    }
+    // Reported before `Done`: the client leaves once it has that.
+    tally.report(true);
+    msgs.push(ServerMsg::Done);
+    control.send_all(msgs);
 }
 
 /// A download: walk each source, announce each entry, queue file chunks

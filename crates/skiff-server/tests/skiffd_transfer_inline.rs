@@ -4,8 +4,10 @@
 //! upload is stored as sent; bytes for an entry not announced before them,
 //! or past an entry's size, end the transfer with the server's reason and
 //! leave nothing behind, neither under the final name nor as a temporary;
-//! a download asks for streams it must have; and a `Hello` of a version
-//! skiffd does not speak, or without streams before version 2, is refused.
+//! a download asks for streams it must have, unless (version 3) it offered
+//! to take a small download on the channel, which then comes whole behind
+//! a `Welcome` with no token; and a `Hello` of a version skiffd does not
+//! speak, or without streams before version 2, is refused.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -14,7 +16,7 @@ use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use skiff_proto::dataplane::{self as dp, ClientMsg, EntryWire, Mode, ServerMsg};
+use skiff_proto::dataplane::{self as dp, ClientMsg, EntryWire, InlineLimits, Mode, ServerMsg};
 use skiff_testkit::server_context as ctx;
 use skiff_testkit::*;
 
@@ -287,6 +289,7 @@ fn a_download_without_streams_is_refused() {
                 recursive: false,
                 preserve: false,
                 streams: 0,
+                inline: None,
             },
         ],
     );
@@ -298,6 +301,114 @@ fn a_download_without_streams_is_refused() {
         ),
         "{got:?}\n{}",
         ctx(&d, "download without streams")
+    );
+}
+
+fn get_offering(source: &Path, bytes: u64) -> ClientMsg {
+    ClientMsg::Get {
+        sources: vec![source.display().to_string()],
+        recursive: false,
+        preserve: false,
+        streams: 2,
+        inline: Some(InlineLimits { bytes, entries: 64 }),
+    }
+}
+
+/// A version-3 download that offered to take a small download on the
+/// channel gets it there, whole, behind a `Welcome` that grants no stream:
+/// the entry, its bytes in order in `Data` messages of at most a chunk,
+/// then `Done`. One that allows fewer bytes than the file holds, or one
+/// larger than the server reads ahead of time, gets its streams.
+#[test]
+fn a_small_download_comes_back_on_the_channel_when_offered() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let d = skiffd(&fx);
+    let rdir = account_dir();
+    let src = rdir.path().join("f");
+    random_file(&src, 100_000);
+    std::os::unix::fs::chown(&src, Some(account().uid), Some(account().gid)).unwrap();
+
+    let got = exchange(&d, &fx, &[hello(3, 2), get_offering(&src, 1 << 20)]);
+    let c = ctx(&d, "small download on the channel");
+    let [ServerMsg::Welcome {
+        version: 3, tokens, ..
+    }, ServerMsg::Entry(e), rest @ .., ServerMsg::Done] = got.as_slice()
+    else {
+        panic!(
+            "{got:?}
+{c}"
+        );
+    };
+    assert!(
+        tokens.is_empty(),
+        "{tokens:?}
+{c}"
+    );
+    assert_eq!((e.id, e.rel.as_str(), e.size), (0, "f", 100_000), "{c}");
+    let mut bytes = Vec::new();
+    for m in rest {
+        let ServerMsg::Data {
+            id: 0,
+            offset,
+            bytes: b,
+        } = m
+        else {
+            panic!(
+                "{m:?} among the file's bytes
+{c}"
+            );
+        };
+        assert_eq!(*offset, bytes.len() as u64, "{c}");
+        assert!(b.len() <= dp::INLINE_CHUNK, "{c}");
+        bytes.extend_from_slice(b);
+    }
+    assert!(rest.len() >= 2, "100 000 bytes take two messages: {rest:?}");
+    assert!(bytes == fs::read(&src).unwrap(), "the bytes differ\n{c}");
+
+    // Fewer bytes offered than the file holds; or more than the server
+    // reads ahead of time (1 MiB), whatever the client offered.
+    let big = rdir.path().join("big");
+    random_file(&big, (1 << 20) + 1);
+    std::os::unix::fs::chown(&big, Some(account().uid), Some(account().gid)).unwrap();
+    for (source, offer) in [(&src, 99_999), (&big, 64 << 20)] {
+        let got = exchange(&d, &fx, &[hello(3, 2), get_offering(source, offer)]);
+        assert!(
+            matches!(
+                got.as_slice(),
+                [ServerMsg::Welcome { version: 3, tokens, .. }, ServerMsg::Entry(_), ServerMsg::Done]
+                    if tokens.len() == 2
+            ),
+            "{got:?}\n{}",
+            ctx(&d, &format!("{} offered {offer}", source.display()))
+        );
+    }
+}
+
+/// Inline limits in a request under a version-2 `Hello` break the
+/// protocol: the transfer ends without sending a byte of the file.
+#[test]
+fn an_offer_under_an_older_hello_ends_the_transfer() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let d = skiffd(&fx);
+    let got = exchange(
+        &d,
+        &fx,
+        &[
+            hello(2, 2),
+            get_offering(Path::new("/etc/hostname"), 1 << 20),
+        ],
+    );
+    assert!(
+        matches!(got.as_slice(), [ServerMsg::Welcome { version: 2, .. }]),
+        "{got:?}
+{}",
+        ctx(&d, "offer under version 2")
     );
 }
 

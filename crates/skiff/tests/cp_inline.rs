@@ -1,16 +1,23 @@
-//! Small uploads on the data plane's SSH channel alone (data plane version
-//! 2): a copy small enough goes whole behind its request, with no data
-//! stream, whatever mode was asked (it stays inside the session's
-//! encryption); a larger one, or one that names a stream count, takes
-//! streams as before; and a skiffd from before version 2 (played by the
-//! `version_one_transfer` test peer, which refuses a version-2 `Hello` as
-//! such a skiffd did and hands a version-1 one to the real transfer
-//! process) gets the copy again with streams, on the copy's own connection
-//! and through the agent.
+//! Small copies on the data plane's SSH channel alone.
 //!
-//! skiffd's audit log tells the two apart from the server's side: an
-//! upload on the channel alone is recorded with `mode: "channel"` and no
-//! streams granted.
+//! - Uploads (data plane version 2): a copy small enough goes whole behind
+//!   its request, with no data stream, whatever mode was asked (it stays
+//!   inside the session's encryption).
+//! - Downloads (version 3): a skiff that knows the skiffd speaks version 3
+//!   offers, with its `Get`, to take a small download on the channel; the
+//!   transfer process reads the request before it answers, and sends such
+//!   a download whole behind a `Welcome` that grants no stream.
+//! - A larger copy, or one that names a stream count, takes streams as
+//!   before, either way.
+//! - A skiffd that refuses the newer version (played by the
+//!   `version_one_transfer` test peer, which refuses any `Hello` but
+//!   version 1, as a skiffd from before version 2 did, and hands a
+//!   version-1 one to the real transfer process) gets the copy again with
+//!   streams, on the copy's own connection and through the agent.
+//!
+//! skiffd's audit log tells them apart from the server's side: a copy on
+//! the channel alone is recorded with `mode: "channel"` and no streams
+//! granted.
 //!
 //! Run as root (as CI does), the remote side is the `skiff-test` account.
 
@@ -24,7 +31,7 @@ use skiff_testkit::server_context as ctx;
 use skiff_testkit::skiff_cp as cp;
 use skiff_testkit::*;
 
-/// The most an upload may hold to go on the channel alone on loopback
+/// The most a copy may hold to go on the channel alone on loopback
 /// (`skiff_engine::copy::dataplane::INLINE_NEAR`).
 const INLINE_BYTES: usize = 512 << 10;
 
@@ -48,7 +55,17 @@ fn transfers(path: &Path, want: usize, d: &Skiffd) -> Vec<Value> {
 
 /// A completed upload record of `files` files and `bytes` bytes.
 fn assert_upload(r: &Value, files: u64, bytes: u64, c: &str) {
-    assert_eq!(r["direction"], "upload", "{c}: {r}");
+    assert_transfer(r, "upload", files, bytes, c)
+}
+
+/// A completed download record of `files` files and `bytes` bytes.
+fn assert_download(r: &Value, files: u64, bytes: u64, c: &str) {
+    assert_transfer(r, "download", files, bytes, c)
+}
+
+/// A completed `direction` record of `files` files and `bytes` bytes.
+fn assert_transfer(r: &Value, direction: &str, files: u64, bytes: u64, c: &str) {
+    assert_eq!(r["direction"], direction, "{c}: {r}");
     assert_eq!(r["files"], files, "{c}: {r}");
     assert_eq!(r["bytes"], bytes, "{c}: {r}");
     assert_eq!(r["failed"], 0, "{c}: {r}");
@@ -90,18 +107,58 @@ fn small_tree(dir: &Path) -> (PathBuf, u64) {
     (root, 18 + 100_000)
 }
 
-/// `remote` holds what `local` holds, file by file, with its modes and
+/// `copy` holds what `original` holds, file by file, with its modes and
 /// modification times.
-fn assert_same_tree(local: &Path, remote: &Path, c: &str) {
+fn assert_same_tree(original: &Path, copy: &Path, c: &str) {
     for rel in ["empty", "run.sh", "sub/blob", "sub"] {
-        let (l, r) = (local.join(rel), remote.join(rel));
-        let (lm, rm) = (fs::metadata(&l).unwrap(), fs::metadata(&r).unwrap());
-        if lm.is_file() {
-            assert_eq!(sha256(&l), sha256(&r), "{c}: {rel}");
+        let (o, k) = (original.join(rel), copy.join(rel));
+        let (om, km) = (fs::metadata(&o).unwrap(), fs::metadata(&k).unwrap());
+        if om.is_file() {
+            assert_eq!(sha256(&o), sha256(&k), "{c}: {rel}");
         }
-        assert_eq!(lm.mode() & 0o7777, rm.mode() & 0o7777, "{c}: mode of {rel}");
-        assert_eq!(lm.mtime(), rm.mtime(), "{c}: mtime of {rel}");
+        assert_eq!(om.mode() & 0o7777, km.mode() & 0o7777, "{c}: mode of {rel}");
+        assert_eq!(om.mtime(), km.mtime(), "{c}: mtime of {rel}");
     }
+}
+
+/// Hands `path` and everything under it to the test account, so that its
+/// transfer process may read it (times are kept: chown changes none).
+fn give_to_account(path: &Path) {
+    if !is_root() {
+        return;
+    }
+    let acct = account();
+    std::os::unix::fs::lchown(path, Some(acct.uid), Some(acct.gid)).unwrap();
+    if fs::symlink_metadata(path).unwrap().is_dir() {
+        for e in fs::read_dir(path).unwrap() {
+            give_to_account(&e.unwrap().path());
+        }
+    }
+}
+
+/// The two ways a copy runs: on its own connection, and through the agent
+/// of `ah`, with a label for messages.
+fn both_ways(ah: &AgentHome) -> [(&'static str, Option<&AgentHome>); 2] {
+    [("own connection", None), ("through the agent", Some(ah))]
+}
+
+/// `skiff cp` on its own connection, or through the agent of `ah`.
+fn cp_via(ah: Option<&AgentHome>, d: &Skiffd, fx: &Fixture, args: &[&str]) -> CmdOutput {
+    match ah {
+        None => cp(d.port(), &fx.client_key, args),
+        Some(ah) => skiff_cp_via_agent(ah, d.port(), &fx.client_key, args),
+    }
+}
+
+/// The `Subsystem` line that makes the `version_one_transfer` peer skiffd's
+/// transfer process, logging each `Hello`'s version to `seen`.
+fn version_one_transfer(seen: &Path) -> String {
+    format!(
+        "Subsystem transfer@skiff '{}' '{}' '{}'\n",
+        account_test_peer(env!("CARGO_MANIFEST_DIR"), "skiff", "version_one_transfer").display(),
+        account_skiffd().display(),
+        seen.display()
+    )
 }
 
 /// A tree of small files goes on the channel alone, even with `--cipher
@@ -139,9 +196,9 @@ fn a_small_upload_goes_on_the_channel_alone_whatever_mode_was_asked() {
 }
 
 /// One byte more than the channel takes alone, or a stream count named on
-/// the command line, and the copy takes streams as before.
+/// the command line, and a copy takes streams as before, either way.
 #[test]
-fn a_larger_upload_or_a_named_stream_count_takes_streams() {
+fn a_larger_copy_or_a_named_stream_count_takes_streams() {
     if !require_openssh() {
         return;
     }
@@ -149,36 +206,47 @@ fn a_larger_upload_or_a_named_stream_count_takes_streams() {
     let work = tempdir();
     let audit = work.path().join("audit.jsonl");
     let d = skiffd_with_audit(&fx, &audit, None, "");
-    let big = work.path().join("big");
+    let sources = account_dir();
+    let big = sources.path().join("big");
     let big_sum = random_file(&big, INLINE_BYTES + 1);
-    let small = work.path().join("small");
+    let small = sources.path().join("small");
     let small_sum = random_file(&small, 1000);
-    let rdir = account_dir();
+    give_to_account(sources.path());
     let cases: [(&[&str], &Path, &str); 2] = [
         (&[], &big, &big_sum),
         (&["--streams", "2"], &small, &small_sum),
     ];
-    for (i, (options, src, sum)) in cases.into_iter().enumerate() {
-        let c = format!("{options:?} {}", src.display());
-        let mut args = options.to_vec();
-        let (from, to) = (src.display().to_string(), remote(rdir.path()));
-        args.extend([from.as_str(), to.as_str()]);
-        cp(d.port(), &fx.client_key, &args).expect_code(0, &ctx(&d, &c));
-        let name = src.file_name().unwrap();
-        assert_eq!(&sha256(&rdir.path().join(name)), sum, "{c}");
-        let r = &transfers(&audit, i + 1, &d)[i];
-        assert_eq!(r["mode"], "aead", "{c}: {r}");
-        assert!(r["streams"].as_u64().is_some_and(|n| n >= 1), "{c}: {r}");
-        let size = fs::metadata(src).unwrap().len();
-        assert_upload(r, 1, size, &c);
+    let mut copies = 0;
+    for (options, src, sum) in cases {
+        for direction in ["upload", "download"] {
+            let c = format!("{direction} {options:?} {}", src.display());
+            let into = account_dir();
+            let (from, to) = match direction {
+                "upload" => (src.display().to_string(), remote(into.path())),
+                _ => (remote(src), into.path().display().to_string()),
+            };
+            let mut args = options.to_vec();
+            args.extend([from.as_str(), to.as_str()]);
+            cp(d.port(), &fx.client_key, &args).expect_code(0, &ctx(&d, &c));
+            let name = src.file_name().unwrap();
+            assert_eq!(&sha256(&into.path().join(name)), sum, "{c}");
+            copies += 1;
+            let r = &transfers(&audit, copies, &d)[copies - 1];
+            assert_eq!(r["mode"], "aead", "{c}: {r}");
+            assert!(r["streams"].as_u64().is_some_and(|n| n >= 1), "{c}: {r}");
+            let size = fs::metadata(src).unwrap().len();
+            assert_transfer(r, direction, 1, size, &c);
+        }
     }
 }
 
-/// A skiffd that speaks only version 1 of the data plane refuses the small
-/// upload's `Hello`; the copy goes again with streams, and lands, on the
-/// copy's own connection and through the agent's.
+/// A skiffd whose transfer process speaks only version 1 of the data
+/// plane refuses a small upload's version-2 `Hello`, and a download's
+/// version-3 one (its identification line says 0.2.0, so the download
+/// offers the channel); each copy goes again with streams, and lands, on
+/// the copy's own connection and through the agent's.
 #[test]
-fn a_skiffd_older_than_version_two_gets_the_copy_with_streams() {
+fn a_skiffd_that_refuses_the_newer_version_gets_the_copy_with_streams() {
     if !require_openssh() {
         return;
     }
@@ -187,41 +255,101 @@ fn a_skiffd_older_than_version_two_gets_the_copy_with_streams() {
     let audit = work.path().join("audit.jsonl");
     let seen_dir = account_dir();
     let seen = seen_dir.path().join("hellos");
-    let old_transfer = format!(
-        "Subsystem transfer@skiff '{}' '{}' '{}'\n",
-        account_test_peer(env!("CARGO_MANIFEST_DIR"), "skiff", "version_one_transfer").display(),
-        account_skiffd().display(),
-        seen.display()
-    );
-    let d = skiffd_with_audit(&fx, &audit, Some(old_transfer), "");
-    let src = work.path().join("f");
+    let d = skiffd_with_audit(&fx, &audit, Some(version_one_transfer(&seen)), "");
+    let sources = account_dir();
+    let src = sources.path().join("f");
     let sum = random_file(&src, 5000);
+    give_to_account(&src);
     let ah = AgentHome::new();
-    for (i, via_agent) in [false, true].into_iter().enumerate() {
-        let c = if via_agent {
-            "through the agent"
-        } else {
-            "own connection"
-        };
-        let rdir = account_dir();
-        let args = [src.display().to_string(), remote(rdir.path())];
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = match via_agent {
-            false => cp(d.port(), &fx.client_key, &args),
-            true => skiff_cp_via_agent(&ah, d.port(), &fx.client_key, &args),
-        };
-        out.expect_code(0, &ctx(&d, c));
-        assert_eq!(sha256(&rdir.path().join("f")), sum, "{c}");
-        let hellos = fs::read_to_string(&seen).unwrap_or_default();
-        assert_eq!(
-            hellos,
-            "2\n1\n".repeat(i + 1),
-            "{c}: the Hellos the server saw"
+    let mut copies = 0;
+    for (direction, refused) in [("upload", 2), ("download", 3)] {
+        for (c, via_agent) in both_ways(&ah) {
+            let c = format!("{direction}, {c}");
+            let into = account_dir();
+            let args = match direction {
+                "upload" => [src.display().to_string(), remote(into.path())],
+                _ => [remote(&src), into.path().display().to_string()],
+            };
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            cp_via(via_agent, &d, &fx, &args).expect_code(0, &ctx(&d, &c));
+            assert_eq!(sha256(&into.path().join("f")), sum, "{c}");
+            let hellos = fs::read_to_string(&seen).unwrap_or_default();
+            assert!(
+                hellos.ends_with(&format!("{refused}\n1\n")),
+                "{c}: the Hellos the server saw: {hellos:?}"
+            );
+            copies += 1;
+            assert_eq!(hellos.lines().count(), 2 * copies, "{c}: {hellos:?}");
+            // Only the copy with streams was granted anything.
+            let r = &transfers(&audit, copies, &d)[copies - 1];
+            assert_eq!(r["mode"], "aead", "{c}: {r}");
+            assert_transfer(r, direction, 1, 5000, &c);
+        }
+    }
+    assert_eq!(ah.agent_pids().len(), 1, "an agent carried the copies");
+}
+
+/// A small tree comes back on the channel alone, with `-p`, even with
+/// `--cipher none` under a policy that refuses unencrypted streams (the
+/// bytes never leave the SSH session), on the copy's own connection and
+/// through the agent (whose `OpenedServer` says the skiffd speaks version
+/// 3). A missing source among them fails alone, with the server's reason.
+#[test]
+fn a_small_download_comes_on_the_channel_alone_whatever_mode_was_asked() {
+    if !require_openssh() {
+        return;
+    }
+    let fx = Fixture::new();
+    let work = tempdir();
+    let audit = work.path().join("audit.jsonl");
+    let d = skiffd_with_audit(&fx, &audit, None, "DataPlaneUnencrypted no\n");
+    let rdir = account_dir();
+    let (tree, bytes) = small_tree(rdir.path());
+    give_to_account(&tree);
+    let ah = AgentHome::new();
+    for (i, (c, via_agent)) in both_ways(&ah).into_iter().enumerate() {
+        let into = tempdir();
+        let out = cp_via(
+            via_agent,
+            &d,
+            &fx,
+            &[
+                "--cipher",
+                "none",
+                "-r",
+                "-p",
+                &remote(&tree),
+                &into.path().display().to_string(),
+            ],
         );
-        // Only the copy with streams was granted anything.
+        out.expect_code(0, &ctx(&d, c));
+        assert_same_tree(&tree, &into.path().join("conf"), c);
         let r = &transfers(&audit, i + 1, &d)[i];
-        assert_eq!(r["mode"], "aead", "{c}: {r}");
-        assert_upload(r, 1, 5000, c);
+        assert_eq!(r["mode"], "channel", "{c}: {r}");
+        assert_eq!(r["streams"], 0, "{c}: {r}");
+        assert_download(r, 3, bytes, c);
     }
     assert_eq!(ah.agent_pids().len(), 1, "an agent carried the second copy");
+
+    // One source missing: the other comes, the missing one is named.
+    let into = tempdir();
+    let missing = rdir.path().join("missing");
+    let out = cp(
+        d.port(),
+        &fx.client_key,
+        &[
+            &remote(&tree.join("run.sh")),
+            &remote(&missing),
+            &into.path().display().to_string(),
+        ],
+    );
+    assert_ne!(out.code, 0, "{}", ctx(&d, "a source missing"));
+    assert!(out.stderr.contains("missing"), "{}", out.stderr);
+    assert_eq!(
+        sha256(&into.path().join("run.sh")),
+        sha256(&tree.join("run.sh"))
+    );
+    let r = &transfers(&audit, 3, &d)[2];
+    assert_eq!(r["mode"], "channel", "{r}");
+    assert_eq!((&r["files"], &r["failed"]), (&1.into(), &1.into()), "{r}");
 }

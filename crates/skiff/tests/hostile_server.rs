@@ -56,6 +56,8 @@ fn peer(name: &str) -> PathBuf {
 struct Hostile {
     fx: Fixture,
     skiffd: Skiffd,
+    /// The peer's config line, for messages.
+    config: String,
 }
 
 impl Hostile {
@@ -67,6 +69,16 @@ impl Hostile {
                 peer("hostile_transfer").display()
             )
         })
+    }
+
+    /// [`Self::data_plane`] for `scenario` with streams, then on the
+    /// control channel alone (`channel:SCENARIO`); none when OpenSSH's
+    /// tools are missing outside CI.
+    fn data_planes(scenario: &str) -> Vec<Hostile> {
+        [scenario.to_string(), format!("channel:{scenario}")]
+            .iter()
+            .filter_map(|s| Self::data_plane(s))
+            .collect()
     }
 
     /// skiffd without the data plane, with `hostile_sftp SCENARIO` as its
@@ -91,7 +103,7 @@ impl Hostile {
         let skiffd = Skiffd::start_with(
             SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&config),
         );
-        Some(Hostile { fx, skiffd })
+        Some(Hostile { fx, skiffd, config })
     }
 
     /// `skiff cp ARGS` to this skiffd (no agent, a scratch HOME and
@@ -109,7 +121,7 @@ impl Hostile {
     }
 
     fn ctx(&self, what: &str) -> String {
-        ctx(&self.skiffd, what)
+        ctx(&self.skiffd, &format!("{}{what}", self.config))
     }
 }
 
@@ -294,72 +306,69 @@ fn now_secs() -> i64 {
 /// authorized_keys keeps its content and mode.
 #[test]
 fn data_plane_refuses_files_that_were_not_asked_for() {
-    let Some(h) = Hostile::data_plane("extra-files") else {
-        return;
-    };
-    let dir = tempdir();
-    let ssh = dir.path().join(".ssh");
-    fs::create_dir(&ssh).unwrap();
-    set_mode(&ssh, 0o700);
-    let keys = ssh.join("authorized_keys");
-    let mine = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMine mine@here\n";
-    write_file(&keys, mine, 0o600);
-    let out = h.cp(&[&remote("report.txt"), s(dir.path())]);
-    let c = h.ctx(&format!("extra-files\n{out}"));
-    let mut wrong = Vec::new();
-    if dir.path().join(".bashrc").exists() {
-        wrong.push(".bashrc was written".to_string());
-    }
-    if fs::read_to_string(&keys).unwrap() != mine {
-        wrong.push("authorized_keys was replaced".into());
-    }
-    for (path, mode) in [(&keys, 0o600), (&ssh, 0o700)] {
-        if mode_of(path) != mode {
-            wrong.push(format!("{} is now {:o}", path.display(), mode_of(path)));
+    for h in Hostile::data_planes("extra-files") {
+        let dir = tempdir();
+        let ssh = dir.path().join(".ssh");
+        fs::create_dir(&ssh).unwrap();
+        set_mode(&ssh, 0o700);
+        let keys = ssh.join("authorized_keys");
+        let mine = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMine mine@here\n";
+        write_file(&keys, mine, 0o600);
+        let out = h.cp(&[&remote("report.txt"), s(dir.path())]);
+        let c = h.ctx(&format!("extra-files\n{out}"));
+        let mut wrong = Vec::new();
+        if dir.path().join(".bashrc").exists() {
+            wrong.push(".bashrc was written".to_string());
         }
+        if fs::read_to_string(&keys).unwrap() != mine {
+            wrong.push("authorized_keys was replaced".into());
+        }
+        for (path, mode) in [(&keys, 0o600), (&ssh, 0o700)] {
+            if mode_of(path) != mode {
+                wrong.push(format!("{} is now {:o}", path.display(), mode_of(path)));
+            }
+        }
+        let left = temporaries(dir.path());
+        if !left.is_empty() {
+            wrong.push(format!("temporaries left: {left:?}"));
+        }
+        assert!(wrong.is_empty(), "{}\n{c}", wrong.join("; "));
+        expect_failure(&out, 255, &[".bashrc", "not asked for"], &c);
     }
-    let left = temporaries(dir.path());
-    if !left.is_empty() {
-        wrong.push(format!("temporaries left: {left:?}"));
-    }
-    assert!(wrong.is_empty(), "{}\n{c}", wrong.join("; "));
-    expect_failure(&out, 255, &[".bashrc", "not asked for"], &c);
 }
 
 /// Asked for the file `report.txt`, the server announces a directory of
 /// that name: refused, and nothing is created.
 #[test]
 fn data_plane_refuses_a_directory_for_a_file() {
-    let Some(h) = Hostile::data_plane("dir-for-file") else {
-        return;
-    };
-    let dir = tempdir();
-    let out = h.cp(&[&remote("report.txt"), s(dir.path())]);
-    let c = h.ctx(&format!("dir-for-file\n{out}"));
-    assert_eq!(
-        listing(dir.path()),
-        Vec::<String>::new(),
-        "something was created\n{c}"
-    );
-    expect_failure(&out, 255, &["not asked for"], &c);
+    for h in Hostile::data_planes("dir-for-file") {
+        let dir = tempdir();
+        let out = h.cp(&[&remote("report.txt"), s(dir.path())]);
+        let c = h.ctx(&format!("dir-for-file\n{out}"));
+        assert_eq!(
+            listing(dir.path()),
+            Vec::<String>::new(),
+            "something was created\n{c}"
+        );
+        expect_failure(&out, 255, &["not asked for"], &c);
+    }
 }
 
 /// Asked for the tree `tree` with -r, the server adds `other/x` beside it:
 /// refused, and `other` is not created.
 #[test]
 fn data_plane_refuses_entries_outside_the_tree() {
-    let Some(h) = Hostile::data_plane("outside-tree") else {
-        return;
-    };
-    let dir = tempdir();
-    let out = h.cp(&["-r", &remote("tree"), s(dir.path())]);
-    let c = h.ctx(&format!("outside-tree\n{out}"));
-    assert!(
-        !dir.path().join("other").exists(),
-        "other/ was created\n{c}"
-    );
-    assert_no_temporaries(dir.path(), &c);
-    expect_failure(&out, 255, &["not asked for"], &c);
+    for h in Hostile::data_planes("outside-tree") {
+        let dir = tempdir();
+        let out = h.cp(&["-r", &remote("tree"), s(dir.path())]);
+        let c = h.ctx(&format!("outside-tree\n{out}"));
+        assert!(
+            !dir.path().join("other").exists(),
+            "other/ was created\n{c}"
+        );
+        assert_no_temporaries(dir.path(), &c);
+        expect_failure(&out, 255, &["not asked for"], &c);
+    }
 }
 
 /// A file announced with mode 6755 (0o104755 in SFTP's attributes) arrives
@@ -386,7 +395,7 @@ fn set_id_bits_dropped(h: &Hostile, what: &str) {
 
 #[test]
 fn data_plane_drops_set_id_bits_from_files() {
-    if let Some(h) = Hostile::data_plane("setuid") {
+    for h in Hostile::data_planes("setuid") {
         set_id_bits_dropped(&h, "setuid");
     }
 }
@@ -395,27 +404,26 @@ fn data_plane_drops_set_id_bits_from_files() {
 /// the 6755 file in it no set-id bits, with and without -p.
 #[test]
 fn data_plane_drops_set_id_and_sticky_bits_from_trees() {
-    let Some(h) = Hostile::data_plane("setuid") else {
-        return;
-    };
-    for preserve in [false, true] {
-        let dir = tempdir();
-        let mut args = vec!["-r"];
-        if preserve {
-            args.push("-p");
-        }
-        let src = remote("tree");
-        args.extend([src.as_str(), s(dir.path())]);
-        let out = h.cp(&args);
-        let c = h.ctx(&format!("setuid tree, -p {preserve}\n{out}"));
-        expect_status(&out, 0, &c);
-        let tree = dir.path().join("tree");
-        let dmode = mode_of(&tree);
-        assert_eq!(dmode & 0o7000, 0, "directory mode {dmode:o}\n{c}");
-        let fmode = mode_of(&tree.join("report.txt"));
-        assert_eq!(fmode & 0o7000, 0, "file mode {fmode:o}\n{c}");
-        if preserve {
-            assert_eq!(fmode, 0o755, "file mode {fmode:o}\n{c}");
+    for h in Hostile::data_planes("setuid") {
+        for preserve in [false, true] {
+            let dir = tempdir();
+            let mut args = vec!["-r"];
+            if preserve {
+                args.push("-p");
+            }
+            let src = remote("tree");
+            args.extend([src.as_str(), s(dir.path())]);
+            let out = h.cp(&args);
+            let c = h.ctx(&format!("setuid tree, -p {preserve}\n{out}"));
+            expect_status(&out, 0, &c);
+            let tree = dir.path().join("tree");
+            let dmode = mode_of(&tree);
+            assert_eq!(dmode & 0o7000, 0, "directory mode {dmode:o}\n{c}");
+            let fmode = mode_of(&tree.join("report.txt"));
+            assert_eq!(fmode & 0o7000, 0, "file mode {fmode:o}\n{c}");
+            if preserve {
+                assert_eq!(fmode, 0o755, "file mode {fmode:o}\n{c}");
+            }
         }
     }
 }
@@ -443,7 +451,7 @@ fn existing_directories_left_alone(h: &Hostile, what: &str) {
 
 #[test]
 fn data_plane_leaves_existing_directories_alone() {
-    if let Some(h) = Hostile::data_plane("chmod-existing") {
+    for h in Hostile::data_planes("chmod-existing") {
         existing_directories_left_alone(&h, "chmod-existing");
     }
 }
@@ -455,41 +463,68 @@ fn data_plane_leaves_existing_directories_alone() {
 /// file that can never settle).
 #[test]
 fn data_plane_refuses_an_id_used_twice() {
-    let Some(h) = Hostile::data_plane("duplicate-id") else {
-        return;
-    };
-    let dir = tempdir();
-    let out = h.cp(&[&remote("a"), &remote("b"), s(dir.path())]);
-    let c = h.ctx(&format!("duplicate-id\n{out}"));
-    expect_failure(&out, 255, &["twice"], &c);
-    assert_no_temporaries(dir.path(), &c);
+    for h in Hostile::data_planes("duplicate-id") {
+        let dir = tempdir();
+        let out = h.cp(&[&remote("a"), &remote("b"), s(dir.path())]);
+        let c = h.ctx(&format!("duplicate-id\n{out}"));
+        expect_failure(&out, 255, &["twice"], &c);
+        assert_no_temporaries(dir.path(), &c);
+    }
 }
 
 /// A chunk past a file's announced size ends the copy; nothing is written.
 #[test]
 fn data_plane_refuses_bytes_past_the_announced_size() {
-    let Some(h) = Hostile::data_plane("oversize") else {
-        return;
-    };
-    let dir = tempdir();
-    let out = h.cp(&[&remote("report.txt"), s(dir.path())]);
-    let c = h.ctx(&format!("oversize\n{out}"));
-    assert!(!dir.path().join("report.txt").exists(), "file written\n{c}");
-    assert_no_temporaries(dir.path(), &c);
-    expect_failure(&out, 255, &["past the announced size"], &c);
+    for h in Hostile::data_planes("oversize") {
+        let dir = tempdir();
+        let out = h.cp(&[&remote("report.txt"), s(dir.path())]);
+        let c = h.ctx(&format!("oversize\n{out}"));
+        assert!(!dir.path().join("report.txt").exists(), "file written\n{c}");
+        assert_no_temporaries(dir.path(), &c);
+        expect_failure(&out, 255, &["past the announced size"], &c);
+    }
 }
 
 /// Every stream ends and `Done` comes while a file still misses half its
 /// bytes: the copy fails at once (not a hang); nothing is written.
 #[test]
 fn data_plane_fails_when_streams_end_before_a_file_is_complete() {
-    let Some(h) = Hostile::data_plane("short-end") else {
+    for h in Hostile::data_planes("short-end") {
+        let dir = tempdir();
+        let out = h.cp(&[&remote("report.txt"), s(dir.path())]);
+        let c = h.ctx(&format!("short-end\n{out}"));
+        expect_failure(&out, 255, &["ended before"], &c);
+        assert!(!dir.path().join("report.txt").exists(), "file written\n{c}");
+        assert_no_temporaries(dir.path(), &c);
+    }
+}
+
+/// Bytes of a file never announced end the copy, before the file asked
+/// for lands; nothing is written.
+#[test]
+fn data_plane_refuses_bytes_of_a_file_never_announced() {
+    for h in Hostile::data_planes("unannounced") {
+        let dir = tempdir();
+        let out = h.cp(&[&remote("report.txt"), s(dir.path())]);
+        let c = h.ctx(&format!("unannounced\n{out}"));
+        expect_failure(&out, 255, &["entry id 5", "announced"], &c);
+        assert!(!dir.path().join("report.txt").exists(), "file written\n{c}");
+        assert_no_temporaries(dir.path(), &c);
+    }
+}
+
+/// A server that granted streams and sends a file's bytes on the control
+/// channel all the same breaks the protocol: the copy ends, nothing is
+/// written.
+#[test]
+fn data_plane_refuses_bytes_on_the_channel_beside_streams() {
+    let Some(h) = Hostile::data_plane("data-with-streams") else {
         return;
     };
     let dir = tempdir();
     let out = h.cp(&[&remote("report.txt"), s(dir.path())]);
-    let c = h.ctx(&format!("short-end\n{out}"));
-    expect_failure(&out, 255, &["ended before"], &c);
+    let c = h.ctx(&format!("data-with-streams\n{out}"));
+    expect_failure(&out, 255, &["unexpected Data"], &c);
     assert!(!dir.path().join("report.txt").exists(), "file written\n{c}");
     assert_no_temporaries(dir.path(), &c);
 }
@@ -551,34 +586,32 @@ fn data_plane_escapes_a_refusal_reason() {
 /// escaped.
 #[test]
 fn data_plane_escapes_a_failure_message() {
-    let Some(h) = Hostile::data_plane("failed-escapes") else {
-        return;
-    };
-    let dir = tempdir();
-    let out = h.cp(&[&remote("report.txt"), s(dir.path())]);
-    let c = h.ctx(&format!("failed-escapes\n{out}"));
-    assert_ne!(out.code, 0, "a failure is not a success\n{c}");
-    expect_escaped(&out, &c);
+    for h in Hostile::data_planes("failed-escapes") {
+        let dir = tempdir();
+        let out = h.cp(&[&remote("report.txt"), s(dir.path())]);
+        let c = h.ctx(&format!("failed-escapes\n{out}"));
+        assert_ne!(out.code, 0, "a failure is not a success\n{c}");
+        expect_escaped(&out, &c);
+    }
 }
 
 /// An entry nobody asked for, whose name steers the terminal: refused,
 /// named escaped, and not written.
 #[test]
 fn data_plane_escapes_a_stray_entry_name() {
-    let Some(h) = Hostile::data_plane("name-escapes") else {
-        return;
-    };
-    let dir = tempdir();
-    let out = h.cp(&[&remote("report.txt"), s(dir.path())]);
-    let c = h.ctx(&format!("name-escapes\n{out}"));
-    let stray: Vec<String> = listing(dir.path())
-        .into_iter()
-        .filter(|n| n.contains('\x1b'))
-        .collect();
-    assert!(stray.is_empty(), "written: {stray:?}\n{c}");
-    assert_no_temporaries(dir.path(), &c);
-    expect_failure(&out, 255, &["not asked for"], &c);
-    expect_escaped(&out, &c);
+    for h in Hostile::data_planes("name-escapes") {
+        let dir = tempdir();
+        let out = h.cp(&[&remote("report.txt"), s(dir.path())]);
+        let c = h.ctx(&format!("name-escapes\n{out}"));
+        let stray: Vec<String> = listing(dir.path())
+            .into_iter()
+            .filter(|n| n.contains('\x1b'))
+            .collect();
+        assert!(stray.is_empty(), "written: {stray:?}\n{c}");
+        assert_no_temporaries(dir.path(), &c);
+        expect_failure(&out, 255, &["not asked for"], &c);
+        expect_escaped(&out, &c);
+    }
 }
 
 // ---------------------------------------------------------------------------

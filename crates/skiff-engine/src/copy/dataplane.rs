@@ -27,8 +27,8 @@ use skiff_dataplane::{
 };
 use skiff_files::Requested;
 use skiff_proto::dataplane::{
-    self as dp, ClientMsg, EntryWire, Keys, Mode, ServerMsg, INLINE_CHUNK, OLDEST_VERSION,
-    SECRET_LEN, TOKEN_LEN, VERSION,
+    self as dp, ClientMsg, EntryWire, InlineLimits, Keys, Mode, ServerMsg, INLINE_CHUNK,
+    INLINE_DOWNLOAD_SINCE, INLINE_UPLOAD_SINCE, OLDEST_VERSION, SECRET_LEN, TOKEN_LEN,
 };
 use skiff_proto::terminal_text;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -53,9 +53,10 @@ pub struct PlaneOptions {
     /// it in, as the fan-out's connections do.
     pub gate: Option<Arc<Gate>>,
     /// A small upload may travel on the control channel alone, with no
-    /// data stream (data plane version 2; see [`INLINE_NEAR`]), unless the
-    /// user named a stream count. Turned off to copy again when a skiffd
-    /// refused that ([`Attempted::InlineRefused`]).
+    /// data stream (data plane version 2; see [`INLINE_NEAR`]), and a
+    /// skiffd that speaks version 3 may send a small download back on it,
+    /// unless the user named a stream count. Turned off to copy again when
+    /// a skiffd refused that ([`Attempted::InlineRefused`]).
     pub inline: bool,
 }
 
@@ -63,10 +64,10 @@ pub struct PlaneOptions {
 #[derive(Debug)]
 pub enum Attempted {
     Copied(CopyReport),
-    /// The server refused a small upload on the channel alone (a skiffd
-    /// older than version 2 of the data plane refuses that `Hello`):
-    /// nothing was written, and the copy goes again on a new channel with
-    /// [`PlaneOptions::inline`] off.
+    /// The server refused a copy on the channel alone (a skiffd older than
+    /// version 2 of the data plane refuses that `Hello`, one older than
+    /// version 3 a download that offers it): nothing was written, and the
+    /// copy goes again on a new channel with [`PlaneOptions::inline`] off.
     InlineRefused,
 }
 
@@ -93,14 +94,22 @@ pub const INLINE_FAR_BYTES: u64 = 128 << 10;
 /// The round trip up to which [`INLINE_NEAR`] applies.
 pub const NEAR: Duration = Duration::from_millis(2);
 
+/// How much a copy may hold to go on the channel alone on a path whose
+/// round trip is `rtt`.
+fn inline_limits(rtt: Duration) -> SmallLimits {
+    match rtt <= NEAR {
+        true => INLINE_NEAR,
+        false => SmallLimits {
+            bytes: INLINE_FAR_BYTES,
+            ..INLINE_NEAR
+        },
+    }
+}
+
 /// Whether a small upload of `bytes` goes on the channel alone on a path
 /// whose round trip is `rtt`.
 fn fits_inline(bytes: u64, rtt: Duration) -> bool {
-    bytes
-        <= match rtt <= NEAR {
-            true => INLINE_NEAR.bytes,
-            false => INLINE_FAR_BYTES,
-        }
+    bytes <= inline_limits(rtt).bytes
 }
 
 /// Reads an upload whole, on a blocking thread, when it may go on the
@@ -242,8 +251,10 @@ fn default_streams(rtt: Duration) -> u32 {
     }
 }
 
-/// The transfer request itself (`Put` or `Get`) for `streams` streams.
-fn request(job: &CopyJob, streams: u32) -> ClientMsg {
+/// The transfer request itself (`Put` or `Get`) for `streams` streams; a
+/// download the server may send on the channel alone when it holds no
+/// more than `inline`.
+fn request(job: &CopyJob, streams: u32, inline: Option<InlineLimits>) -> ClientMsg {
     match &job.direction {
         Direction::Upload { sources, target } => ClientMsg::Put {
             target: target.clone(),
@@ -257,6 +268,7 @@ fn request(job: &CopyJob, streams: u32) -> ClientMsg {
             recursive: job.recursive,
             preserve: job.preserve,
             streams,
+            inline,
         },
     }
 }
@@ -266,11 +278,16 @@ fn request(job: &CopyJob, streams: u32) -> ClientMsg {
 /// stream count is settled without waiting for the server's answer (the
 /// server grants at most what was asked, and both sides then use the
 /// smaller of the request and the grant). A small upload goes whole behind
-/// them, on the channel, with no stream.
+/// them, on the channel, with no stream; a download may offer the server
+/// to come back that way.
 struct Opening {
     secret: [u8; SECRET_LEN],
+    /// The data plane version of `Hello`.
+    version: u32,
     /// The stream count asked for in `Hello` and in the request.
     requested: u32,
+    /// Streams to dial before the server's answer.
+    dial_early: u32,
     bytes: Vec<u8>,
     /// An upload sent whole on the channel.
     inline: Option<InlineUpload>,
@@ -288,12 +305,15 @@ struct InlineUpload {
 }
 
 impl Opening {
-    /// The opening for `job` on a path whose round trip is `rtt`; `small`
-    /// is the upload read whole ([`read_small_upload`]), if it was.
+    /// The opening for `job` on a path whose round trip is `rtt`, to a
+    /// server that speaks data plane versions up to `server_version`
+    /// (0: not a skiffd); `small` is the upload read whole
+    /// ([`read_small_upload`]), if it was.
     async fn new(
         job: &CopyJob,
         options: &PlaneOptions,
         rtt: Duration,
+        server_version: u32,
         small: Option<tokio::task::JoinHandle<Option<SmallTree>>>,
     ) -> Opening {
         let small = match small {
@@ -302,23 +322,53 @@ impl Opening {
         };
         match small.filter(|tree| fits_inline(tree.bytes, rtt)) {
             Some(tree) => Opening::inline(job, options, tree),
-            None => Opening::with_streams(job, options, rtt),
+            None => Opening::with_streams(job, options, rtt, server_version),
         }
     }
 
-    /// Streams carry the files.
-    fn with_streams(job: &CopyJob, options: &PlaneOptions, rtt: Duration) -> Opening {
+    /// Streams carry the files, unless a download is small enough for
+    /// the server to send it on the channel, which it may when it speaks
+    /// version 3 and the user named no stream count.
+    fn with_streams(
+        job: &CopyJob,
+        options: &PlaneOptions,
+        rtt: Duration,
+        server_version: u32,
+    ) -> Opening {
         let requested = options
             .streams
             .unwrap_or_else(|| default_streams(rtt))
             .clamp(1, MAX_STREAMS);
-        Opening::begin(job, options, requested)
+        let offer = matches!(job.direction, Direction::Download { .. })
+            && options.inline
+            && options.streams.is_none()
+            && server_version >= INLINE_DOWNLOAD_SINCE;
+        if !offer {
+            return Opening::begin(job, options, OLDEST_VERSION, requested, None);
+        }
+        let limits = inline_limits(rtt);
+        let mut opening = Opening::begin(
+            job,
+            options,
+            INLINE_DOWNLOAD_SINCE,
+            requested,
+            Some(InlineLimits {
+                bytes: limits.bytes,
+                entries: limits.entries as u32,
+            }),
+        );
+        // Near, a stream dialed for a download that comes on the channel
+        // costs more than dialing one after the answer.
+        if rtt <= NEAR {
+            opening.dial_early = 0;
+        }
+        opening
     }
 
     /// The whole upload on the channel: `Hello` with no streams, the
     /// request, every entry followed by its file's bytes, the end.
     fn inline(job: &CopyJob, options: &PlaneOptions, tree: SmallTree) -> Opening {
-        let mut opening = Opening::begin(job, options, 0);
+        let mut opening = Opening::begin(job, options, INLINE_UPLOAD_SINCE, 0, None);
         let mut files = std::collections::HashMap::new();
         for entry in tree.entries {
             let id = entry.wire.id;
@@ -351,32 +401,43 @@ impl Opening {
         opening
     }
 
-    fn begin(job: &CopyJob, options: &PlaneOptions, requested: u32) -> Opening {
+    /// `Hello` in `version` and the request. A copy speaks the oldest
+    /// version that has what it uses, so that every skiffd that can serve
+    /// it does.
+    fn begin(
+        job: &CopyJob,
+        options: &PlaneOptions,
+        version: u32,
+        requested: u32,
+        inline: Option<InlineLimits>,
+    ) -> Opening {
         let mut secret = [0u8; SECRET_LEN];
         rand::fill(&mut secret);
         let mut bytes = dp::encode_client(&ClientMsg::Hello {
-            version: hello_version(requested),
+            version,
             mode: options.mode,
             streams: requested,
             secret,
         });
-        bytes.extend_from_slice(&dp::encode_client(&request(job, requested)));
+        bytes.extend_from_slice(&dp::encode_client(&request(job, requested, inline)));
         Opening {
             secret,
+            version,
             requested,
+            dial_early: requested,
             bytes,
             inline: None,
         }
     }
-}
 
-/// The data plane version a `Hello` asking for `streams` speaks: a copy
-/// without streams needs version 2; one with streams needs nothing of it,
-/// so it speaks version 1, which every skiffd serves.
-fn hello_version(streams: u32) -> u32 {
-    match streams {
-        0 => VERSION,
-        _ => OLDEST_VERSION,
+    /// Whether the server may answer with no stream: it must, for an
+    /// upload sent on the channel; it may, for a download that offered it.
+    fn streams_fit(&self, granted: usize) -> bool {
+        match (self.requested, self.version >= INLINE_DOWNLOAD_SINCE) {
+            (0, _) => granted == 0,
+            (asked, true) => granted <= asked as usize,
+            (asked, false) => granted > 0 && granted <= asked as usize,
+        }
     }
 }
 
@@ -439,13 +500,14 @@ async fn attempt(
     let small = read_small_upload(job, options);
     let opened = std::time::Instant::now();
     let mut channel = crate::exec::open_session(conn).await?.into_channel();
-    let opening = Opening::new(job, options, opened.elapsed(), small).await;
+    let server_version = conn.server_id.data_plane();
+    let opening = Opening::new(job, options, opened.elapsed(), server_version, small).await;
     channel
         .request_subsystem(true, dp::SUBSYSTEM)
         .await
         .map_err(lost)?;
     // A skiffd: checked above.
-    let early = dial_early(addr, opening.requested, options, true);
+    let early = dial_early(addr, opening.dial_early, options, true);
     // The opening messages go out while the reply is awaited. They wait for
     // window if there is none yet: OpenSSH grants a session channel's window
     // only once its command or subsystem has started.
@@ -479,7 +541,7 @@ async fn attempt(
         // An older skiffd that refused an upload on the channel alone
         // may have closed the channel before taking all of it: its
         // refusal is read below.
-        Ok(Err(_)) if opening.inline.is_some() => {}
+        Ok(Err(_)) if opening.version > OLDEST_VERSION => {}
         Ok(Err(e)) => {
             return Err(SkiffError::new(
                 ErrorKind::Connect,
@@ -527,15 +589,15 @@ where
         Err(report) => return Ok(Attempted::Copied(report)),
     };
     let small = read_small_upload(job, options);
-    let opening = Opening::new(job, options, opened.rtt, small).await;
+    let opening = Opening::new(job, options, opened.rtt, opened.data_plane, small).await;
     let mut control = ControlChannel::new(stream, host, Vec::new());
     match control.send_bytes(&opening.bytes).await {
         // As in `attempt`: a refusal may have closed the channel early.
-        Err(_) if opening.inline.is_some() => {}
+        Err(_) if opening.version > OLDEST_VERSION => {}
         sent => sent?,
     }
     let skiffd = opened.server == crate::server_id::ServerKind::Skiffd;
-    let early = dial_early(addr, opening.requested, options, skiffd);
+    let early = dial_early(addr, opening.dial_early, options, skiffd);
     run(
         control, opening, early, addr, job, options, placement, progress,
     )
@@ -579,11 +641,10 @@ async fn run(
             secret,
             tokens,
         } => {
-            let streams_fit = match opening.requested {
-                0 => tokens.is_empty(),
-                asked => !tokens.is_empty() && tokens.len() <= asked as usize,
-            };
-            if version != hello_version(opening.requested) || mode != options.mode || !streams_fit {
+            if version != opening.version
+                || mode != options.mode
+                || !opening.streams_fit(tokens.len())
+            {
                 return Err(SkiffError::new(
                     ErrorKind::Protocol,
                     format!("{host}: the server answered the data-plane request with other terms (version {version}, mode {mode}, {} streams)", tokens.len()),
@@ -591,7 +652,9 @@ async fn run(
             }
             (secret, tokens)
         }
-        ServerMsg::Refused { .. } if opening.inline.is_some() => {
+        // Only a copy that may go on the channel alone speaks more than
+        // version 1; every skiffd serves version 1.
+        ServerMsg::Refused { .. } if opening.version > OLDEST_VERSION => {
             return Ok(Attempted::InlineRefused)
         }
         ServerMsg::Refused { reason } => {
@@ -1328,6 +1391,16 @@ async fn download(
                         }
                     }
                     Ok(ServerMsg::Failed { id, message }) => admitted.failed(id, &message),
+                    // Bytes on the channel: only when the server chose to
+                    // send the download so, granting no stream.
+                    Ok(ServerMsg::Data { id, offset, bytes }) if s.streams == 0 => {
+                        let counted = |n| {
+                            counter.total.fetch_add(n, Ordering::Relaxed);
+                        };
+                        if let Err(e) = table.write_inline(id, offset, &bytes, &counted) {
+                            break Err(misbehaved(&host, e));
+                        }
+                    }
                     Ok(ServerMsg::Done) if announcing => {
                         announcing = false;
                         table.close_announcements();
@@ -1382,12 +1455,30 @@ async fn download(
             1 => String::new(),
             n => format!(" (and {} more files)", n - 1),
         };
+        let ended = match s.streams {
+            0 => "the server's answer",
+            _ => "the server's streams",
+        };
         return Err(misbehaved(
             &host,
             format_args!(
-                "the server's streams ended before all of {} arrived{more}",
+                "{ended} ended before all of {} arrived{more}",
                 server_text(first)
             ),
+        ));
+    }
+    // Files completed on the channel may still be committing, each on a
+    // thread of its own.
+    let committed = {
+        let table = table.clone();
+        tokio::task::spawn_blocking(move || table.wait_settled()).await
+    };
+    if !matches!(committed, Ok(true)) {
+        return Err(stream_failed(
+            &host,
+            table
+                .abort_reason()
+                .unwrap_or_else(|| "the download was aborted".into()),
         ));
     }
     let Admitted {
@@ -1450,5 +1541,102 @@ impl Admitted<'_> {
             self.names.remove(&id);
         }
         self.report.failures.push(server_text(message));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(streams: Option<u32>) -> PlaneOptions {
+        PlaneOptions {
+            mode: Mode::Aead,
+            streams,
+            stall: None,
+            gate: None,
+            inline: true,
+        }
+    }
+
+    fn download() -> CopyJob {
+        CopyJob {
+            direction: Direction::Download {
+                sources: vec!["etc/conf".into()],
+                target: PathBuf::from("."),
+            },
+            recursive: true,
+            preserve: false,
+        }
+    }
+
+    /// The request the opening carries, decoded.
+    fn request_of(opening: &Opening) -> ClientMsg {
+        let (_, hello) = dp::decode_client(&opening.bytes).unwrap().unwrap();
+        let (request, used) = dp::decode_client(&opening.bytes[hello..]).unwrap().unwrap();
+        assert_eq!(hello + used, opening.bytes.len(), "Hello and the request");
+        request
+    }
+
+    fn offered(opening: &Opening) -> Option<InlineLimits> {
+        match request_of(opening) {
+            ClientMsg::Get { inline, .. } => inline,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    const NEAR_RTT: Duration = Duration::from_micros(300);
+    const FAR_RTT: Duration = Duration::from_millis(40);
+
+    #[test]
+    fn a_download_offers_the_channel_only_to_a_server_that_speaks_version_three() {
+        let job = download();
+        let near = Opening::with_streams(&job, &options(None), NEAR_RTT, INLINE_DOWNLOAD_SINCE);
+        assert_eq!(near.version, INLINE_DOWNLOAD_SINCE);
+        assert_eq!(
+            offered(&near),
+            Some(InlineLimits {
+                bytes: INLINE_NEAR.bytes,
+                entries: INLINE_NEAR.entries as u32
+            })
+        );
+        // Near, nothing is dialed before the answer; the streams asked for
+        // are still the default.
+        assert_eq!((near.requested, near.dial_early), (2, 0));
+
+        let far = Opening::with_streams(&job, &options(None), FAR_RTT, INLINE_DOWNLOAD_SINCE);
+        assert_eq!(offered(&far).map(|l| l.bytes), Some(INLINE_FAR_BYTES));
+        assert_eq!((far.requested, far.dial_early), (8, 8));
+
+        // An older skiffd, a named stream count, or a retry after a
+        // refusal: version 1, no offer.
+        let older = Opening::with_streams(&job, &options(None), NEAR_RTT, INLINE_UPLOAD_SINCE);
+        let named = Opening::with_streams(&job, &options(Some(3)), NEAR_RTT, 3);
+        let mut off = options(None);
+        off.inline = false;
+        let retry = Opening::with_streams(&job, &off, NEAR_RTT, 3);
+        for o in [&older, &named, &retry] {
+            assert_eq!(o.version, OLDEST_VERSION);
+            assert_eq!(offered(o), None);
+            assert_eq!(o.dial_early, o.requested);
+        }
+        assert_eq!(named.requested, 3);
+    }
+
+    #[test]
+    fn the_answer_must_fit_what_was_asked() {
+        let job = download();
+        let offering = Opening::with_streams(&job, &options(None), NEAR_RTT, 3);
+        assert!(offering.streams_fit(0), "the server chose the channel");
+        assert!(offering.streams_fit(2));
+        assert!(!offering.streams_fit(3));
+        let plain = Opening::with_streams(&job, &options(None), NEAR_RTT, 2);
+        assert!(!plain.streams_fit(0), "a version-1 download needs streams");
+        assert!(plain.streams_fit(1));
+        let upload = Opening::begin(&job, &options(None), INLINE_UPLOAD_SINCE, 0, None);
+        assert!(upload.streams_fit(0));
+        assert!(
+            !upload.streams_fit(1),
+            "a token for an upload on the channel"
+        );
     }
 }

@@ -48,8 +48,9 @@ pub struct CpArgs {
     pub quiet: bool,
     /// Parallel data-plane streams, 1 to 16 (skiffd). Default: 2, 4 or 8 for
     /// round trips up to 2 ms, up to 20 ms, or longer, and none for a small
-    /// upload (up to 512 KiB and 64 entries within 2 ms, 128 KiB beyond),
-    /// which goes on the SSH channel itself. Uploads over SFTP (other
+    /// copy (up to 512 KiB and 64 entries within 2 ms, 128 KiB beyond),
+    /// which goes on the SSH channel itself (a download so, from skiffd
+    /// 0.2.0 or later). Uploads over SFTP (other
     /// servers) use at most N channels (default 8), more only for jobs of
     /// 16 MiB or more.
     #[arg(long = "streams", value_name = "N", value_parser = clap::value_parser!(u16).range(1..=16))]

@@ -23,8 +23,12 @@
 //! Scenarios (ROOT is the last component of the first source asked for):
 //! `extra-files`, `dir-for-file`, `outside-tree`, `setuid`,
 //! `chmod-existing`, `duplicate-id`, `oversize`, `short-end`, `stall`,
-//! `refused-escapes`, `failed-escapes`, `name-escapes`, `tokens-for-inline`;
-//! see [`play`] and [`set_up`].
+//! `unannounced`, `refused-escapes`, `failed-escapes`, `name-escapes`,
+//! `tokens-for-inline`, `data-with-streams`; see [`play`] and [`set_up`].
+//! A scenario named `channel:NAME` plays NAME on the control channel alone
+//! (data plane version 3: the client offered to take a small download
+//! there; the peer grants no stream and sends every file's bytes as `Data`
+//! messages).
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -34,7 +38,8 @@ use anyhow::{bail, Context, Result};
 use nix::sys::socket::{self, ControlMessageOwned, MsgFlags};
 use skiff_proto::dataplane::{
     self as dp, Chunk, ClientMsg, EntryWire, Keys, Mode, RecordKind, RelayMsg, Sealer, ServerMsg,
-    Side, CHUNK_HEADER, OLDEST_VERSION, RECORD_HEADER, SECRET_LEN, TAG_LEN, VERSION,
+    Side, CHUNK_HEADER, INLINE_DOWNLOAD_SINCE, OLDEST_VERSION, RECORD_HEADER, SECRET_LEN, TAG_LEN,
+    VERSION,
 };
 
 /// The descriptor skiffd gives the transfer process.
@@ -196,13 +201,23 @@ impl Asked {
 struct Session {
     control: Control,
     input: Input,
+    /// None when the files go on the control channel.
     streams: Vec<Stream>,
     asked: Asked,
 }
 
 impl Session {
-    fn stream(&mut self) -> &mut Stream {
-        self.streams.first_mut().expect("at least one stream")
+    /// `bytes` of file `id` at `offset`: on the first stream, or on the
+    /// control channel when there is none.
+    fn bytes(&mut self, id: u32, offset: u64, bytes: &[u8]) -> Result<()> {
+        match self.streams.first_mut() {
+            Some(stream) => stream.chunk(id, offset, bytes),
+            None => self.control.send(&ServerMsg::Data {
+                id,
+                offset,
+                bytes: bytes.to_vec(),
+            }),
+        }
     }
 
     /// The authenticated end of every stream, as a finished sender sends.
@@ -217,7 +232,7 @@ impl Session {
     fn file(&mut self, id: u32, rel: &str, mode: u32, bytes: &[u8]) -> Result<()> {
         self.control
             .entry(file_entry(id, rel, bytes.len() as u64, mode))?;
-        self.stream().chunk(id, 0, bytes)
+        self.bytes(id, 0, bytes)
     }
 
     /// `Done` and the end of every stream: an honest-looking finish.
@@ -248,8 +263,10 @@ fn dir_entry(id: u32, rel: &str, mode: u32) -> EntryWire {
     }
 }
 
-/// The setup up to the streams. `Ok(None)`: the scenario ended it early.
+/// The setup up to the streams (none on the channel alone). `Ok(None)`:
+/// the scenario ended it early.
 fn set_up(scenario: &str, mut control: Control, mut input: Input) -> Result<Option<Session>> {
+    let on_channel = scenario.starts_with("channel:");
     let Some(ClientMsg::Hello {
         version,
         mode,
@@ -270,10 +287,25 @@ fn set_up(scenario: &str, mut control: Control, mut input: Input) -> Result<Opti
         bail!("the client speaks data plane version {version}");
     }
     let relay = Relay::open()?;
+    // On the channel alone, the request comes first, and must have offered
+    // that.
+    let early_get = match on_channel {
+        true => match input.next()? {
+            Some(ClientMsg::Get {
+                sources,
+                recursive,
+                inline: Some(_),
+                ..
+            }) if version >= INLINE_DOWNLOAD_SINCE => Some((sources, recursive)),
+            other => bail!("no version-{INLINE_DOWNLOAD_SINCE} download offered: {other:?}"),
+        },
+        false => None,
+    };
     // A copy on the channel alone asked for no stream; this one gets a
     // token all the same.
     let streams = match scenario {
         "tokens-for-inline" => streams.max(1),
+        _ if on_channel => 0,
         _ => streams,
     };
     relay.send(&RelayMsg::Request { mode, streams })?;
@@ -298,6 +330,14 @@ fn set_up(scenario: &str, mut control: Control, mut input: Input) -> Result<Opti
     if scenario == "tokens-for-inline" {
         input.linger();
         return Ok(None);
+    }
+    if let Some((sources, recursive)) = early_get {
+        return Ok(Some(Session {
+            control,
+            input,
+            streams: Vec::new(),
+            asked: Asked { sources, recursive },
+        }));
     }
     let (sources, recursive, opening) = match input.next()? {
         Some(ClientMsg::Get {
@@ -346,7 +386,7 @@ fn take_streams(relay: &Relay, keys: &Keys, mode: Mode, count: u32) -> Result<Ve
 /// Misbehaves as `scenario` says, on a set-up session.
 fn play(scenario: &str, s: &mut Session) -> Result<()> {
     let root = s.asked.root();
-    match scenario {
+    match scenario.strip_prefix("channel:").unwrap_or(scenario) {
         // Asked for one file (no -r): sends it, then files beside it that
         // would take over the account if they landed in a home directory.
         "extra-files" => {
@@ -405,23 +445,40 @@ fn play(scenario: &str, s: &mut Session) -> Result<()> {
                 .unwrap_or_else(|| "b".into());
             s.control.entry(file_entry(7, &root, 5, 0o644))?;
             s.control.entry(file_entry(7, &second, 5, 0o644))?;
-            s.stream().chunk(7, 0, b"12345")?;
+            s.bytes(7, 0, b"12345")?;
             s.finish()
         }
         // Announces 10 bytes, sends a 20-byte chunk.
         "oversize" => {
             s.control.entry(file_entry(0, &root, 10, 0o644))?;
-            s.stream().chunk(0, 0, &[b'x'; 20])?;
+            s.bytes(0, 0, &[b'x'; 20])?;
             s.finish()
         }
         // Announces 100 bytes, sends 50, then ends everything as if done.
         "short-end" => {
             s.control.entry(file_entry(0, &root, 100, 0o644))?;
-            s.stream().chunk(0, 0, &[b'y'; 50])?;
+            s.bytes(0, 0, &[b'y'; 50])?;
             s.finish()
         }
         // Streams taken and acknowledged, then silence with everything open.
         "stall" => Ok(()),
+        // Bytes of a file it never announced, then the file asked for.
+        "unannounced" => {
+            s.bytes(5, 0, b"whose?")?;
+            s.file(0, &root, 0o644, b"the report\n")?;
+            s.finish()
+        }
+        // Streams granted, and the file's bytes on the control channel
+        // all the same.
+        "data-with-streams" => {
+            s.control.entry(file_entry(0, &root, 4, 0o644))?;
+            s.control.send(&ServerMsg::Data {
+                id: 0,
+                offset: 0,
+                bytes: b"sent".to_vec(),
+            })?;
+            s.finish()
+        }
         // A transfer-wide failure whose message steers the terminal.
         "failed-escapes" => {
             s.control.send(&ServerMsg::Failed {
