@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use skiff_files::{AtomicFile, FileError, Times};
 
@@ -403,7 +404,36 @@ impl FileTable {
         self.committing.fetch_add(1, Ordering::Relaxed);
         let result = file.commit().map_err(|e| e.to_string());
         self.committing.fetch_sub(1, Ordering::Relaxed);
+        self.changed.notify_all();
         self.finish(file, result);
+    }
+
+    /// [`Self::abort`], then [`Self::wait_commits`]: what to call before
+    /// the process exits or the transfer returns after a failure.
+    pub fn abort_and_wait(&self) {
+        self.abort();
+        self.wait_commits();
+    }
+
+    /// Waits until no file is being committed, on any thread. An abort
+    /// drops every temporary it can reach, but not one whose commit has
+    /// begun: that commit ends with the file under its final name, unless
+    /// the process exits first, which would leave its temporary behind.
+    /// Whoever ends the process or the transfer after an abort calls this
+    /// first.
+    pub fn wait_commits(&self) {
+        let mut t = self.table.lock().expect("table lock");
+        while self.committing.load(Ordering::Relaxed) > 0
+            || self.inline_commits.load(Ordering::Acquire) > 0
+        {
+            // A decrement is not made under the table's lock: a short
+            // wait stands in for a wake-up that came before it.
+            t = self
+                .changed
+                .wait_timeout(t, Duration::from_millis(20))
+                .expect("table lock")
+                .0;
+        }
     }
 
     /// Bytes of file `id` that came on the control channel (version 2's
@@ -450,6 +480,7 @@ impl FileTable {
                 std::thread::spawn(move || {
                     table.commit(&file);
                     table.inline_commits.fetch_sub(1, Ordering::AcqRel);
+                    table.changed.notify_all();
                 });
             } else {
                 self.inline_commits.fetch_sub(1, Ordering::AcqRel);
@@ -666,6 +697,30 @@ mod tests {
                 std::fs::read(dir.path().join(format!("f{id}"))).unwrap(),
                 b"abc"
             );
+        }
+    }
+
+    /// An abort while files complete on the channel are being committed:
+    /// once `abort_and_wait` returns, each of them is either under its final
+    /// name or gone, never a temporary (a process that exits then leaves
+    /// nothing half done).
+    #[test]
+    fn an_abort_waits_for_the_commits_it_cannot_stop() {
+        for round in 0..50 {
+            let dir = tempfile::tempdir().unwrap();
+            let t = table();
+            for id in 0..INLINE_COMMITS as u32 {
+                t.open(incoming(dir.path(), id, 3)).unwrap();
+                t.write_inline(id, 0, b"abc", &|_| {}).unwrap();
+            }
+            t.abort_and_wait();
+            for name in names(dir.path()) {
+                assert!(
+                    name.starts_with('f') && !name.contains('.'),
+                    "round {round}: {name} left: {:?}",
+                    names(dir.path())
+                );
+            }
         }
     }
 

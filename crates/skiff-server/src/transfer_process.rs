@@ -582,7 +582,7 @@ fn put(
     });
     *on_hangup.lock().expect("cleanup lock") = Some(Box::new({
         let table = table.clone();
-        move || table.abort()
+        move || table.abort_and_wait()
     }));
     control.send(&ServerMsg::Ready);
     let receivers = {
@@ -625,15 +625,15 @@ fn put(
                 break;
             }
             Ok(Some(other)) => {
-                table.abort();
+                table.abort_and_wait();
                 bail!("unexpected control message {other:?} during an upload");
             }
             Ok(None) => {
-                table.abort();
+                table.abort_and_wait();
                 bail!("the client went away during the upload");
             }
             Err(e) => {
-                table.abort();
+                table.abort_and_wait();
                 return Err(e);
             }
         }
@@ -647,7 +647,7 @@ fn put(
     if !on_channel_alone {
         stop_when_client_leaves(input, finished.clone(), {
             let table = table.clone();
-            move || table.abort()
+            move || table.abort_and_wait()
         });
     }
     // Each stream reads up to its end record; a file still short then will
@@ -686,7 +686,7 @@ fn put(
 fn fatal(control: &Control, table: &FileTable, reason: String) -> ! {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        table.abort();
+        table.abort_and_wait();
         control.fail(u32::MAX, reason);
         report_unfinished();
         std::process::exit(1);

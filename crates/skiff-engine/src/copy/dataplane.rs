@@ -1442,6 +1442,7 @@ async fn download(
                 keep_cause(&mut stream_error, e);
             }
         }
+        wait_commits(&table).await;
         return Err(match stream_error {
             Some(cause) => stream_failed(&host, cause),
             None => e,
@@ -1455,6 +1456,7 @@ async fn download(
             1 => String::new(),
             n => format!(" (and {} more files)", n - 1),
         };
+        wait_commits(&table).await;
         let ended = match s.streams {
             0 => "the server's answer",
             _ => "the server's streams",
@@ -1474,6 +1476,7 @@ async fn download(
         tokio::task::spawn_blocking(move || table.wait_settled()).await
     };
     if !matches!(committed, Ok(true)) {
+        wait_commits(&table).await;
         return Err(stream_failed(
             &host,
             table
@@ -1501,6 +1504,14 @@ async fn download(
     }
     report.failures.extend(accepting.finish());
     Ok(report)
+}
+
+/// Waits, off the async threads, for the commits of `table` already begun:
+/// a download that fails returns only once none can be cut short (which
+/// would leave its temporary behind).
+async fn wait_commits(table: &Arc<FileTable>) {
+    let table = table.clone();
+    let _ = tokio::task::spawn_blocking(move || table.wait_commits()).await;
 }
 
 /// A download's entries so far: what was made for each, and the per-file
