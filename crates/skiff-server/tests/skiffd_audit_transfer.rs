@@ -115,9 +115,13 @@ fn a_download_with_a_missing_source_is_recorded_as_not_completed() {
         std::os::unix::fs::chown(&present, Some(acct.uid), Some(acct.gid)).unwrap();
     }
     let back = tempdir();
+    // Streams, so that the mode is the one asked for: a download this
+    // small would otherwise come on the channel alone.
     let args = [
         "--cipher".to_string(),
         "integrity".to_string(),
+        "--streams".to_string(),
+        "1".to_string(),
         remote(&present),
         remote(&rdir.path().join("absent")),
         back.path().display().to_string(),
