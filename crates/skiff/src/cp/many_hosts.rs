@@ -170,7 +170,7 @@ pub(crate) fn run(args: &CpArgs, plan: FanoutPlan) -> i32 {
     }
     runtime.shutdown_background();
     match results {
-        Ok(results) => summarize(&plan.hosts, &results),
+        Ok(results) => summarize(&plan.job.direction, &plan.hosts, &results),
         Err((signal, removal)) => super::report_stop(signal, &removal),
     }
 }
@@ -310,7 +310,11 @@ impl HostReport {
 }
 
 /// The summary on stderr, and the exit status.
-fn summarize(hosts: &[nodeset::Target], results: &[(String, HostOutcome)]) -> i32 {
+fn summarize(
+    direction: &Direction,
+    hosts: &[nodeset::Target],
+    results: &[(String, HostOutcome)],
+) -> i32 {
     let mut ok = Vec::new();
     let mut partial = Vec::new();
     let mut failed = Vec::new();
@@ -330,7 +334,11 @@ fn summarize(hosts: &[nodeset::Target], results: &[(String, HostOutcome)]) -> i3
             );
         }
     };
-    eprintln!("skiff: copied to {} of {} hosts", ok.len(), hosts.len());
+    let way = match direction {
+        Direction::Upload { .. } => "to",
+        Direction::Download { .. } => "from",
+    };
+    eprintln!("skiff: copied {way} {} of {} hosts", ok.len(), hosts.len());
     line("some files failed", &partial);
     line("not copied (no connection, host key or login)", &failed);
     if !failed.is_empty() {
