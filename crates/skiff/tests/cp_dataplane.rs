@@ -158,46 +158,53 @@ fn trees_keep_modes_and_times_with_p() {
     }
     fs::set_permissions(top.join("sub"), fs::Permissions::from_mode(0o711)).unwrap();
     set_mtime(&top.join("sub"), 900_000_000);
-    let rdir = account_dir();
-    let up = cp(
-        d.port(),
-        &fx.client_key,
-        &["-r", "-p", &top.display().to_string(), &remote(rdir.path())],
-    );
-    up.expect_code(0, &ctx(&d, "upload tree"));
-    let back = tempdir();
-    let down = cp(
-        d.port(),
-        &fx.client_key,
-        &[
-            "-r",
-            "-p",
-            &remote(&rdir.path().join("tree")),
-            &back.path().display().to_string(),
-        ],
-    );
-    down.expect_code(0, &ctx(&d, "download tree"));
-    for root in [rdir.path(), back.path()] {
-        for (rel, mode, mtime) in files {
-            let (src, dst) = (local.path().join(rel), root.join(rel));
-            assert_eq!(sha256(&dst), sha256(&src), "{}", dst.display());
-            let m = fs::metadata(&dst).unwrap();
-            assert_eq!(m.mode() & 0o7777, mode, "mode of {}", dst.display());
-            assert_eq!(m.mtime(), mtime, "mtime of {}", dst.display());
+    // A tree this small goes on the SSH channel alone, both ways; with a
+    // stream count named, on streams.
+    for streams in [None, Some("2")] {
+        let c = format!("streams {streams:?}");
+        let mut options = vec!["-r", "-p"];
+        options.extend(streams.iter().flat_map(|n| ["--streams", *n]));
+        let rdir = account_dir();
+        let up_args = [top.display().to_string(), remote(rdir.path())];
+        let up = cp(
+            d.port(),
+            &fx.client_key,
+            &[&options[..], &up_args.each_ref().map(String::as_str)].concat(),
+        );
+        up.expect_code(0, &ctx(&d, &format!("{c}: upload tree")));
+        let back = tempdir();
+        let down_args = [
+            remote(&rdir.path().join("tree")),
+            back.path().display().to_string(),
+        ];
+        let down = cp(
+            d.port(),
+            &fx.client_key,
+            &[&options[..], &down_args.each_ref().map(String::as_str)].concat(),
+        );
+        down.expect_code(0, &ctx(&d, &format!("{c}: download tree")));
+        for root in [rdir.path(), back.path()] {
+            for (rel, mode, mtime) in files {
+                let (src, dst) = (local.path().join(rel), root.join(rel));
+                assert_eq!(sha256(&dst), sha256(&src), "{c}: {}", dst.display());
+                let m = fs::metadata(&dst).unwrap();
+                assert_eq!(m.mode() & 0o7777, mode, "{c}: mode of {}", dst.display());
+                assert_eq!(m.mtime(), mtime, "{c}: mtime of {}", dst.display());
+            }
+            let sub = fs::metadata(root.join("tree/sub")).unwrap();
+            assert_eq!(
+                sub.mode() & 0o7777,
+                0o711,
+                "{c}: directory mode under {}",
+                root.display()
+            );
+            assert_eq!(
+                sub.mtime(),
+                900_000_000,
+                "{c}: directory mtime under {}",
+                root.display()
+            );
         }
-        let sub = fs::metadata(root.join("tree/sub")).unwrap();
-        assert_eq!(
-            sub.mode() & 0o7777,
-            0o711,
-            "directory mode under {}",
-            root.display()
-        );
-        assert_eq!(
-            sub.mtime(),
-            900_000_000,
-            "directory mtime under {}",
-            root.display()
-        );
     }
 }
 
