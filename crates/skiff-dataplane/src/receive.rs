@@ -179,13 +179,29 @@ pub struct FileTable {
     reason: Mutex<Option<String>>,
     /// Files being flushed and renamed into place right now.
     committing: std::sync::atomic::AtomicUsize,
-    /// Commits running on threads of their own ([`FileTable::write_inline`]).
-    inline_commits: std::sync::atomic::AtomicUsize,
+    /// Files completed on the control channel, waiting for a commit
+    /// thread, and the threads ([`FileTable::write_inline`]).
+    inline_commits: Mutex<CommitQueue>,
+    /// Signalled when the queue shrinks or a commit thread ends.
+    inline_changed: Condvar,
 }
 
 /// Files completed by bytes on the control channel that may be committed
-/// at once, each on a thread of its own.
+/// at once, on as many threads.
 pub const INLINE_COMMITS: usize = 4;
+
+/// Completed files that may wait for a commit thread before the reader of
+/// the channel waits too: what it holds open is bounded.
+const INLINE_QUEUE: usize = 2 * INLINE_COMMITS;
+
+/// Files completed on the channel, in the order they completed, and the
+/// threads committing them (at most [`INLINE_COMMITS`]), each of which
+/// takes files from the front until none is left.
+#[derive(Default)]
+struct CommitQueue {
+    waiting: std::collections::VecDeque<Arc<Incoming>>,
+    threads: usize,
+}
 
 impl FileTable {
     /// `settled` is called once per announced file, from whichever thread
@@ -198,6 +214,7 @@ impl FileTable {
             reason: Mutex::new(None),
             committing: Default::default(),
             inline_commits: Default::default(),
+            inline_changed: Condvar::new(),
         })
     }
 
@@ -422,11 +439,15 @@ impl FileTable {
     /// Whoever ends the process or the transfer after an abort calls this
     /// first.
     pub fn wait_commits(&self) {
+        let mut q = self.inline_commits.lock().expect("commit queue lock");
+        while q.threads > 0 {
+            q = self.inline_changed.wait(q).expect("commit queue lock");
+        }
+        drop(q);
+        // A stream receiver commits on its own thread.
         let mut t = self.table.lock().expect("table lock");
-        while self.committing.load(Ordering::Relaxed) > 0
-            || self.inline_commits.load(Ordering::Acquire) > 0
-        {
-            // A decrement is not made under the table's lock: a short
+        while self.committing.load(Ordering::Relaxed) > 0 {
+            // That count is not changed under the table's lock: a short
             // wait stands in for a wake-up that came before it.
             t = self
                 .changed
@@ -442,11 +463,12 @@ impl FileTable {
     /// file's size. Either ends the transfer (every file not complete is
     /// dropped) and is returned; a local failure fails that file alone.
     ///
-    /// A file these bytes complete is committed on a thread of its own,
-    /// up to [`INLINE_COMMITS`] at once (beyond that, on the caller's), so
-    /// that the channel is read on while earlier files are flushed to disk,
-    /// as the threads of several streams would; [`Self::wait_settled`]
-    /// waits for them.
+    /// A file these bytes complete is committed by one of up to
+    /// [`INLINE_COMMITS`] threads, so that the channel is read on while
+    /// earlier files are flushed to disk, as the threads of several
+    /// streams would; while [`INLINE_QUEUE`] completed files already wait
+    /// for one, the caller waits too. [`Self::wait_settled`] waits for
+    /// them.
     pub fn write_inline(
         self: &Arc<Self>,
         id: u32,
@@ -475,19 +497,43 @@ impl FileTable {
             .take(&file, offset, bytes, received)
             .map_err(|what| self.fail_inline(what))?;
         if last {
-            if self.inline_commits.fetch_add(1, Ordering::AcqRel) < INLINE_COMMITS {
-                let table = self.clone();
-                std::thread::spawn(move || {
-                    table.commit(&file);
-                    table.inline_commits.fetch_sub(1, Ordering::AcqRel);
-                    table.changed.notify_all();
-                });
-            } else {
-                self.inline_commits.fetch_sub(1, Ordering::AcqRel);
-                self.commit(&file);
-            }
+            self.queue_commit(file);
         }
         Ok(())
+    }
+
+    /// Hands a complete file to the commit threads, starting one if fewer
+    /// than [`INLINE_COMMITS`] run; waits while the queue is full.
+    fn queue_commit(self: &Arc<Self>, file: Arc<Incoming>) {
+        let mut q = self.inline_commits.lock().expect("commit queue lock");
+        while q.waiting.len() >= INLINE_QUEUE {
+            q = self.inline_changed.wait(q).expect("commit queue lock");
+        }
+        q.waiting.push_back(file);
+        if q.threads < INLINE_COMMITS {
+            q.threads += 1;
+            let table = self.clone();
+            std::thread::spawn(move || table.commit_queued());
+        }
+    }
+
+    /// A commit thread: commits queued files until none is left.
+    fn commit_queued(&self) {
+        loop {
+            let next = {
+                let mut q = self.inline_commits.lock().expect("commit queue lock");
+                let next = q.waiting.pop_front();
+                if next.is_none() {
+                    q.threads -= 1;
+                }
+                self.inline_changed.notify_all();
+                next
+            };
+            match next {
+                Some(file) => self.commit(&file),
+                None => return,
+            }
+        }
     }
 
     /// Ends the transfer for a peer's error in inline data.
