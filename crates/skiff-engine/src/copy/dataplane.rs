@@ -1,7 +1,11 @@
 //! `skiff cp` to and from skiffd over the data plane: the `transfer@skiff`
 //! subsystem carries the key exchange and the control messages inside the
 //! authenticated SSH session; the bytes go over extra TCP streams to the
-//! same port, in sealed records, one thread per stream.
+//! same port, in sealed records, one thread per stream. A small copy's
+//! files go on that channel alone instead: an upload's when the client
+//! reads it whole first (version 2), a download's when the server chooses
+//! so after the client offered (version 3, to a skiffd that says it is
+//! 0.2.0 or later).
 //!
 //! A server without the subsystem (a stock sshd, or a skiffd with the data
 //! plane off) makes [`copy`] return `Ok(None)`, and the caller uses SFTP.
