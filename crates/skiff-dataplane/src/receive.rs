@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
 
 use skiff_files::{AtomicFile, FileError, Times};
 
@@ -420,8 +419,12 @@ impl FileTable {
     fn commit(&self, file: &Incoming) {
         self.committing.fetch_add(1, Ordering::Relaxed);
         let result = file.commit().map_err(|e| e.to_string());
-        self.committing.fetch_sub(1, Ordering::Relaxed);
-        self.changed.notify_all();
+        {
+            // Under the table's lock, so that `wait_commits` cannot miss it.
+            let _t = self.table.lock().expect("table lock");
+            self.committing.fetch_sub(1, Ordering::Relaxed);
+            self.changed.notify_all();
+        }
         self.finish(file, result);
     }
 
@@ -447,13 +450,7 @@ impl FileTable {
         // A stream receiver commits on its own thread.
         let mut t = self.table.lock().expect("table lock");
         while self.committing.load(Ordering::Relaxed) > 0 {
-            // That count is not changed under the table's lock: a short
-            // wait stands in for a wake-up that came before it.
-            t = self
-                .changed
-                .wait_timeout(t, Duration::from_millis(20))
-                .expect("table lock")
-                .0;
+            t = self.changed.wait(t).expect("table lock");
         }
     }
 

@@ -63,6 +63,16 @@ pub const OLDEST_VERSION: u32 = 1;
 /// with other messages.
 pub const INLINE_CHUNK: usize = 64 * 1024;
 
+/// A file's `bytes` as they go on the control channel, whichever end sends
+/// them: pieces of at most [`INLINE_CHUNK`], each with its offset (none
+/// for an empty file).
+pub fn inline_pieces(bytes: &[u8]) -> impl Iterator<Item = (u64, &[u8])> {
+    bytes
+        .chunks(INLINE_CHUNK)
+        .enumerate()
+        .map(|(i, piece)| ((i * INLINE_CHUNK) as u64, piece))
+}
+
 /// Records one stream may carry in one direction under one key: far more
 /// than any transfer needs, and far below AES-GCM's limits.
 pub const MAX_RECORDS_PER_STREAM: u64 = 1 << 32;
@@ -1184,6 +1194,22 @@ mod tests {
         // The same fields, then the limits.
         assert_eq!(offered[5..plain.len()], plain[5..]);
         assert_eq!(offered.len(), plain.len() + 12);
+    }
+
+    #[test]
+    fn a_file_goes_on_the_channel_in_pieces_of_a_chunk_with_their_offsets() {
+        assert_eq!(inline_pieces(&[]).count(), 0);
+        let bytes: Vec<u8> = (0..2 * INLINE_CHUNK + 5).map(|i| i as u8).collect();
+        let pieces: Vec<(u64, usize)> = inline_pieces(&bytes).map(|(o, p)| (o, p.len())).collect();
+        let chunk = INLINE_CHUNK as u64;
+        assert_eq!(
+            pieces,
+            [(0, INLINE_CHUNK), (chunk, INLINE_CHUNK), (2 * chunk, 5)]
+        );
+        let joined: Vec<u8> = inline_pieces(&bytes)
+            .flat_map(|(_, p)| p.to_vec())
+            .collect();
+        assert_eq!(joined, bytes);
     }
 
     #[test]

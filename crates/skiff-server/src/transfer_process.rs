@@ -27,8 +27,8 @@ use skiff_dataplane::{
 };
 use skiff_proto::dataplane::{
     self as dp, ClientMsg, InlineLimits, Keys, Mode, RelayMsg, ServerMsg, Side, TransferDirection,
-    TransferReport, INLINE_CHUNK, INLINE_DOWNLOAD_SINCE, INLINE_UPLOAD_SINCE, OLDEST_VERSION,
-    SECRET_LEN, VERSION,
+    TransferReport, INLINE_DOWNLOAD_SINCE, INLINE_UPLOAD_SINCE, OLDEST_VERSION, SECRET_LEN,
+    VERSION,
 };
 
 /// The descriptor skiffd gives the transfer process.
@@ -140,11 +140,7 @@ struct Control(Arc<Mutex<io::Stdout>>);
 
 impl Control {
     fn send(&self, msg: &ServerMsg) {
-        let bytes = dp::encode_server(msg);
-        let out = self.0.lock().expect("control lock");
-        let mut out = out.lock();
-        // If the client is gone, the next read of stdin ends the process.
-        let _ = out.write_all(&bytes).and_then(|_| out.flush());
+        self.write(&dp::encode_server(msg));
     }
 
     /// Sends `msgs` in one write, so that they leave in one flight.
@@ -153,9 +149,14 @@ impl Control {
         for msg in msgs {
             bytes.extend_from_slice(&dp::encode_server(&msg));
         }
+        self.write(&bytes);
+    }
+
+    fn write(&self, bytes: &[u8]) {
         let out = self.0.lock().expect("control lock");
         let mut out = out.lock();
-        let _ = out.write_all(&bytes).and_then(|_| out.flush());
+        // If the client is gone, the next read of stdin ends the process.
+        let _ = out.write_all(bytes).and_then(|_| out.flush());
     }
 
     fn fail(&self, id: u32, message: impl Into<String>) {
@@ -401,7 +402,6 @@ pub fn serve_stdio() -> Result<()> {
     };
     let mut server_secret = [0u8; SECRET_LEN];
     rand::fill(&mut server_secret);
-    let keys = Arc::new(dp::derive_keys(&secret, &server_secret, mode));
     let welcome = ServerMsg::Welcome {
         version,
         mode,
@@ -420,7 +420,7 @@ pub fn serve_stdio() -> Result<()> {
     control.send(&welcome);
     let plane = Plane {
         relay,
-        keys,
+        keys: Arc::new(dp::derive_keys(&secret, &server_secret, mode)),
         mode,
         streams: tokens.len() as u32,
         control: control.clone(),
@@ -721,15 +721,13 @@ fn get_inline(control: &Control, welcome: ServerMsg, tree: SmallTree, tally: Arc
             tally.add_bytes(entry.wire.size);
         }
         msgs.push(ServerMsg::Entry(entry.wire));
-        let mut offset = 0u64;
-        for piece in entry.bytes.chunks(INLINE_CHUNK) {
-            msgs.push(ServerMsg::Data {
+        msgs.extend(
+            dp::inline_pieces(&entry.bytes).map(|(offset, piece)| ServerMsg::Data {
                 id,
                 offset,
                 bytes: piece.to_vec(),
-            });
-            offset += piece.len() as u64;
-        }
+            }),
+        );
     }
     for why in tree.unsendable {
         tally.add_failed();

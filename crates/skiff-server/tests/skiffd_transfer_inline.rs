@@ -282,16 +282,7 @@ fn a_download_without_streams_is_refused() {
     let got = exchange(
         &d,
         &fx,
-        &[
-            hello(2, 0),
-            ClientMsg::Get {
-                sources: vec!["/etc/hostname".into()],
-                recursive: false,
-                preserve: false,
-                streams: 0,
-                inline: None,
-            },
-        ],
+        &[hello(2, 0), get(Path::new("/etc/hostname"), 0, None)],
     );
     assert!(
         matches!(
@@ -304,14 +295,21 @@ fn a_download_without_streams_is_refused() {
     );
 }
 
-fn get_offering(source: &Path, bytes: u64) -> ClientMsg {
+/// A download of `source` on `streams` streams, offering the channel up
+/// to `inline`.
+fn get(source: &Path, streams: u32, inline: Option<InlineLimits>) -> ClientMsg {
     ClientMsg::Get {
         sources: vec![source.display().to_string()],
         recursive: false,
         preserve: false,
-        streams: 2,
-        inline: Some(InlineLimits { bytes, entries: 64 }),
+        streams,
+        inline,
     }
+}
+
+/// A download on two streams that offers the channel up to `bytes`.
+fn get_offering(source: &Path, bytes: u64) -> ClientMsg {
+    get(source, 2, Some(InlineLimits { bytes, entries: 64 }))
 }
 
 /// A version-3 download that offered to take a small download on the

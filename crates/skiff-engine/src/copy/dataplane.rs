@@ -31,8 +31,8 @@ use skiff_dataplane::{
 };
 use skiff_files::Requested;
 use skiff_proto::dataplane::{
-    self as dp, ClientMsg, EntryWire, InlineLimits, Keys, Mode, ServerMsg, INLINE_CHUNK,
-    INLINE_DOWNLOAD_SINCE, INLINE_UPLOAD_SINCE, OLDEST_VERSION, SECRET_LEN, TOKEN_LEN,
+    self as dp, ClientMsg, EntryWire, InlineLimits, Keys, Mode, ServerMsg, INLINE_DOWNLOAD_SINCE,
+    INLINE_UPLOAD_SINCE, OLDEST_VERSION, SECRET_LEN, TOKEN_LEN,
 };
 use skiff_proto::terminal_text;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -379,19 +379,13 @@ impl Opening {
             if !entry.wire.is_dir {
                 files.insert(id, (entry.wire.size, entry.source.display().to_string()));
             }
-            opening
-                .bytes
-                .extend_from_slice(&dp::encode_client(&ClientMsg::Entry(entry.wire)));
-            let mut offset = 0u64;
-            for piece in entry.bytes.chunks(INLINE_CHUNK) {
-                opening
-                    .bytes
-                    .extend_from_slice(&dp::encode_client(&ClientMsg::Data {
-                        id,
-                        offset,
-                        bytes: piece.to_vec(),
-                    }));
-                offset += piece.len() as u64;
+            let pieces = dp::inline_pieces(&entry.bytes).map(|(offset, piece)| ClientMsg::Data {
+                id,
+                offset,
+                bytes: piece.to_vec(),
+            });
+            for msg in std::iter::once(ClientMsg::Entry(entry.wire)).chain(pieces) {
+                opening.bytes.extend_from_slice(&dp::encode_client(&msg));
             }
         }
         opening
@@ -1317,11 +1311,36 @@ fn produce(
 type ReceiverEnd = Result<(), StreamError>;
 
 async fn download(
+    s: Session,
+    sources: &[String],
+    job: &CopyJob,
+    placement: skiff_files::Placement,
+    progress: &dyn Progress,
+) -> Result<CopyReport, SkiffError> {
+    let settled = Arc::new(Mutex::new(Vec::<Settled>::new()));
+    let table = {
+        let settled = settled.clone();
+        FileTable::new(move |x| settled.lock().expect("lock").push(x))
+    };
+    let received = receive(s, sources, job, placement, progress, &table, &settled).await;
+    if received.is_err() {
+        // A download that fails returns only once none of its commits can
+        // be cut short (which would leave a temporary behind).
+        let table = table.clone();
+        let _ = tokio::task::spawn_blocking(move || table.wait_commits()).await;
+    }
+    received
+}
+
+/// [`download`] into `table`, whose files' fates come to `settled`.
+async fn receive(
     mut s: Session,
     sources: &[String],
     job: &CopyJob,
     placement: skiff_files::Placement,
     progress: &dyn Progress,
+    table: &Arc<FileTable>,
+    settled: &Mutex<Vec<Settled>>,
 ) -> Result<CopyReport, SkiffError> {
     let host = s.control.host.clone();
     let streams = streams_opened(
@@ -1335,11 +1354,6 @@ async fn download(
     )
     .await?;
     let watch = watch_of(streams.iter().map(|(_, r)| r.socket()));
-    let settled = Arc::new(Mutex::new(Vec::<Settled>::new()));
-    let table = {
-        let settled = settled.clone();
-        FileTable::new(move |x| settled.lock().expect("lock").push(x))
-    };
     let counter = Arc::new(Counter::default());
     let (ended_tx, mut ended_rx) = tokio::sync::mpsc::unbounded_channel::<ReceiverEnd>();
     let mut receiving = streams.len();
@@ -1357,12 +1371,12 @@ async fn download(
     let mut admitted = Admitted {
         host: &host,
         accepting: Accepting::download(
-            &table,
+            table,
             &placement,
             job.preserve,
             Requested::new(sources, job.recursive),
         ),
-        table: &table,
+        table,
         names: std::collections::HashMap::new(),
         report: CopyReport::default(),
     };
@@ -1446,7 +1460,6 @@ async fn download(
                 keep_cause(&mut stream_error, e);
             }
         }
-        wait_commits(&table).await;
         return Err(match stream_error {
             Some(cause) => stream_failed(&host, cause),
             None => e,
@@ -1460,7 +1473,6 @@ async fn download(
             1 => String::new(),
             n => format!(" (and {} more files)", n - 1),
         };
-        wait_commits(&table).await;
         let ended = match s.streams {
             0 => "the server's answer",
             _ => "the server's streams",
@@ -1473,14 +1485,13 @@ async fn download(
             ),
         ));
     }
-    // Files completed on the channel may still be committing, each on a
-    // thread of its own.
+    // Files completed on the channel may still be committing, on the
+    // table's commit threads.
     let committed = {
         let table = table.clone();
         tokio::task::spawn_blocking(move || table.wait_settled()).await
     };
     if !matches!(committed, Ok(true)) {
-        wait_commits(&table).await;
         return Err(stream_failed(
             &host,
             table
@@ -1508,14 +1519,6 @@ async fn download(
     }
     report.failures.extend(accepting.finish());
     Ok(report)
-}
-
-/// Waits, off the async threads, for the commits of `table` already begun:
-/// a download that fails returns only once none can be cut short (which
-/// would leave its temporary behind).
-async fn wait_commits(table: &Arc<FileTable>) {
-    let table = table.clone();
-    let _ = tokio::task::spawn_blocking(move || table.wait_commits()).await;
 }
 
 /// A download's entries so far: what was made for each, and the per-file
