@@ -122,7 +122,9 @@ async fn serve(
 ) -> Result<(), socket::SocketError> {
     let listener = tokio::net::UnixListener::from_std(listener).map_err(|e| io_err(path, e))?;
     let agent = Arc::new(Agent {
-        pool: Arc::new(Pool::new()),
+        pool: Arc::new(Pool::with_spare_sessions(
+            skiff_engine::spare_session::SPARE_LIFETIME,
+        )),
         active: AtomicUsize::new(0),
         last_activity: std::sync::Mutex::new(Instant::now()),
         started: Instant::now(),
@@ -405,10 +407,11 @@ fn status_text(agent: &Agent) -> String {
     }
     for c in conns {
         text.push_str(&format!(
-            "{}  age {}s  open channels {}  received {}  sent {}{}{}{}\n",
+            "{}  age {}s  open channels {}{}  received {}  sent {}{}{}{}\n",
             c.destination,
             c.age.as_secs(),
             c.open_channels,
+            if c.spare { " (+1 spare)" } else { "" },
             human_bytes(c.bytes_received),
             human_bytes(c.bytes_sent),
             c.idle

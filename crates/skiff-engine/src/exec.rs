@@ -87,6 +87,17 @@ impl OpenSession {
     pub(crate) fn into_channel(self) -> russh::Channel<russh::client::Msg> {
         self.channel
     }
+
+    /// The channel, for a keeper that holds it before any request
+    /// ([`crate::spare_session`]).
+    pub(crate) fn channel_mut(&mut self) -> &mut russh::Channel<russh::client::Msg> {
+        &mut self.channel
+    }
+
+    /// The host it is open to, for messages.
+    pub(crate) fn host(&self) -> &str {
+        &self.host
+    }
 }
 
 /// Opens a session channel. Nothing has run on the server yet, so a caller

@@ -29,6 +29,7 @@ mod revoked_host_keys;
 pub mod server_id;
 #[allow(unsafe_code)]
 pub mod settings;
+pub mod spare_session;
 pub mod stdio_forward;
 pub mod transport;
 

@@ -9,6 +9,13 @@
 //! run twice. A connection with no channels for its persist time (the host's
 //! `ControlPersist`, else the pool's default) is closed by [`Pool::close_idle`].
 //!
+//! A pool made with [`Pool::with_spare_sessions`] (the agent's) also keeps
+//! one session channel open ahead on each connection
+//! ([`crate::spare_session`]): a command takes it and makes its request at
+//! once, and the next spare is opened beside the command. A spare counts
+//! against the server's channel limit like a command's channel, and none is
+//! opened when the limit leaves no room for it.
+//!
 //! A command whose local reader stops reading (`skiff exec h cat big | less`,
 //! paused) would hold up its whole connection: russh grants window as data
 //! arrives and waits for each channel's consumer, so the connection's other
@@ -32,6 +39,7 @@ use crate::connect::{connect, Connection};
 use crate::error::{ErrorKind, SkiffError};
 use crate::exec::{open_session, run_session, ExecRequest, ExitOutcome, OpenSession, WindowSize};
 use crate::settings::ConnectSettings;
+use crate::spare_session::{SparePhase, SpareSlot};
 use skiff_proto::ssh_config::ControlPersist;
 
 /// Most connections the pool opens to one destination.
@@ -129,6 +137,12 @@ struct Member {
     sent: AtomicU64,
     /// Output writes waiting for their local reader: writer id → since when.
     blocked_writes: Mutex<HashMap<u64, Instant>>,
+    /// A session channel opened ahead for the next command (pools made
+    /// with [`Pool::with_spare_sessions`]).
+    spare: Arc<SpareSlot>,
+    /// The quickest channel open seen on it, in microseconds (`u64::MAX`
+    /// before the first): the round trip a command on a spare reports.
+    open_rtt_us: AtomicU64,
 }
 
 impl Member {
@@ -149,12 +163,33 @@ impl Member {
             received: AtomicU64::new(0),
             sent: AtomicU64::new(0),
             blocked_writes: Mutex::new(HashMap::new()),
+            spare: Arc::default(),
+            open_rtt_us: AtomicU64::new(u64::MAX),
         }
+    }
+
+    /// Notes how long a channel open took.
+    fn note_open_rtt(&self, rtt: Duration) {
+        let us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX - 1);
+        self.open_rtt_us.fetch_min(us, Ordering::Relaxed);
+    }
+
+    /// The quickest channel open seen on it (zero before the first).
+    fn open_rtt(&self) -> Duration {
+        match self.open_rtt_us.load(Ordering::Relaxed) {
+            u64::MAX => Duration::ZERO,
+            us => Duration::from_micros(us),
+        }
+    }
+
+    /// Channels it holds on the server: the commands' and a spare's.
+    fn server_channels(&self) -> usize {
+        self.open.load(Ordering::SeqCst) + usize::from(self.spare.holds_channel())
     }
 
     fn has_room(&self) -> bool {
         !self.conn.handle.is_closed()
-            && self.open.load(Ordering::SeqCst) < self.limit.load(Ordering::SeqCst)
+            && self.server_channels() < self.limit.load(Ordering::SeqCst)
             && !self.held_up(Instant::now())
     }
 
@@ -216,6 +251,27 @@ impl Destination {
     fn len(&self) -> usize {
         self.members.lock().expect("not poisoned").len()
     }
+
+    /// A live member's parked spare, claimed, with a slot reserved on that
+    /// member for the command. `refused` says of a connection that the
+    /// command cannot use it at all (the data plane on a server that is not
+    /// a skiffd): its spare is left for another command.
+    fn claim_spare(
+        &self,
+        refused: impl Fn(&Member) -> bool,
+    ) -> Option<(Arc<Member>, crate::spare_session::Claim)> {
+        let mut members = self.members.lock().expect("not poisoned");
+        members.retain(|m| !m.conn.handle.is_closed());
+        let now = Instant::now();
+        members
+            .iter()
+            .filter(|m| !m.held_up(now) && !refused(m))
+            .find_map(|m| {
+                let claim = m.spare.claim()?;
+                m.take_slot();
+                Some((m.clone(), claim))
+            })
+    }
 }
 
 /// Opens one channel on a connection (see [`Pool::open_channel`]).
@@ -251,17 +307,38 @@ pub struct ConnectionInfo {
     pub bytes_sent: u64,
     /// A command's local reader is holding it up: it takes no new channels.
     pub held_up: bool,
+    /// A session channel is open ahead for the next command.
+    pub spare: bool,
+    /// Commands that started on a channel opened ahead.
+    pub spares_taken: u64,
 }
 
 /// The pool. Cheap to share behind an `Arc`.
 #[derive(Default)]
 pub struct Pool {
     destinations: Mutex<HashMap<PoolKey, Arc<Destination>>>,
+    /// Keep a session channel open ahead on each connection, for at most
+    /// this long ([`crate::spare_session`]).
+    spares: Option<Duration>,
 }
 
 impl Pool {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A pool that keeps one session channel open ahead of need on each of
+    /// its connections, so that a command on a warm connection makes its
+    /// request at once instead of opening a channel first: one round trip
+    /// fewer for each command but a connection's first
+    /// ([`crate::spare_session`]). A spare not used within `lifetime` is
+    /// closed. The agent's pool is one, with
+    /// [`crate::spare_session::SPARE_LIFETIME`].
+    pub fn with_spare_sessions(lifetime: Duration) -> Self {
+        Pool {
+            spares: Some(lifetime),
+            ..Self::default()
+        }
     }
 
     fn destination(&self, key: PoolKey) -> Arc<Destination> {
@@ -299,6 +376,8 @@ impl Pool {
                     bytes_received: m.received.load(Ordering::Relaxed),
                     bytes_sent: m.sent.load(Ordering::Relaxed),
                     held_up: m.held_up(Instant::now()),
+                    spare: m.spare.phase() == SparePhase::Ready,
+                    spares_taken: m.spare.taken(),
                 });
             }
         }
@@ -397,22 +476,121 @@ impl Pool {
         req: &ExecRequest,
     ) -> Result<((OpenSession, ChannelOpened), Slot, Vec<String>), SkiffError> {
         let data_plane = req.subsystem && req.command == skiff_proto::dataplane::SUBSYSTEM;
-        self.open_channel(settings, &|conn| {
-            Box::pin(async move {
-                if let Some(refusal) = data_plane.then(|| not_skiffd(conn)).flatten() {
-                    return Err(refusal);
-                }
-                let started = Instant::now();
-                let session = open_session(conn).await?;
-                let opened = ChannelOpened {
-                    rtt: started.elapsed(),
-                    server: conn.server_id.kind(),
-                    data_plane: conn.server_id.data_plane(),
-                };
-                Ok((session, opened))
+        if self.spares.is_some() {
+            if let Some(taken) = self.take_spare(settings, data_plane).await {
+                return Ok(taken);
+            }
+        }
+        let opened = self
+            .open_channel(settings, &|conn| {
+                Box::pin(async move {
+                    if let Some(refusal) = data_plane.then(|| not_skiffd(conn)).flatten() {
+                        return Err(refusal);
+                    }
+                    let started = Instant::now();
+                    let session = open_session(conn).await?;
+                    let opened = ChannelOpened {
+                        rtt: started.elapsed(),
+                        server: conn.server_id.kind(),
+                        data_plane: conn.server_id.data_plane(),
+                    };
+                    Ok((session, opened))
+                })
             })
-        })
-        .await
+            .await?;
+        let ((_, channel_opened), slot, _) = &opened;
+        slot.0.note_open_rtt(channel_opened.rtt);
+        self.open_spare(&slot.0);
+        Ok(opened)
+    }
+
+    /// A session on a spare channel of a connection to the destination,
+    /// when one is parked; `None` sends the command to open its own. The
+    /// round trip it reports is the quickest channel open seen on that
+    /// connection, as none was made now.
+    async fn take_spare(
+        &self,
+        settings: &ConnectSettings,
+        data_plane: bool,
+    ) -> Option<((OpenSession, ChannelOpened), Slot, Vec<String>)> {
+        let dest = self.destination(PoolKey::of(settings));
+        // Each claim empties a slot, so this ends; a keeper that has let
+        // its spare go just sends the command on.
+        for _ in 0..MAX_CONNECTIONS_PER_HOST {
+            let (member, claim) =
+                dest.claim_spare(|m| data_plane && not_skiffd(&m.conn).is_some())?;
+            let slot = Slot(member.clone());
+            let Some(session) = claim.session().await else {
+                continue;
+            };
+            let opened = ChannelOpened {
+                rtt: member.open_rtt(),
+                server: member.conn.server_id.kind(),
+                data_plane: member.conn.server_id.data_plane(),
+            };
+            self.open_spare(&member);
+            return Some(((session, opened), slot, Vec::new()));
+        }
+        None
+    }
+
+    /// Opens a spare session channel on `member` in the background, when
+    /// this pool keeps spares, the member has none, and the server's
+    /// channel limit leaves room for it. A refusal teaches the member its
+    /// limit, as a command's would.
+    fn open_spare(&self, member: &Arc<Member>) {
+        let Some(lifetime) = self.spares else {
+            return;
+        };
+        if member.open.load(Ordering::SeqCst) >= member.limit.load(Ordering::SeqCst)
+            || !member.spare.begin_opening()
+        {
+            return;
+        }
+        let member = member.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            match open_session(&member.conn).await {
+                Ok(session) => {
+                    member.note_open_rtt(started.elapsed());
+                    member.spare.park(session, lifetime);
+                }
+                Err(e) => {
+                    if e.kind == ErrorKind::ChannelRefused {
+                        let open = member.open.load(Ordering::SeqCst).max(1);
+                        member.limit.fetch_min(open, Ordering::SeqCst);
+                    }
+                    tracing::debug!("no spare session channel: {e}");
+                    member.spare.opening_failed();
+                }
+            }
+        });
+    }
+
+    /// Waits until no spare is being opened on the connections to the
+    /// destination of `settings`, and says whether one of them has a spare
+    /// parked. For tests and status, which want to see a spare settle.
+    pub async fn spare_settled(&self, settings: &ConnectSettings) -> bool {
+        let mut ready = false;
+        for slot in self.spare_slots(settings) {
+            ready |= slot.settled().await;
+        }
+        ready
+    }
+
+    /// Waits until none of the connections to the destination of
+    /// `settings` has a spare parked (claimed, closed by the server, or
+    /// expired).
+    pub async fn spare_gone(&self, settings: &ConnectSettings) {
+        for slot in self.spare_slots(settings) {
+            slot.gone().await;
+        }
+    }
+
+    fn spare_slots(&self, settings: &ConnectSettings) -> Vec<Arc<SpareSlot>> {
+        let dest = self.destination(PoolKey::of(settings));
+        let members = dest.members.lock().expect("not poisoned");
+        members.iter().map(|m| m.spare.clone()).collect()
     }
 
     /// Opens a channel with `opener`, on a pooled connection when one has
@@ -461,7 +639,7 @@ impl Pool {
                 Ok(session) => return Ok((session, slot, notices)),
                 Err(e) if e.kind == ErrorKind::ChannelRefused => {
                     // The server's limit is what is open right now (not counting us).
-                    let others = member.open.load(Ordering::SeqCst).saturating_sub(1).max(1);
+                    let others = member.server_channels().saturating_sub(1).max(1);
                     member.limit.fetch_min(others, Ordering::SeqCst);
                     tracing::debug!(
                         "{}: channel refused with {others} open; using another connection",

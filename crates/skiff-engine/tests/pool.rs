@@ -295,3 +295,233 @@ fn an_unread_input_does_not_hold_up_its_connection_to_skiffd() {
         .await
     });
 }
+
+// Spare session channels (`Pool::with_spare_sessions`, the agent's pool):
+// a channel opened ahead for the next command on each connection.
+
+/// A spare lifetime no test waits out.
+const LONG_LIFE: Duration = Duration::from_secs(3600);
+
+/// Runs `echo NAME` and checks that it printed NAME and exited 0.
+async fn echo(pool: &Pool, s: &ConnectSettings, name: &str) {
+    let (outcome, out, err) = run(pool, s, format!("echo {name}")).await;
+    assert_eq!(
+        (outcome, out.as_str()),
+        (ExitOutcome::Status(0), format!("{name}\n").as_str()),
+        "echo {name} (stderr: {err})"
+    );
+}
+
+/// The single pooled connection's status.
+fn only_connection(pool: &Pool) -> skiff_engine::pool::ConnectionInfo {
+    let mut info = pool.connections();
+    assert_eq!(info.len(), 1, "one pooled connection: {info:?}");
+    info.remove(0)
+}
+
+/// Settings for a server on `port` and a pool whose spares live `lifetime`.
+fn spare_pool(port: u16, fx: &Fixture, lifetime: Duration) -> (ConnectSettings, Pool) {
+    let kh = fx.path().join("pool_known_hosts");
+    (settings(port, fx, &kh), Pool::with_spare_sessions(lifetime))
+}
+
+/// Runs a first command, which opens its own channel and a spare beside
+/// it, and waits for the spare to be parked.
+async fn first_command_parks_a_spare(pool: &Pool, s: &ConnectSettings) {
+    echo(pool, s, "first").await;
+    assert!(
+        within_a_minute("the spare settles", pool.spare_settled(s)).await,
+        "a spare is parked after the first command"
+    );
+}
+
+/// Waits (at most 60 s) for `what` to happen.
+async fn within_a_minute<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} within a minute"))
+}
+
+#[test]
+fn warm_commands_start_on_channels_opened_ahead_to_skiffd() {
+    let Some((fx, skiffd)) = skiffd_setup() else {
+        return;
+    };
+    let (s, pool) = spare_pool(skiffd.port(), &fx, LONG_LIFE);
+    runtime().block_on(async {
+        first_command_parks_a_spare(&pool, &s).await;
+        assert_eq!(only_connection(&pool).spares_taken, 0);
+        for i in 0..5 {
+            echo(&pool, &s, &format!("warm-{i}")).await;
+            assert!(
+                within_a_minute("the next spare settles", pool.spare_settled(&s)).await,
+                "a new spare is parked after warm command {i}"
+            );
+        }
+    });
+    let info = only_connection(&pool);
+    assert_eq!(
+        info.spares_taken, 5,
+        "each warm command started on the spare: {info:?}"
+    );
+    assert!(info.spare, "{info:?}");
+    assert_eq!(info.open_channels, 0, "{info:?}");
+}
+
+/// Spares and OpenSSH's `MaxSessions 10`: a spare counts against the limit,
+/// so 50 concurrent commands still spread over connections as they would
+/// without spares, each with its own output and status.
+#[test]
+fn fifty_concurrent_commands_with_spares_through_sshd_max_sessions_10() {
+    let Some((fx, sshd)) = sshd_setup(&["MaxSessions 10", "MaxStartups 100"]) else {
+        return;
+    };
+    let kh = fx.path().join("pool_known_hosts");
+    let s = Arc::new(settings(sshd.port(), &fx, &kh));
+    let pool = Arc::new(Pool::with_spare_sessions(LONG_LIFE));
+    let rt = runtime();
+    rt.block_on(concurrent(pool.clone(), s.clone(), 50));
+    let conns = pool.connection_count(&s);
+    assert!(
+        (5..=25).contains(&conns),
+        "sshd MaxSessions 10, 50 concurrent: {conns} connections"
+    );
+    // And sequential commands afterwards run, on the connections there are.
+    rt.block_on(async {
+        for i in 0..3 {
+            echo(&pool, &s, &format!("after-{i}")).await;
+        }
+    });
+    assert_eq!(pool.connection_count(&s), conns, "no connection added");
+}
+
+/// A server that allows one session per connection refuses the spare: the
+/// pool learns the limit from that refusal, asks for no more spares, and
+/// the next command opens its channel on the same connection.
+#[test]
+fn a_refused_spare_teaches_the_limit_and_is_not_asked_again() {
+    let Some((fx, sshd)) = sshd_setup(&["MaxSessions 1"]) else {
+        return;
+    };
+    let kh = fx.path().join("pool_known_hosts");
+    let s = Arc::new(settings(sshd.port(), &fx, &kh));
+    let pool = Arc::new(Pool::with_spare_sessions(LONG_LIFE));
+    let marks = account_dir();
+    let (running, release) = (marks.path().join("running"), marks.path().join("release"));
+    runtime().block_on(async {
+        // A command that holds its session until the test releases it (at
+        // most 30 s), so the spare is asked for while it is open.
+        let held = tokio::spawn({
+            let (pool, s) = (pool.clone(), s.clone());
+            let cmd = format!(
+                "touch '{}'; w=0; while [ ! -e '{}' ] && [ $w -lt 600 ]; do sleep 0.05; w=$((w+1)); done; echo held",
+                running.display(),
+                release.display()
+            );
+            async move { run(&pool, &s, cmd).await }
+        });
+        within_a_minute("the held command starts", async {
+            while !running.exists() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(
+            !within_a_minute("the spare settles", pool.spare_settled(&s)).await,
+            "sshd refused the spare"
+        );
+        assert_eq!(only_connection(&pool).learned_limit, Some(1));
+        std::fs::write(&release, "").expect("release the held command");
+        let (outcome, out, err) = within_a_minute("the held command ends", held)
+            .await
+            .expect("task");
+        assert_eq!(
+            (outcome, out.as_str()),
+            (ExitOutcome::Status(0), "held\n"),
+            "{err}"
+        );
+        echo(&pool, &s, "next").await;
+        assert!(
+            !pool.spare_settled(&s).await,
+            "no spare asked for at the learned limit"
+        );
+    });
+    assert_eq!(pool.connection_count(&s), 1, "one connection sufficed");
+    assert_eq!(only_connection(&pool).spares_taken, 0);
+}
+
+/// A spare the server closes (skiffd's `ChannelTimeout`, which counts a
+/// session channel that never carried data as idle; OpenSSH 9.2's does not
+/// time such a channel out) is let go, and not replaced until a command
+/// needs a channel; that command opens its own.
+#[test]
+fn a_spare_the_server_times_out_is_let_go() {
+    let fx = Fixture::new();
+    let skiffd = Skiffd::start_with(
+        SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config("ChannelTimeout session=1s\n"),
+    );
+    let (s, pool) = spare_pool(skiffd.port(), &fx, LONG_LIFE);
+    runtime().block_on(async {
+        first_command_parks_a_spare(&pool, &s).await;
+        within_a_minute("skiffd closes the idle spare", pool.spare_gone(&s)).await;
+        assert!(!only_connection(&pool).spare);
+        echo(&pool, &s, "second").await;
+        assert!(
+            within_a_minute("the next spare settles", pool.spare_settled(&s)).await,
+            "a command that opened its own channel opens a spare beside it"
+        );
+    });
+    let info = only_connection(&pool);
+    assert_eq!(info.spares_taken, 0, "{info:?}");
+}
+
+/// A spare not used within its lifetime is closed by the pool itself, so a
+/// server's `UnusedConnectionTimeout` still sees an unused connection.
+#[test]
+fn a_spare_past_its_lifetime_is_closed() {
+    let Some((fx, sshd)) = sshd_setup(&[]) else {
+        return;
+    };
+    let (s, pool) = spare_pool(sshd.port(), &fx, Duration::from_millis(500));
+    runtime().block_on(async {
+        echo(&pool, &s, "first").await;
+        // Whether the spare was parked before it expired depends on the
+        // machine's speed; either way it is gone within its lifetime.
+        within_a_minute("the spare settles", pool.spare_settled(&s)).await;
+        within_a_minute("the spare expires", pool.spare_gone(&s)).await;
+        // sshd saw the client close it: two sessions closed, the first
+        // command's and the spare's, before any other command.
+        within_a_minute("sshd logs the spare's close", async {
+            while sshd.log().matches("Close session:").count() < 2 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        echo(&pool, &s, "second").await;
+    });
+    assert_eq!(only_connection(&pool).spares_taken, 0);
+}
+
+/// A connection the pool forgets (`ssh -O stop`) closes even with a spare
+/// parked on it: the spare's keeper lets the channel go with its slot.
+#[test]
+fn a_forgotten_connection_with_a_spare_closes() {
+    let Some((fx, sshd)) = sshd_setup(&[]) else {
+        return;
+    };
+    let (s, pool) = spare_pool(sshd.port(), &fx, LONG_LIFE);
+    let rt = runtime();
+    rt.block_on(async {
+        first_command_parks_a_spare(&pool, &s).await;
+        assert_eq!(pool.forget_destination(&s), 1);
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !sshd.log().contains("Closing connection to") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sshd saw the forgotten connection close:\n{}",
+            sshd.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

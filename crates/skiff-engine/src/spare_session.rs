@@ -1,0 +1,236 @@
+//! A session channel opened ahead of need on a pooled connection, so that
+//! the next command on that connection starts with its request instead of
+//! a `CHANNEL_OPEN` and a wait for the confirmation: on a long path, one
+//! round trip of the two a warm `exec` costs.
+//!
+//! Each pooled connection has one [`SpareSlot`]. The pool opens a spare
+//! when a command takes a channel (so a burst of commands finds one ready
+//! each time), never more than one per connection, and only while the
+//! server's channel limit leaves room for it. An opened spare is parked
+//! with a keeper task that holds the channel until a command claims it,
+//! and lets it go:
+//!
+//! - when the server closes it (OpenSSH's `ChannelTimeout`, say): the
+//!   next command opens a channel of its own, as without spares, and the
+//!   server's timeout is not worked around by opening another at once;
+//! - after its lifetime ([`SPARE_LIFETIME`] in the agent), closing it itself, so that a server's
+//!   `UnusedConnectionTimeout` still sees an idle connection with no
+//!   channel and can close it (two minutes later than without a spare);
+//! - when the connection leaves the pool (the slot is dropped).
+//!
+//! A spare carries nothing before it is claimed: no request has been made
+//! on it, so a command that finds it gone has lost nothing and opens its
+//! own channel. The only message a server sends on such a channel before
+//! closing it is a window adjustment, which russh applies by itself.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+
+use crate::exec::OpenSession;
+
+/// How long a parked spare is kept before the keeper closes it, unless
+/// the pool says otherwise.
+pub const SPARE_LIFETIME: Duration = Duration::from_secs(120);
+
+/// Where a connection's spare is, as [`SpareSlot::phase`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SparePhase {
+    /// No spare, none being opened.
+    Empty,
+    /// A `CHANNEL_OPEN` is in flight.
+    Opening,
+    /// A spare is parked and can be claimed.
+    Ready,
+}
+
+/// A request to the keeper for its session: the keeper answers on it.
+type TakeRequest = oneshot::Sender<OpenSession>;
+
+enum State {
+    Empty,
+    Opening,
+    Ready {
+        /// Which keeper holds it (so a keeper that ends clears only its own).
+        keeper: u64,
+        take: oneshot::Sender<TakeRequest>,
+    },
+}
+
+/// One connection's spare session channel (see the module documentation).
+pub struct SpareSlot {
+    state: Mutex<State>,
+    phase: watch::Sender<SparePhase>,
+    keepers: AtomicU64,
+    /// Spares claimed by commands since the connection opened.
+    taken: AtomicU64,
+}
+
+impl Default for SpareSlot {
+    fn default() -> Self {
+        SpareSlot {
+            state: Mutex::new(State::Empty),
+            phase: watch::Sender::new(SparePhase::Empty),
+            keepers: AtomicU64::new(0),
+            taken: AtomicU64::new(0),
+        }
+    }
+}
+
+/// A spare claimed by [`SpareSlot::claim`], not yet handed over.
+pub struct Claim(oneshot::Sender<TakeRequest>);
+
+impl Claim {
+    /// The parked session, or `None` when its keeper let it go in the
+    /// meantime (the server closed it, or it expired).
+    pub async fn session(self) -> Option<OpenSession> {
+        let (tx, rx) = oneshot::channel();
+        self.0.send(tx).ok()?;
+        rx.await.ok()
+    }
+}
+
+impl SpareSlot {
+    fn set(&self, state: State) {
+        let phase = match state {
+            State::Empty => SparePhase::Empty,
+            State::Opening => SparePhase::Opening,
+            State::Ready { .. } => SparePhase::Ready,
+        };
+        *self.state.lock().expect("not poisoned") = state;
+        self.phase.send_replace(phase);
+    }
+
+    /// Where the spare is now.
+    pub fn phase(&self) -> SparePhase {
+        *self.phase.borrow()
+    }
+
+    /// Spares claimed by commands so far.
+    pub fn taken(&self) -> u64 {
+        self.taken.load(Ordering::Relaxed)
+    }
+
+    /// Whether a channel is held for the spare on the server, or about to
+    /// be: it counts against the server's channel limit.
+    pub fn holds_channel(&self) -> bool {
+        !matches!(*self.state.lock().expect("not poisoned"), State::Empty)
+    }
+
+    /// Takes the right to open a spare: true (and the slot is `Opening`)
+    /// only when it was empty.
+    pub fn begin_opening(&self) -> bool {
+        let mut state = self.state.lock().expect("not poisoned");
+        if !matches!(*state, State::Empty) {
+            return false;
+        }
+        *state = State::Opening;
+        drop(state);
+        self.phase.send_replace(SparePhase::Opening);
+        true
+    }
+
+    /// The open that [`SpareSlot::begin_opening`] allowed failed.
+    pub fn opening_failed(&self) {
+        self.set(State::Empty);
+    }
+
+    /// Claims the parked spare, if there is one; the slot is empty after.
+    pub fn claim(&self) -> Option<Claim> {
+        let mut state = self.state.lock().expect("not poisoned");
+        if !matches!(*state, State::Ready { .. }) {
+            return None;
+        }
+        let State::Ready { take, .. } = std::mem::replace(&mut *state, State::Empty) else {
+            unreachable!("checked above")
+        };
+        drop(state);
+        self.phase.send_replace(SparePhase::Empty);
+        self.taken.fetch_add(1, Ordering::Relaxed);
+        Some(Claim(take))
+    }
+
+    /// Parks `session`, just opened, with a keeper of its own that closes
+    /// it after `lifetime` unless it is claimed first.
+    pub fn park(self: &Arc<Self>, session: OpenSession, lifetime: Duration) {
+        let keeper = self.keepers.fetch_add(1, Ordering::Relaxed);
+        let (take, taken) = oneshot::channel();
+        self.set(State::Ready { keeper, take });
+        tokio::spawn(keep(Arc::downgrade(self), keeper, session, taken, lifetime));
+    }
+
+    /// Waits until no spare is being opened, and says whether one is
+    /// parked.
+    pub async fn settled(&self) -> bool {
+        let mut phase = self.phase.subscribe();
+        let settled = phase
+            .wait_for(|p| *p != SparePhase::Opening)
+            .await
+            .map(|p| *p)
+            .unwrap_or(SparePhase::Empty);
+        settled == SparePhase::Ready
+    }
+
+    /// Waits until no spare is parked (it was claimed, or let go).
+    pub async fn gone(&self) {
+        let mut phase = self.phase.subscribe();
+        let _ = phase.wait_for(|p| *p != SparePhase::Ready).await;
+    }
+}
+
+/// What woke a keeper.
+enum Event {
+    /// A command claimed the spare (`None`: the slot was dropped).
+    Claimed(Option<TakeRequest>),
+    Message(Option<russh::ChannelMsg>),
+    Expired,
+}
+
+/// Holds `session` until it is claimed, closed by the server, expired, or
+/// its slot is dropped; in all but the first case the channel is closed.
+async fn keep(
+    slot: Weak<SpareSlot>,
+    keeper: u64,
+    mut session: OpenSession,
+    mut taken: oneshot::Receiver<TakeRequest>,
+    lifetime: Duration,
+) {
+    let expiry = tokio::time::sleep(lifetime);
+    tokio::pin!(expiry);
+    let close = loop {
+        let event = tokio::select! {
+            request = &mut taken => Event::Claimed(request.ok()),
+            message = session.channel_mut().wait() => Event::Message(message),
+            () = &mut expiry => Event::Expired,
+        };
+        match event {
+            Event::Claimed(Some(reply)) => match reply.send(session) {
+                Ok(()) => return,
+                // The claimer gave up: the spare is no one's now.
+                Err(back) => break Some(back),
+            },
+            // The slot is gone with its connection.
+            Event::Claimed(None) | Event::Expired => break Some(session),
+            Event::Message(Some(russh::ChannelMsg::WindowAdjusted { .. })) => continue,
+            Event::Message(Some(other)) => {
+                tracing::debug!("{}: spare session channel ended: {other:?}", session.host());
+                break Some(session);
+            }
+            // russh has dropped the channel: the connection is gone.
+            Event::Message(None) => break None,
+        }
+    };
+    if let Some(slot) = slot.upgrade() {
+        let mut state = slot.state.lock().expect("not poisoned");
+        if matches!(*state, State::Ready { keeper: k, .. } if k == keeper) {
+            *state = State::Empty;
+            drop(state);
+            slot.phase.send_replace(SparePhase::Empty);
+        }
+    }
+    if let Some(mut session) = close {
+        let _ = session.channel_mut().close().await;
+    }
+}
