@@ -24,6 +24,7 @@ pub fn wire_kind(kind: ErrorKind) -> u8 {
         ErrorKind::Timeout => 7,
         ErrorKind::Busy => 8,
         ErrorKind::Refused => 9,
+        ErrorKind::ClosedBeforeStart => 10,
     }
 }
 
@@ -38,6 +39,7 @@ pub fn kind_from_wire(code: u8) -> ErrorKind {
         7 => ErrorKind::Timeout,
         8 => ErrorKind::Busy,
         9 => ErrorKind::Refused,
+        10 => ErrorKind::ClosedBeforeStart,
         _ => ErrorKind::Protocol,
     }
 }
@@ -58,6 +60,7 @@ mod tests {
             ErrorKind::Timeout,
             ErrorKind::Busy,
             ErrorKind::Refused,
+            ErrorKind::ClosedBeforeStart,
         ] {
             assert_eq!(kind_from_wire(wire_kind(kind)), kind);
         }

@@ -33,6 +33,11 @@ pub enum ErrorKind {
     /// The server refused to open another session channel on this connection
     /// (e.g. OpenSSH's MaxSessions); another connection may succeed.
     ChannelRefused,
+    /// The server closed a session channel without answering its command's
+    /// request and without a word from the command: nothing ran, and the
+    /// command may be run on another channel (the pool does, for a channel
+    /// it had opened ahead, when no input was sent).
+    ClosedBeforeStart,
     /// The command ran longer than its time limit and was stopped.
     Timeout,
     /// The server refused a request on an authenticated connection: a
@@ -53,6 +58,7 @@ impl ErrorKind {
             ErrorKind::Auth => "auth",
             ErrorKind::Protocol => "protocol",
             ErrorKind::ChannelRefused => "channel-refused",
+            ErrorKind::ClosedBeforeStart => "closed-before-start",
             ErrorKind::Timeout => "timeout",
             ErrorKind::Refused => "refused",
         }

@@ -247,6 +247,8 @@ where
     let mut outcome = ExitOutcome::Unknown;
     let mut closed = false;
     let mut exec_refused = false;
+    // Whether anything came from the command or about its request.
+    let mut heard = false;
     let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
     // Output waits here for the local reader while the channel's messages
     // keep being taken, so that a slow reader holds up neither the exit
@@ -334,6 +336,10 @@ where
             }
         };
         let Some(msg) = msg else { break };
+        heard |= !matches!(
+            msg,
+            ChannelMsg::Close | ChannelMsg::Eof | ChannelMsg::WindowAdjusted { .. }
+        );
         match msg {
             ChannelMsg::Data { data } => out.push(data),
             ChannelMsg::ExtendedData { data, ext: 1 } => err.push(data),
@@ -419,6 +425,15 @@ where
                     "{host}: connection lost before the command finished (the server closed it or stopped answering keepalives)"
                 ),
             },
+        ));
+    }
+    if closed && !heard && pending_replies.contains(&Request::Exec) {
+        // The server closed the channel without answering the request (a
+        // channel it had timed out as the request went out, say): nothing
+        // ran, so the caller may run the command on another channel.
+        return Err(SkiffError::new(
+            ErrorKind::ClosedBeforeStart,
+            format!("{host}: the server closed the channel before answering the request"),
         ));
     }
     if exec_refused && outcome == ExitOutcome::Unknown {
@@ -591,6 +606,7 @@ impl OutputQueue {
 }
 
 /// Channel requests that wait for a reply, in the order they were sent.
+#[derive(PartialEq)]
 enum Request {
     Agent,
     Pty,

@@ -280,6 +280,17 @@ type Opener<'a, T> = dyn for<'c> Fn(&'c Connection) -> futures::future::BoxFutur
     + Sync
     + 'a;
 
+/// A session channel [`Pool::open`] got for a command.
+struct Opened {
+    session: OpenSession,
+    channel: ChannelOpened,
+    slot: Slot,
+    notices: Vec<String>,
+    /// It is a spare, opened ahead ([`crate::spare_session`]), and was
+    /// parked this long.
+    spare_age: Option<Duration>,
+}
+
 /// A channel slot on a member, released when the command ends.
 struct Slot(Arc<Member>);
 
@@ -469,19 +480,21 @@ impl Pool {
     /// when one has room, otherwise on a new one. Also returns how long the
     /// channel open took (one round trip, the connecting left out) and the
     /// notices of a connection opened for it (a newly recorded host key,
-    /// say), which belong to this command's user.
+    /// say), which belong to this command's user. A spare is taken when
+    /// `spare` allows and one is parked.
     async fn open(
         &self,
         settings: &ConnectSettings,
         req: &ExecRequest,
-    ) -> Result<((OpenSession, ChannelOpened), Slot, Vec<String>), SkiffError> {
+        spare: bool,
+    ) -> Result<Opened, SkiffError> {
         let data_plane = req.subsystem && req.command == skiff_proto::dataplane::SUBSYSTEM;
-        if self.spares.is_some() {
+        if spare && self.spares.is_some() {
             if let Some(taken) = self.take_spare(settings, data_plane).await {
                 return Ok(taken);
             }
         }
-        let opened = self
+        let ((session, channel), slot, notices) = self
             .open_channel(settings, &|conn| {
                 Box::pin(async move {
                     if let Some(refusal) = data_plane.then(|| not_skiffd(conn)).flatten() {
@@ -498,21 +511,22 @@ impl Pool {
                 })
             })
             .await?;
-        let ((_, channel_opened), slot, _) = &opened;
-        slot.0.note_open_rtt(channel_opened.rtt);
+        slot.0.note_open_rtt(channel.rtt);
         self.open_spare(&slot.0);
-        Ok(opened)
+        Ok(Opened {
+            session,
+            channel,
+            slot,
+            notices,
+            spare_age: None,
+        })
     }
 
     /// A session on a spare channel of a connection to the destination,
     /// when one is parked; `None` sends the command to open its own. The
     /// round trip it reports is the quickest channel open seen on that
     /// connection, as none was made now.
-    async fn take_spare(
-        &self,
-        settings: &ConnectSettings,
-        data_plane: bool,
-    ) -> Option<((OpenSession, ChannelOpened), Slot, Vec<String>)> {
+    async fn take_spare(&self, settings: &ConnectSettings, data_plane: bool) -> Option<Opened> {
         let dest = self.destination(PoolKey::of(settings));
         // Each claim empties a slot, so this ends; a keeper that has let
         // its spare go just sends the command on.
@@ -520,16 +534,22 @@ impl Pool {
             let (member, claim) =
                 dest.claim_spare(|m| data_plane && not_skiffd(&m.conn).is_some())?;
             let slot = Slot(member.clone());
-            let Some(session) = claim.session().await else {
+            let Some(taken) = claim.session().await else {
                 continue;
             };
-            let opened = ChannelOpened {
+            let channel = ChannelOpened {
                 rtt: member.open_rtt(),
                 server: member.conn.server_id.kind(),
                 data_plane: member.conn.server_id.data_plane(),
             };
             self.open_spare(&member);
-            return Some(((session, opened), slot, Vec::new()));
+            return Some(Opened {
+                session: taken.session,
+                channel,
+                slot,
+                notices: Vec::new(),
+                spare_age: Some(taken.age),
+            });
         }
         None
     }
@@ -542,7 +562,8 @@ impl Pool {
         let Some(lifetime) = self.spares else {
             return;
         };
-        if member.open.load(Ordering::SeqCst) >= member.limit.load(Ordering::SeqCst)
+        if member.spare.keep_for(lifetime, member.open_rtt()).is_none()
+            || member.open.load(Ordering::SeqCst) >= member.limit.load(Ordering::SeqCst)
             || !member.spare.begin_opening()
         {
             return;
@@ -551,9 +572,17 @@ impl Pool {
         tokio::spawn(async move {
             let started = Instant::now();
             match open_session(&member.conn).await {
-                Ok(session) => {
+                Ok(mut session) => {
                     member.note_open_rtt(started.elapsed());
-                    member.spare.park(session, lifetime);
+                    // What the server was seen to allow may have changed
+                    // while the channel opened.
+                    match member.spare.keep_for(lifetime, member.open_rtt()) {
+                        Some(keep) => member.spare.park(session, keep),
+                        None => {
+                            member.spare.opening_failed();
+                            let _ = session.channel_mut().close().await;
+                        }
+                    }
                 }
                 Err(e) => {
                     if e.kind == ErrorKind::ChannelRefused {
@@ -667,6 +696,11 @@ impl Pool {
 
     /// Runs one command through the pool (see [`crate::exec::exec`]).
     /// Notices from a connection opened for it are written to `stderr` first.
+    ///
+    /// A command without input or terminal that started on a spare which
+    /// the server closed without answering the request (its own timeout
+    /// for idle channels, meeting the request on the way) runs again on a
+    /// channel of its own: nothing ran, and nothing was read or written.
     pub async fn exec<I, O, E>(
         &self,
         settings: &ConnectSettings,
@@ -681,9 +715,30 @@ impl Pool {
         O: AsyncWrite + Unpin,
         E: AsyncWrite + Unpin,
     {
-        let ((session, _), slot, notices) = self.open(settings, req).await?;
-        self.run_opened((session, slot, notices), req, stdin, stdout, stderr, resize)
-            .await
+        let opened = self.open(settings, req, true).await?;
+        let Some(age) = opened
+            .spare_age
+            .filter(|_| stdin.is_none() && resize.is_none())
+        else {
+            return self
+                .run_opened(opened, req, stdin, stdout, stderr, resize)
+                .await;
+        };
+        let member = opened.slot.0.clone();
+        let (mut stdout, mut stderr) = (stdout, stderr);
+        let first = self
+            .run_opened(opened, req, None::<I>, &mut stdout, &mut stderr, None)
+            .await;
+        match first {
+            Err(e) if e.kind == ErrorKind::ClosedBeforeStart => {
+                tracing::debug!("{e}; running the command on a channel of its own");
+                member.spare.learn_idle_limit(age);
+                let opened = self.open(settings, req, false).await?;
+                self.run_opened(opened, req, None::<I>, stdout, stderr, None)
+                    .await
+            }
+            other => other,
+        }
     }
 
     /// As [`Pool::exec`] without a terminal, and tells `opened` how long
@@ -705,16 +760,21 @@ impl Pool {
         O: AsyncWrite + Unpin,
         E: AsyncWrite + Unpin,
     {
-        let ((session, open_time), slot, notices) = self.open(settings, req).await?;
-        let _ = opened.send(open_time);
-        self.run_opened((session, slot, notices), req, stdin, stdout, stderr, None)
+        let channel = self.open(settings, req, true).await?;
+        let _ = opened.send(channel.channel);
+        self.run_opened(channel, req, stdin, stdout, stderr, None)
             .await
     }
 
     /// Runs `req` on a channel [`Pool::open`] opened.
     async fn run_opened<I, O, E>(
         &self,
-        (session, slot, notices): (OpenSession, Slot, Vec<String>),
+        Opened {
+            session,
+            slot,
+            notices,
+            ..
+        }: Opened,
         req: &ExecRequest,
         stdin: Option<I>,
         stdout: O,

@@ -453,13 +453,22 @@ fn a_refused_spare_teaches_the_limit_and_is_not_asked_again() {
 /// A spare the server closes (skiffd's `ChannelTimeout`, which counts a
 /// session channel that never carried data as idle; OpenSSH 9.2's does not
 /// time such a channel out) is let go, and not replaced until a command
-/// needs a channel; that command opens its own.
+/// needs a channel; that command opens its own. The pool learns from the
+/// close how long skiffd keeps an unused channel (4 s here) and lets the
+/// next spare go itself half a second and a round trip before that, so
+/// skiffd times out no other channel.
 #[test]
-fn a_spare_the_server_times_out_is_let_go() {
+fn a_spare_the_server_times_out_is_let_go_and_the_next_one_sooner() {
     let fx = Fixture::new();
     let skiffd = Skiffd::start_with(
-        SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config("ChannelTimeout session=1s\n"),
+        SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config("ChannelTimeout session=4s\n"),
     );
+    let timeouts = || {
+        skiffd
+            .log()
+            .matches("without traffic (ChannelTimeout)")
+            .count()
+    };
     let (s, pool) = spare_pool(skiffd.port(), &fx, LONG_LIFE);
     runtime().block_on(async {
         first_command_parks_a_spare(&pool, &s).await;
@@ -470,7 +479,17 @@ fn a_spare_the_server_times_out_is_let_go() {
             within_a_minute("the next spare settles", pool.spare_settled(&s)).await,
             "a command that opened its own channel opens a spare beside it"
         );
+        // The pool lets this one go before skiffd would.
+        within_a_minute("the pool lets the next spare go", pool.spare_gone(&s)).await;
+        // skiffd reads the close before this command's request.
+        echo(&pool, &s, "third").await;
     });
+    assert_eq!(
+        timeouts(),
+        1,
+        "skiffd timed out the first spare alone:\n{}",
+        skiffd.log()
+    );
     let info = only_connection(&pool);
     assert_eq!(info.spares_taken, 0, "{info:?}");
 }
@@ -524,4 +543,80 @@ fn a_forgotten_connection_with_a_spare_closes() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Starts a relay with `one_way` delay each way to 127.0.0.1:`port` on the
+/// current runtime, and returns the port it listens on.
+async fn delay_relay(port: u16, one_way: Duration) -> u16 {
+    use skiff_delay_relay::model::{default_in_flight, Link};
+    use skiff_delay_relay::relay::{run, Config, EventLog};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("relay listens");
+    let relay_port = listener.local_addr().expect("relay address").port();
+    let link = Link::new(one_way);
+    let cfg = Config {
+        target: format!("127.0.0.1:{port}"),
+        in_flight: default_in_flight(&link),
+        link,
+        detailed_chunks: 0,
+        exit_after_idle: None,
+    };
+    let log = EventLog::open(None).expect("no event log");
+    tokio::spawn(async move {
+        let _ = run(listener, cfg, log).await;
+    });
+    relay_port
+}
+
+/// The race a spare can lose: the server times the spare out while a
+/// command's request is on its way. Through a relay with 1 s each way, to
+/// a skiffd with `ChannelTimeout session=3s` (a fresh channel's request
+/// arrives 2 s after its open, in time): the spare is parked 1 s after
+/// skiffd opened it, the second command is sent 1.8 s later, skiffd closes
+/// the spare at 3 s, the request arrives at 3.8 s and the close reaches the
+/// client at 4 s. Nothing ran, so the command runs on a channel of its
+/// own, once, with its output and status.
+#[test]
+fn a_command_whose_spare_was_closed_on_the_way_runs_on_its_own_channel() {
+    let fx = Fixture::new();
+    let skiffd = Skiffd::start_with(
+        SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config("ChannelTimeout session=3s\n"),
+    );
+    let marks = account_dir();
+    let ran = marks.path().join("ran");
+    runtime().block_on(async {
+        let port = delay_relay(skiffd.port(), Duration::from_secs(1)).await;
+        let (s, pool) = spare_pool(port, &fx, LONG_LIFE);
+        first_command_parks_a_spare(&pool, &s).await;
+        // Into the window where skiffd has closed the spare and the client
+        // cannot know yet (0.8 s of margin each side).
+        tokio::time::sleep(Duration::from_millis(1800)).await;
+        // Appends a line each time it runs.
+        let (outcome, out, err) = within_a_minute(
+            "the second command",
+            run(
+                &pool,
+                &s,
+                format!("echo once >> '{}'; echo second", ran.display()),
+            ),
+        )
+        .await;
+        assert_eq!(
+            (outcome, out.as_str()),
+            (ExitOutcome::Status(0), "second\n"),
+            "{err}"
+        );
+        assert_eq!(only_connection(&pool).spares_taken, 1, "it took the spare");
+    });
+    assert_eq!(
+        std::fs::read_to_string(&ran).expect("the command ran"),
+        "once\n",
+        "the command ran exactly once"
+    );
+    let log = skiffd.log();
+    assert!(
+        log.contains("without traffic (ChannelTimeout)"),
+        "skiffd closed the spare before the request reached it:\n{log}"
+    );
 }

@@ -266,7 +266,9 @@ pub enum Reply {
     Exit { code: i32 },
     /// skiff-level failure. kind: 1 config, 2 connect, 3 host key, 4 auth, 5 protocol, 6 channel refused, 7 timeout,
     /// 8 busy (the server closed the connection before authentication), 9 refused (a subsystem,
-    /// shell or command the server would not start; older agents send 5 for it).
+    /// shell or command the server would not start; older agents send 5 for it), 10 closed
+    /// before start (the server closed the channel without answering the request; nothing ran).
+    /// A CLI takes kinds it does not know for 5.
     Failed { kind: u8, message: String },
     /// A person must decide (unknown host key under `ask`, a passphrase): the CLI should connect directly.
     NeedsUser { message: String },
