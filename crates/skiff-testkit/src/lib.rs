@@ -28,7 +28,8 @@
 //! * `security_keys`: security keys made with a software key library;
 //! * `skiff_client`: `skiff exec`, a client HOME, a test's skiff agent;
 //! * `daemon`, `sshd`, `skiffd`: the servers the tests talk to;
-//! * `checks`: assertions on what a login sees.
+//! * `checks`: assertions on what a login sees;
+//! * `terminal`: a program on a pseudo-terminal of its own.
 
 #![forbid(unsafe_code)]
 
@@ -45,8 +46,9 @@ mod skiff_client;
 mod skiffd;
 mod ssh_client;
 mod sshd;
+mod terminal;
 
 pub use self::{
     accounts::*, checks::*, daemon::*, environment::*, files::*, keys::*, pam_service::*, run::*,
-    security_keys::*, skiff_client::*, skiffd::*, ssh_client::*, sshd::*,
+    security_keys::*, skiff_client::*, skiffd::*, ssh_client::*, sshd::*, terminal::*,
 };

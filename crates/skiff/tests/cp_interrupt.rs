@@ -632,3 +632,75 @@ fn an_interrupted_data_plane_upload_leaves_no_temporary_on_skiffd() {
 fn an_interrupted_sftp_upload_to_skiffd_removes_its_temporary() {
     interrupt_an_upload_to_skiffd(false);
 }
+
+/// On a terminal, an interrupted copy takes its progress bar away before it
+/// says so: "skiff: interrupted" starts its own line, with no bar drawn
+/// before it on that line.
+#[test]
+fn an_interrupted_copy_on_a_terminal_clears_its_progress_bar() {
+    let Some(env) = Env::new(Server::Paced) else {
+        return;
+    };
+    let dir = env.remote_dir("terminal");
+    let source = env.source(BIG);
+    let mut cmd = Command::new(skiff_bin());
+    cmd.env_remove("SSH_AUTH_SOCK")
+        .env_remove("SSH_ASKPASS")
+        .env_remove("DISPLAY")
+        .env("HOME", env.home.path())
+        .env("TERM", "xterm")
+        .env("SKIFF_AGENT", "off")
+        .args([
+            "cp",
+            "-F",
+            "/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "--streams",
+            "1",
+            "-P",
+        ])
+        .arg(env.sshd.port().to_string())
+        .arg("-i")
+        .arg(&env.fx.client_key.private)
+        .arg(&source)
+        .arg(env.remote(&dir.join("big")));
+    let mut term = OnTerminal::spawn(cmd);
+    let c = env.ctx("SIGINT during an upload on a terminal");
+    // The bar is drawn, and the upload is under way.
+    term.wait_for("ETA", PATIENCE);
+    let deadline = Instant::now() + PATIENCE;
+    while temporaries(&dir).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{c}: no temporary\n{:?}",
+            term.output()
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: kill(2) on the test's own child, not yet reaped.
+    unsafe { libc::kill(term.pid(), libc::SIGINT) };
+    let status = term.wait(PATIENCE);
+    let shown = term.output();
+    assert_eq!(status.code(), Some(130), "{c}\n{shown:?}");
+    let said = shown
+        .find("skiff: interrupted")
+        .unwrap_or_else(|| panic!("{c}: says it was interrupted\n{shown:?}"));
+    // What is on that line before it: the terminal's line starts after the
+    // last carriage return or newline, and a cleared line is erased (ESC [2K).
+    let line_start = shown[..said].rfind(['\r', '\n']).map_or(0, |i| i + 1);
+    let on_its_line = &shown[line_start..said];
+    assert!(
+        on_its_line.is_empty()
+            || on_its_line
+                .chars()
+                .all(|ch| ch == '\u{1b}' || "[0123456789K".contains(ch)),
+        "{c}: the bar is still on the line of the message: {on_its_line:?}\n{shown:?}"
+    );
+    let last_bar = shown[..said].rfind("ETA").expect("the bar was drawn");
+    assert!(
+        shown[last_bar..said].contains("\u{1b}[2K"),
+        "{c}: the bar was not cleared before the message\n{shown:?}"
+    );
+    assert!(temporaries(&dir).is_empty(), "{c}: temporaries left");
+}

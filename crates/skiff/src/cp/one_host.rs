@@ -31,6 +31,12 @@ pub(super) async fn cp_main(
         }
         report.map(Finish::Done)
     };
+    // A stopped copy's bar goes, so that what is said next starts its line.
+    let clear = || {
+        if let Some(b) = &bar {
+            b.0.finish_and_clear();
+        }
+    };
     let temps = Temporaries::new();
     if use_agent {
         // Stopping the copy drops it, which removes the local temporaries
@@ -38,7 +44,10 @@ pub(super) async fn cp_main(
         // agent's channels, which stay open until then.
         let through_agent = tokio::select! {
             r = via_agent(plan, &settings, plane, progress, &temps) => r,
-            signal = interrupted() => return Ok(stopped(signal, &temps).await),
+            signal = interrupted() => {
+                clear();
+                return Ok(stopped(signal, &temps).await);
+            }
         };
         if let Some(report) = through_agent {
             return finish(report);
@@ -58,7 +67,10 @@ pub(super) async fn cp_main(
     // handling (and so its terminal restored).
     let copied = tokio::select! {
         report = copy_over(&conn, &settings, &plan.job, plane, progress, &temps) => report,
-        signal = interrupted() => return Ok(stopped(signal, &temps).await),
+        signal = interrupted() => {
+            clear();
+            return Ok(stopped(signal, &temps).await);
+        }
     };
     conn.goodbye().await;
     finish(copied)
