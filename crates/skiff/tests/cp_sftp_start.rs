@@ -1,18 +1,19 @@
 //! How `skiff cp` starts an SFTP session with a stock OpenSSH sshd: the
-//! `limits@openssh.com` question goes out right behind `INIT`, in the same
-//! flight, not one round trip later once `VERSION` has come back; and an
-//! upload into a `dir/` target asks for its first temporary right behind
-//! the target's `stat`, not once the answer has come.
+//! `limits@openssh.com` question, and the copy's first `stat`, go out
+//! right behind `INIT`, in the same flight, not one round trip later once
+//! `VERSION` has come back; and an upload into a `dir/` target asks for its
+//! first temporary right behind the target's `stat`, not once the answer
+//! has come.
 //!
 //! The sshd's sftp subsystem is OpenSSH's `sftp-server` behind a small
 //! perl filter on its input. The filter passes packets on until the first
 //! of one type (`INIT`, or `STAT`), holds it and looks whether another one
-//! arrives while it holds it (within 10 s): only a client that sent it
-//! without waiting for the answer can have sent it, since the server
-//! cannot answer a packet that has not reached it. It writes down `early`
-//! or `late`, then passes everything on, so the copy itself goes on either
-//! way. And the sshd is not asked for the skiff data plane, which only
-//! skiffd serves.
+//! (of a given type, or any) arrives while it holds it (within 10 s): only
+//! a client that sent it without waiting for the answer can have sent it,
+//! since the server cannot answer a packet that has not reached it. It
+//! writes down `early` or `late`, then passes everything on in order, so
+//! the copy itself goes on either way. And the sshd is not asked for the
+//! skiff data plane, which only skiffd serves.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -39,8 +40,15 @@ struct Env {
 }
 
 impl Env {
-    /// An sshd whose filter holds the first packet of type `hold`.
+    /// An sshd whose filter holds the first packet of type `hold` and
+    /// looks for any other.
     fn holding(hold: u8) -> Option<Env> {
+        Self::holding_until(hold, None)
+    }
+
+    /// An sshd whose filter holds the first packet of type `hold` and looks
+    /// for one of type `want` (any type: `None`) behind it.
+    fn holding_until(hold: u8, want: Option<u8>) -> Option<Env> {
         if !require_openssh() || !require_tool("perl", "perl-base") {
             return None;
         }
@@ -54,11 +62,15 @@ impl Env {
 my ($len, $body);
 while (1) {{ $len = rd(4); $body = rd(unpack("N", $len)); last if ord($body) == {hold}; syswrite(STDOUT, $len . $body) or exit 0; }}
 my $rin = ""; vec($rin, fileno(STDIN), 1) = 1;
-my $ready = select(my $rout = $rin, undef, undef, {HOLD_SECS});
-open(my $log, ">>", "{verdicts}") or die; print $log ($ready > 0 ? "early\n" : "late\n"); close $log;
+my ($verdict, @later, $left) = ("late");
+my $until = time + {HOLD_SECS};
+while (($left = $until - time) > 0) {{ my $ready = select(my $rout = $rin, undef, undef, $left); last unless $ready > 0; my $l = rd(4); my $b = rd(unpack("N", $l)); push @later, $l . $b; if ({want} < 0 || ord($b) == {want}) {{ $verdict = "early"; last; }} }}
+open(my $log, ">>", "{verdicts}") or die; print $log "$verdict\n"; close $log;
 syswrite(STDOUT, $len . $body) or exit 0;
+for my $p (@later) {{ syswrite(STDOUT, $p) or exit 0; }}
 while (sysread(STDIN, my $b, 65536)) {{ syswrite(STDOUT, $b) or exit 0; }}"#,
                     verdicts = verdicts.display(),
+                    want = want.map_or(-1, i32::from),
                 );
                 let filter_file = dir.join("hold.pl");
                 write_file(&filter_file, filter, 0o644);
@@ -210,6 +222,38 @@ fn through_the_agent_limits_go_with_init_and_sshd_is_not_asked_for_the_data_plan
     let ah = AgentHome::new();
     upload_and_back(&env, Some(&ah), "through the agent\n");
     assert_eq!(ah.agent_pids().len(), 1, "the agent carried both copies");
+}
+
+/// The copy's first request, the `stat` of the upload's target or of the
+/// download's source, goes out behind `INIT` without waiting for
+/// `VERSION` (OpenSSH's sftp-server reads requests in order, so `INIT` is
+/// read first), directly and through the agent.
+#[test]
+fn the_first_stat_goes_out_with_init() {
+    let Some(env) = Env::holding_until(SSH_FXP_INIT, Some(SSH_FXP_STAT)) else {
+        return;
+    };
+    let ah = AgentHome::new();
+    let mut expected = Vec::new();
+    for agent in [None, Some(&ah)] {
+        let (local, src) = small_file("stat with init\n");
+        let remote = account_dir();
+        let c = ctx(&env.sshd, &format!("upload, agent: {}", agent.is_some()));
+        let target = format!("{}@127.0.0.1:{}/named.txt", user(), remote.path().display());
+        env.cp(agent, &[s(&src), &target]).expect_code(0, &c);
+        expected.push("early");
+        assert_eq!(env.verdicts(), expected, "{c}");
+        let back = local.path().join("back.txt");
+        let c = ctx(&env.sshd, &format!("download, agent: {}", agent.is_some()));
+        env.cp(agent, &[&target, s(&back)]).expect_code(0, &c);
+        assert_eq!(
+            fs::read_to_string(&back).expect("read the download"),
+            "stat with init\n",
+            "{c}"
+        );
+        expected.push("early");
+        assert_eq!(env.verdicts(), expected, "{c}");
+    }
 }
 
 /// An upload into `dir/` (which can only be a directory) asks for the

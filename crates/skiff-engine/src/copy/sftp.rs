@@ -1,6 +1,11 @@
 //! The SFTP backend of `skiff cp`: works with any SSH server that has the
 //! `sftp` subsystem (stock OpenSSH, skiffd).
 //!
+//! * Started in one flight behind a server that reads requests in order
+//!   (OpenSSH's sftp-server, skiffd's): `INIT`, the `limits@openssh.com`
+//!   question and the copy's first requests (the target's `stat`, a
+//!   temporary's `open`) go out together, and `VERSION` is awaited only
+//!   where what it settles is needed ([`Sftp::start`]).
 //! * Pipelined: up to [`REQUESTS_PER_FILE`] writes of up to 256 KiB (or the
 //!   server's `limits@openssh.com` values) are outstanding per file, reads
 //!   as many as [`super::read_ahead`] allows (64, and more while the
@@ -522,6 +527,89 @@ where
     futures::stream::iter(files.into_iter().map(each)).buffer_unordered(at_once)
 }
 
+/// What `VERSION` (and `limits@openssh.com`) settled for a session.
+#[derive(Debug, Clone, Copy)]
+struct Negotiated {
+    /// The server's `limits@openssh.com`, for extra channels.
+    limits: Option<Limits>,
+    read_len: u32,
+    write_len: u32,
+    posix_rename: bool,
+    fsync: bool,
+    expand_path: bool,
+}
+
+/// `INIT`, `VERSION` and, when the server states them, its limits.
+/// Requests are sent when this is first polled: `INIT`, then (`WithInit`)
+/// the limits question.
+async fn negotiate(
+    raw: Arc<RawSftpSession>,
+    host: String,
+    ask: AskLimits,
+) -> Result<Negotiated, SkiffError> {
+    let sftp_failed = |e: SftpError| {
+        // The channel gave out (I/O) or the server broke the protocol.
+        let kind = match e {
+            SftpError::IO(_) => ErrorKind::Connect,
+            _ => ErrorKind::Protocol,
+        };
+        SkiffError::new(kind, format!("{host}: SFTP session failed to start: {e}"))
+    };
+    let (version, early) = match ask {
+        // Both go out in this order when first polled: one flight.
+        AskLimits::WithInit => {
+            let (version, limits) = tokio::join!(raw.init(), raw.limits());
+            (version, limits.ok())
+        }
+        AskLimits::AfterVersion => (raw.init().await, None),
+    };
+    let version = version.map_err(sftp_failed)?;
+    let has = |name: &str| version.extensions.contains_key(name);
+    let (mut read_len, mut write_len) = (SAFE_READ_CHUNK, SAFE_WRITE_CHUNK);
+    let mut stated: Option<Limits> = None;
+    if has(russh_sftp::extensions::LIMITS) {
+        let limits = match early {
+            Some(limits) => limits,
+            None => raw.limits().await.map_err(sftp_failed)?,
+        };
+        // Leave room for the request header within the packet limit.
+        let by_packet = (limits.max_packet_len > 1024).then(|| limits.max_packet_len - 1024);
+        let cap = |stated: u64| {
+            let mut n = MAX_CHUNK as u64;
+            if stated > 0 {
+                n = n.min(stated);
+            }
+            if let Some(p) = by_packet {
+                n = n.min(p);
+            }
+            n.max(1024) as u32
+        };
+        read_len = cap(limits.max_read_len);
+        write_len = cap(limits.max_write_len);
+        stated = Some(limits.into());
+    }
+    tracing::debug!(
+        "sftp: version {}, read {read_len} B, write {write_len} B, extensions {:?}",
+        version.version,
+        version.extensions.keys().collect::<Vec<_>>()
+    );
+    Ok(Negotiated {
+        limits: stated,
+        read_len,
+        write_len,
+        posix_rename: has(POSIX_RENAME),
+        fsync: has(russh_sftp::extensions::FSYNC),
+        expand_path: has(russh_sftp::extensions::EXPAND_PATH),
+    })
+}
+
+/// A session's negotiation: under way until someone needs what it
+/// settles, then settled once for all. Shared, so that a request given up
+/// while it waited (a file of a wrongly guessed placement, dropped) takes
+/// nothing from the others that wait.
+type Negotiation =
+    futures::future::Shared<futures::future::BoxFuture<'static, Result<Negotiated, SkiffError>>>;
+
 struct Sftp<'a> {
     /// The connection, when this process holds it (not through the agent).
     conn: Option<&'a Connection>,
@@ -531,14 +619,10 @@ struct Sftp<'a> {
     more: Option<&'a dyn MoreChannels>,
     /// `--streams`: most channels an upload uses.
     channels: Option<usize>,
-    /// The server's `limits@openssh.com`, for extra channels.
-    limits: Option<Limits>,
     host: String,
-    read_len: u32,
-    write_len: u32,
-    posix_rename: bool,
-    fsync: bool,
-    expand_path: bool,
+    /// What `VERSION` settles, asked for with `INIT` and awaited only where
+    /// needed (see [`Sftp::start`]).
+    negotiation: Negotiation,
     /// What the server sent, for the copy's watchdog.
     heard: Heard,
     /// The remote temporaries being written.
@@ -582,7 +666,14 @@ impl<'a> Sftp<'a> {
         .await
     }
 
-    /// Negotiates SFTP on a stream where the subsystem has started.
+    /// Starts SFTP on a stream where the subsystem has started: `INIT` (and,
+    /// behind a server that answers in order, the `limits@openssh.com`
+    /// question) goes out now, and `VERSION` is awaited only where what it
+    /// settles is needed ([`Sftp::negotiated`]: chunk sizes, extensions).
+    /// So the first requests of a copy (the target's `stat`, a temporary's
+    /// `open`) go out in the same flight as `INIT` behind such a server,
+    /// which reads them in order after it: one round trip fewer. Behind any
+    /// other server, `VERSION` comes first, as the protocol asks.
     async fn start<S>(
         stream: S,
         host: String,
@@ -594,69 +685,32 @@ impl<'a> Sftp<'a> {
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let mut raw = RawSftpSession::new_with_config(stream, session_config());
-        let sftp_failed = |e: SftpError| {
-            // The channel gave out (I/O) or the server broke the protocol.
-            let kind = match e {
-                SftpError::IO(_) => ErrorKind::Connect,
-                _ => ErrorKind::Protocol,
-            };
-            SkiffError::new(kind, format!("{host}: SFTP session failed to start: {e}"))
-        };
-        let (version, early) = match ask {
-            // Both go out in this order when first polled: one flight.
-            AskLimits::WithInit => {
-                let (version, limits) = tokio::join!(raw.init(), raw.limits());
-                (version, limits.ok())
-            }
-            AskLimits::AfterVersion => (raw.init().await, None),
-        };
-        let version = version.map_err(sftp_failed)?;
-        let has = |name: &str| version.extensions.contains_key(name);
-        let (mut read_len, mut write_len) = (SAFE_READ_CHUNK, SAFE_WRITE_CHUNK);
-        let mut stated: Option<Limits> = None;
-        if has(russh_sftp::extensions::LIMITS) {
-            let limits = match early {
-                Some(limits) => limits,
-                None => raw.limits().await.map_err(sftp_failed)?,
-            };
-            // Leave room for the request header within the packet limit.
-            let by_packet = (limits.max_packet_len > 1024).then(|| limits.max_packet_len - 1024);
-            let cap = |stated: u64| {
-                let mut n = MAX_CHUNK as u64;
-                if stated > 0 {
-                    n = n.min(stated);
-                }
-                if let Some(p) = by_packet {
-                    n = n.min(p);
-                }
-                n.max(1024) as u32
-            };
-            read_len = cap(limits.max_read_len);
-            write_len = cap(limits.max_write_len);
-            stated = Some(limits.into());
-            raw.set_limits(stated.unwrap_or_default());
-        }
-        tracing::debug!(
-            "sftp: version {}, read {read_len} B, write {write_len} B, extensions {:?}",
-            version.version,
-            version.extensions.keys().collect::<Vec<_>>()
-        );
-        Ok(Sftp {
+        let raw = Arc::new(RawSftpSession::new_with_config(stream, session_config()));
+        let negotiating: futures::future::BoxFuture<'static, _> =
+            Box::pin(negotiate(raw.clone(), host.clone(), ask));
+        let negotiation = futures::FutureExt::shared(negotiating);
+        // The first poll sends `INIT` (and the question): before anything
+        // else. What it started is kept in the shared future.
+        let _ = futures::poll!(negotiation.clone());
+        let sftp = Sftp {
             conn,
-            raw: Arc::new(raw),
+            raw,
             more: None,
             channels: None,
-            limits: stated,
-            read_len,
-            write_len,
-            posix_rename: has(POSIX_RENAME),
-            fsync: has(russh_sftp::extensions::FSYNC),
-            expand_path: has(russh_sftp::extensions::EXPAND_PATH),
             host,
+            negotiation,
             heard: heard.clone(),
             temps,
-        })
+        };
+        if ask == AskLimits::AfterVersion {
+            sftp.negotiated().await?;
+        }
+        Ok(sftp)
+    }
+
+    /// What `VERSION` settled, waiting for it the first time.
+    async fn negotiated(&self) -> Result<Negotiated, SkiffError> {
+        self.negotiation.clone().await
     }
 
     /// Sorts an SFTP error on `path` into a per-file failure or the end of the session.
@@ -701,7 +755,7 @@ impl<'a> Sftp<'a> {
                 rest.into()
             });
         }
-        if typed.starts_with('~') && self.expand_path {
+        if typed.starts_with('~') && self.negotiated().await?.expand_path {
             match self.raw.expand_path(typed).await {
                 Ok(name) => {
                     if let Some(f) = name.files.first() {
@@ -941,7 +995,11 @@ impl<'a> Sftp<'a> {
         for opened in futures::future::join_all(opening).await {
             match opened {
                 Ok(mut raw) => {
-                    if let Some(limits) = self.limits {
+                    if let Ok(Negotiated {
+                        limits: Some(limits),
+                        ..
+                    }) = self.negotiated().await
+                    {
                         raw.set_limits(limits);
                     }
                     extras.push(Arc::new(raw));
@@ -1213,7 +1271,7 @@ impl<'a> Sftp<'a> {
         let local_fail = |err: io::Error| Fail::File(FileError::io(&e.source, &err).to_string());
         // A thread reads the local file ahead of the network.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<io::Result<(u64, Vec<u8>)>>(LOCAL_QUEUE);
-        let chunk = self.write_len as usize;
+        let chunk = self.negotiated().await.map_err(Fail::Fatal)?.write_len as usize;
         let reader = tokio::task::spawn_blocking(move || {
             let mut offset = 0u64;
             loop {
@@ -1317,7 +1375,7 @@ impl<'a> Sftp<'a> {
                 self.host
             )));
         }
-        if self.fsync {
+        if self.negotiated().await.map_err(Fail::Fatal)?.fsync {
             match home.fsync(handle).await {
                 Ok(_) => {}
                 Err(SftpError::Status(s)) if s.status_code == StatusCode::OpUnsupported => {}
@@ -1340,7 +1398,7 @@ impl<'a> Sftp<'a> {
         temp: &str,
         target: &str,
     ) -> Result<(), Fail> {
-        if self.posix_rename {
+        if self.negotiated().await.map_err(Fail::Fatal)?.posix_rename {
             let reply = raw
                 .extended(POSIX_RENAME, ssh_strings(&[temp, target]))
                 .await;
@@ -1440,8 +1498,9 @@ impl<'a> Sftp<'a> {
             .map(|e| (e, placement.path_for(&e.rel)))
             .collect();
         let (window, in_flight) = (crate::connect::max_window(), files.len().min(FILES_AT_ONCE));
+        let read_len = self.negotiated().await?.read_len;
         let mut running = files_at_once(files, FILES_AT_ONCE, |(e, local)| async move {
-            let reads = ReadAhead::new(window, self.read_len, in_flight);
+            let reads = ReadAhead::new(window, read_len, in_flight);
             let r = self
                 .download_file(e, &local, job.preserve, reads, progress)
                 .await;
@@ -1738,7 +1797,7 @@ impl<'a> Sftp<'a> {
             Ok(())
         });
 
-        let chunk = self.read_len;
+        let chunk = self.negotiated().await.map_err(Fail::Fatal)?.read_len;
         let size = e.size;
         let mut next = 0u64; // next offset to ask for below `size`
         let mut again: std::collections::VecDeque<(u64, u32)> = Default::default();
