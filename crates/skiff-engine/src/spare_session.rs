@@ -123,7 +123,9 @@ impl SpareSlot {
             State::Opening => SparePhase::Opening,
             State::Ready { .. } => SparePhase::Ready,
         };
-        *self.state.lock().expect("not poisoned") = state;
+        // The phase changes under the state's lock, so that the two agree.
+        let mut current = self.state.lock().expect("not poisoned");
+        *current = state;
         self.phase.send_replace(phase);
     }
 
@@ -173,7 +175,6 @@ impl SpareSlot {
             return false;
         }
         *state = State::Opening;
-        drop(state);
         self.phase.send_replace(SparePhase::Opening);
         true
     }
@@ -192,7 +193,6 @@ impl SpareSlot {
         let State::Ready { take, .. } = std::mem::replace(&mut *state, State::Empty) else {
             unreachable!("checked above")
         };
-        drop(state);
         self.phase.send_replace(SparePhase::Empty);
         self.taken.fetch_add(1, Ordering::Relaxed);
         Some(Claim(take))
@@ -284,7 +284,6 @@ async fn keep(
         let mut state = slot.state.lock().expect("not poisoned");
         if matches!(*state, State::Ready { keeper: k, .. } if k == keeper) {
             *state = State::Empty;
-            drop(state);
             slot.phase.send_replace(SparePhase::Empty);
         }
     }
