@@ -126,6 +126,20 @@ impl Tally {
     }
 }
 
+/// A client that read a whole download leaves as soon as it has it, and
+/// skiffd then hangs the process up: both can come before the main thread,
+/// which wakes once the last sender thread has noted that it is done, has
+/// reported. Gives a download [`ENDING_WAIT`] to report on its own. (An
+/// upload reports before its `Done`, which the client waits for.)
+fn let_a_download_report() {
+    if let Some(tally) = TALLY
+        .get()
+        .filter(|t| t.direction == TransferDirection::Download)
+    {
+        tally.wait_reported(ENDING_WAIT);
+    }
+}
+
 /// The process is ending early: reports the transfer (if one began) as not
 /// completed. A no-op once the transfer has reported.
 fn report_unfinished() {
@@ -206,16 +220,7 @@ fn stop_when_client_leaves(
 ) {
     std::thread::spawn(move || {
         let _ = input.next(); // anything more, or the end
-                              // A client that read a whole download may leave before the last
-                              // sender thread has noted that it is done: give the download a
-                              // moment to end (and report) on its own. (An upload reports before
-                              // its `Done`, which the client waits for.)
-        if let Some(tally) = TALLY
-            .get()
-            .filter(|t| t.direction == TransferDirection::Download)
-        {
-            tally.wait_reported(ENDING_WAIT);
-        }
+        let_a_download_report();
         if finished.load(std::sync::atomic::Ordering::SeqCst) {
             std::process::exit(0);
         }
@@ -327,6 +332,7 @@ fn handle_hangups() -> Result<OnHangup> {
     let on_signal = cleanup.clone();
     std::thread::spawn(move || {
         if let Ok(sig) = set.wait() {
+            let_a_download_report();
             if let Some(undo) = on_signal.lock().expect("cleanup lock").take() {
                 undo();
             }
