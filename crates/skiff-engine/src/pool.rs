@@ -62,6 +62,17 @@ pub struct ChannelOpened {
     pub data_plane: u32,
 }
 
+impl ChannelOpened {
+    /// A channel on `conn` whose open took `rtt`.
+    fn on(conn: &Connection, rtt: Duration) -> Self {
+        ChannelOpened {
+            rtt,
+            server: conn.server_id.kind(),
+            data_plane: conn.server_id.data_plane(),
+        }
+    }
+}
+
 /// What makes two commands able to share a connection.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PoolKey {
@@ -185,6 +196,15 @@ impl Member {
     /// Channels it holds on the server: the commands' and a spare's.
     fn server_channels(&self) -> usize {
         self.open.load(Ordering::SeqCst) + usize::from(self.spare.holds_channel())
+    }
+
+    /// The server refused a channel asked for on it (a command's, whose
+    /// slot is taken, or a spare's, being opened): its limit is what it
+    /// holds besides that one, at least one. Returns that.
+    fn learn_limit_from_refusal(&self) -> usize {
+        let others = self.server_channels().saturating_sub(1).max(1);
+        self.limit.fetch_min(others, Ordering::SeqCst);
+        others
     }
 
     fn has_room(&self) -> bool {
@@ -502,12 +522,7 @@ impl Pool {
                     }
                     let started = Instant::now();
                     let session = open_session(conn).await?;
-                    let opened = ChannelOpened {
-                        rtt: started.elapsed(),
-                        server: conn.server_id.kind(),
-                        data_plane: conn.server_id.data_plane(),
-                    };
-                    Ok((session, opened))
+                    Ok((session, ChannelOpened::on(conn, started.elapsed())))
                 })
             })
             .await?;
@@ -537,11 +552,7 @@ impl Pool {
             let Some(taken) = claim.session().await else {
                 continue;
             };
-            let channel = ChannelOpened {
-                rtt: member.open_rtt(),
-                server: member.conn.server_id.kind(),
-                data_plane: member.conn.server_id.data_plane(),
-            };
+            let channel = ChannelOpened::on(&member.conn, member.open_rtt());
             self.open_spare(&member);
             return Some(Opened {
                 session: taken.session,
@@ -586,8 +597,7 @@ impl Pool {
                 }
                 Err(e) => {
                     if e.kind == ErrorKind::ChannelRefused {
-                        let open = member.open.load(Ordering::SeqCst).max(1);
-                        member.limit.fetch_min(open, Ordering::SeqCst);
+                        member.learn_limit_from_refusal();
                     }
                     tracing::debug!("no spare session channel: {e}");
                     member.spare.opening_failed();
@@ -667,9 +677,7 @@ impl Pool {
             match opener(&member.conn).await {
                 Ok(session) => return Ok((session, slot, notices)),
                 Err(e) if e.kind == ErrorKind::ChannelRefused => {
-                    // The server's limit is what is open right now (not counting us).
-                    let others = member.server_channels().saturating_sub(1).max(1);
-                    member.limit.fetch_min(others, Ordering::SeqCst);
+                    let others = member.learn_limit_from_refusal();
                     tracing::debug!(
                         "{}: channel refused with {others} open; using another connection",
                         settings.hostname

@@ -80,6 +80,16 @@ enum State {
     },
 }
 
+impl State {
+    fn phase(&self) -> SparePhase {
+        match self {
+            State::Empty => SparePhase::Empty,
+            State::Opening => SparePhase::Opening,
+            State::Ready { .. } => SparePhase::Ready,
+        }
+    }
+}
+
 /// One connection's spare session channel (see the module documentation).
 pub struct SpareSlot {
     state: Mutex<State>,
@@ -117,16 +127,17 @@ impl Claim {
 }
 
 impl SpareSlot {
+    /// Puts `next` in `current` (the state, locked by the caller) and
+    /// tells the phase's watchers, under that lock so that the two agree;
+    /// returns what was there.
+    fn replace(&self, current: &mut State, next: State) -> State {
+        self.phase.send_replace(next.phase());
+        std::mem::replace(current, next)
+    }
+
     fn set(&self, state: State) {
-        let phase = match state {
-            State::Empty => SparePhase::Empty,
-            State::Opening => SparePhase::Opening,
-            State::Ready { .. } => SparePhase::Ready,
-        };
-        // The phase changes under the state's lock, so that the two agree.
         let mut current = self.state.lock().expect("not poisoned");
-        *current = state;
-        self.phase.send_replace(phase);
+        self.replace(&mut current, state);
     }
 
     /// Where the spare is now.
@@ -174,8 +185,7 @@ impl SpareSlot {
         if !matches!(*state, State::Empty) {
             return false;
         }
-        *state = State::Opening;
-        self.phase.send_replace(SparePhase::Opening);
+        self.replace(&mut state, State::Opening);
         true
     }
 
@@ -190,10 +200,9 @@ impl SpareSlot {
         if !matches!(*state, State::Ready { .. }) {
             return None;
         }
-        let State::Ready { take, .. } = std::mem::replace(&mut *state, State::Empty) else {
+        let State::Ready { take, .. } = self.replace(&mut state, State::Empty) else {
             unreachable!("checked above")
         };
-        self.phase.send_replace(SparePhase::Empty);
         self.taken.fetch_add(1, Ordering::Relaxed);
         Some(Claim(take))
     }
@@ -283,8 +292,7 @@ async fn keep(
     if let Some(slot) = slot.upgrade() {
         let mut state = slot.state.lock().expect("not poisoned");
         if matches!(*state, State::Ready { keeper: k, .. } if k == keeper) {
-            *state = State::Empty;
-            slot.phase.send_replace(SparePhase::Empty);
+            slot.replace(&mut state, State::Empty);
         }
     }
     if let Some(mut session) = close {

@@ -450,6 +450,16 @@ fn a_refused_spare_teaches_the_limit_and_is_not_asked_again() {
     assert_eq!(only_connection(&pool).spares_taken, 0);
 }
 
+/// A skiffd that closes a session channel after `secs` seconds without
+/// traffic (`ChannelTimeout session=`), counted from its open.
+fn skiffd_timing_out_sessions(secs: u32) -> (Fixture, Skiffd) {
+    let fx = Fixture::new();
+    let config = format!("ChannelTimeout session={secs}s\n");
+    let skiffd =
+        Skiffd::start_with(SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config(&config));
+    (fx, skiffd)
+}
+
 /// A spare the server closes (skiffd's `ChannelTimeout`, which counts a
 /// session channel that never carried data as idle; OpenSSH 9.2's does not
 /// time such a channel out) is let go, and not replaced until a command
@@ -459,10 +469,7 @@ fn a_refused_spare_teaches_the_limit_and_is_not_asked_again() {
 /// skiffd times out no other channel.
 #[test]
 fn a_spare_the_server_times_out_is_let_go_and_the_next_one_sooner() {
-    let fx = Fixture::new();
-    let skiffd = Skiffd::start_with(
-        SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config("ChannelTimeout session=4s\n"),
-    );
+    let (fx, skiffd) = skiffd_timing_out_sessions(4);
     let timeouts = || {
         skiffd
             .log()
@@ -579,10 +586,7 @@ async fn delay_relay(port: u16, one_way: Duration) -> u16 {
 /// own, once, with its output and status.
 #[test]
 fn a_command_whose_spare_was_closed_on_the_way_runs_on_its_own_channel() {
-    let fx = Fixture::new();
-    let skiffd = Skiffd::start_with(
-        SkiffdOptions::new(&fx.host_key, &fx.authorized_keys).config("ChannelTimeout session=3s\n"),
-    );
+    let (fx, skiffd) = skiffd_timing_out_sessions(3);
     let marks = account_dir();
     let ran = marks.path().join("ran");
     runtime().block_on(async {

@@ -158,16 +158,17 @@ impl Env {
     }
 }
 
-/// `skiff cp -q ... ARGS` to the server on `port` that trusts `fx`'s
-/// client key (without the agent unless `agent` says where it lives),
-/// started.
-fn spawn_cp(
+/// `skiff cp ... ARGS` to the server on `port` that trusts `fx`'s client
+/// key (without the agent unless `agent` says where it lives), quiet (`-q`)
+/// or with its progress bar.
+fn cp_command(
     home: &ClientHome,
     port: u16,
     fx: &Fixture,
     agent: Option<&AgentHome>,
+    quiet: bool,
     args: &[&str],
-) -> Running {
+) -> Command {
     let mut cmd = Command::new(skiff_bin());
     match agent {
         Some(ah) => cmd
@@ -176,16 +177,29 @@ fn spawn_cp(
             .env("XDG_STATE_HOME", ah.home.path().join("state")),
         None => cmd.env("SKIFF_AGENT", "off"),
     };
-    let child = cmd
-        .env_remove("SSH_AUTH_SOCK")
+    cmd.env_remove("SSH_AUTH_SOCK")
         .env_remove("SSH_ASKPASS")
         .env_remove("DISPLAY")
         .env("HOME", home.path())
-        .args(["cp", "-q", "-F", "/dev/null", "-o", "BatchMode=yes", "-P"])
+        .arg("cp")
+        .args(quiet.then_some("-q"))
+        .args(["-F", "/dev/null", "-o", "BatchMode=yes", "-P"])
         .arg(port.to_string())
         .arg("-i")
         .arg(&fx.client_key.private)
-        .args(args)
+        .args(args);
+    cmd
+}
+
+/// `skiff cp -q ... ARGS` (see [`cp_command`]), started.
+fn spawn_cp(
+    home: &ClientHome,
+    port: u16,
+    fx: &Fixture,
+    agent: Option<&AgentHome>,
+    args: &[&str],
+) -> Running {
+    let child = cp_command(home, port, fx, agent, true, args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -643,28 +657,16 @@ fn an_interrupted_copy_on_a_terminal_clears_its_progress_bar() {
     };
     let dir = env.remote_dir("terminal");
     let source = env.source(BIG);
-    let mut cmd = Command::new(skiff_bin());
-    cmd.env_remove("SSH_AUTH_SOCK")
-        .env_remove("SSH_ASKPASS")
-        .env_remove("DISPLAY")
-        .env("HOME", env.home.path())
-        .env("TERM", "xterm")
-        .env("SKIFF_AGENT", "off")
-        .args([
-            "cp",
-            "-F",
-            "/dev/null",
-            "-o",
-            "BatchMode=yes",
-            "--streams",
-            "1",
-            "-P",
-        ])
-        .arg(env.sshd.port().to_string())
-        .arg("-i")
-        .arg(&env.fx.client_key.private)
-        .arg(&source)
-        .arg(env.remote(&dir.join("big")));
+    let target = env.remote(&dir.join("big"));
+    let mut cmd = cp_command(
+        &env.home,
+        env.sshd.port(),
+        &env.fx,
+        None,
+        false,
+        &["--streams", "1", s(&source), &target],
+    );
+    cmd.env("TERM", "xterm");
     let mut term = OnTerminal::spawn(cmd);
     let c = env.ctx("SIGINT during an upload on a terminal");
     // The bar is drawn, and the upload is under way.
