@@ -754,6 +754,11 @@ impl Pool {
     /// warm connection) and what the server is as soon as it is open, before the command or
     /// subsystem is asked for. The caller can then pick what depends on the
     /// round trip, such as the data plane's stream count, without another.
+    ///
+    /// Unlike [`Pool::exec`], a request that met a spare the server closed
+    /// is not made again here: its input has been read. It fails with
+    /// [`ErrorKind::ClosedBeforeStart`], and a caller that holds what it
+    /// sent (a copy) may send it again.
     pub async fn exec_announcing_open<I, O, E>(
         &self,
         settings: &ConnectSettings,
@@ -770,8 +775,18 @@ impl Pool {
     {
         let channel = self.open(settings, req, true).await?;
         let _ = opened.send(channel.channel);
-        self.run_opened(channel, req, stdin, stdout, stderr, None)
-            .await
+        let spare = channel.spare_age.map(|age| (channel.slot.0.clone(), age));
+        let outcome = self
+            .run_opened(channel, req, stdin, stdout, stderr, None)
+            .await;
+        // The caller holds what it sent and may send it again (a copy
+        // does); the pool learns from the race as `exec` does.
+        if let (Err(e), Some((member, age))) = (&outcome, spare) {
+            if e.kind == ErrorKind::ClosedBeforeStart {
+                member.spare.learn_idle_limit(age);
+            }
+        }
+        outcome
     }
 
     /// Runs `req` on a channel [`Pool::open`] opened.

@@ -31,7 +31,8 @@
 //! (before the slot has learned its limit): the command then ends with
 //! [`crate::ErrorKind::ClosedBeforeStart`], nothing having run, and the
 //! pool runs a command without input again on a channel of its own
-//! ([`crate::Pool::exec`]).
+//! ([`crate::Pool::exec`]); a copy, which holds what it sent, is sent
+//! again by the copy itself.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};

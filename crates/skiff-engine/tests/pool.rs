@@ -552,30 +552,6 @@ fn a_forgotten_connection_with_a_spare_closes() {
     }
 }
 
-/// Starts a relay with `one_way` delay each way to 127.0.0.1:`port` on the
-/// current runtime, and returns the port it listens on.
-async fn delay_relay(port: u16, one_way: Duration) -> u16 {
-    use skiff_delay_relay::model::{default_in_flight, Link};
-    use skiff_delay_relay::relay::{run, Config, EventLog};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("relay listens");
-    let relay_port = listener.local_addr().expect("relay address").port();
-    let link = Link::new(one_way);
-    let cfg = Config {
-        target: format!("127.0.0.1:{port}"),
-        in_flight: default_in_flight(&link),
-        link,
-        detailed_chunks: 0,
-        exit_after_idle: None,
-    };
-    let log = EventLog::open(None).expect("no event log");
-    tokio::spawn(async move {
-        let _ = run(listener, cfg, log).await;
-    });
-    relay_port
-}
-
 /// The race a spare can lose: the server times the spare out while a
 /// command's request is on its way. Through a relay with 1 s each way, to
 /// a skiffd with `ChannelTimeout session=3s` (a fresh channel's request
@@ -589,9 +565,9 @@ fn a_command_whose_spare_was_closed_on_the_way_runs_on_its_own_channel() {
     let (fx, skiffd) = skiffd_timing_out_sessions(3);
     let marks = account_dir();
     let ran = marks.path().join("ran");
+    let relay = DelayRelay::start(skiffd.port(), Duration::from_secs(1));
     runtime().block_on(async {
-        let port = delay_relay(skiffd.port(), Duration::from_secs(1)).await;
-        let (s, pool) = spare_pool(port, &fx, LONG_LIFE);
+        let (s, pool) = spare_pool(relay.port(), &fx, LONG_LIFE);
         first_command_parks_a_spare(&pool, &s).await;
         // Into the window where skiffd has closed the spare and the client
         // cannot know yet (0.8 s of margin each side).

@@ -28,6 +28,7 @@
 //! * `security_keys`: security keys made with a software key library;
 //! * `skiff_client`: `skiff exec`, a client HOME, a test's skiff agent;
 //! * `daemon`, `sshd`, `skiffd`: the servers the tests talk to;
+//! * `delay_relay`: a long path on loopback in front of one of them;
 //! * `checks`: assertions on what a login sees;
 //! * `terminal`: a program on a pseudo-terminal of its own.
 
@@ -36,6 +37,7 @@
 mod accounts;
 mod checks;
 mod daemon;
+mod delay_relay;
 mod environment;
 mod files;
 mod keys;
@@ -49,6 +51,7 @@ mod sshd;
 mod terminal;
 
 pub use self::{
-    accounts::*, checks::*, daemon::*, environment::*, files::*, keys::*, pam_service::*, run::*,
-    security_keys::*, skiff_client::*, skiffd::*, ssh_client::*, sshd::*, terminal::*,
+    accounts::*, checks::*, daemon::*, delay_relay::*, environment::*, files::*, keys::*,
+    pam_service::*, run::*, security_keys::*, skiff_client::*, skiffd::*, ssh_client::*, sshd::*,
+    terminal::*,
 };

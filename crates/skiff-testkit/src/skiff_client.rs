@@ -387,6 +387,21 @@ pub fn skiff_cp_via_agent(ah: &AgentHome, port: u16, key: &Key, args: &[&str]) -
     skiff_cp_in(ah.home.path(), Some(ah.runtime.path()), port, key, args)
 }
 
+/// [`skiff_cp_via_agent`] with `env` set as well (`SKIFF_LOG`, say).
+pub fn skiff_cp_via_agent_env(
+    ah: &AgentHome,
+    port: u16,
+    key: &Key,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> CmdOutput {
+    let mut run = cp_command(ah.home.path(), Some(ah.runtime.path()), port, key);
+    for (name, value) in env {
+        run = run.env(name, value);
+    }
+    run.args(args).run()
+}
+
 /// `skiff cp ARGS` with HOME `home` (its known_hosts there, host keys
 /// accepted), through the agent whose runtime directory is `runtime`
 /// (none: directly), to 127.0.0.1:`port`, bounded by [`BULK_TIMEOUT`].

@@ -105,6 +105,13 @@ pub(crate) fn refused(kind: u8) -> bool {
     skiff_agent::kind_from_wire(kind) == ErrorKind::Refused
 }
 
+/// Whether an agent's `Failed` reply says the server closed the channel
+/// without answering the request and nothing came from it: nothing
+/// started, so the request may be made again.
+pub(crate) fn closed_before_start(kind: u8) -> bool {
+    skiff_agent::kind_from_wire(kind) == ErrorKind::ClosedBeforeStart
+}
+
 /// The exit status of a command the agent answered for (its failure
 /// printed), or `None` when it should connect directly instead.
 pub(crate) fn exit_status(outcome: Outcome) -> Option<i32> {

@@ -111,6 +111,10 @@ pub(crate) async fn via_agent(
     // A small upload goes on the data plane's channel alone; a skiffd that
     // refuses that gets the copy again with streams, on a new channel.
     let mut inline = true;
+    // A spare channel the server closed as the request met it (its own
+    // timeout for idle channels) started nothing: the copy is sent again,
+    // once, on a channel of its own.
+    let mut sent_again = false;
     let mut names = std::collections::VecDeque::from([skiff_proto::dataplane::SUBSYSTEM, "sftp"]);
     while let Some(name) = names.pop_front() {
         let (ours, theirs) = match std::os::unix::net::UnixStream::pair() {
@@ -221,6 +225,14 @@ pub(crate) async fn via_agent(
                 if route::refused(kind) && name != "sftp" =>
             {
                 tracing::debug!("{host}: no skiff data plane through the agent; using SFTP");
+                continue;
+            }
+            (Err(_), Answer::Agent(Reply::Failed { kind, .. }))
+                if route::closed_before_start(kind) && !sent_again =>
+            {
+                tracing::debug!("{host}: the server closed the channel before the copy started; sending it again");
+                sent_again = true;
+                names.push_front(name);
                 continue;
             }
             (Err(e), Answer::Agent(Reply::Failed { message, kind }))
