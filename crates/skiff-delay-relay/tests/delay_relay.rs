@@ -44,6 +44,7 @@ fn echo_server() -> (u16, mpsc::Receiver<Instant>) {
         let mut buf = vec![0u8; 64 << 10];
         loop {
             match s.read(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
                     if s.write_all(&buf[..n]).is_err() {

@@ -81,7 +81,8 @@ fn delayed_pipe(mut from: TcpStream, mut to: TcpStream, delay: Duration, stop: A
                 }
                 Err(e)
                     if e.kind() == std::io::ErrorKind::WouldBlock
-                        || e.kind() == std::io::ErrorKind::TimedOut => {}
+                        || e.kind() == std::io::ErrorKind::TimedOut
+                        || e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(_) => break,
             }
         }

@@ -83,7 +83,15 @@ fn flood(port: u16, n: usize, hello: &[u8]) -> Flood {
         }
         s.set_read_timeout(Some(PACE_WAIT)).expect("read timeout");
         let mut b = [0u8; 1];
-        match s.read(&mut b) {
+        // A signal cuts a read with a timeout short (it is never
+        // restarted): read again.
+        let read = loop {
+            match s.read(&mut b) {
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                other => break other,
+            }
+        };
+        match read {
             Ok(1) => f.admitted.push(s),
             Ok(_) => f.dropped.push(s),
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
@@ -236,6 +244,7 @@ fn read_identification(s: &mut TcpStream, c: &str) {
     while !line.ends_with(b"\n") {
         match s.read(&mut b) {
             Ok(1) => line.push(b[0]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             other => panic!(
                 "{c}: no identification line ({other:?} after {:?})",
                 String::from_utf8_lossy(&line)
@@ -247,18 +256,26 @@ fn read_identification(s: &mut TcpStream, c: &str) {
 }
 
 /// Waits (at most `limit`) for skiffd to close `s`; returns how long it
-/// took. Anything sent (there should be nothing) is an error.
+/// took. Anything sent (there should be nothing) is an error. A read cut
+/// short by a signal (another test's handler, in this process, may take
+/// one) is made again for the time left.
 fn closed_within(s: &mut TcpStream, limit: Duration, c: &str) -> Duration {
     let start = Instant::now();
-    s.set_read_timeout(Some(limit)).unwrap();
     let mut buf = [0u8; 64];
-    match s.read(&mut buf) {
-        Ok(0) => {}
-        Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
-        other => panic!(
-            "{c}: not closed within {limit:?}: {other:?} after {:?}",
-            start.elapsed()
-        ),
+    loop {
+        let left = limit
+            .saturating_sub(start.elapsed())
+            .max(Duration::from_millis(1));
+        s.set_read_timeout(Some(left)).unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted && start.elapsed() < limit => continue,
+            other => panic!(
+                "{c}: not closed within {limit:?}: {other:?} after {:?}",
+                start.elapsed()
+            ),
+        }
     }
     start.elapsed()
 }

@@ -161,6 +161,8 @@ fn answer_to(port: u16, first: &[u8]) -> Vec<u8> {
             Ok(n) => got.extend_from_slice(&buf[..n]),
             // A reset after the answer (unread bytes at the close) ends it too.
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return got,
+            // A signal (SO_RCVTIMEO reads are never restarted).
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => panic!("reading skiffd's answer: {e} (so far {got:?})"),
         }
     }
