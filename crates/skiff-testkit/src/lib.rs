@@ -29,6 +29,7 @@
 //! * `skiff_client`: `skiff exec`, a client HOME, a test's skiff agent;
 //! * `daemon`, `sshd`, `skiffd`: the servers the tests talk to;
 //! * `delay_relay`: a long path on loopback in front of one of them;
+//! * `other_ssh`: dropbear's server and client, PuTTY's tools;
 //! * `checks`: assertions on what a login sees;
 //! * `terminal`: a program on a pseudo-terminal of its own.
 
@@ -41,6 +42,7 @@ mod delay_relay;
 mod environment;
 mod files;
 mod keys;
+mod other_ssh;
 mod pam_service;
 mod run;
 mod security_keys;
@@ -52,6 +54,6 @@ mod terminal;
 
 pub use self::{
     accounts::*, checks::*, daemon::*, delay_relay::*, environment::*, files::*, keys::*,
-    pam_service::*, run::*, security_keys::*, skiff_client::*, skiffd::*, ssh_client::*, sshd::*,
-    terminal::*,
+    other_ssh::*, pam_service::*, run::*, security_keys::*, skiff_client::*, skiffd::*,
+    ssh_client::*, sshd::*, terminal::*,
 };

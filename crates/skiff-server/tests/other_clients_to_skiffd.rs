@@ -1,0 +1,227 @@
+//! Clients other than OpenSSH's against skiffd: dropbear's `dbclient` and
+//! PuTTY's `plink`, `pscp` and `psftp`. Each checks skiffd's host key its
+//! own way (dbclient against a known_hosts line, PuTTY against the pinned
+//! fingerprint `-hostkey`), logs in with the fixture's client key converted
+//! to its own format, and runs commands or moves files as a user would.
+//!
+//! Run as root (as CI does), the remote side is the `skiff-test` account.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use skiff_testkit::server_context as ctx;
+use skiff_testkit::*;
+use tempfile::TempDir;
+
+/// Longest a client here may take.
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// A HOME for the client, and the client key in its format.
+struct Client {
+    home: TempDir,
+    key: PathBuf,
+}
+
+/// dbclient with a HOME whose known_hosts holds `host_key` for 127.0.0.1
+/// (so the key is checked, never accepted blindly) and the client key
+/// converted. dbclient (2022.83) looks a host up by name alone, whatever
+/// the port: no `[127.0.0.1]:PORT` entry.
+fn dbclient_home(fx: &Fixture, host_key: &Key) -> Client {
+    let home = tempdir();
+    let dot_ssh = home.path().join(".ssh");
+    std::fs::create_dir(&dot_ssh).expect("mkdir .ssh");
+    write_file(
+        &dot_ssh.join("known_hosts"),
+        format!("127.0.0.1 {}\n", host_key.key_material()),
+        0o600,
+    );
+    let key = home.path().join("id.dropbear");
+    dropbear_key(&fx.client_key, &key);
+    Client { home, key }
+}
+
+fn dbclient(c: &Client, d: &Skiffd, command: &str) -> Run {
+    Run::new("dbclient")
+        .env("HOME", c.home.path())
+        .arg("-i")
+        .arg(&c.key)
+        .args(["-p", &d.port().to_string()])
+        .arg(format!("{}@127.0.0.1", user()))
+        .arg(command)
+        .timeout(LIMIT)
+}
+
+#[test]
+fn dbclient_runs_commands_with_their_status_output_and_input() {
+    if !require_dropbear() {
+        return;
+    }
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let client = dbclient_home(&fx, &fx.host_key);
+    let c = ctx(&d, "dbclient: a command that writes both ways and exits 4");
+    let out = dbclient(&client, &d, "echo out; echo err >&2; exit 4").run();
+    out.expect_code(4, &c).expect_stdout("out\n", &c);
+    assert!(out.stderr.contains("err\n"), "{c}\n{out}");
+
+    let c = ctx(&d, "dbclient: input through cat");
+    let input: Vec<u8> = (0..300_000u32).flat_map(|i| i.to_be_bytes()).collect();
+    let out = dbclient(&client, &d, "cat")
+        .input(Input::Bytes(input.clone()))
+        .run();
+    out.expect_code(0, &c);
+    assert!(out.stdout == input, "{c}: {} bytes back", out.stdout.len());
+
+    let c = ctx(&d, "dbclient: a large output");
+    let out = dbclient(&client, &d, "head -c 20000000 /dev/zero").run();
+    out.expect_code(0, &c);
+    assert_eq!(out.stdout.len(), 20_000_000, "{c}");
+}
+
+#[test]
+fn dbclient_refuses_skiffd_under_another_host_key() {
+    if !require_dropbear() {
+        return;
+    }
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let client = dbclient_home(&fx, &fx.stranger_key);
+    let c = ctx(&d, "dbclient expecting another host key");
+    let out = dbclient(&client, &d, "echo ran").run();
+    assert_ne!(out.code, 0, "{c}\n{out}");
+    assert!(out.stdout.is_empty(), "{c}: nothing ran\n{out}");
+    assert!(out.stderr.contains("mismatch"), "{c}\n{out}");
+}
+
+/// A HOME for PuTTY's tools (they keep a random seed there) and the key
+/// as a `.ppk`.
+fn putty_home(fx: &Fixture) -> Client {
+    let home = tempdir();
+    let key = home.path().join("id.ppk");
+    putty_key(&fx.client_key, &key);
+    Client { home, key }
+}
+
+/// `tool -batch` (never a prompt) with the key and skiffd's host key
+/// pinned, to skiffd's port (`-P` for all three).
+fn putty(tool: &str, c: &Client, fx: &Fixture, d: &Skiffd) -> Run {
+    Run::new(tool)
+        .env("HOME", c.home.path())
+        .args(["-batch", "-P", &d.port().to_string(), "-i"])
+        .arg(&c.key)
+        .args(["-hostkey", &fx.host_key.fingerprint()])
+        .timeout(LIMIT)
+}
+
+#[test]
+fn plink_runs_commands_with_their_status_output_and_input() {
+    if !require_putty() {
+        return;
+    }
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let client = putty_home(&fx);
+    let dest = format!("{}@127.0.0.1", user());
+    let c = ctx(&d, "plink: a command that writes both ways and exits 5");
+    let out = putty("plink", &client, &fx, &d)
+        .args(["-ssh", &dest, "echo out; echo err >&2; exit 5"])
+        .run();
+    out.expect_code(5, &c).expect_stdout("out\n", &c);
+    assert!(out.stderr.contains("err\n"), "{c}\n{out}");
+
+    let c = ctx(&d, "plink: input through cat");
+    let input: Vec<u8> = (0..300_000u32).flat_map(|i| i.to_le_bytes()).collect();
+    let out = putty("plink", &client, &fx, &d)
+        .args(["-ssh", &dest, "cat"])
+        .input(Input::Bytes(input.clone()))
+        .run();
+    out.expect_code(0, &c);
+    assert!(out.stdout == input, "{c}: {} bytes back", out.stdout.len());
+}
+
+#[test]
+fn plink_refuses_skiffd_under_another_host_key() {
+    if !require_putty() {
+        return;
+    }
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let client = putty_home(&fx);
+    let c = ctx(&d, "plink pinned to another host key");
+    let out = Run::new("plink")
+        .env("HOME", client.home.path())
+        .args(["-batch", "-ssh", "-P", &d.port().to_string(), "-i"])
+        .arg(&client.key)
+        .args(["-hostkey", &fx.stranger_key.fingerprint()])
+        .arg(format!("{}@127.0.0.1", user()))
+        .arg("echo ran")
+        .timeout(LIMIT)
+        .run();
+    assert_ne!(out.code, 0, "{c}\n{out}");
+    assert!(out.stdout.is_empty(), "{c}: nothing ran\n{out}");
+}
+
+#[test]
+fn pscp_and_psftp_move_files_both_ways() {
+    if !require_putty() {
+        return;
+    }
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let client = putty_home(&fx);
+    let work = tempdir();
+    let src = work.path().join("src");
+    let sum = random_file(&src, 3_000_000);
+    let remote_dir = account_dir();
+    let remote = |p: &Path| format!("{}@127.0.0.1:{}", user(), p.display());
+
+    let up = remote_dir.path().join("up");
+    let c = ctx(&d, "pscp: upload");
+    putty("pscp", &client, &fx, &d)
+        .arg(&src)
+        .arg(remote(&up))
+        .run()
+        .expect_code(0, &c);
+    assert_eq!(sha256(&up), sum, "{c}");
+
+    let down = work.path().join("down");
+    let c = ctx(&d, "pscp: download");
+    putty("pscp", &client, &fx, &d)
+        .arg(remote(&up))
+        .arg(&down)
+        .run()
+        .expect_code(0, &c);
+    assert_eq!(sha256(&down), sum, "{c}");
+
+    // A session of psftp's commands: a directory made, a file put, renamed,
+    // got back, removed, the directory removed.
+    let back = work.path().join("back");
+    let dir = remote_dir.path().join("d");
+    let script = work.path().join("script");
+    write_file(
+        &script,
+        format!(
+            "mkdir {dir}\nput {src} {dir}/a\nmv {dir}/a {dir}/b\nls {dir}\nget {dir}/b {back}\n\
+             rm {dir}/b\nrmdir {dir}\nquit\n",
+            dir = dir.display(),
+            src = src.display(),
+            back = back.display()
+        ),
+        0o644,
+    );
+    let c = ctx(&d, "psftp: a session");
+    let out = putty("psftp", &client, &fx, &d)
+        .arg("-b")
+        .arg(&script)
+        .arg(format!("{}@127.0.0.1", user()))
+        .run();
+    out.expect_code(0, &c);
+    assert!(out.stdout_str().contains(" b\n"), "{c}: ls shows b\n{out}");
+    assert_eq!(sha256(&back), sum, "{c}");
+    assert!(!dir.exists(), "{c}: the directory was removed");
+}

@@ -1,0 +1,143 @@
+//! skiff against dropbear's server, the SSH server of routers, containers
+//! and rescue images: commands (status, output, input, a large output),
+//! and copies both ways over SFTP (dropbear runs OpenSSH's sftp-server),
+//! on skiff's own connection and through the agent. The host key is
+//! checked against known_hosts as for any server.
+//!
+//! Run as root (as CI does): dropbear serves a temporary account of the
+//! test's own, whose `~/.ssh/authorized_keys` it reads.
+
+use std::path::Path;
+
+use skiff_testkit::*;
+
+/// A dropbear presenting the fixture's host key, an account it lets the
+/// fixture's client key into, and a client HOME that trusts it.
+struct Env {
+    fx: Fixture,
+    dropbear: Dropbear,
+    account: TempAccount,
+    home: ClientHome,
+}
+
+impl Env {
+    fn new(tag: &str) -> Option<Env> {
+        if !require_dropbear() || !require_openssh() {
+            return None;
+        }
+        let fx = Fixture::new();
+        let account = TempAccount::create(tag, "/bin/sh");
+        authorize_in_home(&account.account, &[fx.client_key.pub_line()]);
+        let dropbear = Dropbear::start(&fx.host_key);
+        let home = ClientHome::new();
+        home.trust(dropbear.port(), &fx.host_key);
+        Some(Env {
+            fx,
+            dropbear,
+            account,
+            home,
+        })
+    }
+
+    fn exec(&self, command: &str) -> SkiffExec {
+        skiff_exec(
+            &self.home,
+            self.dropbear.port(),
+            self.account.name(),
+            Some(&self.fx.client_key),
+        )
+        .cmd(command)
+    }
+
+    fn remote(&self, path: &Path) -> String {
+        format!("{}@127.0.0.1:{}", self.account.name(), path.display())
+    }
+
+    fn ctx(&self, what: &str) -> String {
+        server_context(&self.dropbear, what)
+    }
+}
+
+#[test]
+fn commands_run_on_dropbear_with_their_status_output_and_input() {
+    let Some(env) = Env::new("dbx") else {
+        return;
+    };
+    let c = env.ctx("a command that writes both ways and exits 3");
+    let out = env.exec("echo out; echo err >&2; id -un; exit 3").run();
+    out.expect_code(3, &c);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("out\n{}\n", env.account.name()),
+        "{c}"
+    );
+    assert_eq!(out.stderr, "err\n", "{c}");
+
+    let c = env.ctx("input through cat");
+    let input: Vec<u8> = (0..200_000u32).flat_map(|i| i.to_le_bytes()).collect();
+    let out = env.exec("cat").input(Input::Bytes(input.clone())).run();
+    out.expect_code(0, &c);
+    assert!(out.stdout == input, "{c}: {} bytes back", out.stdout.len());
+
+    // More than dropbear's channel window, so its window adjustments and
+    // skiff's are both exercised.
+    let c = env.ctx("a large output");
+    let out = env.exec("head -c 20000000 /dev/zero").run();
+    out.expect_code(0, &c);
+    assert_eq!(out.stdout.len(), 20_000_000, "{c}");
+    assert!(out.stdout.iter().all(|&b| b == 0), "{c}");
+}
+
+#[test]
+fn copies_go_both_ways_to_dropbear_over_sftp_directly_and_through_the_agent() {
+    let Some(env) = Env::new("dbc") else {
+        return;
+    };
+    let work = tempdir();
+    let src = work.path().join("src");
+    let sum = random_file(&src, 3_000_000);
+    let tree = work.path().join("tree");
+    std::fs::create_dir_all(tree.join("a/b")).expect("mkdir");
+    let leaf_sum = random_file(&tree.join("a/b/leaf"), 70_000);
+    let top_sum = random_file(&tree.join("top"), 10);
+    let ah = AgentHome::new();
+    let port = env.dropbear.port();
+    let key = &env.fx.client_key;
+    for via_agent in [false, true] {
+        let how = if via_agent {
+            "through the agent"
+        } else {
+            "directly"
+        };
+        let cp = |args: &[&str]| match via_agent {
+            true => skiff_cp_via_agent(&ah, port, key, args),
+            false => skiff_cp(port, key, args),
+        };
+        let into = env.account.account.home.join(format!("in-{via_agent}"));
+        let c = env.ctx(&format!("upload {how}"));
+        cp(&[s(&src), &env.remote(&into)]).expect_code(0, &c);
+        assert_eq!(sha256(&into), sum, "{c}");
+
+        let back = work.path().join(format!("back-{via_agent}"));
+        let c = env.ctx(&format!("download {how}"));
+        cp(&[&env.remote(&into), s(&back)]).expect_code(0, &c);
+        assert_eq!(sha256(&back), sum, "{c}");
+
+        let remote_tree = env.account.account.home.join(format!("tree-{via_agent}"));
+        let c = env.ctx(&format!("a tree up {how}"));
+        cp(&["-r", s(&tree), &env.remote(&remote_tree)]).expect_code(0, &c);
+        assert_eq!(sha256(&remote_tree.join("a/b/leaf")), leaf_sum, "{c}");
+        assert_eq!(sha256(&remote_tree.join("top")), top_sum, "{c}");
+
+        let c = env.ctx(&format!("a missing file {how}"));
+        let missing = env.account.account.home.join("missing");
+        let out = cp(&[&env.remote(&missing), s(&work.path().join("nothing"))]);
+        out.expect_code(1, &c);
+        assert!(out.stderr.contains("missing"), "{c}: names the file\n{out}");
+    }
+    assert_eq!(ah.agent_pids().len(), 1, "an agent carried the copies");
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 path")
+}
