@@ -40,15 +40,22 @@ fn dbclient_home(fx: &Fixture, host_key: &Key) -> Client {
     Client { home, key }
 }
 
-fn dbclient(c: &Client, d: &Skiffd, command: &str) -> Run {
+/// `dbclient` with the key of `c`, to skiffd, with `options` before the
+/// destination and then `command`.
+fn dbclient_with(c: &Client, d: &Skiffd, options: &[&str], command: &str) -> Run {
     Run::new("dbclient")
         .env("HOME", c.home.path())
         .arg("-i")
         .arg(&c.key)
         .args(["-p", &d.port().to_string()])
+        .args(options)
         .arg(format!("{}@127.0.0.1", user()))
         .arg(command)
         .timeout(LIMIT)
+}
+
+fn dbclient(c: &Client, d: &Skiffd, command: &str) -> Run {
+    dbclient_with(c, d, &[], command)
 }
 
 #[test]
@@ -60,23 +67,7 @@ fn dbclient_runs_commands_with_their_status_output_and_input() {
         return;
     };
     let client = dbclient_home(&fx, &fx.host_key);
-    let c = ctx(&d, "dbclient: a command that writes both ways and exits 4");
-    let out = dbclient(&client, &d, "echo out; echo err >&2; exit 4").run();
-    out.expect_code(4, &c).expect_stdout("out\n", &c);
-    assert!(out.stderr.contains("err\n"), "{c}\n{out}");
-
-    let c = ctx(&d, "dbclient: input through cat");
-    let input: Vec<u8> = (0..300_000u32).flat_map(|i| i.to_be_bytes()).collect();
-    let out = dbclient(&client, &d, "cat")
-        .input(Input::Bytes(input.clone()))
-        .run();
-    out.expect_code(0, &c);
-    assert!(out.stdout == input, "{c}: {} bytes back", out.stdout.len());
-
-    let c = ctx(&d, "dbclient: a large output");
-    let out = dbclient(&client, &d, "head -c 20000000 /dev/zero").run();
-    out.expect_code(0, &c);
-    assert_eq!(out.stdout.len(), 20_000_000, "{c}");
+    check_commands("dbclient", &d, |command| dbclient(&client, &d, command));
 }
 
 #[test]
@@ -90,9 +81,38 @@ fn dbclient_refuses_skiffd_under_another_host_key() {
     let client = dbclient_home(&fx, &fx.stranger_key);
     let c = ctx(&d, "dbclient expecting another host key");
     let out = dbclient(&client, &d, "echo ran").run();
+    check_refused(&out, &c);
+    assert!(out.stderr.contains("mismatch"), "{c}\n{out}");
+}
+
+/// A client that refused the server ran nothing.
+fn check_refused(out: &CmdOutput, c: &str) {
     assert_ne!(out.code, 0, "{c}\n{out}");
     assert!(out.stdout.is_empty(), "{c}: nothing ran\n{out}");
-    assert!(out.stderr.contains("mismatch"), "{c}\n{out}");
+}
+
+/// What `client` (whose command line for a remote command `run` builds)
+/// must do against skiffd: a command's status, output and error output,
+/// its input, and an output larger than any window.
+fn check_commands(client: &str, d: &Skiffd, run: impl Fn(&str) -> Run) {
+    let c = ctx(
+        d,
+        &format!("{client}: a command that writes both ways and exits 4"),
+    );
+    let out = run("echo out; echo err >&2; exit 4").run();
+    out.expect_code(4, &c).expect_stdout("out\n", &c);
+    assert!(out.stderr.contains("err\n"), "{c}\n{out}");
+
+    let c = ctx(d, &format!("{client}: input through cat"));
+    let input: Vec<u8> = (0..300_000u32).flat_map(|i| i.to_be_bytes()).collect();
+    let out = run("cat").input(Input::Bytes(input.clone())).run();
+    out.expect_code(0, &c);
+    assert!(out.stdout == input, "{c}: {} bytes back", out.stdout.len());
+
+    let c = ctx(d, &format!("{client}: a large output"));
+    let out = run("head -c 20000000 /dev/zero").run();
+    out.expect_code(0, &c);
+    assert_eq!(out.stdout.len(), 20_000_000, "{c}");
 }
 
 /// A HOME for PuTTY's tools (they keep a random seed there) and the key
@@ -125,21 +145,9 @@ fn plink_runs_commands_with_their_status_output_and_input() {
     };
     let client = putty_home(&fx);
     let dest = format!("{}@127.0.0.1", user());
-    let c = ctx(&d, "plink: a command that writes both ways and exits 5");
-    let out = putty("plink", &client, &fx, &d)
-        .args(["-ssh", &dest, "echo out; echo err >&2; exit 5"])
-        .run();
-    out.expect_code(5, &c).expect_stdout("out\n", &c);
-    assert!(out.stderr.contains("err\n"), "{c}\n{out}");
-
-    let c = ctx(&d, "plink: input through cat");
-    let input: Vec<u8> = (0..300_000u32).flat_map(|i| i.to_le_bytes()).collect();
-    let out = putty("plink", &client, &fx, &d)
-        .args(["-ssh", &dest, "cat"])
-        .input(Input::Bytes(input.clone()))
-        .run();
-    out.expect_code(0, &c);
-    assert!(out.stdout == input, "{c}: {} bytes back", out.stdout.len());
+    check_commands("plink", &d, |command| {
+        putty("plink", &client, &fx, &d).args(["-ssh", &dest, command])
+    });
 }
 
 #[test]
@@ -161,8 +169,7 @@ fn plink_refuses_skiffd_under_another_host_key() {
         .arg("echo ran")
         .timeout(LIMIT)
         .run();
-    assert_ne!(out.code, 0, "{c}\n{out}");
-    assert!(out.stdout.is_empty(), "{c}: nothing ran\n{out}");
+    check_refused(&out, &c);
 }
 
 #[test]
@@ -224,4 +231,61 @@ fn pscp_and_psftp_move_files_both_ways() {
     assert!(out.stdout_str().contains(" b\n"), "{c}: ls shows b\n{out}");
     assert_eq!(sha256(&back), sum, "{c}");
     assert!(!dir.exists(), "{c}: the directory was removed");
+}
+
+/// dbclient's `-B` and plink's `-nc` (a direct-tcpip channel, as `ssh -W`)
+/// and both clients' `-R` (skiffd listens, the client connects what comes
+/// in), to a line echo server.
+#[test]
+fn dbclient_and_plink_forward_both_ways_through_skiffd() {
+    if !require_dropbear() || !require_putty() {
+        return;
+    }
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let echo = echo_server();
+    let target = format!("127.0.0.1:{}", echo.port);
+    let lines = || Input::Bytes(b"one\ntwo\n".to_vec());
+    let db = dbclient_home(&fx, &fx.host_key);
+    let putty_client = putty_home(&fx);
+    let dest = format!("{}@127.0.0.1", user());
+
+    let c = ctx(&d, "dbclient -B through skiffd");
+    Run::new("dbclient")
+        .env("HOME", db.home.path())
+        .arg("-i")
+        .arg(&db.key)
+        .args(["-p", &d.port().to_string(), "-B", &target, &dest])
+        .input(lines())
+        .timeout(LIMIT)
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout(TWO_ECHOES, &c);
+
+    let c = ctx(&d, "plink -nc through skiffd");
+    putty("plink", &putty_client, &fx, &d)
+        .args(["-ssh", "-nc", &target, &dest])
+        .input(lines())
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout(TWO_ECHOES, &c);
+
+    let remote = free_port();
+    let c = ctx(&d, "dbclient -R through skiffd");
+    let forward = format!("127.0.0.1:{remote}:{target}");
+    dbclient_with(&db, &d, &["-R", &forward], &talk_to_command(remote))
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout(TWO_ECHOES, &c);
+
+    let remote = free_port();
+    let c = ctx(&d, "plink -R through skiffd");
+    putty("plink", &putty_client, &fx, &d)
+        .args(["-ssh", "-R", &format!("127.0.0.1:{remote}:{target}"), &dest])
+        .arg(talk_to_command(remote))
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout(TWO_ECHOES, &c);
+    assert_eq!(echo.connections(), 4, "{c}");
 }

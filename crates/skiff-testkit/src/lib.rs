@@ -29,6 +29,7 @@
 //! * `skiff_client`: `skiff exec`, a client HOME, a test's skiff agent;
 //! * `daemon`, `sshd`, `skiffd`: the servers the tests talk to;
 //! * `delay_relay`: a long path on loopback in front of one of them;
+//! * `echo`: a line echo server, for the far end of a forwarding;
 //! * `other_ssh`: dropbear's server and client, PuTTY's tools;
 //! * `checks`: assertions on what a login sees;
 //! * `terminal`: a program on a pseudo-terminal of its own.
@@ -39,6 +40,7 @@ mod accounts;
 mod checks;
 mod daemon;
 mod delay_relay;
+mod echo;
 mod environment;
 mod files;
 mod keys;
@@ -53,7 +55,7 @@ mod sshd;
 mod terminal;
 
 pub use self::{
-    accounts::*, checks::*, daemon::*, delay_relay::*, environment::*, files::*, keys::*,
+    accounts::*, checks::*, daemon::*, delay_relay::*, echo::*, environment::*, files::*, keys::*,
     other_ssh::*, pam_service::*, run::*, security_keys::*, skiff_client::*, skiffd::*,
     ssh_client::*, sshd::*, terminal::*,
 };

@@ -19,31 +19,32 @@ use super::keys::Key;
 
 /// Converts the OpenSSH private key `key` to dropbear's format at `to`.
 pub fn dropbear_key(key: &Key, to: &Path) {
-    let out = Command::new("dropbearconvert")
-        .args(["openssh", "dropbear"])
-        .arg(&key.private)
-        .arg(to)
-        .output()
-        .expect("run dropbearconvert");
-    assert!(
-        out.status.success(),
-        "dropbearconvert {}: {}",
-        key.private.display(),
-        String::from_utf8_lossy(&out.stderr)
+    convert(
+        Command::new("dropbearconvert")
+            .args(["openssh", "dropbear"])
+            .arg(&key.private)
+            .arg(to),
+        key,
     );
 }
 
 /// Converts the OpenSSH private key `key` to PuTTY's `.ppk` at `to`.
 pub fn putty_key(key: &Key, to: &Path) {
-    let out = Command::new("puttygen")
-        .arg(&key.private)
-        .args(["-O", "private", "-o"])
-        .arg(to)
-        .output()
-        .expect("run puttygen");
+    convert(
+        Command::new("puttygen")
+            .arg(&key.private)
+            .args(["-O", "private", "-o"])
+            .arg(to),
+        key,
+    );
+}
+
+/// Runs a key converter on `key`, which must succeed.
+fn convert(command: &mut Command, key: &Key) {
+    let out = command.output().expect("run a key converter");
     assert!(
         out.status.success(),
-        "puttygen {}: {}",
+        "{command:?} on {}: {}",
         key.private.display(),
         String::from_utf8_lossy(&out.stderr)
     );

@@ -141,3 +141,45 @@ fn copies_go_both_ways_to_dropbear_over_sftp_directly_and_through_the_agent() {
 fn s(p: &Path) -> &str {
     p.to_str().expect("a UTF-8 path")
 }
+
+/// `skiff ssh -W` (a direct-tcpip channel) and `-R` (dropbear listens,
+/// skiff connects what comes in) through dropbear, to a line echo server.
+#[test]
+fn skiff_ssh_forwards_both_ways_through_dropbear() {
+    let Some(env) = Env::new("dbf") else {
+        return;
+    };
+    let echo = echo_server();
+    let ssh = |args: &[&str]| {
+        Run::new(skiff_bin())
+            .env("HOME", env.home.path())
+            .env("SKIFF_AGENT", "off")
+            .env_remove("SSH_AUTH_SOCK")
+            .args(["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-i"])
+            .arg(&env.fx.client_key.private)
+            .args(["-p", &env.dropbear.port().to_string()])
+            .args(args)
+    };
+    let dest = format!("{}@127.0.0.1", env.account.name());
+    let c = env.ctx("skiff ssh -W through dropbear");
+    ssh(&["-W", &format!("127.0.0.1:{}", echo.port), &dest])
+        .input(Input::Bytes(b"one\ntwo\n".to_vec()))
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout(TWO_ECHOES, &c);
+
+    let c = env.ctx("skiff ssh -R through dropbear");
+    let remote = free_port();
+    ssh(&[
+        "-o",
+        "ExitOnForwardFailure=yes",
+        "-R",
+        &format!("127.0.0.1:{remote}:127.0.0.1:{}", echo.port),
+        &dest,
+        &talk_to_command(remote),
+    ])
+    .run()
+    .expect_code(0, &c)
+    .expect_stdout(TWO_ECHOES, &c);
+    assert_eq!(echo.connections(), 2, "{c}");
+}

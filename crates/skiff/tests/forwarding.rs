@@ -9,53 +9,12 @@
 //! /dev/tcp) to the port that ssh or skiffd listens on, and a line echo
 //! server that the test owns answers at the other end.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::thread;
 
 use skiff_testkit::server_context as ctx;
 use skiff_testkit::*;
-
-/// A TCP server on 127.0.0.1 that answers every line with `echo: LINE`
-/// until the client ends its side, then closes. It serves until the test
-/// process ends.
-struct Echo {
-    port: u16,
-    connections: Arc<AtomicUsize>,
-}
-
-fn echo_server() -> Echo {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the echo server");
-    let port = listener.local_addr().unwrap().port();
-    let connections = Arc::new(AtomicUsize::new(0));
-    let counter = connections.clone();
-    thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            counter.fetch_add(1, Ordering::SeqCst);
-            let out = stream.try_clone().expect("clone the stream");
-            thread::spawn(move || echo_lines(stream, out));
-        }
-    });
-    Echo { port, connections }
-}
-
-/// Answers every line read from `input` with `echo: LINE` on `out`.
-fn echo_lines(input: impl std::io::Read, mut out: impl Write) {
-    for line in BufReader::new(input).lines() {
-        let Ok(line) = line else { break };
-        if writeln!(out, "echo: {line}").is_err() {
-            break;
-        }
-    }
-}
-
-impl Echo {
-    fn connections(&self) -> usize {
-        self.connections.load(Ordering::SeqCst)
-    }
-}
 
 /// A remote command that connects to 127.0.0.1:`port`, sends two lines
 /// and prints the two lines that come back.
@@ -64,8 +23,6 @@ fn talk_to(port: u16) -> String {
         "bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port} || exit 7; printf \"one\\ntwo\\n\" >&3; head -n 2 <&3'"
     )
 }
-
-const TWO_ECHOES: &str = "echo: one\necho: two\n";
 
 /// skiffd with `config` lines, serving the fixture's keys plus one key per
 /// `(name, options)`.
