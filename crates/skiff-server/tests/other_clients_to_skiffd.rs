@@ -289,3 +289,47 @@ fn dbclient_and_plink_forward_both_ways_through_skiffd() {
         .expect_stdout(TWO_ECHOES, &c);
     assert_eq!(echo.connections(), 4, "{c}");
 }
+
+/// dbclient and plink, each on a terminal of its own, ask skiffd for one
+/// (`-t`): the command runs on a pseudo-terminal, what is typed reaches
+/// it, and its status comes back.
+#[test]
+fn dbclient_and_plink_get_a_terminal() {
+    if !require_dropbear() || !require_putty() {
+        return;
+    }
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let db = dbclient_home(&fx, &fx.host_key);
+    let putty_client = putty_home(&fx);
+    let dest = format!("{}@127.0.0.1", user());
+    let remote = "tty; echo ready; read x; echo \"got:$x\"; exit 3";
+    let mut dbclient = std::process::Command::new("dbclient");
+    dbclient
+        .env("HOME", db.home.path())
+        .arg("-t")
+        .arg("-i")
+        .arg(&db.key)
+        .args(["-p", &d.port().to_string(), &dest, remote]);
+    let mut plink = std::process::Command::new("plink");
+    plink
+        .env("HOME", putty_client.home.path())
+        .args(["-batch", "-t", "-ssh", "-P", &d.port().to_string(), "-i"])
+        .arg(&putty_client.key)
+        .args(["-hostkey", &fx.host_key.fingerprint(), &dest, remote]);
+    for (client, cmd) in [("dbclient", dbclient), ("plink", plink)] {
+        let c = ctx(&d, &format!("{client} -t on a terminal"));
+        let mut term = OnTerminal::spawn(cmd);
+        term.wait_for("ready", LIMIT);
+        term.type_line("hello");
+        term.wait_for("got:hello", LIMIT);
+        let status = term.wait(LIMIT);
+        assert_eq!(status.code(), Some(3), "{c}\n{}", term.output());
+        assert!(
+            term.output().contains("/dev/pts/"),
+            "{c}\n{}",
+            term.output()
+        );
+    }
+}
