@@ -333,3 +333,33 @@ fn dbclient_and_plink_get_a_terminal() {
         );
     }
 }
+
+/// A client that has neither AEAD cipher (played by dbclient limited to
+/// `aes128-ctr` and `hmac-sha2-256`, as a dropbear before 2020.79 was) is
+/// refused by skiffd's defaults, and served once the configuration adds
+/// the two, as the README says.
+#[test]
+fn a_client_without_aead_ciphers_needs_them_added() {
+    if !require_dropbear() {
+        return;
+    }
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let old_algorithms = ["-c", "aes128-ctr", "-m", "hmac-sha2-256"];
+    let client = dbclient_home(&fx, &fx.host_key);
+    let c = ctx(&d, "dbclient with aes128-ctr alone, default skiffd");
+    let out = dbclient_with(&client, &d, &old_algorithms, "echo ran").run();
+    check_refused(&out, &c);
+    assert!(out.stderr.contains("No matching algo"), "{c}\n{out}");
+
+    let added = Skiffd::start_with(
+        SkiffdOptions::new(&fx.host_key, &fx.authorized_keys)
+            .config("Ciphers +aes128-ctr\nMACs +hmac-sha2-256\n"),
+    );
+    let c = ctx(&added, "dbclient with aes128-ctr alone, both added");
+    dbclient_with(&client, &added, &old_algorithms, "echo ran")
+        .run()
+        .expect_code(0, &c)
+        .expect_stdout("ran\n", &c);
+}
