@@ -12,7 +12,7 @@ use russh::keys::{Algorithm, PublicKeyOrCertificate};
 use russh::{cipher, kex, mac, Preferred, SshId};
 
 use crate::error::{ErrorKind, SkiffError};
-use crate::hostkeys::{CertificateCheck, KnownHosts};
+use crate::hostkeys::{CertificateCheck, HostKeyTrust, KnownHosts};
 use crate::identity;
 use crate::port_forward::RemoteForwards;
 use crate::server_id::{recording, ServerId};
@@ -49,6 +49,10 @@ pub struct Connection {
     ending: EndWatch,
     /// Whether an `UpdateHostKeys` update is in flight.
     host_keys: crate::host_key_update::Settled,
+    /// The host key is not the one known for the host
+    /// (`StrictHostKeyChecking no` let it through): see
+    /// [`Connection::allows_forwarding`].
+    host_key_mismatched: bool,
 }
 
 /// Whether a connection has ended, as its handler saw it.
@@ -63,6 +67,13 @@ enum Ending {
 }
 
 impl Connection {
+    /// Whether ports may be forwarded through this connection: not when
+    /// its host key is not the one known for the host, even though
+    /// `StrictHostKeyChecking no` let it through (as ssh).
+    pub fn allows_forwarding(&self) -> bool {
+        !self.host_key_mismatched
+    }
+
     /// The watch on how this connection ends, for a caller that saw it
     /// fail, or a channel of it.
     pub(crate) fn end_watch(&self) -> EndWatch {
@@ -173,6 +184,10 @@ pub struct ClientHandler {
     /// Set when the key exchange should be done again with every known type
     /// first ([`KnownHosts::order_missed_a_type`]).
     order_again: Arc<AtomicBool>,
+    /// Set when the host key is not the one known for the host and
+    /// `StrictHostKeyChecking no` let it through
+    /// ([`crate::hostkeys::HostKeyTrust::Mismatched`]).
+    mismatched: Arc<AtomicBool>,
     /// Where the server's `forwarded-tcpip` channels go.
     remote_forwards: Arc<RemoteForwards>,
     /// Told when the connection ends (see [`EndWatch::described`]).
@@ -388,9 +403,14 @@ impl client::Handler for ClientHandler {
         // user is the bottleneck anyway.
         let verdict = self.known_hosts.verify(&self.settings, &public);
         let name = skiff_proto::known_hosts::host_port_name(host, port);
+        if let Ok(HostKeyTrust::Mismatched) = verdict {
+            self.mismatched.store(true, Ordering::Relaxed);
+            // Not even an agent channel the server opens unasked.
+            self.settings.forward_agent = None;
+        }
         match (verdict, untrusted_certificate) {
-            (Ok(()), None) => Ok(true),
-            (Ok(()), Some(reason)) => {
+            (Ok(_), None) => Ok(true),
+            (Ok(_), Some(reason)) => {
                 self.known_hosts.notice(format!(
                     "Warning: {name}: host certificate not trusted: {reason}; its key is known, continuing"
                 ));
@@ -507,6 +527,8 @@ pub fn russh_config(
 /// A connection whose keys are exchanged, not yet authenticated.
 struct Handshake {
     handle: client::Handle<ClientHandler>,
+    /// The host key was let through although it is not the known one.
+    host_key_mismatched: bool,
     peer_addr: Option<SocketAddr>,
     server_id: ServerId,
     remote_forwards: Arc<RemoteForwards>,
@@ -542,6 +564,7 @@ async fn handshake(
     let (stream, server_id) = recording(buffered);
     let refusal = Arc::new(Mutex::new(None));
     let order_again = Arc::new(AtomicBool::new(false));
+    let mismatched = Arc::new(AtomicBool::new(false));
     let remote_forwards = Arc::new(RemoteForwards::default());
     let (ending_tx, ending) = tokio::sync::watch::channel(Ending::Open);
     let (update, host_keys, session_id) = crate::host_key_update::updater();
@@ -552,6 +575,7 @@ async fn handshake(
         refusal: refusal.clone(),
         partial_order,
         order_again: order_again.clone(),
+        mismatched: mismatched.clone(),
         remote_forwards: remote_forwards.clone(),
         ending: ending_tx,
     };
@@ -568,6 +592,7 @@ async fn handshake(
             }
             Ok(Some(Handshake {
                 handle,
+                host_key_mismatched: mismatched.load(Ordering::Relaxed),
                 peer_addr,
                 server_id,
                 remote_forwards,
@@ -670,6 +695,7 @@ async fn authenticated(settings: &ConnectSettings) -> Result<Connection, SkiffEr
     let first = handshake(settings, &known_hosts, &order.types, partial_order).await?;
     let Handshake {
         mut handle,
+        host_key_mismatched,
         peer_addr,
         server_id,
         remote_forwards,
@@ -693,6 +719,19 @@ async fn authenticated(settings: &ConnectSettings) -> Result<Connection, SkiffEr
                     )
                 })?
         }
+    };
+    // A changed key let through (`StrictHostKeyChecking no`) is told no
+    // secret and trusted with nothing, as ssh does.
+    let guarded;
+    let settings = if host_key_mismatched {
+        let said;
+        (guarded, said) = settings.guarded_for_a_changed_host_key();
+        for line in said {
+            known_hosts.notice(line);
+        }
+        &guarded
+    } else {
+        settings
     };
     let kex_budget = settings.connect_timeout;
     let late = || {
@@ -743,6 +782,7 @@ async fn authenticated(settings: &ConnectSettings) -> Result<Connection, SkiffEr
     }
     Ok(Connection {
         handle,
+        host_key_mismatched,
         settings: settings.without_identity_cache(),
         notices: if settings.show_notices {
             known_hosts.take_notices()

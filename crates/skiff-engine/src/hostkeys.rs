@@ -276,8 +276,21 @@ pub enum CertificateCheck {
 }
 
 /// What to do after looking the key up, once the files are released.
+/// What [`KnownHosts::verify`] let through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostKeyTrust {
+    /// Known, vouched for, or new and accepted (recorded, or by a person).
+    Verified,
+    /// Not the key known for the host, let through by
+    /// `StrictHostKeyChecking no` with a warning. As in ssh, such a
+    /// connection gets no password, no keyboard-interactive answer, no
+    /// forwarded agent and no forwarding
+    /// ([`ConnectSettings::guarded_for_a_changed_host_key`]).
+    Mismatched,
+}
+
 enum Next {
-    Done(Result<(), SkiffError>),
+    Done(Result<HostKeyTrust, SkiffError>),
     Record,
     Ask(String),
 }
@@ -612,7 +625,11 @@ impl KnownHosts {
     }
 
     /// Applies the policy to the key the server presented.
-    pub fn verify(&self, settings: &ConnectSettings, key: &PublicKey) -> Result<(), SkiffError> {
+    pub fn verify(
+        &self,
+        settings: &ConnectSettings,
+        key: &PublicKey,
+    ) -> Result<HostKeyTrust, SkiffError> {
         let blob = key.to_bytes().map_err(|e| {
             SkiffError::new(
                 ErrorKind::Protocol,
@@ -642,10 +659,10 @@ impl KnownHosts {
                 &key_type,
                 &blob,
             ) {
-                Decision::Accept => Next::Done(Ok(())),
+                Decision::Accept => Next::Done(Ok(HostKeyTrust::Verified)),
                 Decision::AcceptWithWarning(w) => {
                     self.notice(w);
-                    Next::Done(Ok(()))
+                    Next::Done(Ok(HostKeyTrust::Mismatched))
                 }
                 Decision::Refuse(detail) => {
                     tracing::debug!("{detail}");
@@ -667,17 +684,20 @@ impl KnownHosts {
                     ))
                     .needing_person()))
                 }
-                Decision::AskUser => Next::Ask(known_hosts::ask_prompt(
-                    &status, host, port, &key_type, &blob,
-                )),
+                Decision::AskUser => {
+                    Next::Ask(known_hosts::ask_prompt(host, port, &key_type, &blob))
+                }
             }
         });
         match next {
             Next::Done(result) => result,
-            Next::Record => self.record(settings, &key_type, &blob),
+            Next::Record => self
+                .record(settings, &key_type, &blob)
+                .map(|()| HostKeyTrust::Verified),
             Next::Ask(prompt) => {
                 if crate::prompt_screen::while_prompting(|| ask_on_terminal(&prompt, &blob))? {
                     self.record(settings, &key_type, &blob)
+                        .map(|()| HostKeyTrust::Verified)
                 } else {
                     Err(refuse(format!(
                         "host key verification failed: you declined the key of {host}"
@@ -819,8 +839,8 @@ fn one_line_refusal(
         HostKeyStatus::Revoked(found) => format!(
             "{name}: host key verification failed: the {label} key {fp} is marked @revoked at {found}; refusing to connect"
         ),
-        HostKeyStatus::Changed { old } => {
-            let olds: Vec<String> = old.iter().map(|f| format!("{} at {f}", f.entry.fingerprint())).collect();
+        HostKeyStatus::Changed { old } | HostKeyStatus::OtherTypesKnown(old) => {
+            let olds: Vec<String> = old.iter().map(|f| format!("{} {} at {f}", known_hosts::key_type_label(&f.entry.key_type), f.entry.fingerprint())).collect();
             let files: Vec<&str> = old.iter().map(|f| f.file).collect();
             format!(
                 "{name}: host key verification failed: REMOTE HOST KEY HAS CHANGED (someone may be intercepting the connection): \

@@ -217,6 +217,13 @@ fn passed_over(method: AuthMethod, settings: &ConnectSettings, asking: Asking) -
     if method == AuthMethod::PublicKey {
         return None;
     }
+    if settings.host_key_mismatched {
+        return Some(
+            "not sent to a host whose key is not the one known for it \
+             (StrictHostKeyChecking no let it through)"
+                .to_string(),
+        );
+    }
     if let Some(why) = asking.why_not() {
         return Some(why.to_string());
     }

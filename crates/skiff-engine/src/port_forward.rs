@@ -298,6 +298,9 @@ impl ListenOptions {
 /// error naming it, in `failures`; the others go on (the caller decides,
 /// per `ExitOnForwardFailure`, whether that ends the program). Messages
 /// for the person (a port the server chose) are returned in `notices`.
+/// Through a connection whose host key is not the known one (let through
+/// by `StrictHostKeyChecking no`), nothing is forwarded, and that is one
+/// failure, as in ssh.
 pub async fn start(
     conn: &Arc<Connection>,
     specs: &[ForwardSpec],
@@ -312,6 +315,18 @@ pub async fn start(
     };
     let mut failures = Vec::new();
     let mut notices = Vec::new();
+    if !conn.allows_forwarding() {
+        if !specs.is_empty() {
+            // A failure: `ExitOnForwardFailure` then ends the program, as
+            // in ssh; otherwise it is a warning and the session goes on.
+            failures.push(SkiffError::new(
+                ErrorKind::Connect,
+                "port forwarding is disabled to avoid man-in-the-middle attacks \
+                 (the host key is not the one known for this host)",
+            ));
+        }
+        return (forwarding, failures, notices);
+    }
     for spec in specs {
         let failed = |why: String| SkiffError::new(ErrorKind::Connect, format!("{spec}: {why}"));
         match spec {

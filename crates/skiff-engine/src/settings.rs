@@ -107,6 +107,11 @@ pub struct ConnectSettings {
     pub password_authentication: bool,
     /// `KbdInteractiveAuthentication` (default yes, as ssh).
     pub kbd_interactive_authentication: bool,
+    /// Set on a connection whose host key is not the one known for the
+    /// host, let through by `StrictHostKeyChecking no`: no password or
+    /// keyboard-interactive answer goes to it (see
+    /// [`ConnectSettings::guarded_for_a_changed_host_key`]).
+    pub host_key_mismatched: bool,
     /// `PreferredAuthentications`: the methods in the order tried (default
     /// publickey, keyboard-interactive, password).
     pub preferred_authentications: Vec<crate::password_auth::AuthMethod>,
@@ -179,6 +184,35 @@ pub const MAX_JUMPS: usize = 8;
 impl ConnectSettings {
     /// These settings without the resolver's identity cache (jump hosts'
     /// included) and fan-out gate, for keeping beside a live connection.
+    /// These settings for a connection whose host key is not the one
+    /// known for the host, let through by `StrictHostKeyChecking no` (as
+    /// ssh does then): no password or keyboard-interactive answer goes to
+    /// it, no agent is forwarded to it, and it teaches no host keys (no
+    /// port is forwarded through it either: see
+    /// [`crate::Connection::allows_forwarding`]). Also returns what was
+    /// turned off, one line each, for the person to see.
+    pub(crate) fn guarded_for_a_changed_host_key(&self) -> (ConnectSettings, Vec<String>) {
+        let mut guarded = self.clone();
+        guarded.host_key_mismatched = true;
+        let mut said = Vec::new();
+        let mut off = |on: bool, what: &str| {
+            if on {
+                said.push(format!(
+                    "{what} is disabled to avoid man-in-the-middle attacks."
+                ));
+            }
+        };
+        off(self.password_authentication, "Password authentication");
+        off(
+            self.kbd_interactive_authentication,
+            "Keyboard-interactive authentication",
+        );
+        off(self.forward_agent.is_some(), "Agent forwarding");
+        guarded.forward_agent = None;
+        guarded.update_host_keys = skiff_proto::ssh_config::UpdateHostKeys::No;
+        (guarded, said)
+    }
+
     pub(crate) fn without_identity_cache(&self) -> ConnectSettings {
         let mut kept = self.clone();
         kept.identity_cache = None;
@@ -842,6 +876,7 @@ impl Resolver {
             pubkey_authentication: cfg.pubkey_authentication.unwrap_or(true),
             password_authentication: cfg.password_authentication.unwrap_or(true),
             kbd_interactive_authentication: cfg.kbd_interactive_authentication.unwrap_or(true),
+            host_key_mismatched: false,
             preferred_authentications: crate::password_auth::method_order(
                 cfg.preferred_authentications.as_deref(),
             ),

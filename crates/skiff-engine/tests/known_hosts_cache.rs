@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use russh::keys::ssh_key::public::Ed25519PublicKey;
 use russh::keys::PublicKey;
-use skiff_engine::hostkeys::{known_hosts_parses, KnownHosts, RACY_WINDOW};
+use skiff_engine::hostkeys::{known_hosts_parses, HostKeyTrust, KnownHosts, RACY_WINDOW};
 use skiff_engine::settings::{resolve_for, ClientEnv};
 use skiff_engine::{ConnectSettings, Destination};
 use skiff_proto::known_hosts::{self, format_entry, HostKeyStatus};
@@ -75,7 +75,13 @@ fn settle() {
 fn ask(s: &ConnectSettings, n: u8) -> (Vec<String>, Result<(), String>) {
     let kh = KnownHosts::load(s);
     let types = kh.known_key_types(&s.hostname, s.port);
-    let verdict = kh.verify(s, &key(n)).map_err(|e| e.message);
+    let verdict = kh
+        .verify(s, &key(n))
+        .map_err(|e| e.message)
+        .and_then(|trust| match trust {
+            HostKeyTrust::Verified => Ok(()),
+            HostKeyTrust::Mismatched => Err("let through with a changed key".to_string()),
+        });
     (types, verdict)
 }
 

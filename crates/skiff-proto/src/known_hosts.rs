@@ -812,7 +812,10 @@ pub enum HostKeyStatus<'a> {
         /// The recorded keys of the same family, in lookup order.
         old: Vec<Found<'a>>,
     },
-    /// Only keys of other types are recorded for this host.
+    /// Only keys of other types are recorded for this host. OpenSSH counts
+    /// any recorded key that differs as a changed key, whatever its type,
+    /// and so does [`decide`]: a server that no longer shows the type it
+    /// was known by may be someone else.
     OtherTypesKnown(Vec<Found<'a>>),
     /// Nothing is recorded for this host.
     Unknown,
@@ -1166,13 +1169,14 @@ fn describe_found(found: &Found<'_>) -> String {
 ///
 /// * `Known` -> [`Decision::Accept`].
 /// * `Revoked` -> [`Decision::Refuse`] under every policy; names `file:line`.
-/// * `Changed` -> `Refuse` for `Yes`/`AcceptNew`/`Ask`;
+/// * `Changed` and `OtherTypesKnown` (a key of another type recorded, as
+///   OpenSSH counts it) -> `Refuse` for `Yes`/`AcceptNew`/`Ask`;
 ///   [`Decision::AcceptWithWarning`] (not recorded) for `No`. The message
 ///   gives the offered and recorded fingerprints, `file:line` of the old
 ///   entries and the `ssh-keygen -R` command to remove them.
-/// * `Unknown` / `OtherTypesKnown` -> `Yes`: `Refuse` with the fingerprint and
-///   how to add the key; `AcceptNew`/`No`: [`Decision::AcceptAndRecord`];
-///   `Ask`: [`Decision::AskUser`].
+/// * `Unknown` -> `Yes`: `Refuse` with the fingerprint and how to add the
+///   key; `AcceptNew`/`No`: [`Decision::AcceptAndRecord`]; `Ask`:
+///   [`Decision::AskUser`].
 pub fn decide(
     status: &HostKeyStatus<'_>,
     policy: StrictHostKeyChecking,
@@ -1199,10 +1203,14 @@ pub fn decide(
             ));
             Decision::Refuse(msg)
         }
-        HostKeyStatus::Changed { old } => {
+        HostKeyStatus::Changed { old } | HostKeyStatus::OtherTypesKnown(old) => {
+            let recorded = match status {
+                HostKeyStatus::Changed { .. } => "the key recorded for it",
+                _ => "the keys of other types recorded for it",
+            };
             let mut msg = banner("WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!");
             msg.push_str(&format!(
-                "The {label} host key offered by {shown} does not match the key recorded for it.\n\
+                "The {label} host key offered by {shown} does not match {recorded}.\n\
                  Someone may be intercepting this connection (man-in-the-middle attack),\n\
                  or the host key may simply have been replaced.\n\
                  Offered key fingerprint: {fp}\n\
@@ -1243,7 +1251,7 @@ pub fn decide(
                 Decision::Refuse(msg)
             }
         }
-        HostKeyStatus::Unknown | HostKeyStatus::OtherTypesKnown(_) => match policy {
+        HostKeyStatus::Unknown => match policy {
             P::AcceptNew | P::No => Decision::AcceptAndRecord,
             P::Ask => Decision::AskUser,
             P::Yes => {
@@ -1251,13 +1259,6 @@ pub fn decide(
                     "No {label} host key is known for {shown} and StrictHostKeyChecking is yes.\n\
                      The server offered a key with fingerprint {fp}\n"
                 );
-                if let HostKeyStatus::OtherTypesKnown(others) = status {
-                    msg.push_str("Keys of other types are already recorded for this host:\n");
-                    for found in others {
-                        msg.push_str(&describe_found(found));
-                        msg.push('\n');
-                    }
-                }
                 let line = format_entry(host, port, key_type, key_blob, None);
                 msg.push_str(&format!(
                     "After verifying the fingerprint with the host's administrator, either connect\n\
@@ -1274,13 +1275,7 @@ pub fn decide(
 
 /// The terminal prompt for [`Decision::AskUser`], ending with the question
 /// (no trailing newline).
-pub fn ask_prompt(
-    status: &HostKeyStatus<'_>,
-    host: &str,
-    port: u16,
-    key_type: &str,
-    key_blob: &[u8],
-) -> String {
+pub fn ask_prompt(host: &str, port: u16, key_type: &str, key_blob: &[u8]) -> String {
     let shown = display_name(host, port);
     let label = key_type_label(offered_type(key_type, key_blob));
     let mut msg = format!(
@@ -1288,13 +1283,6 @@ pub fn ask_prompt(
          {label} key fingerprint is {}.\n",
         fingerprint_sha256(key_blob)
     );
-    if let HostKeyStatus::OtherTypesKnown(others) = status {
-        msg.push_str("Keys of other types are already recorded for this host:\n");
-        for found in others {
-            msg.push_str(&describe_found(found));
-            msg.push('\n');
-        }
-    }
     msg.push_str("Are you sure you want to continue connecting (yes/no/[fingerprint])? ");
     msg
 }
@@ -1913,36 +1901,28 @@ mod tests {
             panic!("{s:?}")
         };
         assert_eq!(others[0].line, 1);
-        assert_eq!(
-            decide(
-                &s,
-                StrictHostKeyChecking::AcceptNew,
-                "h",
-                22,
-                "ssh-ed25519",
-                &e
-            ),
-            Decision::AcceptAndRecord
-        );
-        assert_eq!(
-            decide(&s, StrictHostKeyChecking::No, "h", 22, "ssh-ed25519", &e),
-            Decision::AcceptAndRecord
-        );
-        assert_eq!(
-            decide(&s, StrictHostKeyChecking::Ask, "h", 22, "ssh-ed25519", &e),
-            Decision::AskUser
-        );
-        let Decision::Refuse(msg) =
-            decide(&s, StrictHostKeyChecking::Yes, "h", 22, "ssh-ed25519", &e)
+        // As OpenSSH: a recorded key of another type is a changed key, so
+        // only `no` goes on (and records nothing).
+        for policy in [
+            StrictHostKeyChecking::AcceptNew,
+            StrictHostKeyChecking::Ask,
+            StrictHostKeyChecking::Yes,
+        ] {
+            let Decision::Refuse(msg) = decide(&s, policy, "h", 22, "ssh-ed25519", &e) else {
+                panic!("{policy:?}")
+            };
+            assert!(msg.contains("HAS CHANGED"), "{msg}");
+            assert!(msg.contains("keys of other types"), "{msg}");
+            assert!(msg.contains(&fingerprint_sha256(&e)), "{msg}");
+            assert!(msg.contains("kh:1"), "{msg}");
+            assert!(msg.contains("ssh-keygen -f 'kh' -R 'h'"), "{msg}");
+        }
+        let Decision::AcceptWithWarning(msg) =
+            decide(&s, StrictHostKeyChecking::No, "h", 22, "ssh-ed25519", &e)
         else {
             panic!()
         };
-        assert!(msg.contains(&fingerprint_sha256(&e)), "{msg}");
-        assert!(msg.contains("kh:1"), "{msg}");
-        assert!(msg.contains(&format!("h ssh-ed25519 {}", b64(&e))), "{msg}");
-        let prompt = ask_prompt(&s, "h", 22, "ssh-ed25519", &e);
-        assert!(prompt.contains("RSA key"), "{prompt}");
-        assert!(prompt.contains(&fingerprint_sha256(&e)), "{prompt}");
+        assert!(msg.contains("NOT recorded"), "{msg}");
     }
 
     #[test]
@@ -1962,7 +1942,7 @@ mod tests {
         assert!(msg.contains("[new.host]:2222"), "{msg}");
         assert!(msg.contains(&fingerprint_sha256(&key)), "{msg}");
         assert!(msg.contains("accept-new"), "{msg}");
-        let prompt = ask_prompt(&s, "new.host", 2222, "ssh-ed25519", &key);
+        let prompt = ask_prompt("new.host", 2222, "ssh-ed25519", &key);
         assert!(prompt.starts_with("The authenticity of host '[new.host]:2222'"));
         assert!(prompt.contains("ED25519 key fingerprint is"));
         assert_eq!(ask_answer(" yes\n", &key), Some(true));

@@ -1299,3 +1299,62 @@ fn skiff_ssh_local_sockets_follow_stream_local_bind_settings() {
     assert_eq!(file_mode(&path) & 0o777, 0o660, "{}", c());
     check_echoes(stream, &c());
 }
+
+// ---------------------------------------------------------------------------
+// A changed host key let through by StrictHostKeyChecking=no
+// ---------------------------------------------------------------------------
+
+/// As ssh does, a server whose host key is not the known one, let through
+/// by `StrictHostKeyChecking=no`, is trusted with nothing: no agent is
+/// forwarded to it (even asked for with `-A`), no port is forwarded
+/// through it (a warning; with `ExitOnForwardFailure` the end), and the
+/// new key is not recorded. The command itself still runs (a key login).
+#[test]
+fn a_changed_host_key_let_through_by_no_gets_no_agent_and_no_forwarding() {
+    let Some((fx, mut sshd)) = sshd_setup(&[]) else {
+        return;
+    };
+    let home = client_home(&sshd, &fx);
+    let rotated = fx.keygen("host_rotated", KeyType::Ed25519, None);
+    sshd.restart_with_host_key(&rotated);
+    let known_before = std::fs::read(home.known_hosts()).expect("read known_hosts");
+    let agent = Agent::start();
+    agent.add(&fx.rsa_key);
+    let echo = echo_server();
+    let local = free_port();
+    let forward = format!("127.0.0.1:{local}:127.0.0.1:{}", echo.port);
+    let c = || {
+        ctx(
+            &sshd,
+            "a changed key let through by StrictHostKeyChecking=no",
+        )
+    };
+    let run = |more: &[&str]| {
+        let mut args = vec!["-o", "StrictHostKeyChecking=no", "-A", "-L", &forward];
+        args.extend_from_slice(more);
+        args.extend_from_slice(&["box", "echo \"[$SSH_AUTH_SOCK]\""]);
+        skiff_ssh(&home, &args)
+            .env("SSH_AUTH_SOCK", &agent.sock)
+            .run()
+    };
+    let out = run(&[]);
+    out.expect_code(0, &c()).expect_stdout("[]\n", &c());
+    for said in [
+        "HAS CHANGED",
+        "Agent forwarding is disabled to avoid man-in-the-middle attacks.",
+        "port forwarding is disabled to avoid man-in-the-middle attacks",
+    ] {
+        assert!(out.stderr.contains(said), "{}: says {said:?}\n{out}", c());
+    }
+    assert_eq!(echo.connections(), 0, "{}", c());
+
+    let out = run(&["-o", "ExitOnForwardFailure=yes"]);
+    assert_eq!(out.code, 255, "{}: ExitOnForwardFailure\n{out}", c());
+    assert!(out.stdout.is_empty(), "{}: nothing ran\n{out}", c());
+    assert_eq!(
+        std::fs::read(home.known_hosts()).expect("read known_hosts"),
+        known_before,
+        "{}: the new key is not recorded",
+        c()
+    );
+}

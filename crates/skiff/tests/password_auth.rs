@@ -514,3 +514,31 @@ fn a_servers_questions_are_shown_escaped() {
     let log = std::fs::read_to_string(&marker).unwrap_or_default();
     assert!(!log.contains(['\u{1b}', '\r']), "{c}: {log:?}");
 }
+
+/// A server whose host key is not the known one, let through by
+/// `StrictHostKeyChecking=no`, is never told a password (as in ssh): skiff
+/// does not ask for one, and the login fails saying why.
+#[test]
+fn a_changed_host_key_let_through_by_no_is_never_told_a_password() {
+    if !can_run() {
+        return;
+    }
+    let mut w = World::new(&["PasswordAuthentication yes"]);
+    let rotated = w.fx.keygen("host_rotated", KeyType::Ed25519, None);
+    w.sshd.restart_with_host_key(&rotated);
+    let (exec, marker) = w.exec(PASSWORD);
+    let c = w.ctx("a changed host key, StrictHostKeyChecking=no, a password login");
+    let out = exec.opt("StrictHostKeyChecking=no").run();
+    out.expect_code(255, &c);
+    assert!(out.stdout.is_empty(), "{c}\n{out}");
+    assert!(
+        out.stderr
+            .contains("password: not sent to a host whose key is not the one known for it"),
+        "{c}: says why\n{out}"
+    );
+    assert_eq!(questions(&marker), Vec::<String>::new(), "{c}: never asked");
+    assert!(
+        !w.sshd.log().contains("Accepted password"),
+        "{c}: no password reached the server"
+    );
+}
