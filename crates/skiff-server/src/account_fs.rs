@@ -172,8 +172,53 @@ pub async fn listen(
     Ok((listener, made))
 }
 
+/// Removals started by [`remove_in_background`] and not finished yet, and
+/// the signal that one has finished: a connection's process waits for
+/// them before it exits ([`finish_removals`]), or a socket dropped with
+/// the connection would outlive it.
+static REMOVING: (std::sync::Mutex<usize>, std::sync::Condvar) =
+    (std::sync::Mutex::new(0), std::sync::Condvar::new());
+
+/// Counts one removal in [`REMOVING`] while it lives.
+struct Removing;
+
+impl Removing {
+    fn start() -> Removing {
+        *REMOVING.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        Removing
+    }
+}
+
+impl Drop for Removing {
+    fn drop(&mut self) {
+        let mut left = REMOVING.0.lock().unwrap_or_else(|p| p.into_inner());
+        *left = left.saturating_sub(1);
+        REMOVING.1.notify_all();
+    }
+}
+
+/// Whether a removal [`remove_in_background`] started is still running.
+pub fn removals_pending() -> bool {
+    *REMOVING.0.lock().unwrap_or_else(|p| p.into_inner()) > 0
+}
+
+/// Waits, at most `limit`, for the removals [`remove_in_background`]
+/// started to finish: the connection's process calls it when the
+/// connection has ended, before it exits.
+pub fn finish_removals(limit: std::time::Duration) {
+    let left = REMOVING.0.lock().unwrap_or_else(|p| p.into_inner());
+    let (left, waited) = REMOVING
+        .1
+        .wait_timeout_while(left, limit, |left| *left > 0)
+        .unwrap_or_else(|p| p.into_inner());
+    if waited.timed_out() {
+        tracing::warn!("{} forwarded socket(s) not removed within {limit:?}", *left);
+    }
+}
+
 /// Removes the socket file at `path` as the account, if it is still the
-/// one `made` describes. Runs in the background; failures only log.
+/// one `made` describes. Runs in the background (see [`finish_removals`]);
+/// failures only log.
 pub fn remove_in_background(who: Identity, path: PathBuf, made: MadeSocket) {
     let work = move || -> io::Result<()> {
         become_account(&who)?;
@@ -184,9 +229,11 @@ pub fn remove_in_background(who: Identity, path: PathBuf, made: MadeSocket) {
         Ok(())
     };
     // A plain thread: this runs from Drop, perhaps outside the runtime.
+    let removing = Removing::start();
     let spawned = std::thread::Builder::new()
         .name("skiffd-remove-socket".into())
         .spawn(move || {
+            let _removing = removing;
             if let Err(e) = skiff_files::with_private_umask(0o077, work) {
                 if e.kind() != io::ErrorKind::NotFound {
                     tracing::debug!("cannot remove a forwarded socket: {e}");
@@ -249,16 +296,15 @@ mod tests {
             let (_again, made_again) = listen(me(dir.path()), path.clone(), 0o177, true)
                 .await
                 .unwrap();
+            // Once the removals are waited for (as a connection's process
+            // does before it exits), the socket is gone.
             remove_in_background(me(dir.path()), path.clone(), made_again);
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-            while path.exists() {
-                assert!(std::time::Instant::now() < deadline, "not removed");
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
+            finish_removals(std::time::Duration::from_secs(30));
+            assert!(!path.exists(), "not removed");
             // Something else at the path now: it stays.
             std::fs::write(&path, b"someone else's").unwrap();
             remove_in_background(me(dir.path()), path.clone(), made_again);
-            std::thread::sleep(std::time::Duration::from_millis(200));
+            finish_removals(std::time::Duration::from_secs(30));
             assert_eq!(std::fs::read(&path).unwrap(), b"someone else's");
         });
     }

@@ -204,9 +204,19 @@ pub async fn serve_connection(
         },
     )
     .await;
+    // The forwarded sockets the connection made go with it, before its
+    // process exits.
+    if crate::account_fs::removals_pending() {
+        let wait = || crate::account_fs::finish_removals(SOCKET_REMOVAL_WAIT);
+        let _ = tokio::task::spawn_blocking(wait).await;
+    }
     log.ended(&end_reason(&result, outcome));
     (result, outcome.verdict(&failures))
 }
+
+/// How long an ended connection waits for its forwarded sockets to be
+/// removed (each an unlink, as the account).
+const SOCKET_REMOVAL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How the pre-authentication part of a connection ended.
 enum Login<S> {
