@@ -2,7 +2,9 @@
 //! PuTTY's `plink`, `pscp` and `psftp`. Each checks skiffd's host key its
 //! own way (dbclient against a known_hosts line, PuTTY against the pinned
 //! fingerprint `-hostkey`), logs in with the fixture's client key converted
-//! to its own format, and runs commands or moves files as a user would.
+//! to its own format, and runs commands or moves files as a user would
+//! (SFTP, and the old SCP protocol), on terminals, with forwardings and a
+//! forwarded agent.
 //!
 //! Run as root (as CI does), the remote side is the `skiff-test` account.
 
@@ -205,6 +207,26 @@ fn pscp_and_psftp_move_files_both_ways() {
         .expect_code(0, &c);
     assert_eq!(sha256(&down), sum, "{c}");
 
+    // The old SCP protocol (`scp -t`/`scp -f` run as commands), both ways.
+    let up_scp = remote_dir.path().join("up-scp");
+    let c = ctx(&d, "pscp -scp: upload");
+    putty("pscp", &client, &fx, &d)
+        .arg("-scp")
+        .arg(&src)
+        .arg(remote(&up_scp))
+        .run()
+        .expect_code(0, &c);
+    assert_eq!(sha256(&up_scp), sum, "{c}");
+    let down_scp = work.path().join("down-scp");
+    let c = ctx(&d, "pscp -scp: download");
+    putty("pscp", &client, &fx, &d)
+        .arg("-scp")
+        .arg(remote(&up_scp))
+        .arg(&down_scp)
+        .run()
+        .expect_code(0, &c);
+    assert_eq!(sha256(&down_scp), sum, "{c}");
+
     // A session of psftp's commands: a directory made, a file put, renamed,
     // got back, removed, the directory removed.
     let back = work.path().join("back");
@@ -362,4 +384,33 @@ fn a_client_without_aead_ciphers_needs_them_added() {
         .run()
         .expect_code(0, &c)
         .expect_stdout("ran\n", &c);
+}
+
+/// dbclient's `-A`: skiffd makes the account a socket for the forwarded
+/// agent, and what the client's ssh-agent holds is listed through it.
+#[test]
+fn dbclient_forwards_its_agent_through_skiffd() {
+    if !require_dropbear() {
+        return;
+    }
+    let Some((fx, d)) = skiffd_setup() else {
+        return;
+    };
+    let agent = Agent::start();
+    agent.add(&fx.rsa_key);
+    let client = dbclient_home(&fx, &fx.host_key);
+    let c = ctx(&d, "dbclient -A");
+    let out = dbclient_with(&client, &d, &["-A"], "ssh-add -L")
+        .env("SSH_AUTH_SOCK", &agent.sock)
+        .run();
+    out.expect_code(0, &c);
+    assert!(
+        out.stdout_str().contains(&fx.rsa_key.key_material()),
+        "{c}: the agent's key is listed\n{out}"
+    );
+    // Without -A, nothing is forwarded.
+    let out = dbclient(&client, &d, "echo \"[$SSH_AUTH_SOCK]\"")
+        .env("SSH_AUTH_SOCK", &agent.sock)
+        .run();
+    out.expect_code(0, &c).expect_stdout("[]\n", &c);
 }
