@@ -65,8 +65,16 @@ fuzz_target!(|data: &[u8]| {
                     if matches!(status, HostKeyStatus::Revoked(_)) {
                         assert!(matches!(d, Decision::Refuse(_)));
                     }
+                    // A key that differs from the recorded ones, whatever
+                    // their type, is never recorded nor asked about.
+                    if matches!(
+                        status,
+                        HostKeyStatus::Changed { .. } | HostKeyStatus::OtherTypesKnown(_)
+                    ) {
+                        assert!(!matches!(d, Decision::AcceptAndRecord | Decision::AskUser));
+                    }
                 }
-                let _ = ask_prompt(&status, host, port, kt, blob);
+                let _ = ask_prompt(host, port, kt, blob);
                 let _ = known_hosts::revoked(&files, host, port, blob);
             }
         }
