@@ -49,10 +49,6 @@ pub struct Connection {
     ending: EndWatch,
     /// Whether an `UpdateHostKeys` update is in flight.
     host_keys: crate::host_key_update::Settled,
-    /// The host key is not the one known for the host
-    /// (`StrictHostKeyChecking no` let it through): see
-    /// [`Connection::allows_forwarding`].
-    host_key_mismatched: bool,
 }
 
 /// Whether a connection has ended, as its handler saw it.
@@ -71,7 +67,7 @@ impl Connection {
     /// its host key is not the one known for the host, even though
     /// `StrictHostKeyChecking no` let it through (as ssh).
     pub fn allows_forwarding(&self) -> bool {
-        !self.host_key_mismatched
+        !self.settings.host_key_mismatched
     }
 
     /// The watch on how this connection ends, for a caller that saw it
@@ -782,7 +778,6 @@ async fn authenticated(settings: &ConnectSettings) -> Result<Connection, SkiffEr
     }
     Ok(Connection {
         handle,
-        host_key_mismatched,
         settings: settings.without_identity_cache(),
         notices: if settings.show_notices {
             known_hosts.take_notices()
