@@ -762,10 +762,11 @@ async fn authenticated(settings: &ConnectSettings) -> Result<Connection, SkiffEr
         // refused, or a packet that failed its integrity check (a refusal
         // seen then may be the broken connection's, not the server's).
         let connection_ended = e.kind == ErrorKind::Connect || handle.is_closed();
-        if !connection_ended {
-            return Err(e);
-        }
-        return Err(match ending.described().await {
+        let why = match connection_ended {
+            true => ending.described().await,
+            false => None,
+        };
+        let e = match why {
             Some(why) => SkiffError::new(
                 ErrorKind::Auth,
                 format!(
@@ -774,7 +775,19 @@ async fn authenticated(settings: &ConnectSettings) -> Result<Connection, SkiffEr
                 ),
             ),
             None => e,
-        });
+        };
+        // The warning a changed key let through carries is shown with a
+        // connection's notices, which a failed login never gets to: its
+        // error says it instead.
+        if settings.host_key_mismatched {
+            let message = format!(
+                "{}; beware: the server's host key is not the one known for it \
+                 (StrictHostKeyChecking no let it through)",
+                e.message
+            );
+            return Err(e.with_message(message));
+        }
+        return Err(e);
     }
     Ok(Connection {
         handle,

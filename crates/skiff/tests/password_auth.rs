@@ -536,6 +536,11 @@ fn a_changed_host_key_let_through_by_no_is_never_told_a_password() {
             .contains("password: not sent to a host whose key is not the one known for it"),
         "{c}: says why\n{out}"
     );
+    assert!(
+        out.stderr
+            .contains("beware: the server's host key is not the one known for it"),
+        "{c}: says the key changed\n{out}"
+    );
     assert_eq!(questions(&marker), Vec::<String>::new(), "{c}: never asked");
     assert!(
         !w.sshd.log().contains("Accepted password"),
