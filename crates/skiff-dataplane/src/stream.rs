@@ -432,6 +432,10 @@ fn skip_banner(mut sock: &TcpStream) -> Result<(), Banner> {
                 )))
             }
             Ok(_) => {}
+            // A read with a timeout is not restarted after a signal (nor
+            // after the process was stopped and continued, Ctrl-Z and
+            // `fg`): read again.
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(Banner::Io(e)),
         }
         if b[0] == b'\n' {
