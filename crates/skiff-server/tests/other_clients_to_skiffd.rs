@@ -228,18 +228,28 @@ fn pscp_and_psftp_move_files_both_ways() {
     assert_eq!(sha256(&down_scp), sum, "{c}");
 
     // A session of psftp's commands: a directory made, a file put, renamed,
-    // got back, removed, the directory removed.
+    // got back, a transfer resumed each way, the files and the directory
+    // removed.
     let back = work.path().join("back");
     let dir = remote_dir.path().join("d");
+    // Resumed transfers (`reput`, `reget`): the first 100,000 bytes are
+    // there, the rest is written from that offset.
+    let (part, partial) = (work.path().join("part"), work.path().join("partial"));
+    let first = std::fs::read(&src).expect("read the source")[..100_000].to_vec();
+    std::fs::write(&part, &first).expect("write part");
+    std::fs::write(&partial, &first).expect("write partial");
     let script = work.path().join("script");
     write_file(
         &script,
         format!(
             "mkdir {dir}\nput {src} {dir}/a\nmv {dir}/a {dir}/b\nls {dir}\nget {dir}/b {back}\n\
-             rm {dir}/b\nrmdir {dir}\nquit\n",
+             put {part} {dir}/c\nreput {src} {dir}/c\nreget {dir}/c {partial}\n\
+             rm {dir}/b\nrm {dir}/c\nrmdir {dir}\nquit\n",
             dir = dir.display(),
             src = src.display(),
-            back = back.display()
+            back = back.display(),
+            part = part.display(),
+            partial = partial.display(),
         ),
         0o644,
     );
@@ -252,6 +262,11 @@ fn pscp_and_psftp_move_files_both_ways() {
     out.expect_code(0, &c);
     assert!(out.stdout_str().contains(" b\n"), "{c}: ls shows b\n{out}");
     assert_eq!(sha256(&back), sum, "{c}");
+    assert_eq!(
+        sha256(&partial),
+        sum,
+        "{c}: reput, then reget, completed it"
+    );
     assert!(!dir.exists(), "{c}: the directory was removed");
 }
 
