@@ -429,3 +429,73 @@ fn dbclient_forwards_its_agent_through_skiffd() {
         .run();
     out.expect_code(0, &c).expect_stdout("[]\n", &c);
 }
+
+/// Password logins from dbclient (`DROPBEAR_PASSWORD`) and plink (`-pw`,
+/// which tries keyboard-interactive first) to skiffd with `UsePAM yes`
+/// (pam_unix; skiffd checks passwords only through PAM): the right
+/// password logs in, a wrong one is refused and runs nothing.
+#[test]
+fn dbclient_and_plink_log_in_with_a_password() {
+    if !require_dropbear() || !require_putty() || !require_tool("chpasswd", "passwd") {
+        return;
+    }
+    const PASSWORD: &str = "Corr3ctHorseBattery";
+    let acct = TempAccount::with_password("opw", "/bin/sh", PASSWORD);
+    let service = PamService::new(
+        "opw",
+        "auth required pam_unix.so\naccount required pam_unix.so\n",
+    );
+    let fx = Fixture::new();
+    let d = Skiffd::start_with(
+        SkiffdOptions::new(&fx.host_key, &fx.authorized_keys)
+            .config(&format!("UsePAM yes\nPAMServiceName {}\n", service.name())),
+    );
+    let db = dbclient_home(&fx, &fx.host_key);
+    let putty_client = putty_home(&fx);
+    let dest = format!("{}@127.0.0.1", acct.name());
+    for (password, code) in [(PASSWORD, 0), ("wrongPassword", 1)] {
+        let c = ctx(&d, &format!("dbclient with a password, expecting {code}"));
+        let out = Run::new("dbclient")
+            .env("HOME", db.home.path())
+            .env("DROPBEAR_PASSWORD", password)
+            .args(["-p", &d.port().to_string(), &dest, "id -un"])
+            .timeout(LIMIT)
+            .run();
+        match code {
+            0 => {
+                out.expect_code(0, &c)
+                    .expect_stdout(&format!("{}\n", acct.name()), &c);
+            }
+            // dbclient exits 0 when the server disconnects it after the
+            // tries it allows ("Disconnect received"): what counts is that
+            // nothing ran.
+            _ => assert!(out.stdout.is_empty(), "{c}: nothing ran\n{out}"),
+        }
+
+        let c = ctx(&d, &format!("plink -pw, expecting {code}"));
+        let out = Run::new("plink")
+            .env("HOME", putty_client.home.path())
+            .args(["-batch", "-ssh", "-P", &d.port().to_string()])
+            .args(["-hostkey", &fx.host_key.fingerprint(), "-pw", password])
+            .args([&dest, "id -un"])
+            .timeout(LIMIT)
+            .run();
+        match code {
+            0 => {
+                out.expect_code(0, &c)
+                    .expect_stdout(&format!("{}\n", acct.name()), &c);
+            }
+            _ => check_refused(&out, &c),
+        }
+    }
+    let log = d.log();
+    assert!(
+        log.contains(&format!("Failed password for {}", acct.name()))
+            || log.contains(&format!(
+                "Failed keyboard-interactive/pam for {}",
+                acct.name()
+            )),
+        "{}",
+        ctx(&d, "the wrong passwords are logged")
+    );
+}
