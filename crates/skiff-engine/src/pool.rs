@@ -724,15 +724,11 @@ impl Pool {
         E: AsyncWrite + Unpin,
     {
         let opened = self.open(settings, req, true).await?;
-        let Some(age) = opened
-            .spare_age
-            .filter(|_| stdin.is_none() && resize.is_none())
-        else {
+        if opened.spare_age.is_none() || stdin.is_some() || resize.is_some() {
             return self
                 .run_opened(opened, req, stdin, stdout, stderr, resize)
                 .await;
-        };
-        let member = opened.slot.0.clone();
+        }
         let (mut stdout, mut stderr) = (stdout, stderr);
         let first = self
             .run_opened(opened, req, None::<I>, &mut stdout, &mut stderr, None)
@@ -740,7 +736,6 @@ impl Pool {
         match first {
             Err(e) if e.kind == ErrorKind::ClosedBeforeStart => {
                 tracing::debug!("{e}; running the command on a channel of its own");
-                member.spare.learn_idle_limit(age);
                 let opened = self.open(settings, req, false).await?;
                 self.run_opened(opened, req, None::<I>, stdout, stderr, None)
                     .await
@@ -775,27 +770,21 @@ impl Pool {
     {
         let channel = self.open(settings, req, true).await?;
         let _ = opened.send(channel.channel);
-        let spare = channel.spare_age.map(|age| (channel.slot.0.clone(), age));
-        let outcome = self
-            .run_opened(channel, req, stdin, stdout, stderr, None)
-            .await;
-        // The caller holds what it sent and may send it again (a copy
-        // does); the pool learns from the race as `exec` does.
-        if let (Err(e), Some((member, age))) = (&outcome, spare) {
-            if e.kind == ErrorKind::ClosedBeforeStart {
-                member.spare.learn_idle_limit(age);
-            }
-        }
-        outcome
+        self.run_opened(channel, req, stdin, stdout, stderr, None)
+            .await
     }
 
-    /// Runs `req` on a channel [`Pool::open`] opened.
+    /// Runs `req` on a channel [`Pool::open`] opened. A request that met a
+    /// spare the server closed on the way
+    /// ([`ErrorKind::ClosedBeforeStart`]) teaches the connection how long
+    /// the server keeps an unused channel; whoever can makes it again.
     async fn run_opened<I, O, E>(
         &self,
         Opened {
             session,
             slot,
             notices,
+            spare_age,
             ..
         }: Opened,
         req: &ExecRequest,
@@ -821,6 +810,11 @@ impl Pool {
             let _ = stderr.flush().await;
         }
         let outcome = run_session(session, req, stdin, stdout, stderr, resize).await;
+        if let (Err(e), Some(age)) = (&outcome, spare_age) {
+            if e.kind == ErrorKind::ClosedBeforeStart {
+                member.spare.learn_idle_limit(age);
+            }
+        }
         // As a direct `exec` does: what the connection is learning about the
         // server's host keys is written before the command is reported done.
         member.conn.host_keys_settled().await;

@@ -126,15 +126,19 @@ fn putty_home(fx: &Fixture) -> Client {
     Client { home, key }
 }
 
-/// `tool -batch` (never a prompt) with the key and skiffd's host key
-/// pinned, to skiffd's port (`-P` for all three).
-fn putty(tool: &str, c: &Client, fx: &Fixture, d: &Skiffd) -> Run {
+/// `tool -batch` (never a prompt) with `pinned` as the only host key it
+/// accepts, to skiffd's port (`-P` for all three), no key of its own.
+fn putty_pinned(tool: &str, c: &Client, pinned: &Key, d: &Skiffd) -> Run {
     Run::new(tool)
         .env("HOME", c.home.path())
-        .args(["-batch", "-P", &d.port().to_string(), "-i"])
-        .arg(&c.key)
-        .args(["-hostkey", &fx.host_key.fingerprint()])
+        .args(["-batch", "-P", &d.port().to_string()])
+        .args(["-hostkey", &pinned.fingerprint()])
         .timeout(LIMIT)
+}
+
+/// [`putty_pinned`] with skiffd's own host key, logging in with the key.
+fn putty(tool: &str, c: &Client, fx: &Fixture, d: &Skiffd) -> Run {
+    putty_pinned(tool, c, &fx.host_key, d).arg("-i").arg(&c.key)
 }
 
 #[test]
@@ -162,14 +166,10 @@ fn plink_refuses_skiffd_under_another_host_key() {
     };
     let client = putty_home(&fx);
     let c = ctx(&d, "plink pinned to another host key");
-    let out = Run::new("plink")
-        .env("HOME", client.home.path())
-        .args(["-batch", "-ssh", "-P", &d.port().to_string(), "-i"])
+    let out = putty_pinned("plink", &client, &fx.stranger_key, &d)
+        .arg("-i")
         .arg(&client.key)
-        .args(["-hostkey", &fx.stranger_key.fingerprint()])
-        .arg(format!("{}@127.0.0.1", user()))
-        .arg("echo ran")
-        .timeout(LIMIT)
+        .args(["-ssh", &format!("{}@127.0.0.1", user()), "echo ran"])
         .run();
     check_refused(&out, &c);
 }
@@ -473,12 +473,8 @@ fn dbclient_and_plink_log_in_with_a_password() {
         }
 
         let c = ctx(&d, &format!("plink -pw, expecting {code}"));
-        let out = Run::new("plink")
-            .env("HOME", putty_client.home.path())
-            .args(["-batch", "-ssh", "-P", &d.port().to_string()])
-            .args(["-hostkey", &fx.host_key.fingerprint(), "-pw", password])
-            .args([&dest, "id -un"])
-            .timeout(LIMIT)
+        let out = putty_pinned("plink", &putty_client, &fx.host_key, &d)
+            .args(["-ssh", "-pw", password, &dest, "id -un"])
             .run();
         match code {
             0 => {
