@@ -48,6 +48,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use futures::stream::{FuturesUnordered, StreamExt};
+use futures::FutureExt;
 use russh::ChannelMsg;
 use russh_sftp::client::error::Error as SftpError;
 use russh_sftp::client::rawsession::Limits;
@@ -603,10 +604,10 @@ async fn negotiate(
     })
 }
 
-/// A session's negotiation: under way until someone needs what it
-/// settles, then settled once for all. Shared, so that a request given up
-/// while it waited (a file of a wrongly guessed placement, dropped) takes
-/// nothing from the others that wait.
+/// A session's negotiation: a task under way (see [`Sftp::start`]) until
+/// someone needs what it settles, then settled once for all. Shared, so
+/// that a request given up while it waited (a file of a wrongly guessed
+/// placement, dropped) takes nothing from the others that wait.
 type Negotiation =
     futures::future::Shared<futures::future::BoxFuture<'static, Result<Negotiated, SkiffError>>>;
 
@@ -686,12 +687,31 @@ impl<'a> Sftp<'a> {
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let raw = Arc::new(RawSftpSession::new_with_config(stream, session_config()));
-        let negotiating: futures::future::BoxFuture<'static, _> =
+        let mut negotiating: futures::future::BoxFuture<'static, _> =
             Box::pin(negotiate(raw.clone(), host.clone(), ask));
-        let negotiation = futures::FutureExt::shared(negotiating);
         // The first poll sends `INIT` (and the question): before anything
-        // else. What it started is kept in the shared future.
-        let _ = futures::poll!(negotiation.clone());
+        // else. Then the negotiation runs as a task of its own, so that it
+        // outlives a copy dropped before `VERSION` came (Ctrl-C early in an
+        // upload): the SFTP client takes a `VERSION` nobody waits for as a
+        // broken session and ends it, and the clean-up that removes the
+        // copy's temporaries over this session would then fail.
+        let negotiation = match futures::poll!(negotiating.as_mut()) {
+            std::task::Poll::Ready(settled) => futures::future::ready(settled).boxed(),
+            std::task::Poll::Pending => {
+                let host = host.clone();
+                tokio::spawn(negotiating)
+                    .map(move |joined| {
+                        joined.unwrap_or_else(|e| {
+                            Err(SkiffError::new(
+                                ErrorKind::Protocol,
+                                format!("{host}: SFTP session failed to start: {e}"),
+                            ))
+                        })
+                    })
+                    .boxed()
+            }
+        }
+        .shared();
         let sftp = Sftp {
             conn,
             raw,
