@@ -165,6 +165,8 @@ pub struct Run {
     cmd: Command,
     input: Input,
     timeout: Duration,
+    /// Where stdout goes instead of the captured output ([`Run::stdout_to`]).
+    stdout_file: Option<PathBuf>,
 }
 
 impl Run {
@@ -173,6 +175,7 @@ impl Run {
             cmd: Command::new(program),
             input: Input::Null,
             timeout: DEFAULT_TIMEOUT,
+            stdout_file: None,
         }
     }
 
@@ -216,6 +219,14 @@ impl Run {
         self
     }
 
+    /// Writes stdout into the file at `path` (created or truncated), never
+    /// blocking the command: the captured stdout stays empty. For large
+    /// outputs, and for clients that misbehave behind a pipe read slowly.
+    pub fn stdout_to(mut self, path: &Path) -> Self {
+        self.stdout_file = Some(path.to_path_buf());
+        self
+    }
+
     /// Runs the command to completion. Panics if it cannot be spawned or
     /// does not finish within the timeout (it is killed first).
     pub fn run(self) -> CmdOutput {
@@ -223,9 +234,18 @@ impl Run {
             mut cmd,
             input,
             timeout,
+            stdout_file,
         } = self;
         let label = describe(&cmd);
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        match &stdout_file {
+            Some(path) => {
+                let f =
+                    File::create(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+                cmd.stdout(f)
+            }
+            None => cmd.stdout(Stdio::piped()),
+        };
+        cmd.stderr(Stdio::piped());
         let mut bytes = None;
         match input {
             Input::Null => {
