@@ -275,7 +275,6 @@ pub enum CertificateCheck {
     Untrusted(String),
 }
 
-/// What to do after looking the key up, once the files are released.
 /// What [`KnownHosts::verify`] let through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostKeyTrust {
@@ -289,6 +288,7 @@ pub enum HostKeyTrust {
     Mismatched,
 }
 
+/// What to do after looking the key up, once the files are released.
 enum Next {
     Done(Result<HostKeyTrust, SkiffError>),
     Record,

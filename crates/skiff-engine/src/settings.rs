@@ -182,8 +182,6 @@ pub enum Proxy {
 pub const MAX_JUMPS: usize = 8;
 
 impl ConnectSettings {
-    /// These settings without the resolver's identity cache (jump hosts'
-    /// included) and fan-out gate, for keeping beside a live connection.
     /// These settings for a connection whose host key is not the one
     /// known for the host, let through by `StrictHostKeyChecking no` (as
     /// ssh does then): no password or keyboard-interactive answer goes to
@@ -213,6 +211,8 @@ impl ConnectSettings {
         (guarded, said)
     }
 
+    /// These settings without the resolver's identity cache (jump hosts'
+    /// included) and fan-out gate, for keeping beside a live connection.
     pub(crate) fn without_identity_cache(&self) -> ConnectSettings {
         let mut kept = self.clone();
         kept.identity_cache = None;
