@@ -203,43 +203,28 @@ fn pscp_and_psftp_move_files_both_ways() {
     let remote_dir = account_dir();
     let remote = |p: &Path| format!("{}@127.0.0.1:{}", user(), p.display());
 
-    let up = remote_dir.path().join("up");
-    let c = ctx(&d, "pscp: upload");
-    putty("pscp", &client, &fx, &d)
-        .arg(&src)
-        .arg(remote(&up))
-        .run()
-        .expect_code(0, &c);
-    assert_eq!(sha256(&up), sum, "{c}");
-
-    let down = work.path().join("down");
-    let c = ctx(&d, "pscp: download");
-    putty("pscp", &client, &fx, &d)
-        .arg(remote(&up))
-        .arg(&down)
-        .run()
-        .expect_code(0, &c);
-    assert_eq!(sha256(&down), sum, "{c}");
-
-    // The old SCP protocol (`scp -t`/`scp -f` run as commands), both ways.
-    let up_scp = remote_dir.path().join("up-scp");
-    let c = ctx(&d, "pscp -scp: upload");
-    putty("pscp", &client, &fx, &d)
-        .arg("-scp")
-        .arg(&src)
-        .arg(remote(&up_scp))
-        .run()
-        .expect_code(0, &c);
-    assert_eq!(sha256(&up_scp), sum, "{c}");
-    let down_scp = work.path().join("down-scp");
-    let c = ctx(&d, "pscp -scp: download");
-    putty("pscp", &client, &fx, &d)
-        .arg("-scp")
-        .arg(remote(&up_scp))
-        .arg(&down_scp)
-        .run()
-        .expect_code(0, &c);
-    assert_eq!(sha256(&down_scp), sum, "{c}");
+    // SFTP (pscp's default), then the old SCP protocol (`scp -t`/`scp -f`
+    // run as commands), each both ways.
+    for (protocol, flags) in [("sftp", &[][..]), ("scp", &["-scp"][..])] {
+        let up = remote_dir.path().join(format!("up-{protocol}"));
+        let c = ctx(&d, &format!("pscp ({protocol}): upload"));
+        putty("pscp", &client, &fx, &d)
+            .args(flags)
+            .arg(&src)
+            .arg(remote(&up))
+            .run()
+            .expect_code(0, &c);
+        assert_eq!(sha256(&up), sum, "{c}");
+        let down = work.path().join(format!("down-{protocol}"));
+        let c = ctx(&d, &format!("pscp ({protocol}): download"));
+        putty("pscp", &client, &fx, &d)
+            .args(flags)
+            .arg(remote(&up))
+            .arg(&down)
+            .run()
+            .expect_code(0, &c);
+        assert_eq!(sha256(&down), sum, "{c}");
+    }
 
     // A session of psftp's commands: a directory made, a file put, renamed,
     // got back, a transfer resumed each way, the files and the directory
